@@ -1,0 +1,39 @@
+# h5batch: `make convert` and `make test` are all a fresh machine needs.
+# Each target bootstraps .venv from pyproject.toml + constraints.txt when it is missing or stale.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.h5batch-installed
+JOB    ?= jobs/demo.yaml
+ARGS   ?=
+BENCH  ?= --quick
+PYTEST_ARGS ?=
+
+.PHONY: venv convert test bench lint clean distclean
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[torch,bench,cluster,dev]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+convert: $(STAMP)
+	$(BIN)/h5batch convert $(JOB) $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/h5batch bench $(BENCH)
+
+lint: $(STAMP)
+	$(BIN)/ruff check h5batch tests
+
+clean:
+	rm -rf out data/demo data/paired_audio .pytest_cache .ruff_cache dask-worker-space
+
+distclean: clean
+	rm -rf $(VENV) data bench/results

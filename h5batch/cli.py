@@ -1,0 +1,127 @@
+"""Command line: argument parsing only. The one place that reads the environment."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .config import ConfigError, load_job
+
+
+def _add_convert(sub) -> None:
+    p = sub.add_parser(
+        "convert", help="convert a corpus to HDF5 as a job file says",
+        description="Discover the corpus of JOB, decode it on Dask workers and write one HDF5 file. "
+                    "A matching partial output from an interrupted run is resumed.")
+    p.add_argument("job", help="job file (YAML), e.g. jobs/demo.yaml")
+    p.add_argument("--workers", type=int, help="number of local worker processes (cluster.workers)")
+    p.add_argument("--output", help="output path (output.path)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a job key, e.g. --set output.codec=gzip (repeatable)")
+    p.add_argument("--scheduler", help="address of an existing Dask scheduler (tcp://host:port); "
+                                       "default from DASK_SCHEDULER_ADDRESS")
+    p.add_argument("--scheduler-file", help="Dask scheduler file of an existing cluster")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    p.add_argument("--resume", action="store_true", default=True,
+                   help="continue a matching partial output (the default)")
+    p.add_argument("--restart", action="store_true", help="discard any partial output and start over")
+    p.add_argument("--progress", choices=["auto", "bar", "log", "none"], default="auto",
+                   help="progress display (default: bar on a terminal, log lines otherwise)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+
+
+def _job_overrides(args) -> list[str]:
+    over = list(args.overrides)
+    if args.workers is not None:
+        over.append(f"cluster.workers={args.workers}")
+    if args.output:
+        over.append(f"output.path={args.output}")
+    scheduler = args.scheduler or (None if args.scheduler_file else os.environ.get("DASK_SCHEDULER_ADDRESS"))
+    if scheduler:
+        over += ["cluster.kind=address", f"cluster.address={scheduler}"]
+    if args.scheduler_file:
+        over += ["cluster.kind=scheduler_file", f"cluster.scheduler_file={args.scheduler_file}"]
+    return over
+
+
+def cmd_convert(args) -> int:
+    from .job import ConvertError, ConvertOptions, convert
+
+    job = load_job(args.job, _job_overrides(args))
+    progress = {"auto": None, "bar": True, "log": True, "none": False}[args.progress]
+    opts = ConvertOptions(resume=not args.restart, restart=args.restart, overwrite=args.overwrite,
+                          progress=progress)
+    try:
+        s = convert(job, opts)
+    except ConvertError as e:
+        print(f"h5batch convert: {e}", file=sys.stderr)
+        return e.exit_code
+    rate = s.samples / s.seconds if s.seconds else 0
+    counts = ", ".join(f"{k} {v}" for k, v in s.counts.items())
+    print(f"wrote {s.path}: {s.samples} samples ({counts}), {s.rejects} rejects "
+          f"(listed in {s.rejects_file}) in {s.seconds:.1f}s = {rate:.0f} samples/s, "
+          f"{s.bytes_decoded / 1e6 / max(s.seconds, 1e-9):.1f} MB/s decoded; "
+          f"{s.output_bytes / 1e6:.1f} MB on disk"
+          + (f"; resumed after {s.resumed_from} batches" if s.resumed_from else ""), file=sys.stderr)
+    if args.json:
+        print(json.dumps({"path": s.path, "counts": s.counts, "rejects": s.rejects, "seconds": s.seconds,
+                          "bytes_decoded": s.bytes_decoded, "output_bytes": s.output_bytes,
+                          "resumed_from": s.resumed_from}))
+    else:
+        print(f"inspect it with: h5batch inspect {os.path.relpath(s.path)}", file=sys.stderr)
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    from .inspect import describe, render
+
+    if not os.path.exists(args.path):
+        print(f"h5batch inspect: {args.path}: no such file", file=sys.stderr)
+        return 2
+    d = describe(args.path)
+    print(json.dumps(d, indent=1) if args.json else render(d, args.rejects))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="h5batch",
+        description="Turn a corpus of media files (audio, images) into fast HDF5 training data.")
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"h5batch {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_convert(sub)
+    p = sub.add_parser("inspect", help="show splits, fields, shapes, codec, counts and rejects of an output",
+                       description="Describe an h5batch HDF5 file: splits, fields, shapes, dtypes, chunk "
+                                   "shape, codec, sample counts, rejects, bytes on disk, compression ratio "
+                                   "and the job that made it.")
+    p.add_argument("path", help="an h5batch output file")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--rejects", type=int, default=20, help="how many rejects to list (default 20)")
+    for extra in _EXTRA_COMMANDS:
+        extra(sub)
+    return parser
+
+
+_EXTRA_COMMANDS: list = []
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = {"convert": cmd_convert, "inspect": cmd_inspect}.get(args.command) or args.handler
+    try:
+        return handler(args)
+    except ConfigError as e:
+        print(f"h5batch: config error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("h5batch: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

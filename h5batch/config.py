@@ -1,0 +1,445 @@
+"""Job files: YAML -> frozen, validated dataclasses.
+
+A job file has five sections, ``source``, ``fields``, ``output``, ``cluster`` and
+``policy``. Every key is checked at the door: an unknown key, a wrong type, a missing
+corpus root or an impossible value raises :class:`ConfigError` naming the file, the
+dotted key and what is wrong, before any work starts (the CLI turns it into one line
+and exit code 2).
+
+Relative paths in a job file are resolved against the current working directory
+(``make convert`` runs from the repository root), not against the job file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A job file is invalid. ``str(err)`` is one line: ``FILE: KEY: what is wrong``."""
+
+    def __init__(self, file: str, key: str, message: str):
+        self.file, self.key, self.message = file, key, message
+        where = f"{file}: {key}" if key else file
+        super().__init__(f"{where}: {message}")
+
+
+# ---------------------------------------------------------------------------
+# Sections
+# ---------------------------------------------------------------------------
+
+Layout = Literal["class_folders", "paired_folders", "pattern", "manifest"]
+Codec = Literal["none", "gzip", "lzf", "zstd", "blosc2-lz4", "blosc2-zstd"]
+
+
+@dataclass(frozen=True)
+class SplitRule:
+    """How the ``pattern`` layout assigns a split to a file.
+
+    ``group`` names a regex group. Without ``ranges`` its text *is* the split name;
+    with ``ranges`` it must hold an integer and the split is the first range
+    (inclusive ``[lo, hi]``) containing it, else ``default``.
+    """
+
+    group: str = "split"
+    ranges: dict[str, list[int]] = field(default_factory=dict)
+    default: str = "train"
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """Where the corpus is and how its files map to samples (see docs/jobs.md)."""
+
+    root: str
+    layout: Layout = "class_folders"
+    splits: list[str] | None = None
+    pattern: str | None = None
+    label_group: str = "label"
+    split: SplitRule = field(default_factory=SplitRule)
+    manifest: str | None = None
+    generate: str | None = None  # name of a synth corpus to create when root is missing
+
+
+@dataclass(frozen=True)
+class AudioField:
+    """Decode with soundfile. Arrays are ``(frames,)`` for mono, ``(frames, channels)``
+    otherwise; ``dtype`` int16 keeps 16-bit PCM exact, float32 is in [-1, 1]."""
+
+    type: Literal["audio"] = "audio"
+    extensions: list[str] = field(default_factory=lambda: [".wav", ".flac", ".ogg"])
+    sample_rate: int | None = None
+    resample: bool = False
+    channels: Literal["mono", "keep", "first"] = "mono"
+    length: int | None = None  # frames after resampling; None = variable length
+    dtype: Literal["int16", "float32"] = "int16"
+    folder: str | None = None  # paired_folders: folder name in the corpus (default: field name)
+    column: str | None = None  # manifest: column holding the path (default: field name)
+
+
+@dataclass(frozen=True)
+class ImageField:
+    """Decode with Pillow. Arrays are ``(H, W, C)`` uint8 (C = 3 for RGB, 1 for L)."""
+
+    type: Literal["image"] = "image"
+    extensions: list[str] = field(default_factory=lambda: [".jpg", ".jpeg", ".png"])
+    mode: Literal["RGB", "L"] = "RGB"
+    size: list[int] | None = None  # [H, W]: resize shorter side + centre crop; None = native
+    max_pixels: int = 89_478_485  # Pillow's decompression-bomb guard (its default)
+    draft: bool = True  # let the JPEG decoder downscale while decoding when resizing
+    folder: str | None = None
+    column: str | None = None
+
+
+FieldConfig = AudioField | ImageField
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """The HDF5 file. ``chunk_bytes`` is the target uncompressed chunk size (bytes);
+    ``cache_bytes`` the per-dataset chunk cache (``rdcc_nbytes``), default 4 chunks."""
+
+    path: str
+    codec: Codec = "blosc2-lz4"
+    level: int | None = None
+    shuffle: bool = True
+    chunk_bytes: int = 1 << 20
+    cache_bytes: int | None = None
+    overwrite: bool = False
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Where decoding runs. ``kind: local`` starts a LocalCluster on 127.0.0.1;
+    ``address`` / ``scheduler_file`` join an existing Dask scheduler; slurm/pbs/sge/lsf
+    start workers through dask-jobqueue."""
+
+    kind: Literal["local", "address", "scheduler_file", "slurm", "pbs", "sge", "lsf"] = "local"
+    workers: int | None = None
+    address: str | None = None
+    scheduler_file: str | None = None
+    batch_size: int = 32
+    max_in_flight: int | None = None
+    transport: Literal["auto", "shm", "network"] = "auto"
+    dashboard: bool = True
+    # dask-jobqueue keyword arguments (cores, memory, walltime, queue, jobs, ...)
+    jobqueue: dict[str, Any] = field(default_factory=dict)
+    security: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """What to do with bad inputs and failures."""
+
+    max_reject_fraction: float = 0.05
+    decode_timeout: float = 120.0  # seconds per file
+    commit_every: float = 10.0  # seconds between durable commits
+    retries: int = 2  # extra attempts for a batch whose worker died
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """A whole job. ``fields`` keeps the order of the job file."""
+
+    name: str
+    source: SourceConfig
+    fields: dict[str, FieldConfig]
+    output: OutputConfig
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    file: str = "<job>"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (JSON/YAML-able) of the job, without the file name."""
+        d = dataclasses.asdict(self)
+        d.pop("file")
+        return d
+
+    def public_dict(self) -> dict[str, Any]:
+        """Like :meth:`to_dict` with credentials removed (stored in the output, logged)."""
+        d = self.to_dict()
+        if d["cluster"]["security"]:
+            d["cluster"]["security"] = {k: "<redacted>" for k in d["cluster"]["security"]}
+        return d
+
+    def hash(self) -> str:
+        """sha256 of what decides the output's content (not where or how fast it runs)."""
+        d = self.to_dict()
+        d.pop("cluster")
+        d["output"] = {k: v for k, v in d["output"].items() if k not in ("path", "overwrite", "cache_bytes")}
+        d["policy"] = {k: v for k, v in d["policy"].items() if k == "max_reject_fraction"}
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+
+    @property
+    def labelled(self) -> bool:
+        """True when samples carry a class label."""
+        if self.source.layout == "class_folders":
+            return True
+        if self.source.layout == "pattern":
+            return self.source.label_group in re.compile(self.source.pattern or "").groupindex
+        return self.source.layout == "manifest"
+
+
+# ---------------------------------------------------------------------------
+# Generic dict -> dataclass conversion with precise errors
+# ---------------------------------------------------------------------------
+
+_FIELD_TYPES: dict[str, type] = {"audio": AudioField, "image": ImageField}
+
+
+def _check(value: Any, tp: Any, file: str, key: str) -> Any:
+    """Convert ``value`` to type ``tp`` or raise ConfigError for ``key``."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _check(value, a, file, key)
+            except ConfigError as e:
+                errors.append(e.message)
+        raise ConfigError(file, key, errors[0] if len(errors) == 1 else " / ".join(errors))
+    if origin is Literal:
+        if value not in args:
+            choices = ", ".join(repr(a) for a in args)
+            raise ConfigError(file, key, f"must be one of {choices}, got {value!r}")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(file, key, f"must be a list, got {type(value).__name__} {value!r}")
+        return [_check(v, args[0], file, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(file, key, f"must be a mapping, got {type(value).__name__}")
+        return {str(k): _check(v, args[1], file, f"{key}.{k}") for k, v in value.items()}
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, file, key)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(file, key, f"must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(file, key, f"must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(file, key, f"must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(file, key, f"must be a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported config type {tp!r}")  # a bug in this module, not in the job
+
+
+def _build(cls: type, data: Any, file: str, key: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(file, key, f"must be a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls) if f.name != "file"}
+    for k in data:
+        if k not in known:
+            raise ConfigError(file, f"{key}.{k}" if key else k,
+                              f"unknown key (expected one of: {', '.join(known)})")
+    kwargs = {}
+    for name, f in known.items():
+        sub = f"{key}.{name}" if key else name
+        if name in data:
+            kwargs[name] = _check(data[name], hints[name], file, sub)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(file, sub, "is required")
+    return cls(**kwargs)
+
+
+def _build_fields(data: Any, file: str) -> dict[str, FieldConfig]:
+    if not isinstance(data, dict) or not data:
+        raise ConfigError(file, "fields", "must be a non-empty mapping of field name -> settings")
+    out: dict[str, FieldConfig] = {}
+    for name, spec in data.items():
+        key = f"fields.{name}"
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(name)):
+            raise ConfigError(file, key, "field names must be identifiers (letters, digits, _)")
+        if name in ("label", "source", "checksum", "rejects"):
+            raise ConfigError(file, key, f"'{name}' is reserved by the output format; rename the field")
+        if not isinstance(spec, dict) or "type" not in spec:
+            raise ConfigError(file, f"{key}.type", "is required (audio or image)")
+        cls = _FIELD_TYPES.get(spec["type"])
+        if cls is None:
+            raise ConfigError(file, f"{key}.type", f"must be one of 'audio', 'image', got {spec['type']!r}")
+        out[str(name)] = _build(cls, spec, file, key)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Semantic checks (values that type-check but cannot work)
+# ---------------------------------------------------------------------------
+
+
+def _validate(job: JobConfig, check_paths: bool) -> None:
+    f = job.file
+    s = job.source
+    if s.layout == "pattern":
+        if not s.pattern:
+            raise ConfigError(f, "source.pattern", "is required for layout 'pattern'")
+        try:
+            rx = re.compile(s.pattern)
+        except re.error as e:
+            raise ConfigError(f, "source.pattern", f"is not a valid regex: {e}") from e
+        if s.split.group not in rx.groupindex and s.split.ranges:
+            raise ConfigError(f, "source.split.group", f"group {s.split.group!r} is not in source.pattern")
+        for split, rng in s.split.ranges.items():
+            if len(rng) != 2 or rng[0] > rng[1]:
+                raise ConfigError(f, f"source.split.ranges.{split}", f"must be [lo, hi] with lo <= hi, got {rng}")
+        if len(job.fields) != 1:
+            raise ConfigError(f, "fields", "layout 'pattern' takes exactly one field")
+    if s.layout == "manifest" and not s.manifest:
+        raise ConfigError(f, "source.manifest", "is required for layout 'manifest'")
+    if s.layout == "paired_folders" and len(job.fields) < 2:
+        raise ConfigError(f, "fields", "layout 'paired_folders' needs at least two fields")
+    if s.layout == "class_folders" and len(job.fields) > 1:
+        exts = [set(e.lower() for e in fc.extensions) for fc in job.fields.values()]
+        for i, a in enumerate(exts):
+            for b in exts[i + 1:]:
+                if a & b:
+                    raise ConfigError(f, "fields", "with several fields in class_folders, each field needs its own extensions (files are grouped by stem)")
+    for name, fc in job.fields.items():
+        key = f"fields.{name}"
+        for ext in fc.extensions:
+            if not ext.startswith("."):
+                raise ConfigError(f, f"{key}.extensions", f"extensions start with '.', got {ext!r}")
+        if isinstance(fc, AudioField):
+            if fc.sample_rate is not None and not 100 <= fc.sample_rate <= 768_000:
+                raise ConfigError(f, f"{key}.sample_rate", f"must be 100..768000 Hz, got {fc.sample_rate}")
+            if fc.resample and fc.sample_rate is None:
+                raise ConfigError(f, f"{key}.resample", "needs sample_rate (the target rate)")
+            if fc.length is not None and fc.length <= 0:
+                raise ConfigError(f, f"{key}.length", f"must be a positive number of frames, got {fc.length}")
+        else:
+            if fc.size is not None and (len(fc.size) != 2 or min(fc.size) <= 0):
+                raise ConfigError(f, f"{key}.size", f"must be [height, width] > 0, got {fc.size}")
+            if fc.max_pixels <= 0:
+                raise ConfigError(f, f"{key}.max_pixels", "must be positive")
+    o = job.output
+    if o.codec == "gzip" and o.level is not None and not 0 <= o.level <= 9:
+        raise ConfigError(f, "output.level", f"gzip levels are 0..9, got {o.level}")
+    if o.codec in ("zstd", "blosc2-zstd") and o.level is not None and not 1 <= o.level <= 22:
+        raise ConfigError(f, "output.level", f"zstd levels are 1..22, got {o.level}")
+    if o.codec == "blosc2-lz4" and o.level is not None and not 0 <= o.level <= 9:
+        raise ConfigError(f, "output.level", f"blosc2 levels are 0..9, got {o.level}")
+    if o.chunk_bytes < 4096:
+        raise ConfigError(f, "output.chunk_bytes", f"must be at least 4096, got {o.chunk_bytes}")
+    if not o.path.endswith((".h5", ".hdf5")):
+        raise ConfigError(f, "output.path", f"must end in .h5 or .hdf5, got {o.path!r}")
+    c = job.cluster
+    if c.workers is not None and c.workers < 1:
+        raise ConfigError(f, "cluster.workers", f"must be >= 1, got {c.workers}")
+    if c.batch_size < 1:
+        raise ConfigError(f, "cluster.batch_size", f"must be >= 1, got {c.batch_size}")
+    if c.kind == "address" and not c.address:
+        raise ConfigError(f, "cluster.address", "is required for kind 'address'")
+    if c.kind == "scheduler_file" and not c.scheduler_file:
+        raise ConfigError(f, "cluster.scheduler_file", "is required for kind 'scheduler_file'")
+    p = job.policy
+    if not 0.0 <= p.max_reject_fraction <= 1.0:
+        raise ConfigError(f, "policy.max_reject_fraction", f"must be within 0..1, got {p.max_reject_fraction}")
+    if p.decode_timeout <= 0:
+        raise ConfigError(f, "policy.decode_timeout", "must be > 0 seconds")
+    if check_paths:
+        root = Path(s.root)
+        if not root.is_dir() and not s.generate:
+            raise ConfigError(f, "source.root", f"corpus root {s.root!r} does not exist or is not a directory")
+        if s.layout == "manifest" and s.manifest and not Path(s.manifest).is_file() and not s.generate:
+            raise ConfigError(f, "source.manifest", f"manifest file {s.manifest!r} does not exist")
+
+
+# ---------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------
+
+
+def parse_overrides(pairs: list[str], file: str = "--set") -> dict[str, Any]:
+    """``["a.b=1", "c=x"]`` -> nested dict; values are parsed as YAML scalars."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ConfigError(file, pair, "expected key=value")
+        key, raw = pair.split("=", 1)
+        node = out
+        parts = key.strip().split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = yaml.safe_load(raw) if raw != "" else None
+    return out
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(merged.get(k), dict):
+            merged[k] = _merge(merged[k], v)
+        else:
+            merged[k] = v
+    return merged
+
+
+def job_from_dict(data: Any, file: str = "<job>", check_paths: bool = True) -> JobConfig:
+    """Validate a parsed job mapping. Raises :class:`ConfigError`."""
+    if not isinstance(data, dict):
+        raise ConfigError(file, "", "a job file must be a YAML mapping")
+    allowed = {"name", "source", "fields", "output", "cluster", "policy"}
+    for k in data:
+        if k not in allowed:
+            raise ConfigError(file, str(k), f"unknown key (expected one of: {', '.join(sorted(allowed))})")
+    for k in ("source", "fields", "output"):
+        if k not in data:
+            raise ConfigError(file, k, "is required")
+    name = data.get("name") or Path(file).stem
+    if not isinstance(name, str):
+        raise ConfigError(file, "name", "must be a string")
+    job = JobConfig(
+        name=name,
+        source=_build(SourceConfig, data["source"], file, "source"),
+        fields=_build_fields(data["fields"], file),
+        output=_build(OutputConfig, data["output"], file, "output"),
+        cluster=_build(ClusterConfig, data.get("cluster") or {}, file, "cluster"),
+        policy=_build(PolicyConfig, data.get("policy") or {}, file, "policy"),
+        file=file,
+    )
+    _validate(job, check_paths)
+    return job
+
+
+def load_job(path: str | os.PathLike[str], overrides: list[str] | None = None,
+             check_paths: bool = True) -> JobConfig:
+    """Read, merge ``--set`` overrides into, and validate a job file."""
+    file = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ConfigError(file, "", f"cannot read job file: {e.strerror}") from e
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "yaml"
+        raise ConfigError(file, where, f"not valid YAML: {getattr(e, 'problem', e)}") from e
+    if overrides:
+        data = _merge(data or {}, parse_overrides(overrides))
+    return job_from_dict(data, file, check_paths=check_paths)

@@ -1,0 +1,79 @@
+"""Names and small helpers of the on-disk format (documented in docs/FORMAT.md).
+
+Kept in one place so the writer, the reader, ``inspect`` and ``verify`` agree.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+FORMAT_VERSION = 1
+
+# Root attributes
+ATTR_FORMAT = "h5batch_format"
+ATTR_JOB = "job"
+ATTR_JOB_HASH = "job_hash"
+ATTR_MANIFEST_HASH = "manifest_hash"
+ATTR_VERSIONS = "versions"
+ATTR_CREATED = "created"
+ATTR_SPLITS = "splits"
+ATTR_FIELDS = "fields"
+ATTR_COMPLETE = "complete"
+ATTR_INPUTS = "num_inputs"  # files discovered (samples x files per sample + rejects)
+
+CLASS_NAMES = "class_names"
+REJECTS = "rejects"  # group with path / stage / reason string datasets
+
+# Per split
+LABEL = "label"
+SOURCE = "source"
+CHECKSUM = "checksum"
+ATTR_NUM_SAMPLES = "num_samples"
+
+# Variable-length field group members
+VALUES = "values"
+OFFSETS = "offsets"
+SHAPES = "shapes"
+
+KIND_FIXED = "fixed"
+KIND_VARIABLE = "variable"
+
+RESERVED = {LABEL, SOURCE, CHECKSUM}
+
+
+def dumps(obj: Any) -> str:
+    """JSON for attributes (sorted keys, so the same job gives the same bytes)."""
+    return json.dumps(obj, sort_keys=True)
+
+
+def next_prime(n: int) -> int:
+    """Smallest prime >= n (for ``rdcc_nslots``, which HDF5 wants prime)."""
+    def is_prime(k: int) -> bool:
+        if k < 2:
+            return False
+        if k % 2 == 0:
+            return k == 2
+        i = 3
+        while i * i <= k:
+            if k % i == 0:
+                return False
+            i += 2
+        return True
+
+    while not is_prime(n):
+        n += 1
+    return n
+
+
+def cache_settings(chunk_bytes: int, smallest_chunk: int, cache_bytes: int | None = None) -> dict[str, Any]:
+    """h5py ``File`` keyword arguments for a chunk cache holding several chunks.
+
+    ``rdcc_nbytes`` defaults to 4 chunks (a chunk larger than the cache bypasses it and is
+    re-read on every access, h5py#2526); ``rdcc_nslots`` is a prime ~100x the number of
+    chunks that fit; ``rdcc_w0=1`` evicts fully read/written chunks first, which suits
+    append-only writing and streaming reads.
+    """
+    nbytes = cache_bytes if cache_bytes else max(4 * chunk_bytes, 4 << 20)
+    slots = next_prime(max(521, 100 * (nbytes // max(smallest_chunk, 1))))
+    return {"rdcc_nbytes": int(nbytes), "rdcc_nslots": int(min(slots, 1_000_003)), "rdcc_w0": 1.0}

@@ -1,0 +1,124 @@
+"""``h5batch inspect``: what an output file holds, in a form a person can read."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import h5py
+import numpy as np
+
+from . import format as fmt
+
+
+def _storage(ds: h5py.Dataset) -> dict[str, Any]:
+    plist = ds.id.get_create_plist()
+    filters = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
+    stored = ds.id.get_storage_size()
+    return {"shape": list(ds.shape), "dtype": str(ds.dtype), "chunks": list(ds.chunks) if ds.chunks else None,
+            "filters": filters, "codec": ds.attrs.get("codec", ""), "stored_bytes": int(stored),
+            "raw_bytes": int(ds.size * ds.dtype.itemsize)}
+
+
+def describe(path: str) -> dict[str, Any]:
+    """A JSON-able description of an h5batch file."""
+    try:
+        import hdf5plugin  # noqa: F401  (registers plugin filters for reading)
+    except ImportError:
+        pass
+    out: dict[str, Any] = {"path": path, "file_bytes": os.path.getsize(path)}
+    with h5py.File(path, "r") as f:
+        a = f.attrs
+        out["format"] = int(a.get(fmt.ATTR_FORMAT, 0))
+        out["complete"] = bool(a.get(fmt.ATTR_COMPLETE, False))
+        out["created"] = str(a.get(fmt.ATTR_CREATED, ""))
+        out["versions"] = json.loads(a.get(fmt.ATTR_VERSIONS, "{}"))
+        out["job"] = json.loads(a.get(fmt.ATTR_JOB, "{}"))
+        out["inputs"] = int(a.get(fmt.ATTR_INPUTS, 0))
+        out["class_names"] = [s.decode() if isinstance(s, bytes) else s for s in f[fmt.CLASS_NAMES][...]] if fmt.CLASS_NAMES in f else []
+        fields = json.loads(a.get(fmt.ATTR_FIELDS, "[]"))
+        out["splits"] = {}
+        raw_total = stored_total = 0
+        for split in json.loads(a.get(fmt.ATTR_SPLITS, "[]")):
+            if split not in f:
+                continue
+            g = f[split]
+            info: dict[str, Any] = {"samples": int(g[fmt.SOURCE].shape[0]) if fmt.SOURCE in g else 0, "fields": {}}
+            for name in fields:
+                if name not in g:
+                    continue
+                node = g[name]
+                if isinstance(node, h5py.Group):
+                    st = _storage(node[fmt.VALUES])
+                    shapes = node[fmt.SHAPES][...]
+                    st.update(kind="variable", modality=node.attrs.get("modality", ""),
+                              min_shape=shapes.min(axis=0).tolist() if len(shapes) else None,
+                              max_shape=shapes.max(axis=0).tolist() if len(shapes) else None)
+                else:
+                    st = _storage(node)
+                    st.update(kind="fixed", modality=node.attrs.get("modality", ""), sample_shape=list(node.shape[1:]))
+                if "sample_rate" in node.attrs:
+                    st["sample_rate"] = int(node.attrs["sample_rate"])
+                raw_total += st["raw_bytes"]
+                stored_total += st["stored_bytes"]
+                info["fields"][name] = st
+            if fmt.LABEL in g and g[fmt.LABEL].shape[0]:
+                counts = np.bincount(g[fmt.LABEL][...], minlength=len(out["class_names"]))
+                info["label_counts"] = {out["class_names"][i] if i < len(out["class_names"]) else str(i): int(c)
+                                        for i, c in enumerate(counts)}
+            out["splits"][split] = info
+        out["raw_bytes"] = raw_total
+        out["stored_bytes"] = stored_total
+        out["compression_ratio"] = raw_total / stored_total if stored_total else None
+        rej = f.get(fmt.REJECTS)
+        out["rejects"] = []
+        if rej is not None and rej["path"].shape[0]:
+            out["rejects"] = [{"path": p, "stage": s, "reason": r} for p, s, r in
+                              zip(rej["path"].asstr()[...], rej["stage"].asstr()[...], rej["reason"].asstr()[...])]
+    return out
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    return f"{n}"
+
+
+def render(d: dict[str, Any], max_rejects: int = 20) -> str:
+    """The text shown by ``h5batch inspect``."""
+    lines = [f"{d['path']}  ({_human(d['file_bytes'])} on disk, format v{d['format']}, "
+             f"{'complete' if d['complete'] else 'INCOMPLETE'}, created {d['created']})"]
+    job = d.get("job", {})
+    if job:
+        lines.append(f"job: {job.get('name')}  layout={job.get('source', {}).get('layout')}  "
+                     f"root={job.get('source', {}).get('root')}  codec={job.get('output', {}).get('codec')}")
+    if d["class_names"]:
+        lines.append(f"classes ({len(d['class_names'])}): {', '.join(d['class_names'][:20])}"
+                     + (" ..." if len(d["class_names"]) > 20 else ""))
+    for split, info in d["splits"].items():
+        lines.append(f"[{split}] {info['samples']} samples")
+        for name, st in info["fields"].items():
+            shape = (f"sample shape {tuple(st['sample_shape'])}" if st["kind"] == "fixed"
+                     else f"variable shape {tuple(st['min_shape'] or ())}..{tuple(st['max_shape'] or ())}")
+            ratio = st["raw_bytes"] / st["stored_bytes"] if st["stored_bytes"] else 0
+            sr = f", {st['sample_rate']} Hz" if st.get("sample_rate") else ""
+            lines.append(f"  {name}: {st['modality']} {st['kind']}, {shape}, {st['dtype']}{sr}; chunks {tuple(st['chunks'] or ())}, "
+                         f"codec {st['codec'] or st['filters']}; {_human(st['raw_bytes'])} -> {_human(st['stored_bytes'])} ({ratio:.2f}x)")
+        if "label_counts" in info:
+            lines.append("  labels: " + ", ".join(f"{k}={v}" for k, v in info["label_counts"].items()))
+    ratio = d["compression_ratio"]
+    lines.append(f"total: {_human(d['raw_bytes'])} of samples stored in {_human(d['stored_bytes'])}"
+                 + (f" (compression ratio {ratio:.2f}x)" if ratio else ""))
+    n_samples = sum(i["samples"] for i in d["splits"].values())
+    lines.append(f"inputs: {d['inputs']} files discovered; {n_samples} samples; {len(d['rejects'])} rejects")
+    for r in d["rejects"][:max_rejects]:
+        lines.append(f"  reject [{r['stage']}] {r['path']}: {r['reason']}")
+    if len(d["rejects"]) > max_rejects:
+        lines.append(f"  ... {len(d['rejects']) - max_rejects} more (see the .rejects.jsonl beside the file)")
+    v = d.get("versions", {})
+    if v:
+        lines.append("made with: " + ", ".join(f"{k} {v[k]}" for k in sorted(v)))
+    return "\n".join(lines)

@@ -1,0 +1,441 @@
+"""Orchestration of one conversion: manifest -> Dask decode -> shared memory -> writer.
+
+The driver (this module) never touches pixel or sample data. It submits batches to Dask
+with a bounded number in flight (backpressure: a batch counts until the writer has stored
+it, so memory stays flat whatever the corpus size), forwards finished batches to the
+writer process strictly in manifest order, isolates files that crash their worker by
+splitting the batch, and reports progress.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import queue
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import __version__
+from .cluster import connect, default_workers
+from .codecs import CodecSpec
+from .config import JobConfig
+from .discover import Manifest, Reject, discover
+from .progress import Progress
+from .tasks import BatchResult, BatchTask, decode_batch
+from .transport import Packed, discard, hostname, new_run_id, remove_segments, remove_stale_segments, to_shm
+from .writer import WriterSpec, commit_path, writer_main
+
+
+class ConvertError(RuntimeError):
+    """A conversion that cannot start or cannot finish; the message says what to do."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass
+class ConvertOptions:
+    """Run-time choices that do not change the output's content."""
+
+    resume: bool = True  # continue a matching partial output
+    restart: bool = False  # discard a partial output even if it does not match
+    overwrite: bool = False
+    progress: bool | None = None  # None: a bar on a terminal, log lines otherwise
+    log: Any = None  # file object for messages (default stderr)
+
+
+@dataclass
+class ConvertSummary:
+    """What a conversion did (figures for the summary line and for benchmarks)."""
+
+    path: str
+    counts: dict[str, int]
+    rejects: int
+    inputs: int
+    seconds: float
+    bytes_decoded: int
+    output_bytes: int
+    resumed_from: int = 0
+    rejects_file: str = ""
+    cluster: str = ""
+    dashboard: str | None = None
+    ok: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def samples(self) -> int:
+        return sum(self.counts.values())
+
+
+def versions() -> dict[str, str]:
+    """Versions of what shapes the bytes of the output (stored in the file)."""
+    import dask
+    import h5py
+    import hdf5plugin
+    import PIL
+    import soundfile
+
+    out = {"h5batch": __version__, "h5py": h5py.__version__, "hdf5": h5py.version.hdf5_version,
+           "numpy": np.__version__, "hdf5plugin": hdf5plugin.version, "soundfile": soundfile.__version__,
+           "pillow": PIL.__version__, "dask": dask.__version__, "python": sys.version.split()[0]}
+    try:
+        import blosc2
+
+        out["blosc2"] = blosc2.__version__
+    except ImportError:
+        pass
+    return out
+
+
+def make_tasks(job: JobConfig, manifest: Manifest, run_id: str, writer_host: str) -> list[BatchTask]:
+    """Cut the manifest into batches of ``cluster.batch_size`` items, never across splits."""
+    fields = tuple(job.fields.items())
+    tasks: list[BatchTask] = []
+    bs = job.cluster.batch_size
+    i = 0
+    items = manifest.items
+    while i < len(items):
+        split = items[i].split
+        j = i
+        while j < len(items) and j - i < bs and items[j].split == split:
+            j += 1
+        chunk = tuple((it.paths, manifest.label_index(it.label)) for it in items[i:j])
+        tasks.append(BatchTask(len(tasks), split, i, chunk, manifest.root, fields, run_id,
+                               job.cluster.transport, writer_host))
+        i = j
+    return tasks
+
+
+def _empty_result(task: BatchTask, rejects: list[Reject], nfields: int) -> BatchResult:
+    return BatchResult(task.index, task.split, task.start, Packed((), 0), np.zeros(0, np.int64), [],
+                       np.zeros((0, nfields), np.uint32), rejects, len(task.items))
+
+
+def _generate(job: JobConfig, log) -> None:
+    """Create a generated corpus (``source.generate``) when its root is missing."""
+    root = job.source.root
+    if not job.source.generate or Path(root, ".h5batch-synth.json").exists():
+        return
+    from . import synth
+
+    makers = {"demo": synth.make_demo_corpus, "paired_audio": synth.make_paired_audio}
+    if job.source.generate not in makers:
+        raise ConvertError(f"{job.file}: source.generate: unknown corpus {job.source.generate!r} "
+                           f"(known: {', '.join(makers)})", 2)
+    print(f"generating the {job.source.generate} corpus into {root} ...", file=log)
+    makers[job.source.generate](root)
+
+
+class _Slot:
+    """One manifest batch: its parts (a batch whose worker keeps dying is split in two,
+    recursively, down to the crashing file) and their results."""
+
+    def __init__(self, task: BatchTask):
+        self.task = task
+        self.parts: list[list[Any]] = [[0, len(task.items), None]]  # [lo, hi, result]
+
+    def complete(self) -> bool:
+        return all(p[2] is not None for p in self.parts)
+
+
+class Converter:
+    """One conversion run. Use :func:`convert`."""
+
+    def __init__(self, job: JobConfig, opts: ConvertOptions):
+        self.job = job
+        self.opts = opts
+        self.log = opts.log or sys.stderr
+        self.final = os.path.abspath(job.output.path)
+        self.partial = self.final + ".partial"
+        self.run_id = new_run_id()
+        self.events: queue.Queue = queue.Queue()
+
+    def say(self, text: str) -> None:
+        print(text, file=self.log, flush=True)
+
+    # -- preparation ---------------------------------------------------------
+
+    def _check_output(self) -> None:
+        out_dir = os.path.dirname(self.final)
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+        except OSError as e:
+            raise ConvertError(f"output directory {out_dir} cannot be created: {e.strerror}", 2) from e
+        if not os.access(out_dir, os.W_OK):
+            raise ConvertError(f"output directory {out_dir} is not writable", 2)
+        if os.path.exists(self.final) and not (self.opts.overwrite or self.job.output.overwrite):
+            raise ConvertError(f"{self.final} already exists; pass --overwrite (or output.overwrite: true) to replace it", 2)
+
+    def _resume_record(self, manifest: Manifest) -> dict[str, Any] | None:
+        """The commit record to continue from, or None to start afresh."""
+        if not os.path.exists(self.partial):
+            return None
+        cpath = commit_path(self.partial)
+        record = None
+        if os.path.exists(cpath):
+            try:
+                record = json.loads(Path(cpath).read_text())
+            except (OSError, ValueError):
+                record = None
+        if self.opts.restart or not self.opts.resume:
+            self.say(f"discarding partial output {self.partial} (--restart)")
+            return self._discard_partial()
+        if record is None:
+            self.say(f"partial output {self.partial} has no valid commit record and cannot be trusted; starting over")
+            return self._discard_partial()
+        if record.get("job_hash") != self.job.hash() or record.get("manifest_hash") != manifest.hash:
+            what = "job file" if record.get("job_hash") != self.job.hash() else "corpus"
+            raise ConvertError(
+                f"{self.partial} was made from a different {what} than now; rerun with --restart to "
+                f"discard it and start over", 2)
+        from .resume import check_partial
+
+        problem = check_partial(self.partial, record, tuple(self.job.fields))
+        if problem:
+            self.say(f"partial output {self.partial} cannot be trusted ({problem}); starting over")
+            return self._discard_partial()
+        return record
+
+    def _discard_partial(self) -> None:
+        for p in (self.partial, commit_path(self.partial)):
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+        return None
+
+    # -- main loop -------------------------------------------------------------
+
+    def run(self) -> ConvertSummary:
+        t0 = time.perf_counter()
+        job = self.job
+        self._check_output()
+        _generate(job, self.log)
+        manifest = discover(job)
+        if not manifest.items:
+            raise ConvertError(f"no samples found under {job.source.root} "
+                               f"({len(manifest.rejects)} files rejected, e.g. {manifest.rejects[:1]})", 2)
+        stale = remove_stale_segments()
+        if stale:
+            self.say(f"removed {len(stale)} shared-memory segments left by dead runs")
+        record = self._resume_record(manifest)
+        num_inputs = sum(len(it.paths) for it in manifest.items) + len(manifest.rejects)
+        n_workers = job.cluster.workers or default_workers()
+        spec = WriterSpec(
+            partial_path=self.partial, final_path=self.final,
+            job_json=json.dumps(job.public_dict(), sort_keys=True), job_hash=job.hash(),
+            manifest_hash=manifest.hash, splits=manifest.splits, fields=tuple(job.fields.items()),
+            class_names=manifest.class_names, labelled=job.labelled,
+            codec=CodecSpec(job.output.codec, job.output.level, job.output.shuffle),
+            chunk_bytes=job.output.chunk_bytes, cache_bytes=job.output.cache_bytes,
+            discovery_rejects=manifest.rejects, num_inputs=num_inputs,
+            commit_every=job.policy.commit_every, threads=max(2, min(4, n_workers)),
+            resume=record, versions=versions(),
+        )
+        tasks = make_tasks(job, manifest, self.run_id, hostname())
+        ctx = mp.get_context("spawn")
+        inbox, outbox = ctx.Queue(), ctx.Queue()
+        writer = ctx.Process(target=writer_main, args=(spec, inbox, outbox), name="h5batch-writer", daemon=True)
+        writer.start()
+        try:
+            start = self._wait_ready(outbox, writer)
+            if start:
+                self.say(f"resuming {self.partial}: {start} of {len(tasks)} batches already committed")
+            summary = self._convert(tasks, start, inbox, outbox, writer, manifest, num_inputs)
+        except KeyboardInterrupt:
+            self._abort(inbox, outbox, writer)
+            raise ConvertError(f"interrupted; progress is committed in {self.partial}. "
+                               f"Run the same command again to resume.", 130) from None
+        except BaseException:
+            self._abort(inbox, outbox, writer)
+            raise
+        finally:
+            remove_segments(self.run_id)
+        summary.seconds = time.perf_counter() - t0
+        summary.resumed_from = start
+        return summary
+
+    def _wait_ready(self, outbox, writer) -> int:
+        while True:
+            try:
+                msg = outbox.get(timeout=1.0)
+            except queue.Empty:
+                if not writer.is_alive():
+                    raise ConvertError(f"writer process died at start (exit code {writer.exitcode})") from None
+                continue
+            if msg[0] == "ready":
+                return int(msg[1])
+            if msg[0] == "error":
+                raise ConvertError(f"writer failed to open {self.partial}:\n{msg[1]}")
+
+    def _abort(self, inbox, outbox, writer) -> None:
+        """Commit what is written, stop the writer; cluster teardown happens in connect()."""
+        if writer.is_alive():
+            inbox.put(("abort",))
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and writer.is_alive():
+                try:
+                    msg = outbox.get(timeout=0.5)
+                    if msg[0] in ("aborted", "error"):
+                        break
+                except queue.Empty:
+                    pass
+            writer.join(timeout=10)
+            if writer.is_alive():
+                writer.kill()
+
+    def _convert(self, tasks, start, inbox, outbox, writer, manifest, num_inputs) -> ConvertSummary:
+        job = self.job
+        n_batches = len(tasks)
+        total_items = len(manifest.items)
+        with connect(job.cluster) as conn:
+            client = conn.client
+            self.say(f"cluster: {conn.description}" + (f"; dashboard {conn.dashboard}" if conn.dashboard else ""))
+            n_workers = max(1, len(client.scheduler_info(n_workers=-1)["workers"]))
+            window = job.cluster.max_in_flight or max(4, 3 * n_workers)
+            slots: dict[int, _Slot] = {}
+            futures: dict[Any, tuple[int, int]] = {}  # future -> (batch index, part position)
+            next_submit = next_forward = acked = start
+            done_items = sum(len(t.items) for t in tasks[:start])
+            rejects = 0
+            bytes_decoded = 0
+            prog = Progress(total_items, done_items, enabled=self.opts.progress, log=self.log)
+            reader = threading.Thread(target=self._pump_writer, args=(outbox, writer), daemon=True)
+            reader.start()
+
+            def submit(index: int, lo: int, hi: int) -> None:
+                task = slots[index].task.sub(lo, hi) if (lo, hi) != (0, len(slots[index].task.items)) else slots[index].task
+                fut = client.submit(decode_batch, task, pure=False, retries=0,
+                                    key=f"h5batch-decode-{self.run_id}-{index}-{lo}-{hi}")
+                futures[fut] = (index, lo)
+                fut.add_done_callback(lambda f: self.events.put(("future", f)))
+
+            while acked < n_batches:
+                while next_submit < n_batches and next_submit - acked < window:
+                    slots[next_submit] = _Slot(tasks[next_submit])
+                    submit(next_submit, 0, len(tasks[next_submit].items))
+                    next_submit += 1
+                kind, payload = self._next_event()
+                if kind == "future":
+                    self._on_future(payload, futures, slots, submit)
+                    while next_forward in slots and slots[next_forward].complete():
+                        slot = slots[next_forward]
+                        for k, (_, _, res) in enumerate(slot.parts):
+                            res.final_part = k == len(slot.parts) - 1
+                            inbox.put(("batch", res))
+                        next_forward += 1
+                elif kind == "writer":
+                    msg = payload
+                    if msg[0] == "ack":
+                        slot = slots.get(msg[1])
+                        if slot is None or not getattr(slot, "_acked_parts", None):
+                            if slot is not None:
+                                slot._acked_parts = 0
+                        slot._acked_parts += 1
+                        if slot._acked_parts == len(slot.parts):
+                            n_items = len(slot.task.items)
+                            n_rej = sum(len(p[2].rejects) for p in slot.parts)
+                            rejects += n_rej
+                            bytes_decoded += sum(p[2].packed.nbytes for p in slot.parts)
+                            prog.update(n_items, rejects=rejects, nbytes=bytes_decoded)
+                            del slots[msg[1]]
+                            acked += 1
+                    elif msg[0] == "error":
+                        raise ConvertError(f"writer failed:\n{msg[1]}")
+                    elif msg[0] == "dead":
+                        raise ConvertError(f"writer process died (exit code {msg[1]}); "
+                                           f"rerun the same command to resume from the last commit")
+            prog.close()
+            rejected_files = rejects + len(manifest.rejects)
+            fraction = rejected_files / max(1, num_inputs)
+            ok = fraction <= job.policy.max_reject_fraction
+            inbox.put(("finish", ok))
+            summary_msg = self._wait_for(("done",))
+            s = summary_msg[1]
+            summary = ConvertSummary(
+                path=s["path"], counts=s["counts"], rejects=s["rejects"], inputs=num_inputs,
+                seconds=0.0, bytes_decoded=s["bytes_decoded"], output_bytes=os.path.getsize(s["path"]),
+                rejects_file=s["rejects_file"], cluster=conn.description, dashboard=conn.dashboard, ok=ok)
+            writer.join(timeout=30)
+            if not ok:
+                raise ConvertError(
+                    f"{rejected_files} of {num_inputs} input files rejected ({fraction:.1%}), above "
+                    f"policy.max_reject_fraction {job.policy.max_reject_fraction:.1%}; output left as "
+                    f"{self.partial}, reasons in {s['rejects_file']}", 1)
+            return summary
+
+    def _pump_writer(self, outbox, writer) -> None:
+        """Forward writer messages to the event queue; report a dead writer."""
+        while True:
+            try:
+                msg = outbox.get(timeout=1.0)
+            except queue.Empty:
+                if not writer.is_alive():
+                    self.events.put(("writer", ("dead", writer.exitcode)))
+                    return
+                continue
+            except (EOFError, OSError):
+                return
+            self.events.put(("writer", msg))
+            if msg[0] in ("done", "error", "aborted"):
+                return
+
+    def _next_event(self) -> tuple[str, Any]:
+        return self.events.get()
+
+    def _wait_for(self, kinds: tuple[str, ...]) -> tuple:
+        while True:
+            kind, msg = self.events.get()
+            if kind != "writer":
+                continue
+            if msg[0] in kinds:
+                return msg
+            if msg[0] == "error":
+                raise ConvertError(f"writer failed:\n{msg[1]}")
+            if msg[0] == "dead":
+                raise ConvertError(f"writer process died (exit code {msg[1]})")
+
+    def _on_future(self, fut, futures, slots, submit) -> None:
+        index, lo = futures.pop(fut)
+        slot = slots[index]
+        pos = next(i for i, p in enumerate(slot.parts) if p[0] == lo and p[2] is None)
+        part = slot.parts[pos]
+        if fut.status == "finished":
+            res: BatchResult = fut.result()
+            if res.packed.shm_name is None and res.packed.payload is not None:
+                res.packed = to_shm(res.packed, self.run_id)  # network transport
+            part[2] = res
+            return
+        if fut.status == "cancelled":
+            return
+        exc = fut.exception()
+        lo_, hi_ = part[0], part[1]
+        if hi_ - lo_ > 1:
+            # Isolate the file that takes its worker down: split the batch and retry both halves.
+            mid = (lo_ + hi_) // 2
+            slot.parts[pos:pos + 1] = [[lo_, mid, None], [mid, hi_, None]]
+            submit(index, lo_, mid)
+            submit(index, mid, hi_)
+            return
+        paths = slot.task.items[lo_][0]
+        reason = f"worker failed while decoding this file: {type(exc).__name__}: {exc}"
+        sub = slot.task.sub(lo_, hi_)
+        part[2] = _empty_result(sub, [Reject(p, "worker", reason) for p in paths], len(sub.fields))
+
+
+def convert(job: JobConfig, opts: ConvertOptions | None = None) -> ConvertSummary:
+    """Convert the corpus of ``job`` into its HDF5 output. Raises :class:`ConvertError`."""
+    return Converter(job, opts or ConvertOptions()).run()
+
+
+def discard_result(res: BatchResult) -> None:
+    """Free the shared memory of a result that will not be written."""
+    discard(res.packed)

@@ -1,0 +1,244 @@
+"""Moving decoded batches from Dask workers to the writer process.
+
+A decoded batch is packed into one contiguous buffer: for each field, the samples' bytes
+back to back (C order). Only a small :class:`Packed` descriptor (names, dtypes, shapes,
+byte offsets) travels through Dask and the writer's queue.
+
+Two ways for the bytes themselves:
+
+``shm``      the worker writes the buffer into a POSIX shared-memory segment
+             (``/dev/shm/h5b-<run id>-...``) and hands ownership to the writer, which
+             copies it into HDF5 and unlinks it. Only works when worker and writer share a host.
+``network``  the buffer rides inside the Dask result (Dask's own comms), and the driver
+             copies it into a segment for the writer, so the writer code is the same.
+
+Ownership: the creating process hands the segment on by name; the writer unlinks it after
+use. (``multiprocessing.shared_memory`` is not used: on CPython 3.11 its resource tracker
+unlinks segments a process merely attached to, bpo-39959.) Segments of dead runs are found by their run id (which
+embeds the driver's pid) and removed by :func:`remove_stale_segments`.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+import socket
+from dataclasses import dataclass, field
+
+import numpy as np
+
+SHM_DIR = "/dev/shm"
+PREFIX = "h5b-"
+
+
+@dataclass(frozen=True)
+class Block:
+    """One field of a packed batch: samples ``i`` live at
+    ``buffer[offset + starts[i] : offset + starts[i] + nbytes(shapes[i])]``."""
+
+    name: str
+    dtype: str
+    shapes: tuple[tuple[int, ...], ...]
+    offset: int
+    nbytes: int
+
+
+@dataclass
+class Packed:
+    """Descriptor of a packed batch. Exactly one of ``shm_name`` / ``payload`` is set."""
+
+    blocks: tuple[Block, ...]
+    nbytes: int
+    shm_name: str | None = None
+    payload: np.ndarray | None = field(default=None, repr=False)
+    host: str = ""
+
+
+def new_run_id() -> str:
+    """``<driver pid hex>x<random>``: unique per run, and tells which process owns it."""
+    return f"{os.getpid():x}x{secrets.token_hex(4)}"
+
+
+def hostname() -> str:
+    return socket.gethostname()
+
+
+def _layout(arrays: dict[str, list[np.ndarray]]) -> tuple[tuple[Block, ...], int]:
+    blocks = []
+    offset = 0
+    for name, samples in arrays.items():
+        dtype = samples[0].dtype.str if samples else "|u1"
+        nbytes = sum(a.nbytes for a in samples)
+        blocks.append(Block(name, dtype, tuple(a.shape for a in samples), offset, nbytes))
+        offset += nbytes
+    return tuple(blocks), offset
+
+
+def _fill(buf: memoryview | np.ndarray, arrays: dict[str, list[np.ndarray]], blocks: tuple[Block, ...]) -> None:
+    flat = np.frombuffer(buf, dtype=np.uint8) if not isinstance(buf, np.ndarray) else buf
+    for b in blocks:
+        pos = b.offset
+        for a in arrays[b.name]:
+            n = a.nbytes
+            flat[pos:pos + n] = a.reshape(-1).view(np.uint8)
+            pos += n
+
+
+class Segment:
+    """A POSIX shared-memory segment (a file in ``/dev/shm``, what ``shm_open`` uses),
+    mapped into this process. Plain files and ``mmap`` rather than
+    ``multiprocessing.shared_memory``: no resource tracker can unlink a segment behind the
+    owner's back, and a mapping closes cleanly when its last numpy view goes away."""
+
+    def __init__(self, name: str, size: int | None = None):
+        self.name = name
+        path = os.path.join(SHM_DIR, name)
+        if size is None:
+            fd = os.open(path, os.O_RDWR)
+        else:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            if size is not None:
+                os.ftruncate(fd, max(size, 1))
+            self.size = os.fstat(fd).st_size
+            self.map = mmap.mmap(fd, self.size)
+        except BaseException:
+            os.close(fd)
+            if size is not None:
+                os.unlink(path)
+            raise
+        os.close(fd)
+        self.flat = np.frombuffer(self.map, dtype=np.uint8)
+
+    def unlink(self) -> None:
+        try:
+            os.unlink(os.path.join(SHM_DIR, self.name))
+        except FileNotFoundError:
+            pass
+
+
+def create_segment(run_id: str, nbytes: int) -> Segment:
+    """A new segment named after the run; the caller hands it on by name."""
+    return Segment(f"{PREFIX}{run_id}-{secrets.token_hex(6)}", nbytes)
+
+
+def pack(arrays: dict[str, list[np.ndarray]], mode: str, run_id: str) -> Packed:
+    """Pack per-field sample lists. ``mode`` is ``shm`` or ``network``."""
+    blocks, total = _layout(arrays)
+    if mode == "network":
+        payload = np.empty(total, dtype=np.uint8)
+        _fill(payload, arrays, blocks)
+        return Packed(blocks, total, payload=payload, host=hostname())
+    seg = create_segment(run_id, total)
+    try:
+        _fill(seg.flat, arrays, blocks)
+    except BaseException:
+        seg.unlink()
+        raise
+    return Packed(blocks, total, shm_name=seg.name, host=hostname())
+
+
+def to_shm(packed: Packed, run_id: str) -> Packed:
+    """Driver side of the network path: put a payload into a segment for the writer."""
+    if packed.shm_name is not None:
+        return packed
+    assert packed.payload is not None
+    seg = create_segment(run_id, packed.nbytes)
+    seg.flat[: packed.nbytes] = packed.payload
+    return Packed(packed.blocks, packed.nbytes, shm_name=seg.name, host=packed.host)
+
+
+class Attached:
+    """Writer side: map a segment, expose per-sample array views, unlink on release."""
+
+    def __init__(self, packed: Packed):
+        self.packed = packed
+        self.seg = Segment(packed.shm_name) if packed.shm_name else None
+        self.flat = self.seg.flat if self.seg else np.zeros(0, np.uint8)
+
+    def field_bytes(self, block: Block) -> np.ndarray:
+        """All samples of one field, as a flat uint8 view."""
+        return self.flat[block.offset: block.offset + block.nbytes]
+
+    def samples(self, block: Block) -> list[np.ndarray]:
+        """Per-sample array views (valid until the views are dropped)."""
+        out = []
+        pos = block.offset
+        dt = np.dtype(block.dtype)
+        for shape in block.shapes:
+            n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+            out.append(self.flat[pos:pos + n].view(dt).reshape(shape))
+            pos += n
+        return out
+
+    def release(self) -> None:
+        """Unlink the segment (the writer owns it); the mapping goes with the last view."""
+        if self.seg is not None:
+            self.seg.unlink()
+        self.seg = None
+        self.flat = np.zeros(0, np.uint8)
+
+
+def discard(packed: Packed) -> None:
+    """Unlink a segment that will never be written (cancelled or superseded result)."""
+    if packed.shm_name:
+        try:
+            os.unlink(os.path.join(SHM_DIR, packed.shm_name))
+        except FileNotFoundError:
+            pass
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_segments(run_id: str) -> int:
+    """Unlink every segment of one run (end of a job, success or failure)."""
+    n = 0
+    if not os.path.isdir(SHM_DIR):
+        return 0
+    for name in os.listdir(SHM_DIR):
+        if name.startswith(f"{PREFIX}{run_id}-"):
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+                n += 1
+            except FileNotFoundError:
+                pass
+    return n
+
+
+def remove_stale_segments() -> list[str]:
+    """Unlink segments left by runs whose driver process is gone (e.g. after ``kill -9``)."""
+    removed = []
+    if not os.path.isdir(SHM_DIR):
+        return removed
+    for name in os.listdir(SHM_DIR):
+        if not name.startswith(PREFIX):
+            continue
+        run = name[len(PREFIX):].split("-", 1)[0]
+        try:
+            pid = int(run.split("x", 1)[0], 16)
+        except ValueError:
+            continue
+        if not _pid_alive(pid):
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+                removed.append(name)
+            except FileNotFoundError:
+                pass
+    return removed
+
+
+def list_segments(run_id: str | None = None) -> list[str]:
+    """Names of h5batch segments present now (of one run, or all)."""
+    if not os.path.isdir(SHM_DIR):
+        return []
+    pre = f"{PREFIX}{run_id}-" if run_id else PREFIX
+    return sorted(n for n in os.listdir(SHM_DIR) if n.startswith(pre))

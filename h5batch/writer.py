@@ -1,0 +1,545 @@
+"""The single writer: the only code that opens the output for writing.
+
+It runs in its own process (:func:`writer_main`), receives decoded batches as shared-memory
+descriptors in manifest order, and appends them to resizable chunked datasets:
+
+* big per-sample data goes through :class:`ChunkAppender`, which assembles whole chunks,
+  compresses them in a thread pool (the codecs release the GIL) and stores the bytes with
+  ``write_direct_chunk`` -- HDF5's single-threaded filter pipeline never runs;
+* small per-sample metadata (label, checksum, source, offsets) goes through plain h5py
+  writes with a tuned chunk cache.
+
+Progress is committed periodically: flush, fsync, then an atomically replaced
+``<partial>.commit.json`` records how many batches and samples are durable. A later run
+with the same job and manifest resumes from it (see :mod:`h5batch.resume`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import time
+import traceback
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import h5py
+import numpy as np
+
+from . import format as fmt
+from .codecs import CodecSpec, make_encoder, self_check
+from .config import AudioField, FieldConfig, ImageField
+from .decode import is_fixed_shape
+from .discover import Reject
+from .tasks import BatchResult
+from .transport import Attached
+
+STR = h5py.string_dtype("utf-8")
+
+
+@dataclass
+class WriterSpec:
+    """Everything the writer process needs (picklable, no open handles)."""
+
+    partial_path: str
+    final_path: str
+    job_json: str
+    job_hash: str
+    manifest_hash: str
+    splits: tuple[str, ...]
+    fields: tuple[tuple[str, FieldConfig], ...]
+    class_names: tuple[str, ...]
+    labelled: bool
+    codec: CodecSpec
+    chunk_bytes: int
+    cache_bytes: int | None
+    discovery_rejects: list[Reject]
+    num_inputs: int
+    commit_every: float = 10.0
+    threads: int = 2
+    resume: dict[str, Any] | None = None  # a commit record to continue from
+    versions: dict[str, str] = field(default_factory=dict)
+
+
+def commit_path(partial_path: str) -> str:
+    return partial_path + ".commit.json"
+
+
+def _write_json_atomic(path: str, obj: Any) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(obj, fh, sort_keys=True, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+# ---------------------------------------------------------------------------
+# Appenders
+# ---------------------------------------------------------------------------
+
+
+class ChunkAppender:
+    """Appends rows to a chunked dataset one whole chunk at a time.
+
+    ``ds`` has shape ``(n, *row)`` and chunks ``(k, *row)``. Rows are copied into a chunk
+    buffer; each full chunk is encoded on the pool and written with ``write_direct_chunk``
+    in chunk order. :meth:`flush` also stores the partial last chunk (zero-padded; HDF5
+    ignores elements beyond the extent) and sets the exact extent, so a committed file is
+    complete; later rows rewrite that chunk whole.
+    """
+
+    def __init__(self, ds: h5py.Dataset, encoder, pool: ThreadPoolExecutor, max_pending: int = 8):
+        self.ds = ds
+        self.k = ds.chunks[0]
+        self.row_shape = ds.shape[1:]
+        self.encoder = encoder
+        self.pool = pool
+        self.max_pending = max_pending
+        self.n = ds.shape[0]
+        self.next_chunk = self.n // self.k
+        self.fill = self.n - self.next_chunk * self.k
+        self.buf = np.zeros((self.k, *self.row_shape), dtype=ds.dtype)
+        if self.fill:  # resuming: reload the committed rows of the partial last chunk
+            self.buf[: self.fill] = ds[self.next_chunk * self.k: self.n]
+        self.pending: deque[tuple[int, Future]] = deque()
+        self.zero_index = (0,) * len(self.row_shape)
+
+    def append(self, rows: np.ndarray) -> None:
+        """Append ``rows`` of shape ``(m, *row)``."""
+        m = rows.shape[0]
+        if self.encoder is None:  # codec only HDF5 can encode (lzf): let it
+            self.ds.resize(self.n + m, axis=0)
+            self.ds[self.n: self.n + m] = rows
+            self.n += m
+            return
+        pos = 0
+        while pos < m:
+            take = min(self.k - self.fill, m - pos)
+            self.buf[self.fill: self.fill + take] = rows[pos: pos + take]
+            self.fill += take
+            pos += take
+            if self.fill == self.k:
+                self._emit(self.buf)
+                self.buf = np.zeros((self.k, *self.row_shape), dtype=self.ds.dtype)
+                self.fill = 0
+                self.next_chunk += 1
+        self.n += m
+
+    def _emit(self, chunk: np.ndarray) -> None:
+        self.pending.append((self.next_chunk, self.pool.submit(self.encoder, chunk)))
+        if len(self.pending) > self.max_pending:
+            self._drain(keep=self.max_pending // 2)
+
+    def _drain(self, keep: int = 0) -> None:
+        while len(self.pending) > keep:
+            idx, fut = self.pending.popleft()
+            self._store(idx, fut.result())
+
+    def _store(self, idx: int, data: bytes) -> None:
+        end = (idx + 1) * self.k
+        if self.ds.shape[0] < end:
+            self.ds.resize(end, axis=0)
+        self.ds.id.write_direct_chunk((idx * self.k, *self.zero_index), data)
+
+    def flush(self) -> None:
+        """Store every pending chunk and the partial last one; extent becomes exactly ``n``."""
+        if self.encoder is None:
+            return
+        self._drain()
+        if self.fill:
+            self._store(self.next_chunk, self.encoder(self.buf))
+        if self.ds.shape[0] != self.n:
+            self.ds.resize(self.n, axis=0)
+
+
+class SmallAppender:
+    """Appends rows to a small dataset with ordinary h5py writes (goes through the cache)."""
+
+    def __init__(self, ds: h5py.Dataset):
+        self.ds = ds
+        self.n = ds.shape[0]
+
+    def append(self, rows: Any) -> None:
+        m = len(rows)
+        if m == 0:
+            return
+        self.ds.resize(self.n + m, axis=0)
+        self.ds[self.n: self.n + m] = rows
+        self.n += m
+
+    def flush(self) -> None:
+        pass
+
+
+def _small(group: h5py.Group, name: str, shape: tuple[int, ...], dtype, chunk_rows: int) -> h5py.Dataset:
+    if name in group:
+        return group[name]
+    return group.create_dataset(name, shape=(0, *shape), maxshape=(None, *shape), dtype=dtype,
+                                chunks=(chunk_rows, *shape))
+
+
+def _field_attrs(fc: FieldConfig, codec: CodecSpec) -> dict[str, Any]:
+    attrs: dict[str, Any] = {"codec": codec.label(), "config": fmt.dumps(vars(fc))}
+    if isinstance(fc, AudioField):
+        attrs.update(modality="audio", dtype=fc.dtype, channels=fc.channels,
+                     sample_rate=fc.sample_rate or 0,
+                     length_rule="keep start; crop or zero-pad the end" if fc.length else "variable")
+        attrs["axes"] = "time,channel" if fc.channels == "keep" else "time"
+    elif isinstance(fc, ImageField):
+        attrs.update(modality="image", mode=fc.mode, axes="height,width,channel",
+                     resize="shorter side to fit, centre crop" if fc.size else "native size")
+    return attrs
+
+
+class FieldStore:
+    """Storage of one field in one split: fixed ``(N, *shape)`` or variable
+    (``values`` flat + ``offsets`` (N+1,) + ``shapes`` (N, ndim))."""
+
+    def __init__(self, group: h5py.Group, name: str, fc: FieldConfig, spec: WriterSpec, pool: ThreadPoolExecutor):
+        self.group, self.name, self.fc, self.spec, self.pool = group, name, fc, spec, pool
+        self.fixed = is_fixed_shape(fc)
+        self.data: ChunkAppender | None = None
+        self.offsets: SmallAppender | None = None
+        self.shapes: SmallAppender | None = None
+        self.shape: tuple[int, ...] | None = None
+        self.dtype: np.dtype | None = None
+        self.end = 0  # variable: element offset after the last sample
+        if name in group:
+            self._open_existing()
+
+    def _encoder(self, dtype: np.dtype):
+        codec = self.spec.codec
+        return make_encoder(codec, dtype) if self_check(codec, dtype.str) else None
+
+    def _open_existing(self) -> None:
+        node = self.group[self.name]
+        if self.fixed:
+            self.shape, self.dtype = node.shape[1:], node.dtype
+            self.data = ChunkAppender(node, self._encoder(node.dtype), self.pool)
+        else:
+            values = node[fmt.VALUES]
+            self.dtype = values.dtype
+            self.data = ChunkAppender(values, self._encoder(values.dtype), self.pool)
+            self.offsets = SmallAppender(node[fmt.OFFSETS])
+            self.shapes = SmallAppender(node[fmt.SHAPES])
+            self.end = int(node[fmt.OFFSETS][-1])
+
+    def _create(self, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+        self.dtype = np.dtype(dtype)
+        kw = self.spec.codec.dataset_kwargs(self.dtype.itemsize)
+        attrs = _field_attrs(self.fc, self.spec.codec)
+        if self.fixed:
+            self.shape = shape
+            row_bytes = max(1, int(np.prod(shape)) * self.dtype.itemsize)
+            k = max(1, self.spec.chunk_bytes // row_bytes)
+            ds = self.group.create_dataset(self.name, shape=(0, *shape), maxshape=(None, *shape),
+                                           dtype=self.dtype, chunks=(k, *shape), **kw)
+            ds.attrs["kind"] = fmt.KIND_FIXED
+            ds.attrs.update(attrs)
+            self.data = ChunkAppender(ds, self._encoder(self.dtype), self.pool)
+        else:
+            g = self.group.create_group(self.name)
+            g.attrs["kind"] = fmt.KIND_VARIABLE
+            g.attrs["ndim"] = len(shape)
+            g.attrs.update(attrs)
+            k = max(1024, self.spec.chunk_bytes // self.dtype.itemsize)
+            values = g.create_dataset(fmt.VALUES, shape=(0,), maxshape=(None,), dtype=self.dtype, chunks=(k,), **kw)
+            offs = _small(g, fmt.OFFSETS, (), np.int64, 65536)
+            offs.resize(1, axis=0)
+            offs[0] = 0
+            self.data = ChunkAppender(values, self._encoder(self.dtype), self.pool)
+            self.offsets = SmallAppender(offs)
+            self.shapes = SmallAppender(_small(g, fmt.SHAPES, (len(shape),), np.int64, 16384))
+
+    def check(self, sample: np.ndarray) -> str | None:
+        """Why ``sample`` cannot be stored in this field (None when it can)."""
+        if self.dtype is not None and sample.dtype != self.dtype:
+            return f"dtype {sample.dtype} differs from the field's {self.dtype}"
+        if self.fixed and self.shape is not None and tuple(sample.shape) != tuple(self.shape):
+            return f"shape {tuple(sample.shape)} differs from the field's {tuple(self.shape)}"
+        return None
+
+    def append(self, samples: list[np.ndarray], flat: np.ndarray | None) -> None:
+        """Append samples (all passed :meth:`check`). ``flat`` is their bytes back to back
+        when every sample is kept (saves a concatenation)."""
+        if not samples:
+            return
+        if self.data is None:
+            self._create(samples[0].dtype, tuple(samples[0].shape))
+        assert self.data is not None and self.dtype is not None
+        if self.fixed:
+            rows = flat.view(self.dtype).reshape(len(samples), *self.shape) if flat is not None else np.stack(samples)
+            self.data.append(rows)
+            return
+        values = flat.view(self.dtype) if flat is not None else np.concatenate([s.reshape(-1) for s in samples])
+        sizes = np.fromiter((s.size for s in samples), dtype=np.int64, count=len(samples))
+        self.data.append(values)
+        self.offsets.append(self.end + np.cumsum(sizes))
+        self.end += int(sizes.sum())
+        self.shapes.append(np.asarray([s.shape for s in samples], dtype=np.int64))
+
+    def flush(self) -> None:
+        if self.data is not None:
+            self.data.flush()
+
+    def truncate(self, n: int, elements: int | None) -> None:
+        """Cut back to the first ``n`` samples (resume from a commit record)."""
+        node = self.group[self.name]
+        if self.fixed:
+            node.resize(n, axis=0)
+        else:
+            node[fmt.OFFSETS].resize(n + 1, axis=0)
+            node[fmt.SHAPES].resize(n, axis=0)
+            node[fmt.VALUES].resize(elements if elements is not None else int(node[fmt.OFFSETS][n]), axis=0)
+        self._open_existing()
+
+
+class SplitStore:
+    """All datasets of one split."""
+
+    def __init__(self, f: h5py.File, split: str, spec: WriterSpec, pool: ThreadPoolExecutor):
+        self.group = f.require_group(split)
+        self.names = [n for n, _ in spec.fields]
+        self.fields = {n: FieldStore(self.group, n, fc, spec, pool) for n, fc in spec.fields}
+        nf = len(spec.fields)
+        self.source = SmallAppender(_small(self.group, fmt.SOURCE, (nf,) if nf > 1 else (), STR, 4096))
+        self.checksum = SmallAppender(_small(self.group, fmt.CHECKSUM, (nf,), np.uint32, 16384))
+        self.source.ds.attrs["fields"] = fmt.dumps(self.names)
+        self.checksum.ds.attrs["fields"] = fmt.dumps(self.names)
+        self.checksum.ds.attrs["algorithm"] = "crc32"
+        self.label = SmallAppender(_small(self.group, fmt.LABEL, (), np.int64, 65536)) if spec.labelled else None
+        self.n = self.source.n
+
+    def flush(self) -> None:
+        for fs in self.fields.values():
+            fs.flush()
+        self.group.attrs[fmt.ATTR_NUM_SAMPLES] = self.n
+
+
+# ---------------------------------------------------------------------------
+# The output file
+# ---------------------------------------------------------------------------
+
+
+class OutputWriter:
+    """Owns the partial output file: create or resume, append batches, commit, finalize."""
+
+    def __init__(self, spec: WriterSpec):
+        self.spec = spec
+        self.pool = ThreadPoolExecutor(max_workers=max(1, spec.threads), thread_name_prefix="h5batch-encode")
+        smallest = 4096 * 8
+        cache = fmt.cache_settings(spec.chunk_bytes, smallest, spec.cache_bytes)
+        self.rejects: list[Reject] = []
+        self.next_batch = 0
+        self.bytes_written = 0
+        if spec.resume is not None:
+            self.f = h5py.File(spec.partial_path, "r+", **cache)
+            self._resume(spec.resume)
+        else:
+            # fs_strategy "none": space freed by a rewritten chunk is never reused, so data
+            # covered by an earlier commit is never overwritten by later writes.
+            self.f = h5py.File(spec.partial_path, "w", libver=("earliest", "v110"), fs_strategy="none", **cache)
+            self._init_root()
+        self.splits: dict[str, SplitStore] = {}
+        for s in spec.splits:
+            if s in self.f:
+                self.splits[s] = SplitStore(self.f, s, spec, self.pool)
+        self.rej_ds = {k: SmallAppender(_small(self.f.require_group(fmt.REJECTS), k, (), STR, 4096))
+                       for k in ("path", "stage", "reason")}
+
+    def _init_root(self) -> None:
+        a = self.f.attrs
+        a[fmt.ATTR_FORMAT] = fmt.FORMAT_VERSION
+        a[fmt.ATTR_JOB] = self.spec.job_json
+        a[fmt.ATTR_JOB_HASH] = self.spec.job_hash
+        a[fmt.ATTR_MANIFEST_HASH] = self.spec.manifest_hash
+        a[fmt.ATTR_VERSIONS] = fmt.dumps(self.spec.versions)
+        a[fmt.ATTR_CREATED] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        a[fmt.ATTR_SPLITS] = fmt.dumps(list(self.spec.splits))
+        a[fmt.ATTR_FIELDS] = fmt.dumps([n for n, _ in self.spec.fields])
+        a[fmt.ATTR_COMPLETE] = False
+        a[fmt.ATTR_INPUTS] = self.spec.num_inputs
+        if self.spec.labelled:
+            self.f.create_dataset(fmt.CLASS_NAMES, data=np.array(self.spec.class_names, dtype=object), dtype=STR)
+
+    def _resume(self, record: dict[str, Any]) -> None:
+        """Cut every dataset back to the committed counts of ``record``."""
+        for split, info in record["splits"].items():
+            g = self.f[split]
+            n = info["samples"]
+            for name in (fmt.SOURCE, fmt.CHECKSUM, fmt.LABEL):
+                if name in g:
+                    g[name].resize(n, axis=0)
+            for fname, fc in self.spec.fields:
+                if fname in g:
+                    fs = FieldStore(g, fname, fc, self.spec, self.pool)
+                    fs.truncate(n, info.get("elements", {}).get(fname))
+        rej = self.f.require_group(fmt.REJECTS)
+        for k in ("path", "stage", "reason"):
+            if k in rej:
+                rej[k].resize(record["rejects"], axis=0)
+        self.next_batch = record["next_batch"]
+        self.bytes_written = record.get("bytes", 0)
+
+    def write_batch(self, r: BatchResult) -> tuple[int, list[Reject]]:
+        """Append one decoded batch. Returns (samples written, write-stage rejects)."""
+        store = self.splits.get(r.split)
+        if store is None:
+            store = self.splits[r.split] = SplitStore(self.f, r.split, self.spec, self.pool)
+        att = Attached(r.packed)
+        try:
+            per_field = {b.name: (b, att.samples(b)) for b in r.packed.blocks}
+            keep = list(range(r.n_samples))
+            late: list[Reject] = []
+            for name, (_, samples) in per_field.items():
+                fs = store.fields[name]
+                for i in list(keep):
+                    why = fs.check(samples[i])
+                    if why:
+                        keep.remove(i)
+                        late.extend(Reject(p, "write", f"field {name}: {why}") for p in r.sources[i])
+            all_kept = len(keep) == r.n_samples
+            for name, (block, samples) in per_field.items():
+                flat = att.field_bytes(block) if all_kept else None
+                store.fields[name].append([samples[i] for i in keep], flat)
+            srcs = [r.sources[i] for i in keep]
+            store.source.append(np.array([s if len(s) > 1 else s[0] for s in srcs], dtype=object)
+                                if srcs else [])
+            store.checksum.append(r.checksums[keep])
+            if store.label is not None:
+                store.label.append(r.labels[keep])
+            store.n += len(keep)
+            self.bytes_written += r.packed.nbytes
+        finally:
+            att.release()
+        self.add_rejects(r.rejects + late)
+        self.next_batch = r.index + 1
+        return len(keep), late
+
+    def add_rejects(self, rejects: list[Reject]) -> None:
+        if not rejects:
+            return
+        self.rej_ds["path"].append(np.array([r.path for r in rejects], dtype=object))
+        self.rej_ds["stage"].append(np.array([r.stage for r in rejects], dtype=object))
+        self.rej_ds["reason"].append(np.array([r.reason for r in rejects], dtype=object))
+
+    def commit(self) -> dict[str, Any]:
+        """Make everything written so far durable and record it."""
+        for s in self.splits.values():
+            s.flush()
+        self.f.flush()
+        fd = os.open(self.spec.partial_path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        record = {
+            "job_hash": self.spec.job_hash,
+            "manifest_hash": self.spec.manifest_hash,
+            "next_batch": self.next_batch,
+            "rejects": self.rej_ds["path"].n,
+            "bytes": self.bytes_written,
+            "splits": {
+                name: {"samples": s.n,
+                       "elements": {fn: fs.end for fn, fs in s.fields.items() if not fs.fixed}}
+                for name, s in self.splits.items()
+            },
+            "time": time.time(),
+        }
+        _write_json_atomic(commit_path(self.spec.partial_path), record)
+        return record
+
+    def finalize(self, rename: bool = True) -> dict[str, Any]:
+        """Write the tail chunks, discovery rejects and final attributes; close; rename."""
+        for s in self.spec.splits:
+            if s not in self.splits:
+                self.splits[s] = SplitStore(self.f, s, self.spec, self.pool)
+        self.add_rejects(self.spec.discovery_rejects)
+        for s in self.splits.values():
+            s.flush()
+        counts = {name: s.n for name, s in self.splits.items()}
+        self.f.attrs[fmt.ATTR_COMPLETE] = bool(rename)
+        rejects = self.read_rejects()
+        self.close()
+        summary = {"counts": counts, "rejects": len(rejects), "bytes_decoded": self.bytes_written,
+                   "path": self.spec.final_path if rename else self.spec.partial_path}
+        rej_path = self.spec.final_path.rsplit(".", 1)[0] + ".rejects.jsonl"
+        with open(rej_path, "w") as fh:
+            for r in rejects:
+                fh.write(json.dumps({"path": r.path, "stage": r.stage, "reason": r.reason}) + "\n")
+        summary["rejects_file"] = rej_path
+        if rename:
+            os.replace(self.spec.partial_path, self.spec.final_path)
+            try:
+                os.unlink(commit_path(self.spec.partial_path))
+            except FileNotFoundError:
+                pass
+        return summary
+
+    def read_rejects(self) -> list[Reject]:
+        g = self.f[fmt.REJECTS]
+        cols = [g[k].asstr()[...] if g[k].shape[0] else [] for k in ("path", "stage", "reason")]
+        return [Reject(str(p), str(s), str(r)) for p, s, r in zip(*cols)]
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+        if self.f.id.valid:
+            self.f.close()
+
+
+# ---------------------------------------------------------------------------
+# Process entry point
+# ---------------------------------------------------------------------------
+
+
+def writer_main(spec: WriterSpec, inbox, outbox) -> None:
+    """Writer process loop. Messages in: ``("batch", BatchResult)``, ``("commit",)``,
+    ``("finish", rename)``, ``("abort",)``. Messages out: ``("ready", next_batch)``,
+    ``("ack", index, samples, bytes)``, ``("committed", record)``, ``("done", summary)``,
+    ``("error", text)``."""
+    w = None
+    try:
+        w = OutputWriter(spec)
+        outbox.put(("ready", w.next_batch))
+        last_commit = time.monotonic()
+        while True:
+            try:
+                msg = inbox.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            kind = msg[0]
+            if kind == "batch":
+                r: BatchResult = msg[1]
+                n, _ = w.write_batch(r)
+                outbox.put(("ack", r.index, n, r.packed.nbytes))
+                if time.monotonic() - last_commit >= spec.commit_every:
+                    outbox.put(("committed", w.commit()))
+                    last_commit = time.monotonic()
+            elif kind == "commit":
+                outbox.put(("committed", w.commit()))
+                last_commit = time.monotonic()
+            elif kind == "finish":
+                outbox.put(("done", w.finalize(rename=msg[1])))
+                return
+            elif kind == "abort":
+                outbox.put(("committed", w.commit()))
+                w.close()
+                outbox.put(("aborted", None))
+                return
+    except BaseException:
+        outbox.put(("error", traceback.format_exc()))
+        if w is not None:
+            try:
+                w.close()
+            except Exception:
+                pass
