@@ -51,6 +51,7 @@ def describe(path: str) -> dict[str, Any]:
                 node = g[name]
                 if isinstance(node, h5py.Group):
                     st = _storage(node[fmt.VALUES])
+                    st["codec"] = node.attrs.get("codec", st["codec"])
                     shapes = node[fmt.SHAPES][...]
                     st.update(kind="variable", modality=node.attrs.get("modality", ""),
                               min_shape=shapes.min(axis=0).tolist() if len(shapes) else None,

@@ -254,12 +254,12 @@ class FieldStore:
             g.attrs.update(attrs)
             k = max(1024, self.spec.chunk_bytes // self.dtype.itemsize)
             values = g.create_dataset(fmt.VALUES, shape=(0,), maxshape=(None,), dtype=self.dtype, chunks=(k,), **kw)
-            offs = _small(g, fmt.OFFSETS, (), np.int64, 65536)
+            offs = _small(g, fmt.OFFSETS, (), np.int64, 8192)
             offs.resize(1, axis=0)
             offs[0] = 0
             self.data = ChunkAppender(values, self._encoder(self.dtype), self.pool)
             self.offsets = SmallAppender(offs)
-            self.shapes = SmallAppender(_small(g, fmt.SHAPES, (len(shape),), np.int64, 16384))
+            self.shapes = SmallAppender(_small(g, fmt.SHAPES, (len(shape),), np.int64, 4096))
 
     def check(self, sample: np.ndarray) -> str | None:
         """Why ``sample`` cannot be stored in this field (None when it can)."""
@@ -312,12 +312,12 @@ class SplitStore:
         self.names = [n for n, _ in spec.fields]
         self.fields = {n: FieldStore(self.group, n, fc, spec, pool) for n, fc in spec.fields}
         nf = len(spec.fields)
-        self.source = SmallAppender(_small(self.group, fmt.SOURCE, (nf,) if nf > 1 else (), STR, 4096))
-        self.checksum = SmallAppender(_small(self.group, fmt.CHECKSUM, (nf,), np.uint32, 16384))
+        self.source = SmallAppender(_small(self.group, fmt.SOURCE, (nf,) if nf > 1 else (), STR, 1024))
+        self.checksum = SmallAppender(_small(self.group, fmt.CHECKSUM, (nf,), np.uint32, 8192))
         self.source.ds.attrs["fields"] = fmt.dumps(self.names)
         self.checksum.ds.attrs["fields"] = fmt.dumps(self.names)
         self.checksum.ds.attrs["algorithm"] = "crc32"
-        self.label = SmallAppender(_small(self.group, fmt.LABEL, (), np.int64, 65536)) if spec.labelled else None
+        self.label = SmallAppender(_small(self.group, fmt.LABEL, (), np.int64, 8192)) if spec.labelled else None
         self.n = self.source.n
 
     def flush(self) -> None:
@@ -354,7 +354,7 @@ class OutputWriter:
         for s in spec.splits:
             if s in self.f:
                 self.splits[s] = SplitStore(self.f, s, spec, self.pool)
-        self.rej_ds = {k: SmallAppender(_small(self.f.require_group(fmt.REJECTS), k, (), STR, 4096))
+        self.rej_ds = {k: SmallAppender(_small(self.f.require_group(fmt.REJECTS), k, (), STR, 256))
                        for k in ("path", "stage", "reason")}
 
     def _init_root(self) -> None:
