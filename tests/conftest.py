@@ -1,0 +1,57 @@
+"""Shared fixtures: small real corpora made at test time, and a shared-memory leak check."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from h5batch import synth
+from h5batch.transport import list_segments
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "corpora"
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_segments():
+    """No test may leave an h5batch shared-memory segment behind."""
+    before = set(list_segments())
+    yield
+    leaked = set(list_segments()) - before
+    assert not leaked, f"shared-memory segments leaked: {sorted(leaked)}"
+
+
+@pytest.fixture(scope="session")
+def demo_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("demo") / "corpus"
+    synth.make_demo_corpus(root, per_class=12)
+    return root
+
+
+@pytest.fixture(scope="session")
+def paired_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("paired") / "corpus"
+    synth.make_paired_audio(root, n_train=24, n_test=8, seconds=0.5)
+    return root
+
+
+def shared_corpus(name: str) -> Path:
+    """A corpus in ../shared/corpora, or skip the test with the reason."""
+    path = SHARED / name
+    if not path.is_dir():
+        pytest.skip(f"{path} is not present (the shared corpora exist on the team's machines and CI only)")
+    return path
+
+
+@pytest.fixture
+def chdir_tmp(tmp_path, monkeypatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def env_without_scheduler() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("DASK_SCHEDULER_ADDRESS", None)
+    return env
