@@ -52,7 +52,7 @@ def cmd_convert(args) -> int:
     job = load_job(args.job, _job_overrides(args))
     progress = {"auto": None, "bar": True, "log": True, "none": False}[args.progress]
     opts = ConvertOptions(resume=not args.restart, restart=args.restart, overwrite=args.overwrite,
-                          progress=progress)
+                          progress=progress, fault_pause=os.environ.get("H5BATCH_FAULT_PAUSE"))
     try:
         s = convert(job, opts)
     except ConvertError as e:

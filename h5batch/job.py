@@ -50,6 +50,7 @@ class ConvertOptions:
     overwrite: bool = False
     progress: bool | None = None  # None: a bar on a terminal, log lines otherwise
     log: Any = None  # file object for messages (default stderr)
+    fault_pause: str | None = None  # tests only: see WriterSpec.pause_at
 
 
 @dataclass
@@ -141,6 +142,7 @@ class _Slot:
     def __init__(self, task: BatchTask):
         self.task = task
         self.parts: list[list[Any]] = [[0, len(task.items), None]]  # [lo, hi, result]
+        self.acked = 0  # parts the writer has stored
 
     def complete(self) -> bool:
         return all(p[2] is not None for p in self.parts)
@@ -173,6 +175,30 @@ class Converter:
             raise ConvertError(f"output directory {out_dir} is not writable", 2)
         if os.path.exists(self.final) and not (self.opts.overwrite or self.job.output.overwrite):
             raise ConvertError(f"{self.final} already exists; pass --overwrite (or output.overwrite: true) to replace it", 2)
+
+    def _already_done(self, manifest: Manifest) -> ConvertSummary | None:
+        """The finished output of this very job and corpus, if it exists (e.g. a run killed
+        between the final rename and its last message): nothing left to do."""
+        if not os.path.exists(self.final) or self.opts.overwrite or self.job.output.overwrite:
+            return None
+        import h5py
+
+        try:
+            with h5py.File(self.final, "r") as f:
+                same = (bool(f.attrs.get("complete")) and f.attrs.get("job_hash") == self.job.hash()
+                        and f.attrs.get("manifest_hash") == manifest.hash)
+                counts = {s: int(f[s].attrs.get("num_samples", 0)) for s in manifest.splits if s in f}
+                n_rej = int(f["rejects/path"].shape[0]) if "rejects/path" in f else 0
+        except OSError:
+            return None
+        if not same:
+            return None
+        for p in (self.partial, commit_path(self.partial)):
+            if os.path.exists(p):
+                os.unlink(p)
+        return ConvertSummary(path=self.final, counts=counts, rejects=n_rej, inputs=0, seconds=0.0,
+                              bytes_decoded=0, output_bytes=os.path.getsize(self.final),
+                              extra={"already_complete": True})
 
     def _resume_record(self, manifest: Manifest) -> dict[str, Any] | None:
         """The commit record to continue from, or None to start afresh."""
@@ -217,9 +243,13 @@ class Converter:
     def run(self) -> ConvertSummary:
         t0 = time.perf_counter()
         job = self.job
-        self._check_output()
         _generate(job, self.log)
         manifest = discover(job)
+        done = self._already_done(manifest)
+        if done is not None:
+            self.say(f"{self.final} is already complete for this job and corpus; nothing to do")
+            return done
+        self._check_output()
         if not manifest.items:
             raise ConvertError(f"no samples found under {job.source.root} "
                                f"({len(manifest.rejects)} files rejected, e.g. {manifest.rejects[:1]})", 2)
@@ -238,7 +268,7 @@ class Converter:
             chunk_bytes=job.output.chunk_bytes, cache_bytes=job.output.cache_bytes,
             discovery_rejects=manifest.rejects, num_inputs=num_inputs,
             commit_every=job.policy.commit_every, threads=max(2, min(4, n_workers)),
-            resume=record, versions=versions(),
+            resume=record, versions=versions(), pause_at=self.opts.fault_pause,
         )
         tasks = make_tasks(job, manifest, self.run_id, hostname())
         ctx = mp.get_context("spawn")
@@ -335,17 +365,12 @@ class Converter:
                 elif kind == "writer":
                     msg = payload
                     if msg[0] == "ack":
-                        slot = slots.get(msg[1])
-                        if slot is None or not getattr(slot, "_acked_parts", None):
-                            if slot is not None:
-                                slot._acked_parts = 0
-                        slot._acked_parts += 1
-                        if slot._acked_parts == len(slot.parts):
-                            n_items = len(slot.task.items)
-                            n_rej = sum(len(p[2].rejects) for p in slot.parts)
-                            rejects += n_rej
+                        slot = slots[msg[1]]
+                        slot.acked += 1
+                        if slot.acked == len(slot.parts):
+                            rejects += sum(len(p[2].rejects) for p in slot.parts)
                             bytes_decoded += sum(p[2].packed.nbytes for p in slot.parts)
-                            prog.update(n_items, rejects=rejects, nbytes=bytes_decoded)
+                            prog.update(len(slot.task.items), rejects=rejects, nbytes=bytes_decoded)
                             del slots[msg[1]]
                             acked += 1
                     elif msg[0] == "error":

@@ -30,6 +30,7 @@ def _sample(g, name: str, i: int) -> np.ndarray:
 def check_partial(path: str, record: dict[str, Any], fields: tuple[str, ...]) -> str | None:
     """None when ``path`` can be resumed from ``record``, else the reason it cannot."""
     import h5py
+    import hdf5plugin  # noqa: F401  (plugin codecs)
 
     try:
         f = h5py.File(path, "r")

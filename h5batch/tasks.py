@@ -60,6 +60,7 @@ class BatchResult:
     n_items: int = 0
     decode_seconds: float = 0.0
     worker: str = ""
+    final_part: bool = True  # False for all but the last part of a split batch
 
     @property
     def n_samples(self) -> int:

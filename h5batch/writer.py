@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import signal
 import time
 import traceback
 from collections import deque
@@ -63,6 +64,9 @@ class WriterSpec:
     threads: int = 2
     resume: dict[str, Any] | None = None  # a commit record to continue from
     versions: dict[str, str] = field(default_factory=dict)
+    # Fault injection for the kill tests: "commit:N" pauses after the N-th commit,
+    # "finalize" just before the final rename; a marker file <partial>.paused appears.
+    pause_at: str | None = None
 
 
 def commit_path(partial_path: str) -> str:
@@ -423,7 +427,8 @@ class OutputWriter:
         finally:
             att.release()
         self.add_rejects(r.rejects + late)
-        self.next_batch = r.index + 1
+        if r.final_part:  # a batch split into parts counts as done with its last part
+            self.next_batch = r.index + 1
         return len(keep), late
 
     def add_rejects(self, rejects: list[Reject]) -> None:
@@ -469,6 +474,8 @@ class OutputWriter:
             s.flush()
         counts = {name: s.n for name, s in self.splits.items()}
         self.f.attrs[fmt.ATTR_COMPLETE] = bool(rename)
+        self.f.flush()
+        _pause_point(self.spec, "finalize")
         rejects = self.read_rejects()
         self.close()
         summary = {"counts": counts, "rejects": len(rejects), "bytes_decoded": self.bytes_written,
@@ -502,12 +509,27 @@ class OutputWriter:
 # ---------------------------------------------------------------------------
 
 
+def _pause_point(spec: WriterSpec, point: str) -> None:
+    if spec.pause_at == point:
+        with open(spec.partial_path + ".paused", "w") as fh:
+            fh.write(point)
+        time.sleep(3600)
+
+
 def writer_main(spec: WriterSpec, inbox, outbox) -> None:
     """Writer process loop. Messages in: ``("batch", BatchResult)``, ``("commit",)``,
     ``("finish", rename)``, ``("abort",)``. Messages out: ``("ready", next_batch)``,
     ``("ack", index, samples, bytes)``, ``("committed", record)``, ``("done", summary)``,
-    ``("error", text)``."""
+    ``("error", text)``.
+
+    Ctrl-C reaches the whole process group; the writer ignores it and lets the driver
+    decide (it sends ``abort``). If the driver dies (``kill -9``), the writer commits what
+    it has and exits, so the next run resumes from there.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = os.getppid()
     w = None
+    commits = 0
     try:
         w = OutputWriter(spec)
         outbox.put(("ready", w.next_batch))
@@ -516,15 +538,21 @@ def writer_main(spec: WriterSpec, inbox, outbox) -> None:
             try:
                 msg = inbox.get(timeout=1.0)
             except queue.Empty:
+                if os.getppid() != parent:  # orphaned: the driver is gone
+                    w.commit()
+                    w.close()
+                    return
                 continue
             kind = msg[0]
             if kind == "batch":
                 r: BatchResult = msg[1]
                 n, _ = w.write_batch(r)
                 outbox.put(("ack", r.index, n, r.packed.nbytes))
-                if time.monotonic() - last_commit >= spec.commit_every:
+                if r.final_part and time.monotonic() - last_commit >= spec.commit_every:
                     outbox.put(("committed", w.commit()))
+                    commits += 1
                     last_commit = time.monotonic()
+                    _pause_point(spec, f"commit:{commits}")
             elif kind == "commit":
                 outbox.put(("committed", w.commit()))
                 last_commit = time.monotonic()

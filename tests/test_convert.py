@@ -117,8 +117,12 @@ def test_existing_output_is_not_overwritten_without_flag(paired_root, tmp_path):
     out = tmp_path / "once.h5"
     run_job(REPO / "jobs" / "paired_audio.yaml", out, f"source.root={paired_root}", "cluster.workers=1")
     before = out.stat().st_mtime_ns
+    # The same job again: already complete, nothing to do, file untouched.
+    again = run_job(REPO / "jobs" / "paired_audio.yaml", out, f"source.root={paired_root}", "cluster.workers=1")
+    assert again.extra.get("already_complete") and again.samples == 32
     with pytest.raises(ConvertError, match="already exists") as e:
-        run_job(REPO / "jobs" / "paired_audio.yaml", out, f"source.root={paired_root}", "cluster.workers=1")
+        run_job(REPO / "jobs" / "paired_audio.yaml", out, f"source.root={paired_root}", "cluster.workers=1",
+                "output.codec=gzip")
     assert e.value.exit_code == 2
     assert out.stat().st_mtime_ns == before
     run_job(REPO / "jobs" / "paired_audio.yaml", out, f"source.root={paired_root}", "cluster.workers=1", overwrite=True)

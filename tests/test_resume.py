@@ -1,0 +1,227 @@
+"""Crash safety: kill -9 at several points, Ctrl-C, then resume to an identical file.
+
+Every run is a real ``h5batch convert`` subprocess in its own process group, killed with
+real signals. ``H5BATCH_FAULT_PAUSE`` makes the writer stop at a named point (after the
+N-th commit, in the middle of finalize) so the kill lands exactly there.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import pytest
+
+from h5batch import synth
+from h5batch.transport import list_segments
+from tests.conftest import REPO
+from tests.h5compare import assert_same_h5
+
+JOB = REPO / "jobs" / "paired_audio.yaml"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("resume") / "corpus"
+    synth.make_paired_audio(root, n_train=160, n_test=40, seconds=0.5, seed=3)
+    return root
+
+
+def cmd(root: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "h5batch.cli", "convert", str(JOB), "--workers", "2", "--output", str(out),
+            "--set", f"source.root={root}", "--set", "cluster.batch_size=4", "--set", "policy.commit_every=0",
+            "--set", "output.chunk_bytes=16384", "--progress", "none", *extra]
+
+
+def run(args: list[str], env_extra: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **(env_extra or {}))
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def start(args: list[str], env_extra: dict[str, str] | None = None) -> subprocess.Popen:
+    env = dict(os.environ, **(env_extra or {}))
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended before {path.name} appeared: {proc.stderr.read()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path} did not appear in {timeout}s")
+        time.sleep(0.05)
+
+
+def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=60)
+
+
+def reap_group(pgid: int) -> None:
+    """Kill what is left of a process group (e.g. orphaned Dask workers of a killed driver)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+@pytest.fixture(scope="module")
+def reference(corpus, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ref") / "ref.h5"
+    res = run(cmd(corpus, out))
+    assert res.returncode == 0, res.stderr
+    return out
+
+
+def committed_batches(out: Path) -> int:
+    import json
+
+    return json.loads(Path(str(out) + ".partial.commit.json").read_text())["next_batch"]
+
+
+@pytest.mark.parametrize("point", ["commit:2", "commit:25", "finalize"])
+def test_kill_9_process_group_then_resume_is_identical(corpus, reference, tmp_path, point):
+    out = tmp_path / "out.h5"
+    marker = Path(str(out) + ".partial.paused")
+    proc = start(cmd(corpus, out), {"H5BATCH_FAULT_PAUSE": point})
+    wait_for(marker, proc)
+    kill_group(proc)
+    marker.unlink()
+    assert not out.exists() and Path(str(out) + ".partial").exists()
+    done_before = committed_batches(out)
+    assert done_before >= (2 if point == "commit:2" else 25)
+
+    res = run(cmd(corpus, out))
+    assert res.returncode == 0, res.stderr
+    assert f"{done_before} of 50 batches already committed" in res.stderr
+    assert_same_h5(reference, out)
+    assert not Path(str(out) + ".partial").exists()
+    assert not list_segments(), "stale shared-memory segments survived the resumed run"
+
+
+def test_kill_9_writer_only_then_resume(corpus, reference, tmp_path):
+    out = tmp_path / "out.h5"
+    marker = Path(str(out) + ".partial.paused")
+    proc = start(cmd(corpus, out), {"H5BATCH_FAULT_PAUSE": "commit:10"})
+    wait_for(marker, proc)
+    # The writer is the only process holding the partial file open.
+    writer_pid = _holder_of(Path(str(out) + ".partial"))
+    assert writer_pid and writer_pid != proc.pid
+    os.kill(writer_pid, signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode not in (0, None)
+    assert "writer process died" in err and "resume" in err
+    reap_group(proc.pid)
+    res = run(cmd(corpus, out))
+    assert res.returncode == 0, res.stderr
+    assert "already committed" in res.stderr
+    assert_same_h5(reference, out)
+
+
+def test_kill_9_driver_only_writer_commits_and_exits(corpus, reference, tmp_path):
+    out = tmp_path / "out.h5"
+    proc = start(cmd(corpus, out))
+    wait_for(Path(str(out) + ".partial.commit.json"), proc)
+    time.sleep(0.5)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    # The orphaned writer notices, commits and exits on its own within a few seconds.
+    deadline = time.monotonic() + 20
+    while _holder_of(Path(str(out) + ".partial")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _holder_of(Path(str(out) + ".partial")), "orphaned writer did not exit"
+    reap_group(proc.pid)
+    res = run(cmd(corpus, out))
+    assert res.returncode == 0, res.stderr
+    assert_same_h5(reference, out)
+
+
+def test_ctrl_c_stops_gracefully_and_resumes(corpus, reference, tmp_path):
+    out = tmp_path / "out.h5"
+    proc = start(cmd(corpus, out))
+    wait_for(Path(str(out) + ".partial.commit.json"), proc)
+    time.sleep(0.3)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole group
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Run the same command again to resume" in err
+    assert not list_segments(), "Ctrl-C left shared-memory segments"
+    time.sleep(1.0)
+    leftovers = _group_members(proc.pid)
+    reap_group(proc.pid)
+    assert not leftovers, f"processes of the interrupted run still alive: {leftovers}"
+    res = run(cmd(corpus, out))
+    assert res.returncode == 0, res.stderr
+    assert_same_h5(reference, out)
+
+
+def test_changed_job_is_refused_unless_restart(corpus, reference, tmp_path):
+    out = tmp_path / "out.h5"
+    proc = start(cmd(corpus, out), {"H5BATCH_FAULT_PAUSE": "commit:3"})
+    wait_for(Path(str(out) + ".partial.paused"), proc)
+    kill_group(proc)
+    Path(str(out) + ".partial.paused").unlink()
+    res = run(cmd(corpus, out, "--set", "output.codec=gzip"))
+    assert res.returncode == 2
+    assert "different job file" in res.stderr and "--restart" in res.stderr
+    res = run(cmd(corpus, out, "--set", "output.codec=gzip", "--restart"))
+    assert res.returncode == 0, res.stderr
+    with h5py.File(out, "r") as f:
+        assert "gzip" in f["train/data"].attrs["codec"]
+
+
+def test_untrustworthy_partial_is_restarted(corpus, reference, tmp_path):
+    out = tmp_path / "out.h5"
+    Path(str(out) + ".partial").write_bytes(b"not an hdf5 file at all")
+    res = run(cmd(corpus, out))
+    assert res.returncode == 0, res.stderr
+    assert "cannot be trusted" in res.stderr
+    assert_same_h5(reference, out)
+
+
+def test_finished_output_rerun_is_a_no_op(corpus, reference, tmp_path):
+    out = tmp_path / "out.h5"
+    assert run(cmd(corpus, out)).returncode == 0
+    mtime = out.stat().st_mtime_ns
+    res = run(cmd(corpus, out))
+    assert res.returncode == 0 and "already complete" in res.stderr
+    assert out.stat().st_mtime_ns == mtime
+
+
+# -- process helpers (psutil) -----------------------------------------------------
+
+
+def _holder_of(path: Path) -> int | None:
+    import psutil
+
+    target = str(path.resolve())
+    for p in psutil.process_iter():
+        try:
+            if any(f.path == target for f in p.open_files()):
+                return p.pid
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return None
+
+
+def _group_members(pgid: int) -> list[int]:
+    import psutil
+
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p.pid)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return out
