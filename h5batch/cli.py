@@ -46,13 +46,19 @@ def _job_overrides(args) -> list[str]:
     return over
 
 
+def _faults(text: str) -> tuple[tuple[str, str], ...]:
+    """``H5BATCH_FAULTS="crash_on=a.wav,kill_once=3:/tmp/m"`` (fault-injection tests only)."""
+    return tuple(tuple(p.split("=", 1)) for p in text.split(",") if "=" in p)  # type: ignore[misc]
+
+
 def cmd_convert(args) -> int:
     from .job import ConvertError, ConvertOptions, convert
 
     job = load_job(args.job, _job_overrides(args))
     progress = {"auto": None, "bar": True, "log": True, "none": False}[args.progress]
     opts = ConvertOptions(resume=not args.restart, restart=args.restart, overwrite=args.overwrite,
-                          progress=progress, fault_pause=os.environ.get("H5BATCH_FAULT_PAUSE"))
+                          progress=progress, fault_pause=os.environ.get("H5BATCH_FAULT_PAUSE"),
+                          faults=_faults(os.environ.get("H5BATCH_FAULTS", "")))
     try:
         s = convert(job, opts)
     except ConvertError as e:
@@ -107,6 +113,61 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _EXTRA_COMMANDS: list = []
+
+
+def _add_verify(sub) -> None:
+    """``h5batch verify`` (h5batch.verify, imported only when run: it needs h5py)."""
+    p = sub.add_parser(
+        "verify", help="re-read every sample: checksums, structure, every input accounted for",
+        description="Re-read every sample of an h5batch file and compare its crc32 with the stored one; "
+                    "check offsets, shapes, counts and labels; check every input file is a sample's "
+                    "source or a reject. Exit code 0 when sound, 1 when a problem is found (each "
+                    "named by split/field[index] and source file), 2 when the file cannot be verified.")
+    p.add_argument("path", help="an h5batch output file")
+    p.add_argument("--sources", action="store_true",
+                   help="also re-decode every sample's source files and compare exactly")
+    p.add_argument("--root", help="corpus root for --sources (default: source.root of the stored job)")
+    p.add_argument("--max-problems", type=int, default=50, help="how many problems to list (default 50)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+
+    def handler(args) -> int:
+        from .verify import cmd_verify
+
+        return cmd_verify(args)
+
+    p.set_defaults(handler=handler)
+
+
+_EXTRA_COMMANDS.append(_add_verify)
+
+
+def _add_cluster_script(sub) -> None:
+    """``h5batch cluster-script`` (h5batch.cluster; needs dask-jobqueue, no batch system)."""
+    p = sub.add_parser(
+        "cluster-script", help="print the batch script of one worker job (slurm, pbs, sge, lsf)",
+        description="Print the job script dask-jobqueue would submit for each worker job of JOB "
+                    "(cluster.kind slurm, pbs, sge or lsf; resources from cluster.jobqueue). Nothing "
+                    "is submitted and no scheduler is started: the scheduler address is a placeholder.")
+    p.add_argument("job", help="job file (YAML), e.g. jobs/fsdd_slurm.yaml")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a job key, e.g. --set cluster.jobqueue.queue=gpu (repeatable)")
+
+    def handler(args) -> int:
+        from .cluster import job_script
+        from .job import ConvertError
+
+        job = load_job(args.job, args.overrides, check_paths=False)
+        try:
+            print(job_script(job.cluster, job.file).rstrip("\n"))
+        except ConvertError as e:
+            print(f"h5batch cluster-script: {e}", file=sys.stderr)
+            return e.exit_code
+        return 0
+
+    p.set_defaults(handler=handler)
+
+
+_EXTRA_COMMANDS.append(_add_cluster_script)
 
 
 def main(argv: list[str] | None = None) -> int:

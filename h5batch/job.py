@@ -51,6 +51,7 @@ class ConvertOptions:
     progress: bool | None = None  # None: a bar on a terminal, log lines otherwise
     log: Any = None  # file object for messages (default stderr)
     fault_pause: str | None = None  # tests only: see WriterSpec.pause_at
+    faults: tuple[tuple[str, str], ...] = ()  # tests only: see tasks.Faults
 
 
 @dataclass
@@ -96,7 +97,8 @@ def versions() -> dict[str, str]:
     return out
 
 
-def make_tasks(job: JobConfig, manifest: Manifest, run_id: str, writer_host: str) -> list[BatchTask]:
+def make_tasks(job: JobConfig, manifest: Manifest, run_id: str, writer_host: str,
+               faults: tuple[tuple[str, str], ...] = ()) -> list[BatchTask]:
     """Cut the manifest into batches of ``cluster.batch_size`` items, never across splits."""
     fields = tuple(job.fields.items())
     tasks: list[BatchTask] = []
@@ -110,7 +112,7 @@ def make_tasks(job: JobConfig, manifest: Manifest, run_id: str, writer_host: str
             j += 1
         chunk = tuple((it.paths, manifest.label_index(it.label)) for it in items[i:j])
         tasks.append(BatchTask(len(tasks), split, i, chunk, manifest.root, fields, run_id,
-                               job.cluster.transport, writer_host))
+                               job.cluster.transport, writer_host, job.policy.decode_timeout, faults))
         i = j
     return tasks
 
@@ -135,17 +137,27 @@ def _generate(job: JobConfig, log) -> None:
     makers[job.source.generate](root)
 
 
+@dataclass
+class _Part:
+    """Items ``[lo, hi)`` of a batch and, once decoded, their result."""
+
+    lo: int
+    hi: int
+    result: BatchResult | None = None
+    confirming: bool = False  # a single file that failed once is being tried again
+
+
 class _Slot:
     """One manifest batch: its parts (a batch whose worker keeps dying is split in two,
     recursively, down to the crashing file) and their results."""
 
     def __init__(self, task: BatchTask):
         self.task = task
-        self.parts: list[list[Any]] = [[0, len(task.items), None]]  # [lo, hi, result]
+        self.parts: list[_Part] = [_Part(0, len(task.items))]
         self.acked = 0  # parts the writer has stored
 
     def complete(self) -> bool:
-        return all(p[2] is not None for p in self.parts)
+        return all(p.result is not None for p in self.parts)
 
 
 class Converter:
@@ -270,7 +282,7 @@ class Converter:
             commit_every=job.policy.commit_every, threads=max(2, min(4, n_workers)),
             resume=record, versions=versions(), pause_at=self.opts.fault_pause,
         )
-        tasks = make_tasks(job, manifest, self.run_id, hostname())
+        tasks = make_tasks(job, manifest, self.run_id, hostname(), self.opts.faults)
         ctx = mp.get_context("spawn")
         inbox, outbox = ctx.Queue(), ctx.Queue()
         writer = ctx.Process(target=writer_main, args=(spec, inbox, outbox), name="h5batch-writer", daemon=True)
@@ -326,9 +338,20 @@ class Converter:
         job = self.job
         n_batches = len(tasks)
         total_items = len(manifest.items)
-        with connect(job.cluster) as conn:
+        import dask
+
+        # A task whose worker dies is re-run up to policy.retries more times before Dask
+        # gives up (KilledWorker); then the batch is split to isolate the culprit.
+        # worker-saturation 1.0 keeps queued tasks on the scheduler, so a worker that dies
+        # takes only its running task down with it, not innocent tasks queued behind it.
+        settings = {"distributed.scheduler.allowed-failures": job.policy.retries,
+                    "distributed.scheduler.worker-saturation": 1.0}
+        with dask.config.set(settings), connect(job.cluster) as conn:
             client = conn.client
             self.say(f"cluster: {conn.description}" + (f"; dashboard {conn.dashboard}" if conn.dashboard else ""))
+            from .preflight import preflight  # late: preflight imports this module
+
+            preflight(client, job, manifest, self.say)
             n_workers = max(1, len(client.scheduler_info(n_workers=-1)["workers"]))
             window = job.cluster.max_in_flight or max(4, 3 * n_workers)
             slots: dict[int, _Slot] = {}
@@ -358,9 +381,9 @@ class Converter:
                     self._on_future(payload, futures, slots, submit)
                     while next_forward in slots and slots[next_forward].complete():
                         slot = slots[next_forward]
-                        for k, (_, _, res) in enumerate(slot.parts):
-                            res.final_part = k == len(slot.parts) - 1
-                            inbox.put(("batch", res))
+                        for k, part in enumerate(slot.parts):
+                            part.result.final_part = k == len(slot.parts) - 1
+                            inbox.put(("batch", part.result))
                         next_forward += 1
                 elif kind == "writer":
                     msg = payload
@@ -368,8 +391,8 @@ class Converter:
                         slot = slots[msg[1]]
                         slot.acked += 1
                         if slot.acked == len(slot.parts):
-                            rejects += sum(len(p[2].rejects) for p in slot.parts)
-                            bytes_decoded += sum(p[2].packed.nbytes for p in slot.parts)
+                            rejects += sum(len(p.result.rejects) for p in slot.parts)
+                            bytes_decoded += sum(p.result.packed.nbytes for p in slot.parts)
                             prog.update(len(slot.task.items), rejects=rejects, nbytes=bytes_decoded)
                             del slots[msg[1]]
                             acked += 1
@@ -431,29 +454,51 @@ class Converter:
     def _on_future(self, fut, futures, slots, submit) -> None:
         index, lo = futures.pop(fut)
         slot = slots[index]
-        pos = next(i for i, p in enumerate(slot.parts) if p[0] == lo and p[2] is None)
+        pos = next(i for i, p in enumerate(slot.parts) if p.lo == lo and p.result is None)
         part = slot.parts[pos]
         if fut.status == "finished":
             res: BatchResult = fut.result()
             if res.packed.shm_name is None and res.packed.payload is not None:
                 res.packed = to_shm(res.packed, self.run_id)  # network transport
-            part[2] = res
+            if res.stuck and res.worker_address:
+                self._restart_worker(fut.client, res.worker_address)
+            part.result = res
             return
         if fut.status == "cancelled":
             return
         exc = fut.exception()
-        lo_, hi_ = part[0], part[1]
+        lo_, hi_ = part.lo, part.hi
         if hi_ - lo_ > 1:
             # Isolate the file that takes its worker down: split the batch and retry both halves.
             mid = (lo_ + hi_) // 2
-            slot.parts[pos:pos + 1] = [[lo_, mid, None], [mid, hi_, None]]
+            slot.parts[pos:pos + 1] = [_Part(lo_, mid), _Part(mid, hi_)]
             submit(index, lo_, mid)
             submit(index, mid, hi_)
+            return
+        if not part.confirming:
+            # A single file failed: confirm once on its own before blaming it (its worker
+            # may have died of another task).
+            part.confirming = True
+            submit(index, lo_, hi_)
             return
         paths = slot.task.items[lo_][0]
         reason = f"worker failed while decoding this file: {type(exc).__name__}: {exc}"
         sub = slot.task.sub(lo_, hi_)
-        part[2] = _empty_result(sub, [Reject(p, "worker", reason) for p in paths], len(sub.fields))
+        part.result = _empty_result(sub, [Reject(p, "worker", reason) for p in paths], len(sub.fields))
+
+
+    def _restart_worker(self, client, address: str) -> None:
+        """Reclaim a worker whose decode thread is stuck on a hung file (in the background;
+        workers without a nanny cannot be restarted and just keep the lost thread)."""
+        self.say(f"restarting worker {address}: a decode there exceeded policy.decode_timeout")
+
+        def restart() -> None:
+            try:
+                client.restart_workers([address], timeout=120, raise_for_error=False)
+            except Exception as e:  # noqa: BLE001 - best effort; the job goes on either way
+                self.say(f"could not restart worker {address}: {e}")
+
+        threading.Thread(target=restart, daemon=True).start()
 
 
 def convert(job: JobConfig, opts: ConvertOptions | None = None) -> ConvertSummary:

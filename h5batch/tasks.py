@@ -7,9 +7,14 @@ touches HDF5: h5py objects never enter a task (they cannot be pickled, dask#6522
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import signal
+import threading
 import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,11 +42,12 @@ class BatchTask:
     run_id: str
     transport: str = "auto"
     writer_host: str = ""
+    timeout: float = 120.0  # seconds one file may take to decode
+    faults: tuple[tuple[str, str], ...] = ()  # tests only, see Faults
 
     def sub(self, lo: int, hi: int) -> BatchTask:
         """The task for items ``[lo, hi)`` of this one (used to isolate a crashing file)."""
-        return BatchTask(self.index, self.split, self.start + lo, self.items[lo:hi], self.root,
-                         self.fields, self.run_id, self.transport, self.writer_host)
+        return dataclasses.replace(self, start=self.start + lo, items=self.items[lo:hi])
 
 
 @dataclass
@@ -61,6 +67,8 @@ class BatchResult:
     decode_seconds: float = 0.0
     worker: str = ""
     final_part: bool = True  # False for all but the last part of a split batch
+    stuck: bool = False  # a decode timed out; its thread is still busy in this worker
+    worker_address: str = ""
 
     @property
     def n_samples(self) -> int:
@@ -74,23 +82,98 @@ def choose_mode(transport: str, writer_host: str) -> str:
     return transport
 
 
+class Faults:
+    """Fault injection for the failure tests (set through ``H5BATCH_FAULTS`` by the CLI):
+    ``crash_on`` a file name whose decode kills the worker process every time (like a
+    decoder segfault); ``hang_on`` a file name whose decode never returns; ``kill_once``
+    ``"<batch index>:<marker path>"`` kills the worker the first time it runs that batch."""
+
+    def __init__(self, pairs: tuple[tuple[str, str], ...]):
+        self.d = dict(pairs)
+
+    def before_decode(self, rel: str) -> None:
+        name = os.path.basename(rel)
+        if self.d.get("crash_on") == name:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.d.get("hang_on") == name:
+            time.sleep(3600)
+
+    def before_batch(self, index: int) -> None:
+        spec = self.d.get("kill_once")
+        if spec:
+            at, marker = spec.split(":", 1)
+            if int(at) == index and not os.path.exists(marker):
+                open(marker, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
+
+
+# One decode thread per worker process, so a file that hangs can be abandoned after the
+# timeout. The abandoned thread keeps running; the result says so and the driver
+# restarts that worker.
+_decoder: ThreadPoolExecutor | None = None
+_decoder_lock = threading.Lock()
+
+
+def _decode_pool() -> ThreadPoolExecutor:
+    global _decoder
+    with _decoder_lock:
+        if _decoder is None:
+            _decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="h5batch-decode")
+        return _decoder
+
+
+def _abandon_pool() -> None:
+    global _decoder
+    with _decoder_lock:
+        if _decoder is not None:
+            _decoder.shutdown(wait=False)
+        _decoder = None
+
+
+def _decode_item(task: BatchTask, paths: tuple[str, ...], faults: Faults | None) -> list[np.ndarray]:
+    out = []
+    for (_, fc), rel in zip(task.fields, paths):
+        if faults:
+            faults.before_decode(rel)
+        try:
+            out.append(decode_field(os.path.join(task.root, rel), fc))
+        except DecodeError as e:
+            raise DecodeError(rel, e.reason) from None
+    return out
+
+
+def _worker_address() -> str:
+    try:
+        from distributed import get_worker
+
+        return get_worker().address
+    except (ImportError, ValueError):
+        return ""
+
+
 def decode_batch(task: BatchTask) -> BatchResult:
     """Decode every item of ``task``; failures become rejects, never exceptions."""
     t0 = time.perf_counter()
+    faults = Faults(task.faults) if task.faults else None
+    if faults:
+        faults.before_batch(task.index)
     names = [n for n, _ in task.fields]
     arrays: dict[str, list[np.ndarray]] = {n: [] for n in names}
     labels: list[int] = []
     sources: list[tuple[str, ...]] = []
     sums: list[list[int]] = []
     rejects: list[Reject] = []
+    stuck = False
     for paths, label in task.items:
-        decoded = []
+        budget = task.timeout * len(paths)
         try:
-            for (name, fc), rel in zip(task.fields, paths):
-                try:
-                    decoded.append(decode_field(os.path.join(task.root, rel), fc))
-                except DecodeError as e:
-                    raise DecodeError(rel, e.reason) from None
+            decoded = _decode_pool().submit(_decode_item, task, paths, faults).result(timeout=budget)
+        except FutureTimeout:
+            _abandon_pool()
+            stuck = True
+            for rel in paths:
+                rejects.append(Reject(rel, "timeout", f"decoding took longer than {budget:g} s (policy.decode_timeout)"))
+            continue
         except DecodeError as e:
             # A paired sample with one bad file rejects every file of the pair.
             for rel in paths:
@@ -119,6 +202,8 @@ def decode_batch(task: BatchTask) -> BatchResult:
         n_items=len(task.items),
         decode_seconds=time.perf_counter() - t0,
         worker=hostname(),
+        stuck=stuck,
+        worker_address=_worker_address() if stuck else "",
     )
 
 

@@ -1,0 +1,89 @@
+"""Worker failures on a real LocalCluster: a killed worker, a file that crashes its worker
+every time, and a file whose decode hangs. Faults are injected into the real worker task
+through ``H5BATCH_FAULTS`` (the worker really dies by SIGKILL, or really hangs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import pytest
+
+from h5batch import synth
+from h5batch.transport import list_segments
+from tests.conftest import REPO
+from tests.h5compare import assert_same_h5
+
+JOB = REPO / "jobs" / "paired_audio.yaml"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("failures") / "corpus"
+    synth.make_paired_audio(root, n_train=48, n_test=16, seconds=0.25, seed=5)
+    return root
+
+
+def convert(root: Path, out: Path, faults: str = "", *extra: str) -> subprocess.CompletedProcess:
+    args = [sys.executable, "-m", "h5batch.cli", "convert", str(JOB), "--workers", "2", "--output", str(out),
+            "--set", f"source.root={root}", "--set", "cluster.batch_size=8", "--set", "policy.retries=1",
+            "--set", "policy.max_reject_fraction=0.2", "--progress", "none", *extra]
+    env = dict(os.environ, H5BATCH_FAULTS=faults)
+    return subprocess.run(args, capture_output=True, text=True, timeout=400, env=env)
+
+
+@pytest.fixture(scope="module")
+def reference(corpus, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ref") / "ref.h5"
+    res = convert(corpus, out)
+    assert res.returncode == 0, res.stderr
+    return out
+
+
+def sources(path: Path) -> list[str]:
+    with h5py.File(path, "r") as f:
+        return [p for s in ("train", "test") for p in f[s]["source"].asstr()[:, 0]]
+
+
+def rejects(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(str(path).replace(".h5", ".rejects.jsonl")).read_text().splitlines()]
+
+
+def test_killed_worker_batch_is_retried_and_output_is_complete(corpus, reference, tmp_path):
+    out = tmp_path / "out.h5"
+    marker = tmp_path / "killed-once"
+    res = convert(corpus, out, f"kill_once=2:{marker}")
+    assert res.returncode == 0, res.stderr
+    assert marker.exists(), "the fault did not fire: no worker was killed"
+    assert_same_h5(reference, out)  # every sample exactly once, same order, same bytes
+    assert not list_segments()
+
+
+def test_file_that_crashes_its_worker_is_isolated_and_rejected(corpus, reference, tmp_path):
+    out = tmp_path / "out.h5"
+    res = convert(corpus, out, "crash_on=5.wav")
+    assert res.returncode == 0, res.stderr
+    got = sources(out)
+    want = [p for p in sources(reference) if not p.endswith("/5.wav")]
+    assert got == want  # only the two samples named 5.wav (train and test) are missing
+    rej = [r for r in rejects(out) if r["path"].endswith("/5.wav")]
+    # data/5.wav crashes; its paired label/5.wav goes with it, in both splits
+    assert sorted(r["path"] for r in rej) == ["test/data/5.wav", "test/label/5.wav", "train/data/5.wav", "train/label/5.wav"]
+    assert all(r["stage"] == "worker" and "worker failed while decoding" in r["reason"] for r in rej)
+    assert not list_segments()
+
+
+def test_hanging_decode_is_bounded_by_timeout(corpus, reference, tmp_path):
+    out = tmp_path / "out.h5"
+    res = convert(corpus, out, "hang_on=7.wav", "--set", "policy.decode_timeout=2")
+    assert res.returncode == 0, res.stderr
+    got = sources(out)
+    assert got == [p for p in sources(reference) if not p.endswith("/7.wav")]
+    rej = {r["path"]: r for r in rejects(out)}
+    assert rej["train/data/7.wav"]["stage"] == "timeout"
+    assert "longer than 4 s" in rej["train/data/7.wav"]["reason"]  # 2 s per file x 2 files
+    assert "restarting worker" in res.stderr
