@@ -195,3 +195,18 @@ def test_hymenoptera_fixed_and_native(tmp_path):
                             ref = np.asarray(ImageOps.exif_transpose(im).convert("RGB"))
                         assert tuple(shapes[i]) == ref.shape
                         assert np.array_equal(read_variable(g["image"], i), ref)
+
+
+def test_conversion_does_not_need_torch(paired_root, tmp_path):
+    """Conversion runs with torch unimportable (only the reader needs it)."""
+    out = tmp_path / "notorch.h5"
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from h5batch.cli import main\n"
+            f"rc = main(['convert', {str(REPO / 'jobs' / 'paired_audio.yaml')!r}, '--workers', '1', '--output', {str(out)!r},"
+            f" '--set', 'source.root={paired_root}', '--progress', 'none'])\n"
+            "assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
+            "sys.exit(rc)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    with h5py.File(out, "r") as f:
+        assert f["train/source"].shape[0] == 24
