@@ -177,7 +177,7 @@ class JobConfig:
         d = self.to_dict()
         d.pop("cluster")
         d["output"] = {k: v for k, v in d["output"].items() if k not in ("path", "overwrite", "cache_bytes")}
-        d["policy"] = {k: v for k, v in d["policy"].items() if k == "max_reject_fraction"}
+        d.pop("policy")
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
     @property

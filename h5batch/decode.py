@@ -11,7 +11,10 @@ the file in the rejects list and goes on.
 from __future__ import annotations
 
 import math
+import os
+import struct
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -61,11 +64,86 @@ def _check_readable(path: str) -> None:
         raise DecodeError(path, "file disappeared since discovery") from e
     except IsADirectoryError as e:
         raise DecodeError(path, "is a directory") from e
+    except OSError as e:  # EIO from a failing disk, ELOOP, ...
+        raise DecodeError(path, f"cannot read file: {e.strerror or e}") from e
 
 
 # ---------------------------------------------------------------------------
 # Audio
 # ---------------------------------------------------------------------------
+
+
+# WAV format tags libsndfile decodes (wav.c); any other tag is a codec it does not have.
+_SNDFILE_WAV_TAGS = {0x0001, 0x0002, 0x0003, 0x0006, 0x0007, 0x0011, 0x0031, 0x0040, 0x0055, 0xFFFE}
+_WAV_TAG_NAMES = {
+    0x0050: "MPEG-1 Layer I/II", 0x0092: "Dolby AC-3 SPDIF", 0x00FF: "AAC", 0x0160: "WMA v1",
+    0x0161: "WMA v2", 0x0162: "WMA Pro", 0x0163: "WMA Lossless", 0x1610: "HE-AAC",
+    0x2000: "Dolby AC-3", 0x2001: "DTS", 0x0022: "DSP Group TrueSpeech", 0x0270: "Sony ATRAC3",
+}
+
+
+@dataclass(frozen=True)
+class WavHeader:
+    """What the RIFF chunks of a WAV file say (``None`` fields: chunk not found)."""
+
+    format_tag: int | None
+    data_offset: int | None
+    data_size: int | None
+    file_size: int
+
+
+def wav_header(path: str) -> WavHeader | None:
+    """Walk the RIFF chunks of a WAV file; None when it is not RIFF/WAVE.
+
+    libsndfile quietly shortens a file whose data chunk is cut off, so the declared
+    size has to be checked here to notice truncation.
+    """
+    size = os.path.getsize(path)
+    tag = data_offset = data_size = None
+    with open(path, "rb") as fh:
+        head = fh.read(12)
+        if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+            return None
+        pos = 12
+        while pos + 8 <= size and data_offset is None:
+            fh.seek(pos)
+            cid, clen = struct.unpack("<4sI", fh.read(8))
+            if cid == b"fmt ":
+                body = fh.read(2)
+                tag = struct.unpack("<H", body)[0] if len(body) == 2 else None
+            elif cid == b"data":
+                data_offset, data_size = pos + 8, clen
+            pos += 8 + clen + (clen & 1)
+    return WavHeader(tag, data_offset, data_size, size)
+
+
+def _audio_open_reason(path: str, err: Exception) -> str:
+    """Why libsndfile could not open ``path``, as specifically as the bytes allow."""
+    kind = sniff(path)
+    err = str(err).replace(f"Error opening {path!r}: ", "")  # the reject names the file already
+    if kind == "WAV (RIFF)":
+        h = wav_header(path)
+        if h is None or h.format_tag is None or h.data_offset is None:
+            return f"truncated or malformed WAV header (no complete fmt/data chunk): {err}"
+        if h.format_tag not in _SNDFILE_WAV_TAGS:
+            name = _WAV_TAG_NAMES.get(h.format_tag, "unknown codec")
+            return (f"unsupported audio codec: WAV format tag 0x{h.format_tag:04X} ({name}), "
+                    f"which libsndfile cannot decode")
+        return f"corrupt WAV file: {err}"
+    if kind in ("FLAC", "Ogg", "MP3"):
+        return f"corrupt or unsupported {kind} file: {err}"
+    return f"not a readable audio file (content looks like {kind}): {err}"
+
+
+def _check_wav_complete(path: str, frames: int) -> None:
+    """Raise when a WAV's data chunk declares more bytes than the file holds."""
+    h = wav_header(path)
+    if h is None or h.data_offset is None or h.data_size in (None, 0, 0xFFFFFFFF):
+        return  # not WAV, or a streaming writer's "size unknown" header
+    present = h.file_size - h.data_offset
+    if h.data_size > present:
+        raise DecodeError(path, f"truncated audio: the WAV data chunk declares {h.data_size} bytes "
+                                f"but the file holds {max(present, 0)} ({frames} whole frames)")
 
 
 def _to_int16(x: np.ndarray) -> np.ndarray:
@@ -84,12 +162,11 @@ def decode_audio(path: str, fc: AudioField) -> np.ndarray:
     _check_readable(path)
     try:
         f = sf.SoundFile(path)
-    except Exception as e:  # libsndfile's own message is the useful part
-        kind = sniff(path)
-        hint = f" (content looks like {kind})" if kind not in ("WAV (RIFF)", "FLAC", "Ogg") else ""
-        raise DecodeError(path, f"not a readable audio file{hint}: {e}") from e
+    except Exception as e:  # libsndfile's message alone ("Malformed 'fmt ' chunk") is too vague
+        raise DecodeError(path, _audio_open_reason(path, e)) from e
     with f:
         sr, frames, channels = f.samplerate, f.frames, f.channels
+        _check_wav_complete(path, frames)
         if frames <= 0:
             raise DecodeError(path, "audio has zero frames")
         target_sr = fc.sample_rate or sr
@@ -155,10 +232,80 @@ def _resize_cover_crop(im, size_hw: tuple[int, int]):
     return im.crop((left, top, left + tw, top + th))
 
 
+# SOF markers of the hierarchical (differential) JPEG processes: libjpeg has no decoder.
+_JPEG_HIERARCHICAL = {0xC5: "SOF5", 0xC6: "SOF6", 0xC7: "SOF7", 0xCD: "SOF13", 0xCE: "SOF14", 0xCF: "SOF15"}
+
+
+def jpeg_frame(path: str) -> tuple[int, int] | None:
+    """``(SOF marker, sample precision in bits)`` of a JPEG, or None when not found."""
+    with open(path, "rb") as fh:
+        data = fh.read(1 << 16)  # the frame header comes before the scan data
+    if not data.startswith(b"\xff\xd8"):
+        return None
+    pos = 2
+    while pos + 4 <= len(data):
+        if data[pos] != 0xFF:
+            return None
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker in (0x01, *range(0xD0, 0xD8)):
+            pos += 2
+            continue
+        if marker == 0xDA:  # start of scan: no frame header before it
+            return None
+        length = int.from_bytes(data[pos + 2: pos + 4], "big")
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            return (marker, data[pos + 4]) if pos + 4 < len(data) else None
+        pos += 2 + length
+    return None
+
+
+def _unsupported_jpeg(path: str) -> str | None:
+    """Why libjpeg cannot decode a well-formed JPEG, or None when it should."""
+    frame = jpeg_frame(path)
+    if frame is None:
+        return None
+    marker, bits = frame
+    if marker in _JPEG_HIERARCHICAL:
+        return (f"unsupported JPEG coding process: hierarchical ({_JPEG_HIERARCHICAL[marker]}), "
+                f"which libjpeg cannot decode")
+    if bits != 8:
+        return f"unsupported JPEG: {bits}-bit samples (Pillow decodes 8-bit JPEG only)"
+    return None
+
+
+def _image_open_reason(path: str, err: Exception) -> str:
+    """Why Pillow could not open ``path``."""
+    from PIL import UnidentifiedImageError
+
+    kind = sniff(path)
+    if kind in ("JPEG", "PNG", "GIF", "BMP"):
+        why = _unsupported_jpeg(path) if kind == "JPEG" else None
+        if why:
+            return why
+        detail = "Pillow cannot identify it" if isinstance(err, UnidentifiedImageError) else str(err)
+        return f"corrupt {kind} header: {detail}"
+    return f"not a readable image (content looks like {kind})"
+
+
+def _image_load_reason(path: str, err: Exception) -> str:
+    """Why Pillow opened ``path`` but could not decode its pixels."""
+    if sniff(path) == "JPEG":
+        why = _unsupported_jpeg(path)
+        if why:
+            return why
+    text = str(err)
+    if "truncated" in text.lower():
+        return f"truncated image data: {text}"
+    return f"corrupt image data: {text}"
+
+
 def decode_image(path: str, fc: ImageField) -> np.ndarray:
     """Read one image: EXIF orientation applied, converted to ``fc.mode``, optionally
     resized (shorter side) and centre-cropped to ``fc.size``. Returns ``(H, W, C)`` uint8."""
-    from PIL import Image, ImageOps, UnidentifiedImageError
+    from PIL import Image, ImageOps
 
     _check_readable(path)
     Image.MAX_IMAGE_PIXELS = fc.max_pixels  # Pillow's bomb guard stays on, at the job's limit
@@ -167,11 +314,9 @@ def decode_image(path: str, fc: ImageField) -> np.ndarray:
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             im = Image.open(path)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-        raise DecodeError(path, f"decompression bomb guard: {e}") from e
-    except UnidentifiedImageError as e:
-        raise DecodeError(path, f"not a readable image (content looks like {sniff(path)})") from e
-    except Exception as e:
-        raise DecodeError(path, f"cannot open image: {e}") from e
+        raise DecodeError(path, f"decompression bomb guard: more pixels than max_pixels {fc.max_pixels} ({e})") from e
+    except Exception as e:  # UnidentifiedImageError, or a parse error in a plugin
+        raise DecodeError(path, _image_open_reason(path, e)) from e
     with im:
         w, h = im.size
         if w * h > fc.max_pixels:
@@ -200,7 +345,7 @@ def decode_image(path: str, fc: ImageField) -> np.ndarray:
         except DecodeError:
             raise
         except Exception as e:
-            raise DecodeError(path, f"truncated or corrupt image data: {e}") from e
+            raise DecodeError(path, _image_load_reason(path, e)) from e
     if arr.ndim == 2:
         arr = arr[:, :, None]
     return np.ascontiguousarray(arr)

@@ -100,9 +100,10 @@ class _Walker:
         real = os.path.realpath(path)
         return real == self.real_root or real.startswith(self.real_root + os.sep)
 
-    def walk(self, rel: str = "") -> list[tuple[str, int, int]]:
+    def walk(self, rel: str = "", _stack: frozenset[str] = frozenset()) -> list[tuple[str, int, int]]:
         out: list[tuple[str, int, int]] = []
         base = self.root / rel if rel else self.root
+        _stack = _stack | {os.path.realpath(base)}  # real paths of the folders being walked
         try:
             entries = sorted(os.scandir(base), key=lambda e: e.name)
         except OSError as e:
@@ -121,7 +122,10 @@ class _Walker:
                     continue
             try:
                 if entry.is_dir():
-                    out.extend(self.walk(relpath))
+                    if entry.is_symlink() and os.path.realpath(entry.path) in _stack:
+                        self.rejects.append(Reject(relpath, "discover", "symlink loop: points to a folder that contains it"))
+                        continue
+                    out.extend(self.walk(relpath, _stack))
                     continue
                 st = entry.stat()
             except OSError as e:
@@ -188,7 +192,9 @@ class _Builder:
         unique: list[Item] = []
         for it in sorted(self.items, key=lambda it: (order.get(it.split, len(order)), it.split, natural_key(it.key))):
             if (it.split, it.key) in seen:
-                self.rejects.append(Reject(it.paths[0], "discover", f"duplicate key {it.key!r} in split {it.split!r}"))
+                other = seen[(it.split, it.key)].paths[0]
+                self.rejects.extend(Reject(p, "discover", f"duplicate key {it.key!r} in split {it.split!r} "
+                                                          f"(already taken by {other})") for p in it.paths)
                 continue
             seen[(it.split, it.key)] = it
             unique.append(it)
@@ -207,12 +213,32 @@ class _Builder:
 
 
 def _split_dirs(root: Path, src: SourceConfig, b: _Builder) -> list[str]:
+    """The split folders to walk. Entries at the top of the corpus that cannot be a split
+    are rejected when they matter: broken or escaping symlinks, and media files (of an
+    accepted extension) lying outside any split folder. Other top-level files (README,
+    LICENSE) and, when ``source.splits`` is given, unlisted folders are not part of the
+    corpus."""
+    walker = _Walker(root)
+    found: list[str] = []
+    for e in sorted(os.scandir(root), key=lambda e: e.name):
+        if e.name.startswith("."):
+            continue
+        if src.splits and e.name not in src.splits and (e.is_symlink() or e.is_dir()):
+            continue  # not one of the listed splits: not part of this job
+        if e.is_symlink() and not os.path.exists(e.path):
+            b.rejects.append(Reject(e.name, "discover", "broken symlink"))
+        elif e.is_symlink() and not walker._inside(e.path):
+            b.rejects.append(Reject(e.name, "discover", "symlink points outside the corpus root"))
+        elif e.is_dir():
+            found.append(e.name)
+        elif _ext(e.name) in b.ext_to_field:
+            b.rejects.append(Reject(e.name, "discover", "media file is not inside a split folder (<split>/...)"))
     if src.splits:
         for s in src.splits:
-            if not (root / s).is_dir():
+            if s not in found and not any(r.path == s for r in b.rejects):
                 b.rejects.append(Reject(s, "discover", f"split folder {s!r} listed in source.splits is missing"))
-        return [s for s in src.splits if (root / s).is_dir()]
-    return sorted((e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith(".")), key=natural_key)
+        return [s for s in src.splits if s in found]
+    return sorted(found, key=natural_key)
 
 
 def _discover_class_folders(root: Path, src: SourceConfig, b: _Builder) -> list[str]:
@@ -315,55 +341,103 @@ def _discover_pattern(root: Path, src: SourceConfig, b: _Builder) -> list[str]:
     return declared + sorted({it.split for it in b.items} - set(declared), key=natural_key)
 
 
-def _read_manifest_rows(path: Path) -> list[tuple[int, dict]]:
+def _read_manifest_rows(path: Path) -> list[tuple[int, dict | str]]:
+    """``(line number, row)`` of a CSV or JSONL manifest; a row that cannot be parsed is
+    returned as a string saying why (it becomes a reject, not a crash)."""
+    rows: list[tuple[int, dict | str]] = []
     if path.suffix.lower() in (".jsonl", ".ndjson"):
-        rows = []
         for n, line in enumerate(path.read_text().splitlines(), start=1):
-            if line.strip():
-                rows.append((n, json.loads(line)))
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as e:
+                rows.append((n, f"not valid JSON: {e}"))
+                continue
+            rows.append((n, row if isinstance(row, dict) else f"not a JSON object: {line.strip()[:60]}"))
         return rows
     with open(path, newline="") as fh:
-        return [(n, row) for n, row in enumerate(csv.DictReader(fh), start=2)]
+        reader = csv.DictReader(fh)
+        for row in reader:
+            rows.append((reader.line_num, row))
+    return rows
 
 
 def _discover_manifest(root: Path, src: SourceConfig, b: _Builder) -> list[str]:
+    """One item per manifest row. A file is one input: a row naming a file that an earlier
+    row already named is rejected (under the row's ``manifest:line`` name, so the file is
+    never both a sample and a reject), and when one file of a row is bad the row's other
+    files are rejected with it."""
     mpath = Path(src.manifest or "")
-    real_root = os.path.realpath(root)
     columns = {name: (fc.column or name) for name, fc in b.job.fields.items()}
-    if len(columns) == 1:
-        only = next(iter(columns))
-        columns[only] = b.job.fields[only].column or only
+    claimed: dict[str, int] = {}  # path already named (sample or reject) -> its manifest line
     for line, row in _read_manifest_rows(mpath):
         where = f"{mpath.name}:{line}"
-        paths: list[str] = []
-        bad = None
-        for fname, col in columns.items():
-            value = row.get(col) or (row.get("path") if len(columns) == 1 else None)
-            if not value:
-                bad = Reject(where, "discover", f"row has no {col!r} column value")
-                break
-            full = os.path.realpath(root / value)
-            if not (full == real_root or full.startswith(real_root + os.sep)):
-                bad = Reject(str(value), "discover", f"manifest row {line} points outside the corpus root")
-                break
-            rel = os.path.relpath(full, real_root).replace(os.sep, "/")
-            if not os.path.isfile(full):
-                bad = Reject(str(value), "discover", f"manifest row {line}: file does not exist")
-                break
-            if _ext(rel) not in [e.lower() for e in b.job.fields[fname].extensions]:
-                bad = Reject(rel, "discover", f"extension {_ext(rel) or '(none)'!r} is not accepted for field {fname!r} (accepted: {b.accepted(fname)})")
-                break
-            st = os.stat(full)
-            b.stats[rel] = (st.st_size, st.st_mtime_ns)
-            paths.append(rel)
-        if bad:
-            b.rejects.append(bad)
-            continue
-        label = row.get("label")
-        split = row.get("split") or "train"
-        b.items.append(Item(_stem(paths[0]), str(split), tuple(paths), None if label in (None, "") else str(label)))
+        if isinstance(row, str):
+            b.rejects.append(Reject(where, "discover", row))
+        else:
+            _manifest_row(root, b, columns, claimed, line, where, row)
     declared = list(src.splits or [])
     return declared + sorted({it.split for it in b.items} - set(declared), key=natural_key)
+
+
+def _manifest_row(root: Path, b: _Builder, columns: dict[str, str], claimed: dict[str, int],
+                  line: int, where: str, row: dict) -> None:
+    """Turn one manifest row into an item, or into rejects naming each of its paths once."""
+    real_root = os.path.realpath(root)
+    paths: list[str] = []
+    row_problems: list[str] = []
+    file_rejects: list[Reject] = []
+
+    def bad_file(key: str, reason: str) -> None:
+        # A path already named (by an earlier row, or this one) is reported under the row's
+        # name instead, so no path is rejected twice.
+        if key in claimed or key in paths or any(r.path == key for r in file_rejects):
+            earlier = f"row {claimed[key]}" if key in claimed else "this row"
+            row_problems.append(f"{key}: {reason} (also listed in {earlier})")
+        else:
+            file_rejects.append(Reject(key, "discover", reason))
+
+    for fname, col in columns.items():
+        value = row.get(col) or (row.get("path") if len(columns) == 1 else None)
+        if not value:
+            row_problems.append(f"row has no {col!r} value")
+            continue
+        value = str(value)
+        full = os.path.realpath(root / value)
+        if not (full == real_root or full.startswith(real_root + os.sep)):
+            bad_file(value, f"manifest row {line} points outside the corpus root")
+            continue
+        rel = os.path.relpath(full, real_root).replace(os.sep, "/")
+        if not os.path.isfile(full):
+            bad_file(value, f"manifest row {line}: file does not exist")
+            continue
+        if rel in claimed or rel in paths:
+            earlier = f"row {claimed[rel]}" if rel in claimed else "this row"
+            row_problems.append(f"duplicate: {rel} is already listed in {earlier}")
+            continue
+        if _ext(rel) not in [e.lower() for e in b.job.fields[fname].extensions]:
+            bad_file(rel, f"extension {_ext(rel) or '(none)'!r} is not accepted for field {fname!r} (accepted: {b.accepted(fname)})")
+            continue
+        st = os.stat(full)
+        b.stats[rel] = (st.st_size, st.st_mtime_ns)
+        paths.append(rel)
+    if row_problems or file_rejects:
+        first = file_rejects[0] if file_rejects else Reject(where, "discover", "; ".join(row_problems))
+        if row_problems:
+            b.rejects.append(Reject(where, "discover", "; ".join(row_problems)))
+        b.rejects.extend(file_rejects)
+        claimed.update((r.path, line) for r in file_rejects)
+        for rel in paths:  # the row's good files go with it, each named once
+            claimed[rel] = line
+            b.rejects.append(Reject(rel, "discover", f"another file of manifest row {line} was rejected "
+                                                     f"({first.path}: {first.reason})"))
+        return
+    for rel in paths:
+        claimed[rel] = line
+    label = row.get("label")
+    split = row.get("split") or "train"
+    b.items.append(Item(_stem(paths[0]), str(split), tuple(paths), None if label in (None, "") else str(label)))
 
 
 _LAYOUTS = {

@@ -263,8 +263,17 @@ class Converter:
             return done
         self._check_output()
         if not manifest.items:
-            raise ConvertError(f"no samples found under {job.source.root} "
-                               f"({len(manifest.rejects)} files rejected, e.g. {manifest.rejects[:1]})", 2)
+            detail = ""
+            if manifest.rejects:
+                rej_path = self.final.rsplit(".", 1)[0] + ".rejects.jsonl"
+                os.makedirs(os.path.dirname(rej_path), exist_ok=True)
+                with open(rej_path, "w") as fh:
+                    for r in manifest.rejects:
+                        fh.write(json.dumps({"path": r.path, "stage": r.stage, "reason": r.reason}) + "\n")
+                first = manifest.rejects[0]
+                detail = (f"; {len(manifest.rejects)} files rejected, e.g. {first.path}: {first.reason} "
+                          f"(all listed in {rej_path})")
+            raise ConvertError(f"no samples found under {job.source.root} (layout {job.source.layout}){detail}", 2)
         stale = remove_stale_segments()
         if stale:
             self.say(f"removed {len(stale)} shared-memory segments left by dead runs")
@@ -339,6 +348,7 @@ class Converter:
         n_batches = len(tasks)
         total_items = len(manifest.items)
         import dask
+        import distributed  # noqa: F401  (its config defaults must exist before dask.config.set)
 
         # A task whose worker dies is re-run up to policy.retries more times before Dask
         # gives up (KilledWorker); then the batch is split to isolate the culprit.
@@ -402,22 +412,22 @@ class Converter:
                         raise ConvertError(f"writer process died (exit code {msg[1]}); "
                                            f"rerun the same command to resume from the last commit")
             prog.close()
-            rejected_files = rejects + len(manifest.rejects)
-            fraction = rejected_files / max(1, num_inputs)
-            ok = fraction <= job.policy.max_reject_fraction
-            inbox.put(("finish", ok))
-            summary_msg = self._wait_for(("done",))
-            s = summary_msg[1]
+            # The writer counts every reject (discovery, decode, write, and those of batches
+            # committed by an earlier run) and keeps the file partial when there are too many.
+            inbox.put(("finish", job.policy.max_reject_fraction))
+            s = self._wait_for(("done",))[1]
             summary = ConvertSummary(
                 path=s["path"], counts=s["counts"], rejects=s["rejects"], inputs=num_inputs,
                 seconds=0.0, bytes_decoded=s["bytes_decoded"], output_bytes=os.path.getsize(s["path"]),
-                rejects_file=s["rejects_file"], cluster=conn.description, dashboard=conn.dashboard, ok=ok)
+                rejects_file=s["rejects_file"], cluster=conn.description, dashboard=conn.dashboard, ok=s["ok"])
             writer.join(timeout=30)
-            if not ok:
+            if not s["ok"]:
+                fraction = s["rejects"] / max(1, num_inputs)
                 raise ConvertError(
-                    f"{rejected_files} of {num_inputs} input files rejected ({fraction:.1%}), above "
+                    f"{s['rejects']} of {num_inputs} input files rejected ({fraction:.1%}), above "
                     f"policy.max_reject_fraction {job.policy.max_reject_fraction:.1%}; output left as "
-                    f"{self.partial}, reasons in {s['rejects_file']}", 1)
+                    f"{self.partial}, reasons in {s['rejects_file']} (raise policy.max_reject_fraction "
+                    f"and run again to accept it)", 1)
             return summary
 
     def _pump_writer(self, outbox, writer) -> None:

@@ -464,12 +464,15 @@ class OutputWriter:
         _write_json_atomic(commit_path(self.spec.partial_path), record)
         return record
 
-    def finalize(self, rename: bool = True) -> dict[str, Any]:
-        """Write the tail chunks, discovery rejects and final attributes; close; rename."""
+    def finalize(self, max_reject_fraction: float = 1.0) -> dict[str, Any]:
+        """Write the tail chunks, discovery rejects and final attributes; close; rename to
+        the final path unless more than ``max_reject_fraction`` of the inputs were rejected
+        (then the file stays partial and resumable)."""
         for s in self.spec.splits:
             if s not in self.splits:
                 self.splits[s] = SplitStore(self.f, s, self.spec, self.pool)
         self.add_rejects(self.spec.discovery_rejects)
+        rename = self.rej_ds["path"].n <= max_reject_fraction * max(1, self.spec.num_inputs)
         for s in self.splits.values():
             s.flush()
         counts = {name: s.n for name, s in self.splits.items()}
@@ -479,7 +482,7 @@ class OutputWriter:
         rejects = self.read_rejects()
         self.close()
         summary = {"counts": counts, "rejects": len(rejects), "bytes_decoded": self.bytes_written,
-                   "path": self.spec.final_path if rename else self.spec.partial_path}
+                   "path": self.spec.final_path if rename else self.spec.partial_path, "ok": rename}
         rej_path = self.spec.final_path.rsplit(".", 1)[0] + ".rejects.jsonl"
         with open(rej_path, "w") as fh:
             for r in rejects:
@@ -518,7 +521,7 @@ def _pause_point(spec: WriterSpec, point: str) -> None:
 
 def writer_main(spec: WriterSpec, inbox, outbox) -> None:
     """Writer process loop. Messages in: ``("batch", BatchResult)``, ``("commit",)``,
-    ``("finish", rename)``, ``("abort",)``. Messages out: ``("ready", next_batch)``,
+    ``("finish", max_reject_fraction)``, ``("abort",)``. Messages out: ``("ready", next_batch)``,
     ``("ack", index, samples, bytes)``, ``("committed", record)``, ``("done", summary)``,
     ``("error", text)``.
 
@@ -557,7 +560,7 @@ def writer_main(spec: WriterSpec, inbox, outbox) -> None:
                 outbox.put(("committed", w.commit()))
                 last_commit = time.monotonic()
             elif kind == "finish":
-                outbox.put(("done", w.finalize(rename=msg[1])))
+                outbox.put(("done", w.finalize(max_reject_fraction=msg[1])))
                 return
             elif kind == "abort":
                 outbox.put(("committed", w.commit()))

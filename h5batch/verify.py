@@ -1,0 +1,473 @@
+"""``h5batch verify``: check a finished output against its own checksums, its invariants
+and, optionally, the source files it was made from.
+
+What is checked (each failure is a :class:`Problem` naming the split, field, sample index
+and source file):
+
+* **data**: every sample of every field is re-read and its crc32 compared with
+  ``/<split>/checksum``. Data is read in big chunk-aligned slices (one h5py call per
+  ``read_bytes``), never per sample. A chunk that cannot be read back (for compressed
+  chunks a flipped byte usually makes decompression fail) is reported as a corrupt chunk
+  naming every sample it covers;
+* **structure**: offsets start at 0, never decrease and end at ``len(values)``; the
+  product of each stored shape equals its offset difference; every per-sample dataset
+  of a split has the same length; labels index ``/class_names`` (``-1`` = no label);
+  the ``complete`` attribute is true;
+* **nothing lost**: source paths + rejects = the ``num_inputs`` root attribute, no path
+  is both a sample's file and a reject, no file is the source of two samples, and
+  ``OUT.rejects.jsonl`` (when present beside the file) lists the same rejects;
+* **sources** (``sources=True``): every sample's files are decoded again with
+  :func:`h5batch.decode.decode_field` and the field settings stored in the file, and must
+  match the stored arrays exactly (dtype, shape and bytes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import h5py
+import numpy as np
+
+from . import format as fmt
+
+STAGES = {"discover", "decode", "worker", "timeout", "write"}
+MAX_NAMED = 8  # samples named in one corrupt-chunk problem before "... and N more"
+
+
+class VerifyError(Exception):
+    """The file cannot be verified at all (missing, not HDF5, not an h5batch file)."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong. ``where`` is ``split/field[index]``, ``split/field`` or ``/``."""
+
+    where: str
+    what: str
+    source: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.where}" + (f" ({self.source})" if self.source else "") + f": {self.what}"
+
+
+@dataclass
+class VerifyReport:
+    """What :func:`verify_file` found."""
+
+    path: str
+    counts: dict[str, int] = field(default_factory=dict)
+    fields: list[str] = field(default_factory=list)
+    rejects: int = 0
+    inputs: int = 0
+    bytes_checked: int = 0
+    sources_compared: int = 0
+    samples_files: int = 0  # source paths over all splits (samples x files per sample)
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def samples(self) -> int:
+        return sum(self.counts.values())
+
+    def summary(self) -> str:
+        counts = ", ".join(f"{k} {v}" for k, v in self.counts.items())
+        text = (f"{self.samples} samples ({counts}) in {len(self.fields)} fields, {self.rejects} rejects, "
+                f"{self.samples_files + self.rejects} of {self.inputs} inputs accounted for; "
+                f"{self.bytes_checked / 1e6:.1f} MB checksummed")
+        if self.sources_compared:
+            text += f"; {self.sources_compared} samples re-decoded from their sources"
+        return text
+
+
+# ---------------------------------------------------------------------------
+# Reading helpers
+# ---------------------------------------------------------------------------
+
+
+def _strings(ds: h5py.Dataset) -> np.ndarray:
+    if ds.shape[0] == 0:
+        return np.zeros(ds.shape, dtype=object)
+    return ds.asstr()[...]
+
+
+def _windows(offsets: np.ndarray, unit_chunk: int, budget: int) -> Iterator[tuple[int, int]]:
+    """Runs of samples ``[i, j)`` whose units (rows or elements) span about ``budget``.
+
+    Runs of fixed fields (``offsets == arange(N + 1)``) start and end on chunk boundaries,
+    so each chunk is decompressed exactly once.
+    """
+    n = len(offsets) - 1
+    budget = max(unit_chunk, budget // unit_chunk * unit_chunk)
+    i = 0
+    while i < n:
+        target = int(offsets[i]) + budget
+        j = int(np.searchsorted(offsets, target, side="right")) - 1
+        j = min(n, max(j, i + 1))
+        yield i, j
+        i = j
+
+
+class _FieldData:
+    """One field of one split seen as units (rows of a fixed dataset, elements of a
+    variable one) with per-sample offsets into them."""
+
+    def __init__(self, node: h5py.Dataset | h5py.Group, n: int):
+        if isinstance(node, h5py.Group):
+            self.ds = node[fmt.VALUES]
+            self.offsets = node[fmt.OFFSETS][...].astype(np.int64)
+            self.shapes = node[fmt.SHAPES][...]
+            self.fixed = False
+        else:
+            self.ds = node
+            self.offsets = np.arange(n + 1, dtype=np.int64)
+            self.shapes = None
+            self.fixed = True
+        self.chunk = int(self.ds.chunks[0]) if self.ds.chunks else max(1, self.ds.shape[0])
+        self.unit_bytes = int(np.prod(self.ds.shape[1:], dtype=np.int64)) * self.ds.dtype.itemsize
+
+    def sample(self, data: np.ndarray, lo: int, s: int) -> np.ndarray:
+        """Sample ``s`` out of ``data`` (units ``lo..``), in its stored shape."""
+        a, b = int(self.offsets[s]) - lo, int(self.offsets[s + 1]) - lo
+        if self.fixed:
+            return data[a]
+        return data[a:b].reshape(tuple(int(x) for x in self.shapes[s]))
+
+    def read(self, lo: int, hi: int) -> tuple[np.ndarray, list[tuple[int, int, int, str]]]:
+        """Units ``[lo, hi)`` in one call; on failure chunk by chunk, returning the chunks
+        that cannot be read as ``(chunk index, lo, hi, error)``."""
+        try:
+            return self.ds[lo:hi], []
+        except Exception:  # a filter failure surfaces as OSError; be broad, we report it
+            pass
+        out = np.zeros((hi - lo, *self.ds.shape[1:]), dtype=self.ds.dtype)
+        bad = []
+        for c in range(lo // self.chunk, -(-hi // self.chunk)):
+            a, b = max(lo, c * self.chunk), min(hi, (c + 1) * self.chunk)
+            try:
+                out[a - lo:b - lo] = self.ds[a:b]
+            except Exception as e:
+                bad.append((c, a, b, f"{type(e).__name__}: {e}"))
+        return out, bad
+
+
+# ---------------------------------------------------------------------------
+# The checks
+# ---------------------------------------------------------------------------
+
+
+class _Verifier:
+    def __init__(self, f: h5py.File, report: VerifyReport, read_bytes: int, decode: Any):
+        self.f = f
+        self.report = report
+        self.read_bytes = read_bytes
+        self.decode = decode  # None, or (root, {field: FieldConfig}, thread pool)
+
+    def problem(self, where: str, what: str, source: str = "") -> None:
+        self.report.problems.append(Problem(where, what, source))
+
+    # -- structure ------------------------------------------------------------
+
+    def check_root(self) -> tuple[list[str], list[str], int]:
+        a = self.f.attrs
+        if int(a.get(fmt.ATTR_FORMAT, 0)) != fmt.FORMAT_VERSION:
+            self.problem("/", f"attribute {fmt.ATTR_FORMAT} is {a.get(fmt.ATTR_FORMAT)!r}, expected {fmt.FORMAT_VERSION}")
+        if not bool(a.get(fmt.ATTR_COMPLETE, False)):
+            self.problem("/", "attribute complete is not true: the conversion did not finish")
+        splits = json.loads(a.get(fmt.ATTR_SPLITS, "[]"))
+        fields = json.loads(a.get(fmt.ATTR_FIELDS, "[]"))
+        n_classes = self.f[fmt.CLASS_NAMES].shape[0] if fmt.CLASS_NAMES in self.f else 0
+        return splits, fields, n_classes
+
+    def check_split(self, split: str, fields: list[str], n_classes: int) -> np.ndarray | None:
+        """Structure of one split; returns its sources as (N, F) strings."""
+        if split not in self.f:
+            self.problem(split, "split listed in the root attribute 'splits' is missing")
+            return None
+        g = self.f[split]
+        if fmt.SOURCE not in g or fmt.CHECKSUM not in g:
+            self.problem(split, "source or checksum dataset missing")
+            return None
+        src = _strings(g[fmt.SOURCE])
+        n = src.shape[0]
+        src = src.reshape(n, int(np.prod(src.shape[1:], dtype=np.int64)))  # (N, F)
+        self.report.counts[split] = n
+        if src.shape[1] != len(fields):
+            self.problem(f"{split}/{fmt.SOURCE}", f"has {src.shape[1]} paths per sample, expected {len(fields)} (one per field)")
+        if int(g.attrs.get(fmt.ATTR_NUM_SAMPLES, n)) != n:
+            self.problem(split, f"attribute num_samples is {g.attrs[fmt.ATTR_NUM_SAMPLES]}, source has {n} rows")
+        if g[fmt.CHECKSUM].shape != (n, len(fields)):
+            self.problem(f"{split}/{fmt.CHECKSUM}", f"shape {g[fmt.CHECKSUM].shape}, expected {(n, len(fields))}")
+        if fmt.LABEL in g:
+            labels = g[fmt.LABEL][...]
+            if labels.shape != (n,):
+                self.problem(f"{split}/{fmt.LABEL}", f"shape {labels.shape}, expected {(n,)}")
+            else:
+                for i in np.flatnonzero((labels < -1) | (labels >= n_classes)):
+                    self.problem(f"{split}/{fmt.LABEL}[{i}]", f"label {labels[i]} is outside 0..{n_classes - 1} "
+                                 f"(/class_names has {n_classes} names)", _join(src[i]))
+        elif n_classes:
+            self.problem(split, "labelled file (it has /class_names) but the split has no label dataset")
+        return src
+
+    def field_data(self, split: str, name: str, n: int, src: np.ndarray) -> _FieldData | None:
+        """Open one field of a split, checking its offsets and shapes."""
+        g = self.f[split]
+        where = f"{split}/{name}"
+        if name not in g:
+            if n:
+                self.problem(where, f"field missing although the split has {n} samples")
+            return None
+        node = g[name]
+        if isinstance(node, h5py.Group):
+            for member in (fmt.VALUES, fmt.OFFSETS, fmt.SHAPES):
+                if member not in node:
+                    self.problem(where, f"variable-shape field without {member!r}")
+                    return None
+            fd = _FieldData(node, n)
+            offs, shapes, total = fd.offsets, fd.shapes, fd.ds.shape[0]
+            if offs.shape != (n + 1,):
+                self.problem(f"{where}/offsets", f"has {offs.shape[0]} entries, expected {n + 1} (samples + 1)")
+                return None
+            bad = False
+            if offs[0] != 0:
+                self.problem(f"{where}/offsets", f"offsets[0] is {offs[0]}, expected 0")
+                bad = True
+            for i in np.flatnonzero(np.diff(offs) < 0)[:MAX_NAMED]:
+                self.problem(f"{where}[{i}]", f"offsets decrease ({offs[i]} -> {offs[i + 1]})", _join(src[i]))
+                bad = True
+            if offs[-1] != total:
+                self.problem(f"{where}/offsets", f"offsets[-1] is {offs[-1]} but values holds {total} elements")
+                bad = True
+            ndim = int(node.attrs.get("ndim", shapes.shape[1] if shapes.ndim == 2 else 1))
+            if shapes.shape != (n, ndim):
+                self.problem(f"{where}/shapes", f"shape {shapes.shape}, expected {(n, ndim)}")
+                return None
+            sizes = np.prod(shapes, axis=1, dtype=np.int64)
+            for i in np.flatnonzero(sizes != np.diff(offs))[:MAX_NAMED]:
+                self.problem(f"{where}[{i}]", f"stored shape {tuple(shapes[i])} holds {sizes[i]} elements "
+                                              f"but offsets give {offs[i + 1] - offs[i]}", _join(src[i]))
+                bad = True
+            return None if bad else fd
+        if node.shape[0] != n:
+            self.problem(where, f"has {node.shape[0]} samples, source has {n}")
+            return None
+        return _FieldData(node, n)
+
+    # -- data -------------------------------------------------------------------
+
+    def check_data(self, split: str, k: int, name: str, fd: _FieldData, sums: np.ndarray, src: np.ndarray) -> None:
+        """crc32 of every sample (and, with sources, its re-decoded array)."""
+        where = f"{split}/{name}"
+        budget = max(1, self.read_bytes // max(1, fd.unit_bytes))
+        for i, j in _windows(fd.offsets, fd.chunk, budget):
+            lo, hi = int(fd.offsets[i]), int(fd.offsets[j])
+            data, bad_chunks = fd.read(lo, hi)
+            self.report.bytes_checked += (hi - lo) * fd.unit_bytes
+            broken: set[int] = set()
+            for c, a, b, err in bad_chunks:
+                hit = [s for s in range(i, j) if fd.offsets[s] < b and fd.offsets[s + 1] > a]
+                broken.update(hit)
+                named = ", ".join(f"[{s}] {_join(src[s])}" for s in hit[:MAX_NAMED])
+                more = f" and {len(hit) - MAX_NAMED} more" if len(hit) > MAX_NAMED else ""
+                self.problem(f"{where} chunk {c}", f"corrupt chunk (cannot be read back: {err}); "
+                                                   f"it holds samples {named}{more}")
+            samples = {s: fd.sample(data, lo, s) for s in range(i, j) if s not in broken}
+            for s, arr in samples.items():
+                crc = zlib.crc32(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+                if crc != int(sums[s, k]):
+                    self.problem(f"{where}[{s}]", f"checksum mismatch: stored crc32 {int(sums[s, k]):08x}, "
+                                                  f"data has {crc:08x}", src[s, k])
+            if self.decode is not None:
+                self.compare_sources(where, name, samples, src[:, k])
+
+    def compare_sources(self, where: str, name: str, samples: dict[int, np.ndarray], paths: np.ndarray) -> None:
+        from .decode import DecodeError, decode_field
+
+        root, configs, pool = self.decode
+        fc = configs[name]
+
+        def one(s: int) -> str | None:
+            try:
+                fresh = decode_field(os.path.join(root, str(paths[s])), fc)
+            except DecodeError as e:
+                return f"source no longer decodes: {e.reason}"
+            stored = samples[s]
+            if fresh.dtype != stored.dtype or fresh.shape != stored.shape:
+                return (f"differs from its source: source decodes to {fresh.dtype}{tuple(fresh.shape)}, "
+                        f"stored {stored.dtype}{tuple(stored.shape)}")
+            if not np.array_equal(fresh, stored):
+                n_diff = int(np.count_nonzero(fresh != stored))
+                return f"differs from its source: {n_diff} of {fresh.size} values differ"
+            return None
+
+        order = sorted(samples)
+        for s, why in zip(order, pool.map(one, order), strict=True):
+            self.report.sources_compared += 1
+            if why:
+                self.problem(f"{where}[{s}]", why, str(paths[s]))
+
+    # -- accounting -------------------------------------------------------------
+
+    def check_accounting(self, sources: dict[str, np.ndarray], path: str) -> None:
+        rej = self.f.get(fmt.REJECTS)
+        cols = {k: _strings(rej[k]) if rej is not None and k in rej else np.zeros(0, dtype=object)
+                for k in ("path", "stage", "reason")}
+        if len({len(v) for v in cols.values()}) != 1:
+            self.problem(f"/{fmt.REJECTS}", "path, stage and reason have different lengths: "
+                         + ", ".join(f"{k} {len(v)}" for k, v in cols.items()))
+        rejects = list(zip(cols["path"], cols["stage"], cols["reason"], strict=False))
+        self.report.rejects = len(cols["path"])
+        for p, stage, _ in rejects:
+            if stage not in STAGES:
+                self.problem(f"/{fmt.REJECTS}", f"unknown stage {stage!r}", p)
+        where_is: dict[str, list[str]] = {}
+        for split, src in sources.items():
+            for i, row in enumerate(src):
+                for p in row:
+                    where_is.setdefault(str(p), []).append(f"{split}[{i}]")
+        self.report.samples_files = sum(src.size for src in sources.values())
+        for p, places in where_is.items():
+            if len(places) > 1:
+                self.problem("/", f"file is the source of {len(places)} samples: {', '.join(places[:MAX_NAMED])}", p)
+        for p, n in Counter(str(p) for p in cols["path"]).items():
+            if n > 1:
+                self.problem(f"/{fmt.REJECTS}", f"path rejected {n} times", p)
+        for p, stage, reason in rejects:
+            if str(p) in where_is:
+                self.problem("/", f"both a sample's file ({', '.join(where_is[str(p)])}) and a reject "
+                                  f"([{stage}] {reason})", str(p))
+        inputs = int(self.f.attrs.get(fmt.ATTR_INPUTS, -1))
+        self.report.inputs = inputs
+        found = self.report.samples_files + self.report.rejects
+        if found != inputs:
+            self.problem("/", f"{self.report.samples_files} source files + {self.report.rejects} rejects = {found}, "
+                              f"but num_inputs is {inputs}: {inputs - found} inputs unaccounted for")
+        jsonl = path.rsplit(".", 1)[0] + ".rejects.jsonl"
+        if os.path.exists(jsonl):
+            with open(jsonl) as fh:
+                listed = [tuple(json.loads(line)[k] for k in ("path", "stage", "reason")) for line in fh if line.strip()]
+            if listed != [(str(p), str(s), str(r)) for p, s, r in rejects]:
+                self.problem("/", f"{os.path.basename(jsonl)} lists {len(listed)} rejects that differ from the "
+                                  f"file's /{fmt.REJECTS} ({len(rejects)})")
+
+
+def _join(row: Any) -> str:
+    if isinstance(row, np.ndarray):
+        return " + ".join(str(p) for p in row.reshape(-1))
+    return str(row)
+
+
+def _field_configs(f: h5py.File, path: str, root: str | None) -> tuple[str, dict[str, Any]]:
+    from .config import ConfigError, job_from_dict
+
+    try:
+        job = job_from_dict(json.loads(f.attrs[fmt.ATTR_JOB]), f"{path}:job", check_paths=False)
+    except (KeyError, ValueError, ConfigError) as e:
+        raise VerifyError(f"{path}: the stored job cannot be read back ({e}); cannot re-decode sources") from e
+    root = root or job.source.root
+    if not os.path.isdir(root):
+        raise VerifyError(f"{path}: corpus root {root!r} not found (pass --root)")
+    return root, dict(job.fields)
+
+
+def verify_file(path: str, sources: bool = False, root: str | None = None,
+                read_bytes: int = 32 << 20, threads: int | None = None) -> VerifyReport:
+    """Verify an h5batch output; see the module docstring for what is checked.
+
+    Parameters
+    ----------
+    path : the output file.
+    sources : also re-decode every sample's source files and compare exactly.
+    root : corpus root for ``sources`` (default: ``source.root`` of the stored job,
+        relative to the current directory, as at conversion time).
+    read_bytes : uncompressed bytes read per h5py call (rounded to whole chunks).
+    threads : decoding threads for ``sources`` (default: CPU count).
+
+    Returns
+    -------
+    VerifyReport, whose ``problems`` is empty when the file is sound.
+
+    Raises :class:`VerifyError` when the file is missing or not an h5batch file.
+    """
+    try:
+        import hdf5plugin  # noqa: F401  (plugin filters for reading)
+    except ImportError:
+        pass
+    if not os.path.isfile(path):
+        raise VerifyError(f"{path}: no such file")
+    try:
+        f = h5py.File(path, "r", rdcc_nbytes=2 * read_bytes, rdcc_nslots=fmt.next_prime(10007))
+    except OSError as e:
+        raise VerifyError(f"{path}: cannot open as HDF5: {e}") from e
+    report = VerifyReport(path)
+    pool = None
+    with f:
+        if fmt.ATTR_FORMAT not in f.attrs:
+            raise VerifyError(f"{path}: not an h5batch file (no {fmt.ATTR_FORMAT} attribute)")
+        decode = None
+        if sources:
+            r, configs = _field_configs(f, path, root)
+            pool = ThreadPoolExecutor(max_workers=threads or os.cpu_count() or 1, thread_name_prefix="h5batch-verify")
+            decode = (r, configs, pool)
+        try:
+            v = _Verifier(f, report, read_bytes, decode)
+            splits, fields, n_classes = v.check_root()
+            report.fields = fields
+            all_sources: dict[str, np.ndarray] = {}
+            for split in splits:
+                src = v.check_split(split, fields, n_classes)
+                if src is None:
+                    continue
+                all_sources[split] = src
+                n = src.shape[0]
+                ds = f[split][fmt.CHECKSUM]
+                sums = ds[...] if ds.shape == (n, len(fields)) else None  # else reported above
+                for k, name in enumerate(fields):
+                    fd = v.field_data(split, name, n, src)
+                    if fd is not None and sums is not None and src.shape[1] == len(fields):
+                        v.check_data(split, k, name, fd, sums, src)
+            v.check_accounting(all_sources, path)
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True)
+    return report
+
+
+# ---------------------------------------------------------------------------
+# Command line (the parser is in h5batch.cli, which imports this lazily)
+# ---------------------------------------------------------------------------
+
+
+def cmd_verify(args) -> int:
+    import sys
+
+    try:
+        report = verify_file(args.path, sources=args.sources, root=args.root)
+    except VerifyError as e:
+        print(f"h5batch verify: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"path": report.path, "ok": report.ok, "counts": report.counts,
+                          "rejects": report.rejects, "inputs": report.inputs,
+                          "bytes_checked": report.bytes_checked, "sources_compared": report.sources_compared,
+                          "problems": [vars(p) for p in report.problems]}))
+    if report.ok:
+        print(f"h5batch verify: {args.path}: OK: {report.summary()}", file=sys.stderr)
+        return 0
+    print(f"h5batch verify: {args.path}: {len(report.problems)} problems", file=sys.stderr)
+    for p in report.problems[: args.max_problems]:
+        print(f"  {p}", file=sys.stderr)
+    if len(report.problems) > args.max_problems:
+        print(f"  ... and {len(report.problems) - args.max_problems} more (--max-problems)", file=sys.stderr)
+    print(f"checked: {report.summary()}", file=sys.stderr)
+    return 1

@@ -1,0 +1,311 @@
+"""Discovery: each layout gives the right items, labels and splits, in the same order
+whatever order the files were created in, and every file found is an item's file or a
+reject (nothing silently dropped). Files are dummies: discovery never decodes."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from h5batch.config import job_from_dict
+from h5batch.discover import Manifest, discover, natural_key
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_segments():
+    """Overrides conftest's /dev/shm check: discovery starts no conversion."""
+    yield
+
+
+AUDIO = {"type": "audio", "extensions": [".wav"], "sample_rate": 16000}
+IMAGE = {"type": "image", "extensions": [".png"]}
+
+
+def _job(root: Path, source: dict, fields: dict | None = None):
+    return job_from_dict({"source": {"root": str(root), **source}, "fields": fields or {"audio": AUDIO},
+                          "output": {"path": str(root.parent / "out.h5")}}, "test.yaml")
+
+
+def _make(root: Path, files: list[str], seed: int) -> None:
+    """Create ``files`` (relative paths) in a shuffled order."""
+    order = list(files)
+    random.Random(seed).shuffle(order)
+    for rel in order:
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(rel.encode())
+
+
+def _view(m: Manifest) -> tuple:
+    return ([(it.split, it.key, it.paths, it.label) for it in m.items], [(r.path, r.reason) for r in m.rejects],
+            m.splits, m.class_names)
+
+
+def _all_accounted(m: Manifest, root: Path, under: str = "") -> None:
+    """Every non-hidden entry below ``root/under`` is an item's file or a reject, once."""
+    files = [p for it in m.items for p in it.paths]
+    rejected = [r.path for r in m.rejects]
+    assert len(files) + len(rejected) == len(set(files) | set(rejected))
+    on_disk = set()
+    for dirpath, dirs, names in os.walk(root / under):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        on_disk |= {(Path(dirpath) / n).relative_to(root).as_posix() for n in names if not n.startswith(".")}
+    assert on_disk == set(files) | set(rejected)
+
+
+# --------------------------------------------------------------- class_folders
+
+CLASS_FILES = [f"{split}/{cls}/{n}.wav" for split in ("train", "test") for cls in ("dog", "cat", "bird10", "bird2")
+               for n in (1, 2, 10, 21)] + ["val/cat/x.wav"]
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_class_folders_order_independent(tmp_path, seed) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    _make(a, CLASS_FILES, seed)
+    _make(b, list(reversed(CLASS_FILES)), seed + 10)
+    ma, mb = discover(_job(a, {"layout": "class_folders"})), discover(_job(b, {"layout": "class_folders"}))
+    assert _view(ma) == _view(mb)
+    assert ma.splits == ("test", "train", "val")  # natural sort of folder names
+    assert ma.class_names == ("bird2", "bird10", "cat", "dog")
+    train = [it for it in ma.items if it.split == "train"]
+    assert [it.key for it in train[:4]] == ["bird2/1", "bird2/2", "bird2/10", "bird2/21"]
+    assert all(it.label == it.paths[0].split("/")[1] for it in ma.items)
+    assert all(ma.label_index(it.label) == ma.class_names.index(it.label) for it in ma.items)
+    assert len(ma.items) == len(CLASS_FILES) and not ma.rejects
+    _all_accounted(ma, a)
+
+
+def test_class_folders_listed_splits(tmp_path) -> None:
+    _make(tmp_path / "c", CLASS_FILES, 0)
+    m = discover(_job(tmp_path / "c", {"layout": "class_folders", "splits": ["train", "val", "holdout"]}))
+    assert m.splits == ("train", "val")
+    assert {it.split for it in m.items} == {"train", "val"}
+    assert [(r.path, r.reason) for r in m.rejects] == [
+        ("holdout", "split folder 'holdout' listed in source.splits is missing")]
+
+
+def test_class_folders_two_fields_by_stem(tmp_path) -> None:
+    root = tmp_path / "c"
+    _make(root, ["train/cat/1.wav", "train/cat/1.png", "train/cat/2.wav", "train/dog/3.png", "train/dog/3.wav",
+                 "train/dog/4.png"], 3)
+    m = discover(_job(root, {"layout": "class_folders"}, {"audio": AUDIO, "image": IMAGE}))
+    assert [(it.key, it.paths, it.label) for it in m.items] == [
+        ("cat/1", ("train/cat/1.wav", "train/cat/1.png"), "cat"),
+        ("dog/3", ("train/dog/3.wav", "train/dog/3.png"), "dog")]
+    assert {r.path: r.reason for r in m.rejects} == {
+        "train/cat/2.wav": "paired sample incomplete: no image file for stem '2'",
+        "train/dog/4.png": "paired sample incomplete: no audio file for stem '4'"}
+    _all_accounted(m, root)
+
+
+def test_class_folders_bad_entries(tmp_path) -> None:
+    root = tmp_path / "c"
+    _make(root, ["train/cat/1.wav", "train/cat/notes.txt", "train/loose.wav", "stray.wav", "README.md",
+                 "train/cat/.hidden.wav", "train/.cache/x.wav"], 4)
+    (tmp_path / "elsewhere.wav").write_bytes(b"x")
+    os.symlink("../../../elsewhere.wav", root / "train/cat/escape.wav")
+    os.symlink("nothing.wav", root / "train/cat/broken.wav")
+    os.symlink("1.wav", root / "train/cat/alias.wav")
+    os.symlink(".", root / "train/cat/loop")
+    os.symlink("..", root / "train/cat/up")
+    m = discover(_job(root, {"layout": "class_folders"}))
+    assert [it.paths[0] for it in m.items] == ["train/cat/1.wav", "train/cat/alias.wav"]
+    reasons = {r.path: r.reason for r in m.rejects}
+    assert reasons == {
+        "stray.wav": "media file is not inside a split folder (<split>/...)",
+        "train/loose.wav": "file is not inside a class folder (<split>/<class>/<file>)",
+        "train/cat/notes.txt": "extension '.txt' is not accepted (accepted: .wav)",
+        "train/cat/escape.wav": "symlink points outside the corpus root",
+        "train/cat/broken.wav": "broken symlink",
+        "train/cat/loop": "symlink loop: points to a folder that contains it",
+        "train/cat/up": "symlink loop: points to a folder that contains it",
+    }
+    assert "README.md" not in reasons  # top-level non-media files are not part of the corpus
+
+
+# --------------------------------------------------------------- paired_folders
+
+PAIRED = {"data": {**AUDIO, "folder": "noisy"}, "target": {**AUDIO, "folder": "clean"}}
+
+
+@pytest.mark.parametrize("seed", [5, 6])
+def test_paired_folders(tmp_path, seed) -> None:
+    files = [f"{s}/{f}/{sub}{n}.wav" for s in ("train", "test") for f in ("noisy", "clean")
+             for sub in ("", "spk1/") for n in (1, 2, 10)]
+    files += ["train/noisy/only_noisy.wav", "train/clean/only_clean.wav", "train/other/1.wav"]
+    root_a, root_b = tmp_path / "a", tmp_path / "b"
+    _make(root_a, files, seed)
+    _make(root_b, files, seed + 100)
+    ma = discover(_job(root_a, {"layout": "paired_folders"}, PAIRED))
+    mb = discover(_job(root_b, {"layout": "paired_folders"}, PAIRED))
+    assert _view(ma) == _view(mb)
+    assert ma.splits == ("test", "train") and ma.class_names == ()
+    train = [(it.key, it.paths) for it in ma.items if it.split == "train"]
+    assert train[:3] == [("1", ("train/noisy/1.wav", "train/clean/1.wav")),
+                         ("2", ("train/noisy/2.wav", "train/clean/2.wav")),
+                         ("10", ("train/noisy/10.wav", "train/clean/10.wav"))]
+    assert ("spk1/10", ("train/noisy/spk1/10.wav", "train/clean/spk1/10.wav")) in train
+    assert all(it.label is None for it in ma.items)
+    reasons = {r.path: r.reason for r in ma.rejects}
+    assert reasons["train/noisy/only_noisy.wav"].startswith("paired sample incomplete: no target file")
+    assert reasons["train/clean/only_clean.wav"].startswith("paired sample incomplete: no data file")
+    assert reasons["train/other/1.wav"].startswith("not inside a field folder (noisy, clean)")
+    _all_accounted(ma, root_a)
+
+
+# --------------------------------------------------------------- pattern
+
+FSDD = {"layout": "pattern", "pattern": r"(?P<label>\d)_(?P<speaker>[a-z]+)_(?P<index>\d+)\.wav",
+        "split": {"group": "index", "ranges": {"test": [0, 4]}, "default": "train"}, "splits": ["train", "test"]}
+
+
+@pytest.mark.parametrize("seed", [7, 8])
+def test_pattern_layout(tmp_path, seed) -> None:
+    files = [f"{d}_{spk}_{i}.wav" for d in (0, 1, 9) for spk in ("ann", "bob") for i in (0, 3, 5, 12)]
+    files += ["README.txt", "x_ann_1.wav"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    _make(a, files, seed)
+    _make(b, files, seed + 1)
+    ma, mb = discover(_job(a, FSDD)), discover(_job(b, FSDD))
+    assert _view(ma) == _view(mb)
+    assert ma.splits == ("train", "test")
+    assert ma.class_names == ("0", "1", "9")
+    for it in ma.items:
+        idx = int(it.key.rsplit("_", 1)[1])
+        assert it.split == ("test" if idx <= 4 else "train")
+        assert it.label == it.key[0]
+    assert [it.key for it in ma.items if it.split == "train"][:4] == ["0_ann_5", "0_ann_12", "0_bob_5", "0_bob_12"]
+    assert {r.path: r.reason for r in ma.rejects} == {
+        "README.txt": "extension '.txt' is not accepted (accepted: .wav)",
+        "x_ann_1.wav": "path does not match source.pattern"}
+    _all_accounted(ma, a)
+
+
+def test_pattern_split_group_text(tmp_path) -> None:
+    _make(tmp_path / "p", ["train/a_1.wav", "val/b_2.wav", "a_3.wav"], 0)
+    job = _job(tmp_path / "p", {"layout": "pattern", "pattern": r"((?P<split>[a-z]+)/)?(?P<label>[a-z])_\d+\.wav"})
+    m = discover(job)
+    assert [(it.split, it.key, it.label) for it in m.items] == [
+        ("train", "a_3", "a"), ("train", "train/a_1", "a"), ("val", "val/b_2", "b")]
+
+
+# --------------------------------------------------------------- manifest (CSV and JSONL)
+
+ROWS = [
+    {"path": "clips/b/10.wav", "label": "no", "split": "test"},
+    {"path": "clips/a/2.wav", "label": "yes", "split": "train"},
+    {"path": "clips/a/10.wav", "label": "yes", "split": "train"},
+    {"path": "clips/b/1.wav", "label": "no", "split": "train"},
+    {"path": "clips/c/3.wav", "label": "", "split": ""},
+]
+
+
+def _write_manifest(path: Path, rows: list[dict]) -> None:
+    if path.suffix == ".csv":
+        keys = list(rows[0])
+        path.write_text(",".join(keys) + "\n" + "".join(",".join(str(r.get(k, "")) for k in keys) + "\n" for r in rows))
+    else:
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_manifest_layout(tmp_path, suffix) -> None:
+    root = tmp_path / "m"
+    _make(root, [r["path"] for r in ROWS] + ["clips/unlisted.wav"], 9)
+    mpath = tmp_path / f"list{suffix}"
+    _write_manifest(mpath, ROWS)
+    m = discover(_job(root, {"layout": "manifest", "manifest": str(mpath)}))
+    assert [(it.split, it.key, it.label) for it in m.items] == [
+        ("test", "clips/b/10", "no"),
+        ("train", "clips/a/2", "yes"), ("train", "clips/a/10", "yes"), ("train", "clips/b/1", "no"),
+        ("train", "clips/c/3", None)]
+    assert m.class_names == ("no", "yes") and not m.rejects
+
+
+def test_manifest_csv_and_jsonl_agree(tmp_path) -> None:
+    root = tmp_path / "m"
+    _make(root, [r["path"] for r in ROWS], 1)
+    views = []
+    for suffix in (".csv", ".jsonl"):
+        mpath = tmp_path / f"list{suffix}"
+        _write_manifest(mpath, ROWS)
+        views.append(_view(discover(_job(root, {"layout": "manifest", "manifest": str(mpath)}))))
+    assert views[0] == views[1]
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_manifest_bad_rows(tmp_path, suffix) -> None:
+    root = tmp_path / "m"
+    _make(root, ["a.wav", "b.wav", "c.flac"], 2)
+    (tmp_path / "outside.wav").write_bytes(b"x")
+    os.symlink("../outside.wav", root / "link.wav")
+    rows = [{"path": p, "split": "train"} for p in
+            ("a.wav", "../outside.wav", "link.wav", "missing.wav", "./a.wav", "c.flac", "", "b.wav", "missing.wav")]
+    mpath = tmp_path / f"list{suffix}"
+    _write_manifest(mpath, rows)
+    if suffix == ".jsonl":
+        with open(mpath, "a") as fh:
+            fh.write("{not json\n[1, 2]\n")
+    m = discover(_job(root, {"layout": "manifest", "manifest": str(mpath)}))
+    assert [it.paths for it in m.items] == [("a.wav",), ("b.wav",)]
+    first = 2 if suffix == ".csv" else 1  # line of the first row
+    got = {r.path: r.reason for r in m.rejects}
+    want = {
+        "../outside.wav": f"manifest row {first + 1} points outside the corpus root",
+        "link.wav": f"manifest row {first + 2} points outside the corpus root",
+        "missing.wav": f"manifest row {first + 3}: file does not exist",
+        f"{mpath.name}:{first + 4}": f"duplicate: a.wav is already listed in row {first}",
+        "c.flac": "extension '.flac' is not accepted for field 'audio' (accepted: .wav)",
+        f"{mpath.name}:{first + 6}": "row has no 'audio' value",
+        # the same bad path again: reported under the row, so no path is rejected twice
+        f"{mpath.name}:{first + 8}": f"missing.wav: manifest row {first + 8}: file does not exist "
+                                     f"(also listed in row {first + 3})",
+    }
+    if suffix == ".jsonl":
+        want[f"{mpath.name}:10"] = got.get(f"{mpath.name}:10", "")
+        assert got[f"{mpath.name}:10"].startswith("not valid JSON")
+        want[f"{mpath.name}:11"] = "not a JSON object: [1, 2]"
+    assert len(m.rejects) == len(want)
+    assert got == want
+
+
+def test_manifest_two_fields_reject_the_whole_row(tmp_path) -> None:
+    root = tmp_path / "m"
+    _make(root, ["n/1.wav", "c/1.wav", "n/2.wav", "n/3.wav", "c/3.wav"], 3)
+    mpath = tmp_path / "pairs.csv"
+    mpath.write_text("noisy,clean,split\nn/1.wav,c/1.wav,train\nn/2.wav,c/2.wav,train\n"
+                     "n/3.wav,n/3.wav,train\nn/1.wav,c/3.wav,test\n")
+    fields = {"data": {**AUDIO, "column": "noisy"}, "target": {**AUDIO, "column": "clean"}}
+    m = discover(_job(root, {"layout": "manifest", "manifest": str(mpath)}, fields))
+    assert [it.paths for it in m.items] == [("n/1.wav", "c/1.wav")]
+    got = {r.path: r.reason for r in m.rejects}
+    assert got["c/2.wav"] == "manifest row 3: file does not exist"
+    assert got["n/2.wav"].startswith("another file of manifest row 3 was rejected (c/2.wav:")
+    assert got["pairs.csv:4"] == "duplicate: n/3.wav is already listed in this row"
+    assert got["pairs.csv:5"] == "duplicate: n/1.wav is already listed in row 2"
+    assert got["n/3.wav"].startswith("another file of manifest row 4 was rejected (pairs.csv:4: duplicate")
+    assert got["c/3.wav"].startswith("another file of manifest row 5 was rejected")
+    assert len(got) == 6
+    files = [p for it in m.items for p in it.paths]
+    assert not set(files) & set(got)  # a file is never both a sample's and a reject
+
+
+def test_duplicate_key_rejects_every_file_of_the_item(tmp_path) -> None:
+    """Two files with one stem in a one-field pattern job: the later one is rejected."""
+    _make(tmp_path / "p", ["a/1.wav", "a/1.flac"], 0)
+    job = _job(tmp_path / "p", {"layout": "pattern", "pattern": r"(?P<label>[a-z])/\d+\.(wav|flac)"},
+               {"audio": {**AUDIO, "extensions": [".wav", ".flac"]}})
+    m = discover(job)
+    assert [it.paths for it in m.items] == [("a/1.flac",)]
+    assert [(r.path, r.reason) for r in m.rejects] == [
+        ("a/1.wav", "duplicate key 'a/1' in split 'train' (already taken by a/1.flac)")]
+
+
+def test_natural_key() -> None:
+    names = ["b10", "a2", "a10", "b2", "a1b3", "a1b20"]
+    assert sorted(names, key=natural_key) == ["a1b3", "a1b20", "a2", "a10", "b2", "b10"]
