@@ -170,6 +170,16 @@ def _add_cluster_script(sub) -> None:
 _EXTRA_COMMANDS.append(_add_cluster_script)
 
 
+def _add_bench(sub) -> None:
+    """``h5batch bench`` (h5batch.bench; its heavy imports happen only when it runs)."""
+    from .bench.cli import add_bench
+
+    add_bench(sub)
+
+
+_EXTRA_COMMANDS.append(_add_bench)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)

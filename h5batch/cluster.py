@@ -17,8 +17,9 @@ Everything is Dask's own deployment machinery; h5batch only picks it from the jo
 ``cluster.security`` holds Dask TLS options (:class:`distributed.security.Security`
 keywords). They are handed to Dask and never printed: errors name the key, not the value.
 
-BEWARE: a worker job that outlives a driver killed with SIGKILL (no clean-up possible) stops
-by itself once it loses the scheduler (dask-jobqueue's ``death_timeout``, 60 s by default).
+BEWARE: after a SIGKILL of the driver no clean-up can run; its worker jobs end by themselves
+once they lose the scheduler (2 s in the tests; at most dask-jobqueue's ``death_timeout``, 60 s).
+Importing dask_jobqueue replaces the SIGINT handler with ``sys.exit()``; we put it back.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import ClusterConfig, ConfigError
+from .transport import hostname
 
 JOBQUEUE_KINDS = {"slurm": "SLURMCluster", "pbs": "PBSCluster", "sge": "SGECluster", "lsf": "LSFCluster"}
 SUBMIT_COMMANDS = {"slurm": "sbatch", "pbs": "qsub", "sge": "qsub", "lsf": "bsub"}
@@ -234,6 +236,17 @@ def _check_submission(cfg: ClusterConfig, script: str) -> None:
 
 
 @contextmanager
+def _quiet(logger: str, level: int = logging.ERROR) -> Iterator[None]:
+    log = logging.getLogger(logger)
+    old = log.level
+    log.setLevel(max(level, old))
+    try:
+        yield
+    finally:
+        log.setLevel(old)
+
+
+@contextmanager
 def _teardown_on_signals() -> Iterator[None]:
     """Turn SIGINT, SIGTERM and SIGHUP into KeyboardInterrupt while batch jobs run, so the
     clean-up Ctrl-C gets (commit, cancel every job) also happens when the login shell goes
@@ -265,7 +278,8 @@ def _jobqueue(cfg: ClusterConfig, wait_timeout: float) -> Iterator[Connection]:
     cls = getattr(mod, JOBQUEUE_KINDS[cfg.kind])
     with _teardown_on_signals():
         try:
-            cluster = cls(**jobqueue_kwargs(cfg, security))  # starts the scheduler here
+            kwargs = jobqueue_kwargs(cfg, security)
+            cluster = cls(**kwargs)  # starts the scheduler in this process
         except (TypeError, ValueError) as e:
             raise _unknown_kwarg(e) from e
         client = None
@@ -275,22 +289,35 @@ def _jobqueue(cfg: ClusterConfig, wait_timeout: float) -> Iterator[Connection]:
             client = Client(cluster, security=security)
             # start with the first worker (a busy queue should not hold the run) unless
             # cluster.workers asks for more
-            want = min(cfg.workers or 1, jobs * int(cluster._job_kwargs.get("processes") or 1))
+            want = min(cfg.workers or 1, jobs * int(kwargs["processes"]))
             _wait_workers(client, want, wait_timeout,
                           f"{cfg.kind} worker jobs (is the queue busy? logs: "
                           f"{cfg.jobqueue.get('log_directory') or 'slurm-*.out in the working directory'})")
             yield Connection(client, f"{JOBQUEUE_KINDS[cfg.kind]} with {jobs} worker jobs "
                                      f"({cfg.jobqueue.get('cores', 1)} cores each), scheduler {cluster.scheduler_address}",
-                             client.dashboard_link if cfg.dashboard else None, cluster)
+                             _dashboard(client, cfg), cluster)
         finally:
-            if client is not None:
-                client.close()
-            cluster.close()  # cancels every job it submitted (scancel / qdel / bkill)
+            with _quiet("distributed"):  # workers going away mid-message log tracebacks at INFO
+                if client is not None:
+                    client.close()
+                cluster.close()  # cancels every job it submitted (scancel / qdel / bkill)
 
 
 # ---------------------------------------------------------------------------
 # connect()
 # ---------------------------------------------------------------------------
+
+
+def _dashboard(client, cfg: ClusterConfig) -> str | None:
+    """The dashboard's address as it really listens (Dask's link names the scheduler's
+    host even when the dashboard is bound to 127.0.0.1)."""
+    if not cfg.dashboard:
+        return None
+    wanted = str((cfg.jobqueue.get("scheduler_options") or {}).get("dashboard_address", "127.0.0.1:0"))
+    port = client.scheduler_info().get("services", {}).get("dashboard")
+    if wanted.startswith("127.0.0.1:") and port:
+        return f"http://127.0.0.1:{port}/status (on {hostname()}; ssh -L {port}:127.0.0.1:{port} to view it)"
+    return client.dashboard_link
 
 
 def _wait_workers(client, n: int, timeout: float, what: str) -> None:
