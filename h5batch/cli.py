@@ -38,7 +38,13 @@ def _job_overrides(args) -> list[str]:
         over.append(f"cluster.workers={args.workers}")
     if args.output:
         over.append(f"output.path={args.output}")
-    scheduler = args.scheduler or (None if args.scheduler_file else os.environ.get("DASK_SCHEDULER_ADDRESS"))
+    scheduler = args.scheduler
+    if scheduler is None and not args.scheduler_file and os.environ.get("DASK_SCHEDULER_ADDRESS"):
+        # Dask's standard variable picks the scheduler for jobs that would start a LocalCluster;
+        # it must not silently override a job that asks for SLURM or a scheduler of its own.
+        kind = load_job(args.job, over, check_paths=False).cluster.kind
+        if kind == "local":
+            scheduler = os.environ["DASK_SCHEDULER_ADDRESS"]
     if scheduler:
         over += ["cluster.kind=address", f"cluster.address={scheduler}"]
     if args.scheduler_file:

@@ -29,7 +29,15 @@ from .config import JobConfig
 from .discover import Manifest, Reject, discover
 from .progress import Progress
 from .tasks import BatchResult, BatchTask, decode_batch
-from .transport import Packed, discard, hostname, new_run_id, remove_segments, remove_stale_segments, to_shm
+from .transport import (
+    Packed,
+    discard,
+    hostname,
+    new_run_id,
+    remove_segments,
+    remove_stale_segments,
+    to_shm,
+)
 from .writer import WriterSpec, commit_path, writer_main
 
 
@@ -111,7 +119,7 @@ def make_tasks(job: JobConfig, manifest: Manifest, run_id: str, writer_host: str
         while j < len(items) and j - i < bs and items[j].split == split:
             j += 1
         chunk = tuple((it.paths, manifest.label_index(it.label)) for it in items[i:j])
-        tasks.append(BatchTask(len(tasks), split, i, chunk, manifest.root, fields, run_id,
+        tasks.append(BatchTask(len(tasks), split, i, chunk, os.path.abspath(manifest.root), fields, run_id,
                                job.cluster.transport, writer_host, job.policy.decode_timeout, faults))
         i = j
     return tasks

@@ -13,9 +13,8 @@ import signal
 import threading
 import time
 import zlib
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -107,27 +106,33 @@ class Faults:
                 os.kill(os.getpid(), signal.SIGKILL)
 
 
-# One decode thread per worker process, so a file that hangs can be abandoned after the
-# timeout. The abandoned thread keeps running; the result says so and the driver
-# restarts that worker.
-_decoder: ThreadPoolExecutor | None = None
-_decoder_lock = threading.Lock()
+class _Watched:
+    """Decodes items ``start..`` of a task in a background thread while the caller watches
+    the clock. A file that hangs past its budget is abandoned with its thread (which may
+    keep running: the result says so and the driver restarts the worker); the caller goes
+    on with the next item in a fresh thread. The caller wakes only on completion or once
+    per poll interval, so the watch costs nothing per item."""
 
+    def __init__(self, task: BatchTask, faults: Faults | None, start: int):
+        self.task, self.faults = task, faults
+        self.outcomes: dict[int, Any] = {}  # item index -> list of arrays, or the exception
+        self.current: tuple[int, float] | None = None  # (item index, start time)
+        self.done = threading.Event()
+        self.abandoned = False
+        threading.Thread(target=self._run, args=(start,), name="h5batch-decode", daemon=True).start()
 
-def _decode_pool() -> ThreadPoolExecutor:
-    global _decoder
-    with _decoder_lock:
-        if _decoder is None:
-            _decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="h5batch-decode")
-        return _decoder
-
-
-def _abandon_pool() -> None:
-    global _decoder
-    with _decoder_lock:
-        if _decoder is not None:
-            _decoder.shutdown(wait=False)
-        _decoder = None
+    def _run(self, start: int) -> None:
+        for i in range(start, len(self.task.items)):
+            self.current = (i, time.monotonic())
+            try:
+                out: Any = _decode_item(self.task, self.task.items[i][0], self.faults)
+            except (DecodeError, MemoryError) as e:
+                out = e
+            if self.abandoned:
+                return
+            self.outcomes[i] = out
+        self.current = None
+        self.done.set()
 
 
 def _decode_item(task: BatchTask, paths: tuple[str, ...], faults: Faults | None) -> list[np.ndarray]:
@@ -164,31 +169,45 @@ def decode_batch(task: BatchTask) -> BatchResult:
     sums: list[list[int]] = []
     rejects: list[Reject] = []
     stuck = False
-    for paths, label in task.items:
-        budget = task.timeout * len(paths)
-        try:
-            decoded = _decode_pool().submit(_decode_item, task, paths, faults).result(timeout=budget)
-        except FutureTimeout:
-            _abandon_pool()
-            stuck = True
+    outcomes: dict[int, Any] = {}
+    i = 0
+    while i < len(task.items):
+        run = _Watched(task, faults, i)
+        while not run.done.wait(timeout=min(1.0, task.timeout / 4)):
+            cur = run.current
+            if cur and time.monotonic() - cur[1] > task.timeout * len(task.items[cur[0]][0]):
+                run.abandoned = True
+                break
+        if run.done.is_set():
+            outcomes.update(run.outcomes)
+            break
+        hung = run.current[0]  # type: ignore[index]
+        outcomes.update({k: v for k, v in run.outcomes.items() if k < hung})
+        outcomes[hung] = TimeoutError()
+        stuck = True
+        i = hung + 1
+    for k, (paths, label) in enumerate(task.items):
+        out = outcomes[k]
+        if isinstance(out, TimeoutError):
+            budget = task.timeout * len(paths)
             for rel in paths:
                 rejects.append(Reject(rel, "timeout", f"decoding took longer than {budget:g} s (policy.decode_timeout)"))
             continue
-        except DecodeError as e:
+        if isinstance(out, DecodeError):
             # A paired sample with one bad file rejects every file of the pair.
             for rel in paths:
-                reason = e.reason if rel == e.path else f"paired file {e.path} was rejected: {e.reason}"
+                reason = out.reason if rel == out.path else f"paired file {out.path} was rejected: {out.reason}"
                 rejects.append(Reject(rel, "decode", reason))
             continue
-        except MemoryError:
+        if isinstance(out, MemoryError):
             for rel in paths:
                 rejects.append(Reject(rel, "decode", "out of memory while decoding"))
             continue
-        for name, a in zip(names, decoded):
+        for name, a in zip(names, out):
             arrays[name].append(a)
         labels.append(label)
         sources.append(paths)
-        sums.append([zlib.crc32(a.reshape(-1).view(np.uint8)) for a in decoded])
+        sums.append([zlib.crc32(a.reshape(-1).view(np.uint8)) for a in out])
     packed = pack(arrays, choose_mode(task.transport, task.writer_host), task.run_id)
     return BatchResult(
         index=task.index,
