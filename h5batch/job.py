@@ -415,7 +415,7 @@ class Converter:
                             del slots[msg[1]]
                             acked += 1
                     elif msg[0] == "error":
-                        raise ConvertError(f"writer failed:\n{msg[1]}")
+                        raise ConvertError(f"writer failed: {msg[1]}")
                     elif msg[0] == "dead":
                         raise ConvertError(f"writer process died (exit code {msg[1]}); "
                                            f"rerun the same command to resume from the last commit")
@@ -465,7 +465,7 @@ class Converter:
             if msg[0] in kinds:
                 return msg
             if msg[0] == "error":
-                raise ConvertError(f"writer failed:\n{msg[1]}")
+                raise ConvertError(f"writer failed: {msg[1]}")
             if msg[0] == "dead":
                 raise ConvertError(f"writer process died (exit code {msg[1]})")
 

@@ -16,6 +16,7 @@ with the same job and manifest resumes from it (see :mod:`h5batch.resume`).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import queue
@@ -512,6 +513,14 @@ class OutputWriter:
 # ---------------------------------------------------------------------------
 
 
+def _errno_in(text: str) -> int | None:
+    """HDF5 reports OS errors inside its message ("errno = 28"); dig the number out."""
+    import re
+
+    m = re.search(r"errno = (\d+)", text)
+    return int(m.group(1)) if m else None
+
+
 def _pause_point(spec: WriterSpec, point: str) -> None:
     if spec.pause_at == point:
         with open(spec.partial_path + ".paused", "w") as fh:
@@ -567,6 +576,18 @@ def writer_main(spec: WriterSpec, inbox, outbox) -> None:
                 w.close()
                 outbox.put(("aborted", None))
                 return
+    except OSError as e:
+        errno_ = getattr(e, "errno", None) or _errno_in(str(e))
+        if errno_ in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EACCES, errno.EFBIG):
+            outbox.put(("error", f"cannot write {spec.partial_path}: {os.strerror(errno_)}. The last "
+                                 f"commit is kept; fix the cause and run the same command again to resume."))
+        else:
+            outbox.put(("error", traceback.format_exc()))
+        if w is not None:
+            try:
+                w.close()
+            except Exception:
+                pass
     except BaseException:
         outbox.put(("error", traceback.format_exc()))
         if w is not None:
