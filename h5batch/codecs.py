@@ -26,7 +26,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -111,7 +111,7 @@ def make_encoder(spec: CodecSpec, dtype: np.dtype) -> Encoder | None:
     return None
 
 
-@lru_cache(maxsize=None)
+@cache
 def self_check(spec: CodecSpec, dtype_str: str) -> bool:
     """Encode a test chunk in Python, store it with ``write_direct_chunk`` in an in-memory
     HDF5 file, read it back through HDF5's filter pipeline and compare."""

@@ -214,25 +214,28 @@ def remove_segments(run_id: str) -> int:
     return n
 
 
+def owner_pid(segment: str) -> int | None:
+    """Pid of the driver whose run made ``segment`` (from the run id in its name)."""
+    try:
+        return int(segment[len(PREFIX):].split("-", 1)[0].split("x", 1)[0], 16)
+    except ValueError:
+        return None
+
+
+def stale_segments() -> list[str]:
+    """Segments of runs whose driver process is gone."""
+    return [n for n in list_segments() if (pid := owner_pid(n)) is not None and not _pid_alive(pid)]
+
+
 def remove_stale_segments() -> list[str]:
     """Unlink segments left by runs whose driver process is gone (e.g. after ``kill -9``)."""
     removed = []
-    if not os.path.isdir(SHM_DIR):
-        return removed
-    for name in os.listdir(SHM_DIR):
-        if not name.startswith(PREFIX):
-            continue
-        run = name[len(PREFIX):].split("-", 1)[0]
+    for name in stale_segments():
         try:
-            pid = int(run.split("x", 1)[0], 16)
-        except ValueError:
-            continue
-        if not _pid_alive(pid):
-            try:
-                os.unlink(os.path.join(SHM_DIR, name))
-                removed.append(name)
-            except FileNotFoundError:
-                pass
+            os.unlink(os.path.join(SHM_DIR, name))
+            removed.append(name)
+        except FileNotFoundError:
+            pass
     return removed
 
 

@@ -26,7 +26,7 @@ import traceback
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import h5py
@@ -369,7 +369,7 @@ class OutputWriter:
         a[fmt.ATTR_JOB_HASH] = self.spec.job_hash
         a[fmt.ATTR_MANIFEST_HASH] = self.spec.manifest_hash
         a[fmt.ATTR_VERSIONS] = fmt.dumps(self.spec.versions)
-        a[fmt.ATTR_CREATED] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        a[fmt.ATTR_CREATED] = datetime.now(UTC).isoformat(timespec="seconds")
         a[fmt.ATTR_SPLITS] = fmt.dumps(list(self.spec.splits))
         a[fmt.ATTR_FIELDS] = fmt.dumps([n for n, _ in self.spec.fields])
         a[fmt.ATTR_COMPLETE] = False
@@ -513,12 +513,18 @@ class OutputWriter:
 # ---------------------------------------------------------------------------
 
 
-def _errno_in(text: str) -> int | None:
-    """HDF5 reports OS errors inside its message ("errno = 28"); dig the number out."""
+def _error_text(e: BaseException, spec: WriterSpec) -> str:
+    """One clear line for storage errors (disk full, read-only, I/O error), else the
+    traceback. HDF5 buries the OS error in its message ("errno = 28")."""
     import re
 
-    m = re.search(r"errno = (\d+)", text)
-    return int(m.group(1)) if m else None
+    if isinstance(e, OSError):
+        m = re.search(r"errno = (\d+)", str(e))
+        code = e.errno or (int(m.group(1)) if m else None)
+        if code in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EACCES, errno.EFBIG):
+            return (f"cannot write {spec.partial_path}: {os.strerror(code)}. The last commit is kept; "
+                    f"fix the cause and run the same command again to resume.")
+    return traceback.format_exc()
 
 
 def _pause_point(spec: WriterSpec, point: str) -> None:
@@ -576,20 +582,8 @@ def writer_main(spec: WriterSpec, inbox, outbox) -> None:
                 w.close()
                 outbox.put(("aborted", None))
                 return
-    except OSError as e:
-        errno_ = getattr(e, "errno", None) or _errno_in(str(e))
-        if errno_ in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EACCES, errno.EFBIG):
-            outbox.put(("error", f"cannot write {spec.partial_path}: {os.strerror(errno_)}. The last "
-                                 f"commit is kept; fix the cause and run the same command again to resume."))
-        else:
-            outbox.put(("error", traceback.format_exc()))
-        if w is not None:
-            try:
-                w.close()
-            except Exception:
-                pass
-    except BaseException:
-        outbox.put(("error", traceback.format_exc()))
+    except BaseException as e:
+        outbox.put(("error", _error_text(e, spec)))
         if w is not None:
             try:
                 w.close()

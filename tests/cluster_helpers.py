@@ -313,18 +313,9 @@ def listening_addresses(pids: set[int]) -> list[tuple[int, str, int]]:
 def orphaned_segments() -> set[str]:
     """h5batch segments whose run's driver process is gone: leaks. (Segments of drivers
     still running -- another test session on this machine -- are not.)"""
-    from h5batch.transport import PREFIX, _pid_alive, list_segments
+    from h5batch.transport import stale_segments
 
-    out = set()
-    for name in list_segments():
-        run = name[len(PREFIX):].split("-", 1)[0]
-        try:
-            pid = int(run.split("x", 1)[0], 16)
-        except ValueError:
-            continue
-        if not _pid_alive(pid):
-            out.add(name)
-    return out
+    return set(stale_segments())
 
 
 # ---------------------------------------------------------------------------

@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 
 from h5batch import synth
-from h5batch.transport import list_segments
+from h5batch.transport import list_segments, owner_pid
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "corpora"
 
 
 def _owner_alive(segment: str) -> bool:
-    pid = int(segment[len("h5b-"):].split("x", 1)[0], 16)
-    if pid == os.getpid():
+    pid = owner_pid(segment)
+    if pid is None or pid == os.getpid():
         return False  # our own runs are over when the test is
     try:
         os.kill(pid, 0)

@@ -49,7 +49,7 @@ def test_demo_round_trip_and_identical_across_worker_counts(demo_root, tmp_path)
             sources = g["source"].asstr()[...]
             assert sources.shape == (g["label"].shape[0], 2)
             assert list(sources[:, 0]) == sorted(sources[:, 0], key=lambda p: (p.split("/")[1], int(p.split("_")[-1].split(".")[0])))
-            for i, (wav, png) in enumerate(sources):
+            for i, (wav, _png) in enumerate(sources):
                 # label = class folder
                 assert classes[g["label"][i]] == wav.split("/")[1]
                 # audio: exact 16-bit PCM
