@@ -38,7 +38,7 @@ from .transport import (
     remove_stale_segments,
     to_shm,
 )
-from .writer import WriterSpec, commit_path, writer_main
+from .writer import WriterSpec, commit_path, remove_tail_files, writer_main
 
 
 class ConvertError(RuntimeError):
@@ -213,9 +213,7 @@ class Converter:
             return None
         if not same:
             return None
-        for p in (self.partial, commit_path(self.partial)):
-            if os.path.exists(p):
-                os.unlink(p)
+        self._discard_partial()
         return ConvertSummary(path=self.final, counts=counts, rejects=n_rej, inputs=0, seconds=0.0,
                               bytes_decoded=0, output_bytes=os.path.getsize(self.final),
                               extra={"already_complete": True})
@@ -256,6 +254,7 @@ class Converter:
                 os.unlink(p)
             except FileNotFoundError:
                 pass
+        remove_tail_files(self.partial)
         return None
 
     # -- main loop -------------------------------------------------------------

@@ -74,6 +74,33 @@ def commit_path(partial_path: str) -> str:
     return partial_path + ".commit.json"
 
 
+def _write_npz_atomic(path: str, arrays: dict[str, np.ndarray]) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as fh:
+        np.savez(fh, **arrays)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def load_tails(partial_path: str, record: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The partial-chunk rows saved with a commit (``{"split/field": rows}``)."""
+    path = os.path.join(os.path.dirname(partial_path), record["tail_file"])
+    with np.load(path) as z:
+        return {k: z[k] for k in z.files}
+
+
+def remove_tail_files(partial_path: str, keep: str | None = None) -> None:
+    """Delete tail files of older commits (or all of them)."""
+    folder, base = os.path.split(partial_path)
+    for name in os.listdir(folder or "."):
+        if name.startswith(base + ".tail-") and name != keep:
+            try:
+                os.unlink(os.path.join(folder, name))
+            except FileNotFoundError:
+                pass
+
+
 def _write_json_atomic(path: str, obj: Any) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as fh:
@@ -98,24 +125,34 @@ class ChunkAppender:
 
     ``ds`` has shape ``(n, *row)`` and chunks ``(k, *row)``. Rows are copied into a chunk
     buffer; each full chunk is encoded on the pool and written with ``write_direct_chunk``
-    in chunk order. :meth:`flush` also stores the partial last chunk (zero-padded; HDF5
-    ignores elements beyond the extent) and sets the exact extent, so a committed file is
-    complete; later rows rewrite that chunk whole.
+    in chunk order, exactly once: the file only ever grows, so data covered by a commit is
+    never rewritten. The rows of the partial last chunk live in the buffer; a commit saves
+    them beside the file (:meth:`checkpoint`), and :meth:`finish` stores them as the
+    zero-padded last chunk (HDF5 ignores elements beyond the extent).
+
+    ``tail`` (resume) holds the committed rows that follow the dataset's full chunks.
     """
 
-    def __init__(self, ds: h5py.Dataset, encoder, pool: ThreadPoolExecutor, max_pending: int = 8):
+    def __init__(self, ds: h5py.Dataset, encoder, pool: ThreadPoolExecutor, max_pending: int = 8,
+                 tail: np.ndarray | None = None):
         self.ds = ds
         self.k = ds.chunks[0]
         self.row_shape = ds.shape[1:]
         self.encoder = encoder
         self.pool = pool
         self.max_pending = max_pending
-        self.n = ds.shape[0]
-        self.next_chunk = self.n // self.k
-        self.fill = self.n - self.next_chunk * self.k
+        self.next_chunk = ds.shape[0] // self.k
         self.buf = np.zeros((self.k, *self.row_shape), dtype=ds.dtype)
-        if self.fill:  # resuming: reload the committed rows of the partial last chunk
-            self.buf[: self.fill] = ds[self.next_chunk * self.k: self.n]
+        self.fill = 0
+        if encoder is not None and ds.shape[0] % self.k:
+            # A file written by finish() ends in a padded chunk: take its rows back.
+            self.fill = ds.shape[0] - self.next_chunk * self.k
+            self.buf[: self.fill] = ds[self.next_chunk * self.k:]
+            ds.resize(self.next_chunk * self.k, axis=0)
+        if tail is not None and len(tail):
+            self.buf[self.fill: self.fill + len(tail)] = tail
+            self.fill += len(tail)
+        self.n = ds.shape[0] + self.fill
         self.pending: deque[tuple[int, Future]] = deque()
         self.zero_index = (0,) * len(self.row_shape)
 
@@ -156,15 +193,24 @@ class ChunkAppender:
             self.ds.resize(end, axis=0)
         self.ds.id.write_direct_chunk((idx * self.k, *self.zero_index), data)
 
-    def flush(self) -> None:
-        """Store every pending chunk and the partial last one; extent becomes exactly ``n``."""
+    def checkpoint(self) -> np.ndarray | None:
+        """Store every full chunk; return the rows of the partial last chunk (to be saved
+        beside the file), or None when there are none."""
+        if self.encoder is None:
+            return None
+        self._drain()
+        return self.buf[: self.fill].copy() if self.fill else None
+
+    def finish(self) -> None:
+        """Store everything, the partial last chunk zero-padded; extent becomes ``n``."""
         if self.encoder is None:
             return
         self._drain()
         if self.fill:
-            self._store(self.next_chunk, self.encoder(self.buf))
-        if self.ds.shape[0] != self.n:
+            # Grow the extent first: shrinking over a written chunk would make HDF5 rewrite
+            # it through its own filter.
             self.ds.resize(self.n, axis=0)
+            self.ds.id.write_direct_chunk((self.next_chunk * self.k, *self.zero_index), self.encoder(self.buf))
 
 
 class SmallAppender:
@@ -210,7 +256,8 @@ class FieldStore:
     """Storage of one field in one split: fixed ``(N, *shape)`` or variable
     (``values`` flat + ``offsets`` (N+1,) + ``shapes`` (N, ndim))."""
 
-    def __init__(self, group: h5py.Group, name: str, fc: FieldConfig, spec: WriterSpec, pool: ThreadPoolExecutor):
+    def __init__(self, group: h5py.Group, name: str, fc: FieldConfig, spec: WriterSpec, pool: ThreadPoolExecutor,
+                 tail: np.ndarray | None = None):
         self.group, self.name, self.fc, self.spec, self.pool = group, name, fc, spec, pool
         self.fixed = is_fixed_shape(fc)
         self.data: ChunkAppender | None = None
@@ -220,21 +267,21 @@ class FieldStore:
         self.dtype: np.dtype | None = None
         self.end = 0  # variable: element offset after the last sample
         if name in group:
-            self._open_existing()
+            self._open_existing(tail)
 
     def _encoder(self, dtype: np.dtype):
         codec = self.spec.codec
         return make_encoder(codec, dtype) if self_check(codec, dtype.str) else None
 
-    def _open_existing(self) -> None:
+    def _open_existing(self, tail: np.ndarray | None = None) -> None:
         node = self.group[self.name]
         if self.fixed:
             self.shape, self.dtype = node.shape[1:], node.dtype
-            self.data = ChunkAppender(node, self._encoder(node.dtype), self.pool)
+            self.data = ChunkAppender(node, self._encoder(node.dtype), self.pool, tail=tail)
         else:
             values = node[fmt.VALUES]
             self.dtype = values.dtype
-            self.data = ChunkAppender(values, self._encoder(values.dtype), self.pool)
+            self.data = ChunkAppender(values, self._encoder(values.dtype), self.pool, tail=tail)
             self.offsets = SmallAppender(node[fmt.OFFSETS])
             self.shapes = SmallAppender(node[fmt.SHAPES])
             self.end = int(node[fmt.OFFSETS][-1])
@@ -293,29 +340,39 @@ class FieldStore:
         self.end += int(sizes.sum())
         self.shapes.append(np.asarray([s.shape for s in samples], dtype=np.int64))
 
-    def flush(self) -> None:
-        if self.data is not None:
-            self.data.flush()
+    def checkpoint(self) -> tuple[int, np.ndarray | None]:
+        """(rows of the data dataset in the file, rows held back in the tail)."""
+        if self.data is None:
+            return 0, None
+        tail = self.data.checkpoint()
+        return self.data.ds.shape[0], tail
 
-    def truncate(self, n: int, elements: int | None) -> None:
-        """Cut back to the first ``n`` samples (resume from a commit record)."""
-        node = self.group[self.name]
-        if self.fixed:
-            node.resize(n, axis=0)
+    def finish(self) -> None:
+        if self.data is not None:
+            self.data.finish()
+
+    @staticmethod
+    def truncate(node: h5py.Dataset | h5py.Group, n: int, rows_in_file: int) -> None:
+        """Cut a field back to its first ``n`` samples, keeping ``rows_in_file`` data rows
+        (the rest of the last committed chunk comes from the commit's tail file)."""
+        if isinstance(node, h5py.Dataset):
+            node.resize(rows_in_file, axis=0)
         else:
             node[fmt.OFFSETS].resize(n + 1, axis=0)
             node[fmt.SHAPES].resize(n, axis=0)
-            node[fmt.VALUES].resize(elements if elements is not None else int(node[fmt.OFFSETS][n]), axis=0)
-        self._open_existing()
+            node[fmt.VALUES].resize(rows_in_file, axis=0)
 
 
 class SplitStore:
     """All datasets of one split."""
 
-    def __init__(self, f: h5py.File, split: str, spec: WriterSpec, pool: ThreadPoolExecutor):
+    def __init__(self, f: h5py.File, split: str, spec: WriterSpec, pool: ThreadPoolExecutor,
+                 tails: dict[str, np.ndarray] | None = None):
         self.group = f.require_group(split)
         self.names = [n for n, _ in spec.fields]
-        self.fields = {n: FieldStore(self.group, n, fc, spec, pool) for n, fc in spec.fields}
+        tails = tails or {}
+        self.fields = {n: FieldStore(self.group, n, fc, spec, pool, tails.get(f"{split}/{n}"))
+                       for n, fc in spec.fields}
         nf = len(spec.fields)
         self.source = SmallAppender(_small(self.group, fmt.SOURCE, (nf,) if nf > 1 else (), STR, 1024))
         self.checksum = SmallAppender(_small(self.group, fmt.CHECKSUM, (nf,), np.uint32, 8192))
@@ -325,9 +382,13 @@ class SplitStore:
         self.label = SmallAppender(_small(self.group, fmt.LABEL, (), np.int64, 8192)) if spec.labelled else None
         self.n = self.source.n
 
-    def flush(self) -> None:
+    def checkpoint(self) -> dict[str, tuple[int, np.ndarray | None]]:
+        self.group.attrs[fmt.ATTR_NUM_SAMPLES] = self.n
+        return {name: fs.checkpoint() for name, fs in self.fields.items()}
+
+    def finish(self) -> None:
         for fs in self.fields.values():
-            fs.flush()
+            fs.finish()
         self.group.attrs[fmt.ATTR_NUM_SAMPLES] = self.n
 
 
@@ -345,11 +406,13 @@ class OutputWriter:
         smallest = 4096 * 8
         cache = fmt.cache_settings(spec.chunk_bytes, smallest, spec.cache_bytes)
         self.rejects: list[Reject] = []
+        self.commits = 0
         self.next_batch = 0
         self.bytes_written = 0
+        tails: dict[str, np.ndarray] = {}
         if spec.resume is not None:
             self.f = h5py.File(spec.partial_path, "r+", **cache)
-            self._resume(spec.resume)
+            tails = self._resume(spec.resume)
         else:
             # fs_strategy "none": space freed by a rewritten chunk is never reused, so data
             # covered by an earlier commit is never overwritten by later writes.
@@ -358,7 +421,7 @@ class OutputWriter:
         self.splits: dict[str, SplitStore] = {}
         for s in spec.splits:
             if s in self.f:
-                self.splits[s] = SplitStore(self.f, s, spec, self.pool)
+                self.splits[s] = SplitStore(self.f, s, spec, self.pool, tails)
         self.rej_ds = {k: SmallAppender(_small(self.f.require_group(fmt.REJECTS), k, (), STR, 256))
                        for k in ("path", "stage", "reason")}
 
@@ -377,24 +440,26 @@ class OutputWriter:
         if self.spec.labelled:
             self.f.create_dataset(fmt.CLASS_NAMES, data=np.array(self.spec.class_names, dtype=object), dtype=STR)
 
-    def _resume(self, record: dict[str, Any]) -> None:
-        """Cut every dataset back to the committed counts of ``record``."""
+    def _resume(self, record: dict[str, Any]) -> dict[str, np.ndarray]:
+        """Cut every dataset back to the committed counts of ``record``; return the
+        commit's partial-chunk rows."""
         for split, info in record["splits"].items():
             g = self.f[split]
             n = info["samples"]
             for name in (fmt.SOURCE, fmt.CHECKSUM, fmt.LABEL):
                 if name in g:
                     g[name].resize(n, axis=0)
-            for fname, fc in self.spec.fields:
+            for fname, rows in info["rows_in_file"].items():
                 if fname in g:
-                    fs = FieldStore(g, fname, fc, self.spec, self.pool)
-                    fs.truncate(n, info.get("elements", {}).get(fname))
+                    FieldStore.truncate(g[fname], n, rows)
         rej = self.f.require_group(fmt.REJECTS)
         for k in ("path", "stage", "reason"):
             if k in rej:
                 rej[k].resize(record["rejects"], axis=0)
         self.next_batch = record["next_batch"]
         self.bytes_written = record.get("bytes", 0)
+        self.commits = int(record["tail_file"].rsplit("-", 1)[1].split(".")[0])
+        return load_tails(self.spec.partial_path, record)
 
     def write_batch(self, r: BatchResult) -> tuple[int, list[Reject]]:
         """Append one decoded batch. Returns (samples written, write-stage rejects)."""
@@ -440,15 +505,23 @@ class OutputWriter:
         self.rej_ds["reason"].append(np.array([r.reason for r in rejects], dtype=object))
 
     def commit(self) -> dict[str, Any]:
-        """Make everything written so far durable and record it."""
-        for s in self.splits.values():
-            s.flush()
+        """Make everything written so far durable and record it.
+
+        Order matters for a crash at any moment: the HDF5 file is flushed and fsync'ed, the
+        partial-chunk rows go to a new tail file (fsync'ed), and only then the commit record
+        naming that tail file atomically replaces the previous one.
+        """
+        points = {name: s.checkpoint() for name, s in self.splits.items()}
         self.f.flush()
         fd = os.open(self.spec.partial_path, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
+        self.commits += 1
+        tails = {f"{split}/{fname}": t for split, p in points.items() for fname, (_, t) in p.items() if t is not None}
+        tail_file = f"{os.path.basename(self.spec.partial_path)}.tail-{self.commits}.npz"
+        _write_npz_atomic(os.path.join(os.path.dirname(self.spec.partial_path), tail_file), tails)
         record = {
             "job_hash": self.spec.job_hash,
             "manifest_hash": self.spec.manifest_hash,
@@ -457,12 +530,15 @@ class OutputWriter:
             "bytes": self.bytes_written,
             "splits": {
                 name: {"samples": s.n,
-                       "elements": {fn: fs.end for fn, fs in s.fields.items() if not fs.fixed}}
+                       "elements": {fn: fs.end for fn, fs in s.fields.items() if not fs.fixed},
+                       "rows_in_file": {fn: rows for fn, (rows, _) in points[name].items()}}
                 for name, s in self.splits.items()
             },
+            "tail_file": tail_file,
             "time": time.time(),
         }
         _write_json_atomic(commit_path(self.spec.partial_path), record)
+        remove_tail_files(self.spec.partial_path, keep=tail_file)
         return record
 
     def finalize(self, max_reject_fraction: float = 1.0) -> dict[str, Any]:
@@ -475,7 +551,7 @@ class OutputWriter:
         self.add_rejects(self.spec.discovery_rejects)
         rename = self.rej_ds["path"].n <= max_reject_fraction * max(1, self.spec.num_inputs)
         for s in self.splits.values():
-            s.flush()
+            s.finish()
         counts = {name: s.n for name, s in self.splits.items()}
         self.f.attrs[fmt.ATTR_COMPLETE] = bool(rename)
         self.f.flush()
@@ -495,6 +571,7 @@ class OutputWriter:
                 os.unlink(commit_path(self.spec.partial_path))
             except FileNotFoundError:
                 pass
+            remove_tail_files(self.spec.partial_path)
         return summary
 
     def read_rejects(self) -> list[Reject]:
