@@ -1,0 +1,117 @@
+"""What ``H5Dataset.__getitems__`` returns: a whole batch, already in tensors.
+
+:class:`Batch` holds one column per field in the order the indices were requested; it is
+also a sequence of per-sample dicts (views into those columns), so torch's
+``default_collate`` and any per-sample code keep working. ``h5batch.torch.collate`` takes
+the columns as they are instead of stacking samples again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+_TORCH_DTYPES = {
+    np.dtype(np.uint8): torch.uint8, np.dtype(np.int8): torch.int8,
+    np.dtype(np.int16): torch.int16, np.dtype(np.int32): torch.int32,
+    np.dtype(np.int64): torch.int64, np.dtype(np.float16): torch.float16,
+    np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64,
+}
+
+
+def torch_dtype(dtype: Any) -> torch.dtype:
+    """The torch dtype of a numpy dtype (those h5batch stores)."""
+    try:
+        return _TORCH_DTYPES[np.dtype(dtype)]
+    except KeyError:
+        raise TypeError(f"no torch dtype for numpy dtype {np.dtype(dtype)}") from None
+
+
+def empty(shape: Sequence[int], dtype: Any, shared: bool) -> torch.Tensor:
+    """An uninitialised CPU tensor, in shared memory when ``shared``.
+
+    Inside a DataLoader worker every tensor that is not already in shared memory is copied
+    into it before it is sent to the main process; allocating it there in the first place
+    saves that copy.
+    """
+    t = torch.empty(tuple(int(s) for s in shape), dtype=torch_dtype(dtype))
+    if shared and t.numel():
+        t.share_memory_()
+    return t
+
+
+class Ragged:
+    """A variable-shape field of a batch, zero-padded to the batch's largest sample.
+
+    ``padded`` is ``(B, *max_shape)``; sample ``j`` is the view
+    ``padded[j, :shapes[j, 0], :shapes[j, 1], ...]``. Both are in the output layout: with
+    ``channels_first`` an image field is ``(B, C, H, W)`` and its shapes are ``(C, H, W)``.
+    Reading straight into this layout makes padding free for the collate.
+    """
+
+    def __init__(self, padded: torch.Tensor, shapes: np.ndarray):
+        self.padded = padded
+        self.shapes = shapes
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+    def item(self, j: int) -> torch.Tensor:
+        return self.padded[(j, *(slice(0, int(n)) for n in self.shapes[j]))]
+
+    def items(self) -> list[torch.Tensor]:
+        return [self.item(j) for j in range(len(self))]
+
+    def lengths(self) -> torch.Tensor:
+        """``(B,)`` first-axis lengths for 1-D samples, else the ``(B, ndim)`` shapes."""
+        s = self.shapes[:, 0] if self.shapes.shape[1] == 1 else self.shapes
+        return torch.from_numpy(np.ascontiguousarray(s, dtype=np.int64))
+
+
+class Batch(Sequence):
+    """A batch of samples, column by column, in the order they were requested.
+
+    Attributes
+    ----------
+    columns : dict[str, Tensor | Ragged]
+        Fixed-shape fields as ``(B, *shape)`` tensors, variable ones as :class:`Ragged`.
+    label : Tensor or None
+        ``(B,)`` int64 when the split is labelled.
+    source : list or None
+        Per sample a ``str`` (one file) or a tuple of ``str`` (one per field), when asked for.
+    """
+
+    def __init__(self, columns: dict[str, torch.Tensor | Ragged], label: torch.Tensor | None,
+                 source: list[Any] | None, size: int):
+        self.columns = columns
+        self.label = label
+        self.source = source
+        self.size = size
+        self._samples: dict[int, dict[str, Any]] = {}
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, j: int) -> dict[str, Any]:  # type: ignore[override]
+        if not -self.size <= j < self.size:
+            raise IndexError(f"sample {j} of a batch of {self.size}")
+        j %= self.size
+        sample = self._samples.get(j)
+        if sample is None:
+            sample = {}
+            for name, col in self.columns.items():
+                sample[name] = col.item(j) if isinstance(col, Ragged) else col[j]
+            if self.label is not None:
+                sample["label"] = self.label[j]
+            if self.source is not None:
+                sample["source"] = self.source[j]
+            self._samples[j] = sample
+        return sample
+
+    def __repr__(self) -> str:
+        cols = ", ".join(f"{k}={'ragged' if isinstance(v, Ragged) else tuple(v.shape)}"
+                         for k, v in self.columns.items())
+        return f"Batch({self.size} samples: {cols})"

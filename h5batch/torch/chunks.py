@@ -1,0 +1,277 @@
+"""Whole-chunk reads with a bounded cache of decoded chunks.
+
+A training batch touches a few chunks of each big dataset. Reading sample by sample through
+h5py costs one HDF5 call per sample, and HDF5 decompresses a whole chunk for every partial
+read that misses its cache. Here the unit of reading is the chunk: each touched chunk is
+fetched once with ``read_direct_chunk`` (one HDF5 call, no filter run under HDF5's global
+lock), decoded in Python by the library that made it (zlib, zstandard, blosc2), and kept in
+a small LRU of decoded chunks whose buffers are recycled, so memory stays flat.
+
+A dataset whose filter pipeline we cannot decode (lzf, szip, fletcher32, ...) or whose
+chunks do not hold whole rows is read through HDF5 instead, still one call per chunk. The
+first directly decoded chunk of every dataset is compared with what HDF5 itself returns; a
+mismatch switches that dataset to HDF5 reads with a warning, so a library change can slow
+the reader down but never hand back wrong samples.
+"""
+
+from __future__ import annotations
+
+import warnings
+import zlib
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import h5py
+import numpy as np
+
+# HDF5 filter ids (h5py.h5z constants and the registered plugin ids).
+FILTER_DEFLATE = 1
+FILTER_SHUFFLE = 2
+FILTER_ZSTD = 32015
+FILTER_BLOSC2 = 32026
+
+Step = Callable[[Any, int], Any]  # (bytes-like, uncompressed size) -> bytes-like
+
+
+def _inflate(raw: Any, nbytes: int) -> Any:
+    return zlib.decompress(raw, bufsize=max(nbytes, 1))
+
+
+def _unzstd(raw: Any, nbytes: int) -> Any:
+    import zstandard
+
+    # The plugin's frames may lack the content size: give the decompressor the bound.
+    return zstandard.ZstdDecompressor().decompress(raw, max_output_size=max(nbytes, 1))
+
+
+def _unblosc2(raw: Any, nbytes: int) -> tuple[Any, str]:
+    import blosc2
+
+    s = blosc2.schunk_from_cframe(raw, copy=False)
+    if "b2nd" in s.meta.keys():
+        # Written by HDF5's own Blosc2 filter: an n-d array frame whose blocks are padded,
+        # so the raw chunk bytes are not in C order. Let blosc2 assemble the array.
+        return np.ascontiguousarray(blosc2.ndarray_from_cframe(raw)[...]), "blosc2-b2nd"
+    if s.nchunks == 1:
+        return s.decompress_chunk(0), "blosc2"
+    return b"".join(s.decompress_chunk(i) for i in range(s.nchunks)), "blosc2"
+
+
+def _unblosc2_into(raw: Any, out: np.ndarray) -> bool:
+    """Decompress a one-chunk Blosc2 super-chunk frame into ``out``; False if not that."""
+    import blosc2
+
+    s = blosc2.schunk_from_cframe(raw, copy=False)
+    if s.nchunks != 1 or s.nbytes != out.nbytes or "b2nd" in s.meta.keys():
+        return False
+    s.decompress_chunk(0, dst=out.reshape(-1).view(np.uint8))
+    return True
+
+
+class ChunkDecoder:
+    """Python mirror of one dataset's HDF5 filter pipeline (decode direction only).
+
+    Use :meth:`for_dataset`, which returns ``None`` when some filter has no Python decoder.
+    """
+
+    def __init__(self, filters: list[int], itemsize: int):
+        self.filters = filters
+        self.itemsize = itemsize
+
+    @classmethod
+    def for_dataset(cls, ds: h5py.Dataset) -> ChunkDecoder | None:
+        dcpl = ds.id.get_create_plist()
+        filters = [dcpl.get_filter(i)[0] for i in range(dcpl.get_nfilters())]
+        known = {FILTER_DEFLATE, FILTER_SHUFFLE, FILTER_ZSTD, FILTER_BLOSC2}
+        if any(f not in known for f in filters):
+            return None
+        if any(f == FILTER_ZSTD for f in filters):
+            try:
+                import zstandard  # noqa: F401
+            except ImportError:
+                return None
+        if any(f == FILTER_BLOSC2 for f in filters):
+            try:
+                import blosc2  # noqa: F401
+            except ImportError:
+                return None
+        return cls(filters, ds.dtype.itemsize)
+
+    def decode(self, raw: Any, filter_mask: int, out: np.ndarray) -> str:
+        """Decode stored chunk bytes ``raw`` into ``out`` (a C-contiguous chunk buffer).
+
+        Filters run in reverse pipeline order; bit ``i`` of ``filter_mask`` set means filter
+        ``i`` was skipped when the chunk was written. Returns the kind of encoding met (so the
+        caller can check each kind against HDF5 once). Raises ``ValueError`` when the result
+        does not have the chunk's size.
+        """
+        nbytes = out.nbytes
+        data: Any = raw
+        kind = f"mask{filter_mask}"
+        unshuffle = False
+        active = [f for i, f in enumerate(self.filters) if not filter_mask & (1 << i)]
+        if active == [FILTER_BLOSC2] and _unblosc2_into(raw, out):
+            return kind + "-blosc2"  # the common case: decompressed straight into the buffer
+        for pos in range(len(active) - 1, -1, -1):
+            f = active[pos]
+            if f == FILTER_SHUFFLE:
+                if pos != 0:  # shuffle must be the first filter written (the last undone)
+                    raise ValueError("shuffle filter in an unexpected pipeline position")
+                unshuffle = self.itemsize > 1
+            elif f == FILTER_DEFLATE:
+                data = _inflate(data, nbytes)
+            elif f == FILTER_ZSTD:
+                data = _unzstd(data, nbytes)
+            else:
+                data, sub = _unblosc2(data, nbytes)
+                kind += "-" + sub
+        src = np.frombuffer(data, dtype=np.uint8)
+        if src.size != nbytes:
+            raise ValueError(f"decoded chunk has {src.size} bytes, expected {nbytes}")
+        dst = out.reshape(-1).view(np.uint8)
+        if unshuffle:
+            # HDF5's shuffle stores byte k of every element together: undo the byte transpose.
+            n = nbytes // self.itemsize
+            dst.reshape(n, self.itemsize)[...] = src.reshape(self.itemsize, n).T
+        else:
+            dst[...] = src
+        return kind
+
+
+class ChunkStore:
+    """Row blocks ``[c*k, (c+1)*k)`` of a dataset, decoded, with an LRU of ``capacity`` blocks.
+
+    ``k`` is the dataset's chunk length along axis 0, so a block is one HDF5 chunk. Blocks are
+    read with ``read_direct_chunk`` + :class:`ChunkDecoder` when ``direct`` and possible, else
+    with one ``read_direct`` of the block's rows (HDF5 decodes). Buffers of evicted blocks
+    are reused: after the cache fills up, reading allocates nothing.
+
+    Parameters
+    ----------
+    ds : h5py.Dataset
+        Open dataset of shape ``(n, *row)``.
+    capacity : int
+        Decoded blocks kept (at least 1).
+    direct : bool
+        Try direct chunk reads. ``False`` always lets HDF5 decode.
+    """
+
+    def __init__(self, ds: h5py.Dataset, capacity: int, direct: bool = True):
+        self.ds = ds
+        self.n = ds.shape[0]
+        self.row = ds.shape[1:]
+        chunks = ds.chunks
+        whole_rows = chunks is not None and tuple(chunks[1:]) == tuple(self.row)
+        if chunks is not None:
+            self.k = int(chunks[0])
+        else:  # contiguous dataset: blocks of ~1 MiB
+            row_bytes = max(1, int(np.prod(self.row, dtype=np.int64)) * ds.dtype.itemsize)
+            self.k = max(1, (1 << 20) // row_bytes)
+        self.capacity = max(1, int(capacity))
+        self.decoder = ChunkDecoder.for_dataset(ds) if (direct and whole_rows) else None
+        self.verified: set[str] = set()  # encodings already checked against HDF5
+        self.cache: OrderedDict[int, np.ndarray] = OrderedDict()
+        self.zeros = (0,) * len(self.row)
+        self.raw: np.ndarray | None = None
+        self.loads = 0  # blocks read from the file (for tests and tuning)
+
+    @property
+    def direct(self) -> bool:
+        return self.decoder is not None
+
+    def get(self, c: int) -> np.ndarray:
+        """Block ``c``: its valid rows (the last block may be short), read-only by convention."""
+        buf = self.cache.pop(c, None)
+        if buf is None:
+            if len(self.cache) >= self.capacity:
+                buf = self.cache.popitem(last=False)[1]
+            else:
+                buf = np.empty((self.k, *self.row), dtype=self.ds.dtype)
+            self._load(c, buf)
+            self.loads += 1
+        self.cache[c] = buf
+        return buf[: min(self.k, self.n - c * self.k)]
+
+    def _load(self, c: int, buf: np.ndarray) -> None:
+        if self.decoder is not None:
+            try:
+                kind = self._load_direct(c, buf)
+            except Exception as e:  # noqa: BLE001 -- any codec library error: let HDF5 decode
+                self._give_up_direct(f"direct read of chunk {c} failed ({type(e).__name__}: {e})")
+            else:
+                if kind not in self.verified:
+                    self._verify(c, buf, kind)
+                return
+        lo = c * self.k
+        hi = min(lo + self.k, self.n)
+        self.ds.read_direct(buf, np.s_[lo:hi], np.s_[0: hi - lo])
+
+    def _load_direct(self, c: int, buf: np.ndarray) -> str:
+        if self.raw is None:
+            # Stored chunks may be slightly larger than decoded ones (incompressible data).
+            self.raw = np.empty(buf.nbytes + buf.nbytes // 16 + 4096, dtype=np.uint8)
+        offset = (c * self.k, *self.zeros)
+        try:
+            mask, raw = self.ds.id.read_direct_chunk(offset, out=self.raw)
+        except ValueError:  # reusable buffer too small for this chunk
+            mask, raw = self.ds.id.read_direct_chunk(offset)
+        return self.decoder.decode(raw, mask, buf)
+
+    def _verify(self, c: int, buf: np.ndarray, kind: str) -> None:
+        lo = c * self.k
+        hi = min(lo + self.k, self.n)
+        ref = np.empty((hi - lo, *self.row), dtype=self.ds.dtype)
+        self.ds.read_direct(ref, np.s_[lo:hi])
+        if np.array_equal(ref, buf[: hi - lo]):
+            self.verified.add(kind)
+        else:
+            buf[: hi - lo] = ref
+            self._give_up_direct(f"direct decode of chunk {c} differs from HDF5's")
+
+    def _give_up_direct(self, why: str) -> None:
+        warnings.warn(f"{self.ds.file.filename}:{self.ds.name}: {why}; reading it through "
+                      "HDF5's filter pipeline instead", RuntimeWarning, stacklevel=4)
+        self.decoder = None
+        self.raw = None
+
+
+def gather_rows(store: ChunkStore, src: np.ndarray, dst_pos: np.ndarray, out: np.ndarray) -> None:
+    """``out[dst_pos[j]] = rows[src[j]]`` for ``src`` sorted ascending (duplicates allowed).
+
+    One block fetch per distinct block; contiguous source and destination ranges are copied as
+    slices, the rest with one fancy-index assignment per block. ``out`` may have another dtype
+    (the cast happens in the copy) or be a strided view.
+    """
+    k = store.k
+    blocks = src // k
+    cut = np.flatnonzero(blocks[1:] != blocks[:-1]) + 1
+    starts = [0, *cut.tolist()]
+    ends = [*cut.tolist(), len(src)]
+    for s, e in zip(starts, ends, strict=True):
+        c = int(blocks[s])
+        chunk = store.get(c)
+        r = src[s:e] - c * k
+        d = dst_pos[s:e]
+        n = e - s
+        r0, d0 = int(r[0]), int(d[0])
+        if int(r[-1]) - r0 == n - 1 and int(d[-1]) - d0 == n - 1 and _strictly_consecutive(r, d):
+            out[d0: d0 + n] = chunk[r0: r0 + n]
+        else:
+            out[d] = chunk[r]
+
+
+def _strictly_consecutive(r: np.ndarray, d: np.ndarray) -> bool:
+    # First/last already match a dense range; a duplicate would make some step 0.
+    return len(r) < 3 or (bool(np.all(np.diff(r) == 1)) and bool(np.all(np.diff(d) == 1)))
+
+
+def gather_span(store: ChunkStore, a: int, b: int, out: np.ndarray) -> None:
+    """``out[:b-a] = values[a:b]`` of a 1-D dataset, block by block."""
+    k = store.k
+    p = 0
+    for c in range(a // k, (b - 1) // k + 1):
+        lo = max(a, c * k)
+        hi = min(b, (c + 1) * k)
+        out[p: p + hi - lo] = store.get(c)[lo - c * k: hi - c * k]
+        p += hi - lo

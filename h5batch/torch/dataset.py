@@ -1,0 +1,419 @@
+"""``H5Dataset``: a map-style torch Dataset over one split of an h5batch file.
+
+The file is opened lazily, once per process (keyed on ``os.getpid()``), read-only; the
+object pickles without any HDF5 handle, so DataLoader workers (fork or spawn) each open
+their own. A whole batch is read by :meth:`H5Dataset.__getitems__` (torch >= 2.0 fetchers
+call it with the batch's indices) chunk by chunk, straight into the output tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import h5py
+import hdf5plugin  # noqa: F401  -- registers the plugin codecs (zstd, blosc2) with HDF5
+import numpy as np
+import torch
+from torch.utils.data import Dataset, get_worker_info
+
+from .. import format as fmt
+from .batch import Batch, Ragged, empty
+from .chunks import ChunkStore, gather_rows, gather_span
+
+DEFAULT_WINDOW = 8  # chunk groups the default cache holds: one ChunkShuffleSampler window
+CACHE_SLACK = 2  # extra chunks for samples that straddle a chunk boundary
+DEFAULT_SAMPLER_CHUNK = 64  # rows per "chunk" when a file has no chunked field to go by
+
+
+@dataclass(frozen=True)
+class FieldInfo:
+    """What the reader needs to know about one field (read once, at construction).
+
+    ``shape`` is the per-sample shape of a fixed field (``()`` for a variable one);
+    ``chunk_len`` is rows per chunk (fixed) or elements per ``values`` chunk (variable);
+    ``chunk_nbytes`` the uncompressed size of one chunk.
+    """
+
+    name: str
+    kind: str
+    modality: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    ndim: int
+    chunk_len: int
+    chunk_nbytes: int
+    num_values: int = 0
+
+    @property
+    def fixed(self) -> bool:
+        return self.kind == fmt.KIND_FIXED
+
+    @property
+    def image(self) -> bool:
+        return self.modality == "image" and self.ndim == 3
+
+
+class H5Dataset(Dataset):
+    """One split of an h5batch file as a map-style torch ``Dataset``.
+
+    ``ds[i]`` is a dict: one tensor per field, ``label`` (int64 scalar tensor) when the split
+    is labelled, ``source`` (``str``, or a tuple of ``str`` when a sample has one file per
+    field) when ``with_source``. ``ds.__getitems__(indices)`` returns a :class:`Batch` (a
+    sequence of those dicts whose fields are already batched tensors); pair it with
+    ``collate_fn=h5batch.torch.collate`` to get the batch without any re-stacking.
+
+    Parameters
+    ----------
+    path : str or PathLike
+        A complete h5batch file (``complete`` root attribute true).
+    split : str
+        Group to read (``train``, ``test``, ...).
+    fields : sequence of str, optional
+        Fields to return, in this order; default all, in file order.
+    transform : callable, optional
+        Applied to each sample dict (after ``as_float``/``channels_first``). With a transform
+        ``__getitems__`` returns a plain list of transformed dicts.
+    as_float : bool
+        int16 audio -> float32 ``x / 32768`` (in [-1, 1)), uint8 images -> float32
+        ``x / 255``; other dtypes are returned as stored. ``False`` returns stored values.
+    with_source : bool
+        Add each sample's source path(s), relative to the corpus root.
+    cache_bytes : int, optional
+        Decoded-chunk cache per field and per process. Default: enough chunks to hold a
+        :class:`~h5batch.torch.ChunkShuffleSampler` window of 8 chunk groups (8 chunks of the
+        grouping field, proportionally more of a field with fewer samples per chunk, twice
+        as many for variable fields, whose samples straddle chunk boundaries) plus 2.
+        BEWARE: a cache smaller than a window makes a chunk-shuffled epoch decompress chunks
+        several times.
+    channels_first : bool
+        Images as ``(C, H, W)`` instead of the stored ``(H, W, C)``.
+    locking : bool, optional
+        HDF5 file locking; ``False`` for NFS/Lustre, where locking fails (h5py#1082).
+        ``None`` leaves HDF5's default (and ``HDF5_USE_FILE_LOCKING``) in charge.
+    direct_chunks : bool
+        Read chunks with ``read_direct_chunk`` and decode them in Python when the codec
+        allows (checked against HDF5 on the first chunk); ``False`` lets HDF5 decode.
+    shared_memory : bool, optional
+        Allocate batch tensors in shared memory; default: only inside DataLoader workers.
+
+    Notes
+    -----
+    The constructor opens the file only to read its layout, then closes it; every process
+    opens its own handle on first access. ``label`` values index ``class_names``.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], split: str = "train",
+                 fields: Sequence[str] | None = None,
+                 transform: Callable[[dict[str, Any]], Any] | None = None,
+                 as_float: bool = True, with_source: bool = False,
+                 cache_bytes: int | None = None, *, channels_first: bool = False,
+                 locking: bool | None = None, direct_chunks: bool = True,
+                 shared_memory: bool | None = None):
+        self.path = os.fspath(path)
+        self.split = split
+        self.transform = transform
+        self.as_float = bool(as_float)
+        self.with_source = bool(with_source)
+        self.channels_first = bool(channels_first)
+        self.locking = locking
+        self.direct_chunks = bool(direct_chunks)
+        self.shared_memory = shared_memory
+        if cache_bytes is not None and int(cache_bytes) < 0:
+            raise ValueError(f"cache_bytes must be >= 0, got {cache_bytes}")
+        self.cache_bytes = None if cache_bytes is None else int(cache_bytes)
+        with self._open(metadata_only=True) as f:
+            self._read_layout(f, fields)
+        self._clear_process_state()
+        self._index: dict[str, Any] = {}  # labels / offsets / shapes, loaded on first use
+
+    # ------------------------------------------------------------------ layout
+
+    def _read_layout(self, f: h5py.File, fields: Sequence[str] | None) -> None:
+        version = f.attrs.get(fmt.ATTR_FORMAT)
+        if version != fmt.FORMAT_VERSION:
+            raise ValueError(f"{self.path}: not an h5batch file of format {fmt.FORMAT_VERSION} "
+                             f"(root attribute {fmt.ATTR_FORMAT}={version!r})")
+        if not f.attrs.get(fmt.ATTR_COMPLETE, False):
+            raise ValueError(f"{self.path}: the file is not complete (conversion unfinished)")
+        splits = json.loads(f.attrs[fmt.ATTR_SPLITS])
+        if self.split not in splits or self.split not in f:
+            raise KeyError(f"{self.path}: no split {self.split!r} (splits: {', '.join(splits)})")
+        g = f[self.split]
+        stored = json.loads(f.attrs[fmt.ATTR_FIELDS])
+        if isinstance(fields, str):
+            raise TypeError("fields must be a sequence of field names, not a str")
+        wanted = list(stored if fields is None else fields)
+        unknown = [n for n in wanted if n not in stored]
+        if unknown or len(set(wanted)) != len(wanted) or not wanted:
+            raise KeyError(f"{self.path}: bad fields {list(wanted)!r} (fields: {', '.join(stored)})")
+        self.fields: tuple[FieldInfo, ...] = tuple(self._field_info(g, n) for n in wanted)
+        self._n = int(g.attrs.get(fmt.ATTR_NUM_SAMPLES, g[fmt.LABEL].shape[0] if fmt.LABEL in g else 0))
+        self.labelled = fmt.LABEL in g
+        self.class_names: tuple[str, ...] = (
+            tuple(f[fmt.CLASS_NAMES].asstr()[...]) if fmt.CLASS_NAMES in f else ())
+        if self.with_source and fmt.SOURCE not in g:
+            raise KeyError(f"{self.path}: split {self.split!r} has no {fmt.SOURCE} dataset")
+        self._source_tuple = fmt.SOURCE in g and g[fmt.SOURCE].ndim == 2
+        nbytes = [fi.chunk_nbytes for fi in self.fields] or [1 << 20]
+        self._h5_cache = fmt.cache_settings(max(nbytes), min(nbytes))
+
+    @staticmethod
+    def _field_info(g: h5py.Group, name: str) -> FieldInfo:
+        obj = g[name]
+        kind = obj.attrs.get("kind", fmt.KIND_VARIABLE if isinstance(obj, h5py.Group) else fmt.KIND_FIXED)
+        modality = str(obj.attrs.get("modality", ""))
+        if kind == fmt.KIND_FIXED:
+            chunk = obj.chunks or obj.shape
+            nbytes = int(np.prod(chunk, dtype=np.int64)) * obj.dtype.itemsize
+            return FieldInfo(name, kind, modality, obj.dtype, tuple(obj.shape[1:]), obj.ndim - 1,
+                             int(chunk[0]), nbytes)
+        values = obj[fmt.VALUES]
+        chunk = values.chunks or values.shape
+        return FieldInfo(name, kind, modality, values.dtype, (), int(obj.attrs.get("ndim", obj[fmt.SHAPES].shape[1])),
+                         int(max(chunk[0], 1)), int(max(chunk[0], 1)) * values.dtype.itemsize,
+                         int(values.shape[0]))
+
+    @property
+    def field_names(self) -> tuple[str, ...]:
+        return tuple(fi.name for fi in self.fields)
+
+    def _rows_per_chunk(self, fi: FieldInfo) -> float:
+        """Samples per chunk of a field (the average, for a variable field)."""
+        if fi.fixed:
+            return float(fi.chunk_len)
+        return fi.chunk_len * self._n / fi.num_values if fi.num_values else float(self._n or 1)
+
+    def _grouping_field(self) -> FieldInfo | None:
+        # The field with the most samples per chunk: a window of its chunks covers whole
+        # chunks of every finer field too (whose caches are sized to match).
+        return max(self.fields, key=self._rows_per_chunk, default=None) if self._n else None
+
+    @property
+    def chunk_rows(self) -> int:
+        """Average samples per chunk of the grouping field (the one with the most)."""
+        fi = self._grouping_field()
+        return max(1, round(self._rows_per_chunk(fi))) if fi else DEFAULT_SAMPLER_CHUNK
+
+    def chunk_starts(self) -> np.ndarray:
+        """First sample of every chunk group, ascending from 0: the unit of
+        :class:`ChunkShuffleSampler`.
+
+        Groups follow the chunks of the field with the most samples per chunk: ``k`` rows
+        of a fixed field, or for a variable field the samples whose values start in the same
+        ``values`` chunk. Loads that field's offsets (8 bytes a sample) when variable.
+        """
+        fi = self._grouping_field()
+        if fi is None:
+            return np.zeros(0, dtype=np.int64)
+        if fi.fixed:
+            return np.arange(0, self._n, fi.chunk_len, dtype=np.int64)
+        first = self._offsets(fi)[:-1] // fi.chunk_len
+        return np.concatenate([[0], np.flatnonzero(first[1:] != first[:-1]) + 1]).astype(np.int64)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __repr__(self) -> str:
+        return (f"H5Dataset({self.path!r}, split={self.split!r}, fields={list(self.field_names)}, "
+                f"{self._n} samples)")
+
+    # ------------------------------------------------------- per-process state
+
+    def _open(self, metadata_only: bool = False) -> h5py.File:
+        kw: dict[str, Any] = {} if metadata_only else dict(self._h5_cache)
+        if self.locking is not None:
+            kw["locking"] = self.locking
+        return h5py.File(self.path, "r", **kw)
+
+    def _clear_process_state(self) -> None:
+        self._pid: int | None = None
+        self._file: h5py.File | None = None
+        self._stores: dict[str, ChunkStore] = {}
+        self._sources: h5py.Dataset | None = None
+
+    def _ensure_open(self) -> None:
+        pid = os.getpid()
+        if self._pid == pid:
+            return
+        if self._file is not None:
+            # Opened by the parent before a fork: the handle belongs to the parent's HDF5
+            # state. Closing our copy only releases this process's descriptor.
+            try:
+                self._file.close()
+            except (OSError, ValueError, RuntimeError):
+                pass
+        self._clear_process_state()
+        self._file = self._open()
+        self._pid = pid
+
+    def _store(self, fi: FieldInfo) -> ChunkStore:
+        store = self._stores.get(fi.name)
+        if store is None:
+            g = self._file[self.split]
+            ds = g[fi.name] if fi.fixed else g[fi.name][fmt.VALUES]
+            if self.cache_bytes is None:
+                group = self._grouping_field()
+                ratio = self._rows_per_chunk(group) / self._rows_per_chunk(fi) if group else 1.0
+                capacity = math.ceil(DEFAULT_WINDOW * max(ratio, 1.0))
+                if not fi.fixed:  # a group's last sample usually runs into the next chunk
+                    capacity *= 2
+                capacity += CACHE_SLACK
+            else:
+                capacity = max(1, self.cache_bytes // max(fi.chunk_nbytes, 1))
+            store = self._stores[fi.name] = ChunkStore(ds, capacity, self.direct_chunks)
+        return store
+
+    def _index_array(self, key: str, load: Callable[[h5py.Group], np.ndarray]) -> np.ndarray:
+        # Small per-sample arrays (8 bytes a sample) are kept in memory; they are plain numpy,
+        # valid in any process, so a forked worker shares the parent's copy.
+        arr = self._index.get(key)
+        if arr is None:
+            self._ensure_open()
+            arr = self._index[key] = load(self._file[self.split])
+        return arr
+
+    def _offsets(self, fi: FieldInfo) -> np.ndarray:
+        return self._index_array(fi.name + "/offsets",
+                                 lambda g: g[fi.name][fmt.OFFSETS][...].astype(np.int64))
+
+    def close(self) -> None:
+        """Close this process's file handle and drop the caches (reopened on next access)."""
+        if self._file is not None and self._pid == os.getpid():
+            self._file.close()
+        self._clear_process_state()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(_pid=None, _file=None, _stores={}, _sources=None, _index={})
+        return state
+
+    def __enter__(self) -> H5Dataset:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------- reading
+
+    def __getitem__(self, i: int) -> Any:
+        return self.__getitems__([operator.index(i)])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> Any:
+        """Read a whole batch; returns a :class:`Batch` (or a list when ``transform``)."""
+        idx = self._check(indices)
+        self._ensure_open()
+        shared = get_worker_info() is not None if self.shared_memory is None else self.shared_memory
+        order = np.argsort(idx, kind="stable")
+        columns: dict[str, torch.Tensor | Ragged] = {}
+        for fi in self.fields:
+            if fi.fixed:
+                columns[fi.name] = self._read_fixed(fi, idx, order, shared)
+            else:
+                columns[fi.name] = self._read_variable(fi, idx, order, shared)
+        label = None
+        if self.labelled:
+            labels = self._index_array(fmt.LABEL, lambda g: g[fmt.LABEL][...].astype(np.int64))
+            label = torch.from_numpy(labels[idx])
+        source = self._read_sources(idx) if self.with_source else None
+        batch = Batch(columns, label, source, len(idx))
+        if self.transform is not None:
+            return [self.transform(batch[j]) for j in range(len(batch))]
+        return batch
+
+    def _check(self, indices: Sequence[int]) -> np.ndarray:
+        if isinstance(indices, torch.Tensor):
+            indices = indices.numpy()
+        idx = np.asarray(indices)
+        if idx.ndim != 1 or not (idx.size == 0 or np.issubdtype(idx.dtype, np.integer)):
+            raise TypeError(f"indices must be a 1-D sequence of integers, got {indices!r:.80}")
+        given = idx.astype(np.int64)
+        idx = np.where(given < 0, given + self._n, given)
+        if idx.size and (idx.min() < 0 or idx.max() >= self._n):
+            bad = given[(idx < 0) | (idx >= self._n)][0]
+            raise IndexError(f"index {bad} out of range for {self._n} samples of split {self.split!r}")
+        return idx
+
+    def _convert(self, dtype: np.dtype) -> tuple[np.dtype, str | None]:
+        """Output dtype and scaling of a stored dtype under ``as_float``."""
+        if self.as_float and dtype == np.int16:
+            return np.dtype(np.float32), "int16"
+        if self.as_float and dtype == np.uint8:
+            return np.dtype(np.float32), "uint8"
+        return dtype, None
+
+    @staticmethod
+    def _scale(a: np.ndarray, how: str | None) -> None:
+        # numpy's float32 ufuncs: x * 2**-15 is exact, x / 255 correctly rounded.
+        if how == "int16":
+            np.multiply(a, np.float32(1.0 / 32768.0), out=a)
+        elif how == "uint8":
+            np.divide(a, np.float32(255.0), out=a)
+
+    def _read_fixed(self, fi: FieldInfo, idx: np.ndarray, order: np.ndarray,
+                    shared: bool) -> torch.Tensor:
+        dtype, how = self._convert(fi.dtype)
+        b = len(idx)
+        if self.channels_first and fi.image:
+            h, w, c = fi.shape
+            out = empty((b, c, h, w), dtype, shared)
+            view = out.numpy().transpose(0, 2, 3, 1)
+        else:
+            out = empty((b, *fi.shape), dtype, shared)
+            view = out.numpy()
+        if b:
+            gather_rows(self._store(fi), idx[order], order, view)
+            self._scale(view, how)
+        return out
+
+    def _read_variable(self, fi: FieldInfo, idx: np.ndarray, order: np.ndarray,
+                       shared: bool) -> Ragged:
+        offsets = self._offsets(fi)
+        lo, hi = offsets[idx], offsets[idx + 1]
+        if fi.ndim == 1:
+            shapes = (hi - lo)[:, None]
+        else:
+            shapes = self._index_array(fi.name + "/shapes",
+                                       lambda g: g[fi.name][fmt.SHAPES][...].astype(np.int64))[idx]
+        dtype, how = self._convert(fi.dtype)
+        b = len(idx)
+        top = shapes.max(axis=0) if b else np.zeros(fi.ndim, dtype=np.int64)
+        cf = self.channels_first and fi.image
+        perm = [2, 0, 1] if cf else list(range(fi.ndim))
+        out = empty((b, *top[perm].tolist()), dtype, shared)
+        view = out.numpy()
+        stored_view = view.transpose(0, 2, 3, 1) if cf else view  # (B, *stored axes)
+        store = self._store(fi) if b and int((hi - lo).sum()) else None
+        if fi.ndim != 1:
+            view.fill(0)
+        # Samples in file order, each straight into its padded row (the cast happens there).
+        for j in order.tolist():
+            a, e = int(lo[j]), int(hi[j])
+            if fi.ndim == 1:
+                if e > a:
+                    gather_span(store, a, e, view[j, : e - a])
+                view[j, e - a:] = 0
+            elif e > a:
+                tmp = np.empty(e - a, dtype=fi.dtype)
+                gather_span(store, a, e, tmp)
+                stored_view[(j, *(slice(0, int(n)) for n in shapes[j]))] = tmp.reshape(shapes[j])
+        self._scale(view, how)
+        return Ragged(out, shapes[:, perm])
+
+    def _read_sources(self, idx: np.ndarray) -> list[Any]:
+        if self._sources is None:
+            self._sources = self._file[self.split][fmt.SOURCE]
+        u, inv = np.unique(idx, return_inverse=True)
+        cut = np.flatnonzero(np.diff(u) != 1) + 1
+        parts = [self._sources[int(r[0]): int(r[-1]) + 1] for r in np.split(u, cut) if len(r)]
+        rows = np.concatenate(parts) if parts else np.empty((0,), dtype=object)
+        if self._source_tuple:
+            texts = [tuple(x.decode() for x in row) for row in rows]
+        else:
+            texts = [x.decode() for x in rows]
+        return [texts[k] for k in inv.tolist()]
