@@ -53,11 +53,14 @@ def sniff(path: str) -> str:
     return "unknown binary"
 
 
-def _check_readable(path: str) -> None:
+def _check_readable(path: str, head: int = 1) -> tuple[bytes, int]:
+    """The first ``head`` bytes and the size of a readable, non-empty file (one open)."""
     try:
         with open(path, "rb") as fh:
-            if not fh.read(1):
+            data = fh.read(head)
+            if not data:
                 raise DecodeError(path, "empty file (0 bytes)")
+            return data, os.fstat(fh.fileno()).st_size
     except PermissionError as e:
         raise DecodeError(path, f"cannot read file: {e.strerror}") from e
     except FileNotFoundError as e:
@@ -92,12 +95,19 @@ class WavHeader:
     file_size: int
 
 
-def wav_header(path: str) -> WavHeader | None:
+def wav_header(path: str, head: bytes = b"", size: int | None = None) -> WavHeader | None:
     """Walk the RIFF chunks of a WAV file; None when it is not RIFF/WAVE.
 
     libsndfile quietly shortens a file whose data chunk is cut off, so the declared
-    size has to be checked here to notice truncation.
+    size has to be checked here to notice truncation. ``head`` (the file's first bytes,
+    with ``size``) saves opening the file again when the chunks lie within it.
     """
+    if head and size is not None:
+        parsed = _wav_header_in(head, size)
+        if parsed is not None:
+            return parsed
+        if head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+            return None
     size = os.path.getsize(path)
     tag = data_offset = data_size = None
     with open(path, "rb") as fh:
@@ -115,6 +125,23 @@ def wav_header(path: str) -> WavHeader | None:
                 data_offset, data_size = pos + 8, clen
             pos += 8 + clen + (clen & 1)
     return WavHeader(tag, data_offset, data_size, size)
+
+
+def _wav_header_in(head: bytes, size: int) -> WavHeader | None:
+    """Like :func:`wav_header` from the first bytes only; None unless the data chunk
+    header lies within them."""
+    if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+        return None
+    tag = None
+    pos = 12
+    while pos + 8 <= min(size, len(head)):
+        cid, clen = struct.unpack_from("<4sI", head, pos)
+        if cid == b"fmt " and pos + 10 <= len(head):
+            tag = struct.unpack_from("<H", head, pos + 8)[0]
+        elif cid == b"data":
+            return WavHeader(tag, pos + 8, clen, size)
+        pos += 8 + clen + (clen & 1)
+    return None
 
 
 def _audio_open_reason(path: str, err: Exception) -> str:
@@ -135,9 +162,9 @@ def _audio_open_reason(path: str, err: Exception) -> str:
     return f"not a readable audio file (content looks like {kind}): {err}"
 
 
-def _check_wav_complete(path: str, frames: int) -> None:
+def _check_wav_complete(path: str, frames: int, head: bytes = b"", size: int | None = None) -> None:
     """Raise when a WAV's data chunk declares more bytes than the file holds."""
-    h = wav_header(path)
+    h = wav_header(path, head, size)
     if h is None or h.data_offset is None or h.data_size in (None, 0, 0xFFFFFFFF):
         return  # not WAV, or a streaming writer's "size unknown" header
     present = h.file_size - h.data_offset
@@ -159,14 +186,14 @@ def decode_audio(path: str, fc: AudioField) -> np.ndarray:
     """
     import soundfile as sf
 
-    _check_readable(path)
+    head, size = _check_readable(path, 4096)
     try:
         f = sf.SoundFile(path)
     except Exception as e:  # libsndfile's message alone ("Malformed 'fmt ' chunk") is too vague
         raise DecodeError(path, _audio_open_reason(path, e)) from e
     with f:
         sr, frames, channels = f.samplerate, f.frames, f.channels
-        _check_wav_complete(path, frames)
+        _check_wav_complete(path, frames, head, size)
         if frames <= 0:
             raise DecodeError(path, "audio has zero frames")
         target_sr = fc.sample_rate or sr
