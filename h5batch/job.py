@@ -38,7 +38,7 @@ from .transport import (
     remove_stale_segments,
     to_shm,
 )
-from .writer import WriterSpec, commit_path, remove_tail_files, writer_main
+from .writer import PipeQueue, WriterSpec, commit_path, remove_tail_files, writer_main
 
 
 class ConvertError(RuntimeError):
@@ -262,6 +262,9 @@ class Converter:
     def run(self) -> ConvertSummary:
         t0 = time.perf_counter()
         job = self.job
+        stale = remove_stale_segments()
+        if stale:
+            self.say(f"removed {len(stale)} shared-memory segments left by dead runs")
         _generate(job, self.log)
         manifest = discover(job)
         done = self._already_done(manifest)
@@ -281,9 +284,6 @@ class Converter:
                 detail = (f"; {len(manifest.rejects)} files rejected, e.g. {first.path}: {first.reason} "
                           f"(all listed in {rej_path})")
             raise ConvertError(f"no samples found under {job.source.root} (layout {job.source.layout}){detail}", 2)
-        stale = remove_stale_segments()
-        if stale:
-            self.say(f"removed {len(stale)} shared-memory segments left by dead runs")
         record = self._resume_record(manifest)
         num_inputs = sum(len(it.paths) for it in manifest.items) + len(manifest.rejects)
         n_workers = job.cluster.workers or default_workers()
@@ -300,7 +300,7 @@ class Converter:
         )
         tasks = make_tasks(job, manifest, self.run_id, hostname(), self.opts.faults)
         ctx = mp.get_context("spawn")
-        inbox, outbox = ctx.Queue(), ctx.Queue()
+        inbox, outbox = PipeQueue.create(ctx), PipeQueue.create(ctx)
         writer = ctx.Process(target=writer_main, args=(spec, inbox, outbox), name="h5batch-writer", daemon=True)
         writer.start()
         try:

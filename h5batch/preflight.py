@@ -139,7 +139,7 @@ def probe(root: str, samples: list[str], run_id: str, transport: str, writer_hos
         if out["mode"] == "shm":
             token = secrets.token_bytes(_PROBE_BYTES)
             seg = create_segment(run_id, _PROBE_BYTES)
-            seg.flat[:] = np.frombuffer(token, dtype=np.uint8)
+            seg.data[:_PROBE_BYTES] = np.frombuffer(token, dtype=np.uint8)
             out["segment"], out["token"] = seg.name, token.hex()
     except Exception as e:
         out["shm_error"] = f"{type(e).__name__}: {e}"
@@ -266,11 +266,12 @@ def _check_worker(addr: str, w: Any, root: str, driver_root_abs: str, transport:
 def _check_segment(addr: str, w: dict[str, Any]) -> str | None:
     """The driver must see the worker's probe segment in its own /dev/shm (same host and
     same /dev/shm, not merely the same host name, e.g. two containers)."""
-    from .transport import SHM_DIR
+    from .transport import HEADER, SHM_DIR
 
     path = os.path.join(SHM_DIR, w["segment"])
     try:
         with open(path, "rb") as fh:
+            fh.seek(HEADER)
             seen = fh.read(_PROBE_BYTES)
     except OSError:
         seen = b""

@@ -7,13 +7,16 @@ byte offsets) travels through Dask and the writer's queue.
 Two ways for the bytes themselves:
 
 ``shm``      the worker writes the buffer into a POSIX shared-memory segment
-             (``/dev/shm/h5b-<run id>-...``) and hands ownership to the writer, which
-             copies it into HDF5 and unlinks it. Only works when worker and writer share a host.
+             (``/dev/shm/h5b-<run id>-...``), the writer copies it into HDF5 and marks the
+             segment free; the worker fills it again for a later batch. Only works when
+             worker and writer share a host.
 ``network``  the buffer rides inside the Dask result (Dask's own comms), and the driver
              copies it into a segment for the writer, so the writer code is the same.
 
-Ownership: the creating process hands the segment on by name; the writer unlinks it after
-use. (``multiprocessing.shared_memory`` is not used: on CPython 3.11 its resource tracker
+Ownership: the producing process (worker, or the driver for network payloads) creates and
+reuses its segments; the writer only maps them and flips their state byte. The driver
+unlinks every segment of its run when the job ends, whatever the outcome.
+(``multiprocessing.shared_memory`` is not used: on CPython 3.11 its resource tracker
 unlinks segments a process merely attached to, bpo-39959.) Segments of dead runs are found by their run id (which
 embeds the driver's pid) and removed by :func:`remove_stale_segments`.
 """
@@ -85,11 +88,19 @@ def _fill(buf: memoryview | np.ndarray, arrays: dict[str, list[np.ndarray]], blo
             pos += n
 
 
+HEADER = 64  # bytes before the data: byte 0 is the slot state (FREE / BUSY)
+FREE, BUSY = 0, 1
+
+
 class Segment:
     """A POSIX shared-memory segment (a file in ``/dev/shm``, what ``shm_open`` uses),
     mapped into this process. Plain files and ``mmap`` rather than
     ``multiprocessing.shared_memory``: no resource tracker can unlink a segment behind the
-    owner's back, and a mapping closes cleanly when its last numpy view goes away."""
+    owner's back, and a mapping closes cleanly when its last numpy view goes away.
+
+    Byte 0 says whether the segment holds a batch the writer has not stored yet (BUSY)
+    or may be filled again (FREE): segments are reused, so their pages stay resident and
+    a batch costs no page faults, no ``ftruncate`` and no ``mmap``."""
 
     def __init__(self, name: str, size: int | None = None):
         self.name = name
@@ -100,7 +111,7 @@ class Segment:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             if size is not None:
-                os.ftruncate(fd, max(size, 1))
+                os.ftruncate(fd, HEADER + max(size, 1))
             self.size = os.fstat(fd).st_size
             self.map = mmap.mmap(fd, self.size)
         except BaseException:
@@ -110,6 +121,14 @@ class Segment:
             raise
         os.close(fd)
         self.flat = np.frombuffer(self.map, dtype=np.uint8)
+        self.data = self.flat[HEADER:]
+
+    @property
+    def free(self) -> bool:
+        return self.flat[0] == FREE
+
+    def mark(self, state: int) -> None:
+        self.flat[0] = state
 
     def unlink(self) -> None:
         try:
@@ -123,6 +142,35 @@ def create_segment(run_id: str, nbytes: int) -> Segment:
     return Segment(f"{PREFIX}{run_id}-{secrets.token_hex(6)}", nbytes)
 
 
+class _Pool:
+    """The segments this process filled for one run, reused once the writer frees them."""
+
+    def __init__(self) -> None:
+        self.run_id = ""
+        self.segments: list[Segment] = []
+
+    def take(self, run_id: str, nbytes: int) -> Segment:
+        if run_id != self.run_id:  # a new job on a long-lived worker: let the old maps go
+            self.run_id, self.segments = run_id, []
+        pid = owner_pid(f"{PREFIX}{run_id}-")
+        if pid is not None and not _pid_alive(pid):
+            # The driver died (kill -9): a worker finishing its queue must not leave new
+            # segments behind after the next run has cleaned up the old ones.
+            raise RuntimeError(f"driver of run {run_id} is gone; not creating shared memory for it")
+        for seg in self.segments:
+            if seg.free and seg.data.nbytes >= nbytes:
+                seg.mark(BUSY)
+                return seg
+        # Room to grow, so a segment fits the next batches too (variable-length samples).
+        seg = create_segment(run_id, max(nbytes + nbytes // 2, 1 << 20))
+        seg.mark(BUSY)
+        self.segments.append(seg)
+        return seg
+
+
+_pool = _Pool()
+
+
 def pack(arrays: dict[str, list[np.ndarray]], mode: str, run_id: str) -> Packed:
     """Pack per-field sample lists. ``mode`` is ``shm`` or ``network``."""
     blocks, total = _layout(arrays)
@@ -130,11 +178,11 @@ def pack(arrays: dict[str, list[np.ndarray]], mode: str, run_id: str) -> Packed:
         payload = np.empty(total, dtype=np.uint8)
         _fill(payload, arrays, blocks)
         return Packed(blocks, total, payload=payload, host=hostname())
-    seg = create_segment(run_id, total)
+    seg = _pool.take(run_id, total)
     try:
-        _fill(seg.flat, arrays, blocks)
+        _fill(seg.data, arrays, blocks)
     except BaseException:
-        seg.unlink()
+        seg.mark(FREE)
         raise
     return Packed(blocks, total, shm_name=seg.name, host=hostname())
 
@@ -144,25 +192,32 @@ def to_shm(packed: Packed, run_id: str) -> Packed:
     if packed.shm_name is not None:
         return packed
     assert packed.payload is not None
-    seg = create_segment(run_id, packed.nbytes)
-    seg.flat[: packed.nbytes] = packed.payload
+    seg = _pool.take(run_id, packed.nbytes)
+    seg.data[: packed.nbytes] = packed.payload
     return Packed(packed.blocks, packed.nbytes, shm_name=seg.name, host=packed.host)
 
 
 class Attached:
-    """Writer side: map a segment, expose per-sample array views, unlink on release."""
+    """Writer side: map a segment (mappings are cached), expose per-sample array views,
+    and free the segment for reuse on release."""
+
+    _maps: dict[str, Segment] = {}
 
     def __init__(self, packed: Packed):
         self.packed = packed
-        self.seg = Segment(packed.shm_name) if packed.shm_name else None
-        self.flat = self.seg.flat if self.seg else np.zeros(0, np.uint8)
+        self.seg: Segment | None = None
+        if packed.shm_name:
+            self.seg = self._maps.get(packed.shm_name)
+            if self.seg is None:
+                self.seg = self._maps[packed.shm_name] = Segment(packed.shm_name)
+        self.flat = self.seg.data if self.seg else np.zeros(0, np.uint8)
 
     def field_bytes(self, block: Block) -> np.ndarray:
         """All samples of one field, as a flat uint8 view."""
         return self.flat[block.offset: block.offset + block.nbytes]
 
     def samples(self, block: Block) -> list[np.ndarray]:
-        """Per-sample array views (valid until the views are dropped)."""
+        """Per-sample array views (valid until :meth:`release`)."""
         out = []
         pos = block.offset
         dt = np.dtype(block.dtype)
@@ -173,18 +228,18 @@ class Attached:
         return out
 
     def release(self) -> None:
-        """Unlink the segment (the writer owns it); the mapping goes with the last view."""
+        """Hand the segment back to its producer for the next batch."""
         if self.seg is not None:
-            self.seg.unlink()
+            self.seg.mark(FREE)
         self.seg = None
         self.flat = np.zeros(0, np.uint8)
 
 
 def discard(packed: Packed) -> None:
-    """Unlink a segment that will never be written (cancelled or superseded result)."""
+    """Free the segment of a result that will never be written."""
     if packed.shm_name:
         try:
-            os.unlink(os.path.join(SHM_DIR, packed.shm_name))
+            Segment(packed.shm_name).mark(FREE)
         except FileNotFoundError:
             pass
 
