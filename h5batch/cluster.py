@@ -286,7 +286,7 @@ def _jobqueue(cfg: ClusterConfig, wait_timeout: float) -> Iterator[Connection]:
         try:
             # adapt with min = max keeps `jobs` jobs alive: one that dies is resubmitted.
             cluster.adapt(minimum_jobs=jobs, maximum_jobs=jobs)
-            client = Client(cluster, security=security)
+            client = Client(cluster, security=security, direct_to_workers=True)
             # start with the first worker (a busy queue should not hold the run) unless
             # cluster.workers asks for more
             want = min(cfg.workers or 1, jobs * int(kwargs["processes"]))

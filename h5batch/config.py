@@ -128,7 +128,7 @@ class ClusterConfig:
     workers: int | None = None
     address: str | None = None
     scheduler_file: str | None = None
-    batch_size: int = 32
+    batch_size: int = 64
     max_in_flight: int | None = None
     transport: Literal["auto", "shm", "network"] = "auto"
     dashboard: bool = True
