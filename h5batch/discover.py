@@ -29,7 +29,7 @@ from pathlib import Path, PurePosixPath
 from .config import JobConfig, SourceConfig
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Item:
     """One sample to decode: ``paths`` holds one path per field (relative to the corpus
     root, POSIX separators), in the job's field order."""
@@ -40,7 +40,7 @@ class Item:
     label: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Reject:
     """An input that did not become a sample. ``stage`` is where it failed
     (``discover``, ``decode``, ``worker``, ``timeout``)."""

@@ -16,6 +16,7 @@ import queue
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,24 +106,53 @@ def versions() -> dict[str, str]:
     return out
 
 
+class TaskList(Sequence):
+    """The batches of a job, built on demand: only the batch boundaries are kept, so the
+    driver holds no per-file state beyond the manifest itself."""
+
+    def __init__(self, job: JobConfig, manifest: Manifest, run_id: str, writer_host: str,
+                 faults: tuple[tuple[str, str], ...] = ()):
+        self.job, self.manifest, self.run_id, self.writer_host, self.faults = job, manifest, run_id, writer_host, faults
+        self.fields = tuple(job.fields.items())
+        self.root = os.path.abspath(manifest.root)
+        bs = job.cluster.batch_size
+        starts = []
+        items = manifest.items
+        i = 0
+        while i < len(items):  # batches of batch_size items, never across splits
+            starts.append(i)
+            split = items[i].split
+            j = min(i + bs, len(items))
+            while items[j - 1].split != split:
+                j -= 1
+            i = j
+        self.starts = np.asarray(starts + [len(items)], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.starts) - 1
+
+    def first_item(self, index: int) -> int:
+        """Manifest position of the first item of batch ``index`` (``len`` for the end)."""
+        return int(self.starts[index])
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[k] for k in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        lo, hi = int(self.starts[index]), int(self.starts[index + 1])
+        m = self.manifest
+        chunk = tuple((it.paths, m.label_index(it.label)) for it in m.items[lo:hi])
+        return BatchTask(index, m.items[lo].split, lo, chunk, self.root, self.fields, self.run_id,
+                         self.job.cluster.transport, self.writer_host, self.job.policy.decode_timeout, self.faults)
+
+
 def make_tasks(job: JobConfig, manifest: Manifest, run_id: str, writer_host: str,
-               faults: tuple[tuple[str, str], ...] = ()) -> list[BatchTask]:
+               faults: tuple[tuple[str, str], ...] = ()) -> TaskList:
     """Cut the manifest into batches of ``cluster.batch_size`` items, never across splits."""
-    fields = tuple(job.fields.items())
-    tasks: list[BatchTask] = []
-    bs = job.cluster.batch_size
-    i = 0
-    items = manifest.items
-    while i < len(items):
-        split = items[i].split
-        j = i
-        while j < len(items) and j - i < bs and items[j].split == split:
-            j += 1
-        chunk = tuple((it.paths, manifest.label_index(it.label)) for it in items[i:j])
-        tasks.append(BatchTask(len(tasks), split, i, chunk, os.path.abspath(manifest.root), fields, run_id,
-                               job.cluster.transport, writer_host, job.policy.decode_timeout, faults))
-        i = j
-    return tasks
+    return TaskList(job, manifest, run_id, writer_host, faults)
 
 
 def _empty_result(task: BatchTask, rejects: list[Reject], nfields: int) -> BatchResult:
@@ -374,7 +404,7 @@ class Converter:
             slots: dict[int, _Slot] = {}
             futures: dict[Any, tuple[int, int]] = {}  # future -> (batch index, part position)
             next_submit = next_forward = acked = start
-            done_items = sum(len(t.items) for t in tasks[:start])
+            done_items = tasks.first_item(start)
             rejects = 0
             bytes_decoded = 0
             prog = Progress(total_items, done_items, enabled=self.opts.progress, log=self.log)
