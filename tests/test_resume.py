@@ -18,7 +18,7 @@ import h5py
 import pytest
 
 from h5batch import synth
-from h5batch.transport import list_segments
+from h5batch.transport import stale_segments
 from tests.conftest import REPO
 from tests.h5compare import assert_same_h5
 
@@ -106,7 +106,7 @@ def test_kill_9_process_group_then_resume_is_identical(corpus, reference, tmp_pa
     assert f"{done_before} of 50 batches already committed" in res.stderr
     assert_same_h5(reference, out)
     assert not Path(str(out) + ".partial").exists()
-    assert not list_segments(), "stale shared-memory segments survived the resumed run"
+    assert not stale_segments(), "stale shared-memory segments survived the resumed run"
 
 
 def test_kill_9_writer_only_then_resume(corpus, reference, tmp_path):
@@ -155,7 +155,7 @@ def test_ctrl_c_stops_gracefully_and_resumes(corpus, reference, tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "Run the same command again to resume" in err
-    assert not list_segments(), "Ctrl-C left shared-memory segments"
+    assert not stale_segments(), "Ctrl-C left shared-memory segments"
     time.sleep(1.0)
     leftovers = _group_members(proc.pid)
     reap_group(proc.pid)
