@@ -1,0 +1,6 @@
+"""``h5batch bench``: conversion and read throughput, memory and scaling, side by side.
+
+Modules: :mod:`corpus` (what is converted), :mod:`baselines` (naive HDF5 recipe, raw files,
+memmap), :mod:`peers` (WebDataset, LitData), :mod:`measure` (timing, process-tree RSS),
+:mod:`suite` (the run), :mod:`report` (JSON, markdown, PNG), :mod:`cli`. See docs/benchmarks.md.
+"""

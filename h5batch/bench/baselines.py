@@ -1,0 +1,207 @@
+"""What h5batch is measured against: the naive HDF5 recipe, raw files, and a memmap.
+
+* :func:`naive_convert` is the recipe found in most tutorials: one process decodes the files
+  one by one and stores every sample as its own HDF5 dataset, ``compression="gzip"``,
+  ``chunks=True``.
+* :class:`NaiveDataset` reads that file back sample by sample (opened lazily per process).
+* :class:`RawFileDataset` decodes the original wav/jpg files in ``__getitem__``.
+* :class:`MemmapDataset` gathers rows of one ``numpy.memmap`` holding the decoded array: no
+  decoding, no HDF5, one fancy-index read per batch; the practical upper limit.
+
+All of them decode with :func:`h5batch.decode.decode_field`, so they hold the same arrays as
+an h5batch file made from the same job, and deliver the same batches as
+``H5Dataset(as_float=True)`` + ``h5batch.torch.collate``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import h5py
+import numpy as np
+import torch
+from torch.utils.data import Dataset, get_worker_info
+
+from ..config import FieldConfig
+from ..decode import decode_field
+
+NAIVE_GROUP = "samples"
+
+
+def naive_convert(items: Sequence[tuple[str, ...]], fields: Sequence[tuple[str, FieldConfig]],
+                  out_path: str, limit: int | None = None) -> dict[str, Any]:
+    """Convert with the common recipe: one process, one gzip dataset per sample and field.
+
+    ``items`` are the absolute paths of each sample's files (one per field); sample ``i`` is
+    stored as ``/samples/<i>/<field>`` (``i`` zero-padded to 8 digits so names sort).
+    Returns ``{"samples", "bytes_decoded", "output_bytes"}``.
+    """
+    n = len(items) if limit is None else min(limit, len(items))
+    nbytes = 0
+    with h5py.File(out_path, "w") as f:
+        g = f.create_group(NAIVE_GROUP)
+        for i in range(n):
+            s = g.create_group(f"{i:08d}")
+            for (name, fc), path in zip(fields, items[i]):
+                a = decode_field(path, fc)
+                nbytes += a.nbytes
+                s.create_dataset(name, data=a, compression="gzip", chunks=True)
+    return {"samples": n, "bytes_decoded": nbytes, "output_bytes": os.path.getsize(out_path)}
+
+
+def naive_read_all(path: str, field: str) -> list[np.ndarray]:
+    """Every sample of one field of a naive file, in order (for correctness checks)."""
+    with h5py.File(path, "r") as f:
+        g = f[NAIVE_GROUP]
+        return [g[k][field][()] for k in sorted(g)]
+
+
+# ---------------------------------------------------------------------------
+# Datasets. Each returns per-sample dicts of numpy arrays as stored (int16 / uint8);
+# FloatCollate turns a list of them into the batch H5Dataset(as_float=True) gives.
+# ---------------------------------------------------------------------------
+
+
+class NaiveDataset(Dataset):
+    """Samples of a :func:`naive_convert` file, one ``h5py`` read per field and sample.
+
+    The file is opened on first access in each process (never in ``__init__``: an h5py handle
+    inherited through fork is unsafe, pytorch#11929).
+    """
+
+    def __init__(self, path: str, fields: Sequence[str], n: int):
+        self.path = path
+        self.fields = tuple(fields)
+        self.n = n
+        self._pid: int | None = None
+        self._group: Any = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_pid": None, "_group": None}
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        if self._pid != os.getpid():
+            self._group = h5py.File(self.path, "r")[NAIVE_GROUP]
+            self._pid = os.getpid()
+        s = self._group[f"{int(i):08d}"]
+        return {name: s[name][()] for name in self.fields}
+
+
+class RawFileDataset(Dataset):
+    """Decode the original files of each sample in ``__getitem__`` (the no-conversion path)."""
+
+    def __init__(self, items: Sequence[tuple[str, ...]], fields: Sequence[tuple[str, FieldConfig]]):
+        self.items = list(items)
+        self.fields = tuple(fields)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        return {name: decode_field(path, fc) for (name, fc), path in zip(self.fields, self.items[int(i)])}
+
+
+def write_memmaps(reference: dict[str, np.ndarray], directory: str) -> dict[str, str]:
+    """Store each field's decoded ``(N, *shape)`` array as ``<field>.npy``; returns the paths."""
+    os.makedirs(directory, exist_ok=True)
+    paths = {}
+    for name, arr in reference.items():
+        paths[name] = os.path.join(directory, f"{name}.npy")
+        mm = np.lib.format.open_memmap(paths[name], mode="w+", dtype=arr.dtype, shape=arr.shape)
+        mm[...] = arr
+        mm.flush()
+        del mm
+    return paths
+
+
+class MemmapDataset(Dataset):
+    """Rows of ``.npy`` memmaps, a whole batch per ``__getitems__`` call (already collated).
+
+    Use with ``collate_fn=passthrough``. Output: ``{field: float32 (B, *shape)}`` scaled like
+    ``H5Dataset(as_float=True)``, allocated in shared memory inside DataLoader workers.
+    """
+
+    def __init__(self, paths: dict[str, str]):
+        self.paths = dict(paths)
+        self._maps: dict[str, np.ndarray] | None = None
+        self.n = int(np.load(next(iter(self.paths.values())), mmap_mode="r").shape[0])
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_maps": None}
+
+    def _open(self) -> dict[str, np.ndarray]:
+        if self._maps is None:
+            self._maps = {k: np.load(p, mmap_mode="r") for k, p in self.paths.items()}
+        return self._maps
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {k: v[0] for k, v in self.__getitems__([i]).items()}
+
+    def __getitems__(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+        idx = np.asarray(indices, dtype=np.int64)
+        shared = get_worker_info() is not None
+        out = {}
+        for name, mm in self._open().items():
+            t = torch.empty((len(idx), *mm.shape[1:]), dtype=torch.float32)
+            if shared:
+                t.share_memory_()
+            view = t.numpy()
+            view[...] = mm[idx]
+            _scale(view, mm.dtype)
+            out[name] = t
+        return out
+
+
+def _scale(view: np.ndarray, stored: np.dtype) -> None:
+    if stored == np.int16:
+        np.multiply(view, np.float32(1.0 / 32768.0), out=view)
+    elif stored == np.uint8:
+        np.divide(view, np.float32(255.0), out=view)
+
+
+def passthrough(batch: Any) -> Any:
+    """``collate_fn`` for datasets whose ``__getitems__`` already returns the batch."""
+    return batch
+
+
+class FloatCollate:
+    """Stack per-sample dicts of int16/uint8 arrays into float32 batch tensors.
+
+    Same scaling as ``H5Dataset(as_float=True)``; variable-length 1-D fields are zero-padded
+    to the longest sample with ``<field>_lengths`` (like ``h5batch.torch.collate``). Keys
+    other than arrays (``__key__``, ``index``) are collected into lists.
+    """
+
+    def __call__(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        shared = get_worker_info() is not None
+        out: dict[str, Any] = {}
+        for key in samples[0]:
+            vals = [s[key] for s in samples]
+            first = vals[0]
+            if not isinstance(first, np.ndarray) or first.ndim == 0:
+                out[key] = vals
+                continue
+            shapes = [v.shape for v in vals]
+            top = tuple(max(s[d] for s in shapes) for d in range(first.ndim))
+            t = torch.zeros((len(vals), *top), dtype=torch.float32)
+            if shared:
+                t.share_memory_()
+            view = t.numpy()
+            for j, v in enumerate(vals):
+                view[(j, *(slice(0, n) for n in v.shape))] = v
+            _scale(view, first.dtype)
+            out[key] = t
+            if any(s != top for s in shapes):
+                out[key + "_lengths"] = torch.tensor([s[0] for s in shapes], dtype=torch.int64)
+        return out
+
+
+float_collate = FloatCollate()

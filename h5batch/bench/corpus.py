@@ -1,0 +1,163 @@
+"""The corpora the benchmark converts and reads, and the job of each.
+
+Generated corpora (``h5batch.synth``) live under a cache directory and are made once: the
+generators skip a root whose marker matches their arguments. Real corpora
+(``../shared/corpora``) are used as they are when present.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import synth
+from ..config import JobConfig, job_from_dict
+from ..decode import decode_field
+from ..discover import Manifest, discover
+
+AUDIO_SECONDS = 2.0
+AUDIO_RATE = 16000
+AUDIO_LENGTH = 32000  # fields.data.length: every pair is (32000,) int16 x 2
+IMAGE_SIZE = (224, 224)
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A corpus plus the job settings (``source`` and ``fields``) that read it.
+
+    ``kind`` is ``audio`` or ``image``; ``fixed`` says whether every field has one shape
+    (a memmap baseline needs that); ``real`` marks corpora that were not generated.
+    """
+
+    name: str
+    root: str
+    kind: str
+    source: dict[str, Any]
+    fields: dict[str, dict[str, Any]]
+    fixed: bool = True
+    real: bool = False
+    batch_size: int = 32  # cluster.batch_size (files per Dask task)
+    notes: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def job(self, out_path: str, codec: str = "blosc2-lz4", cluster: dict[str, Any] | None = None) -> JobConfig:
+        """The h5batch job converting this corpus to ``out_path`` with ``codec``."""
+        data = {
+            "name": f"bench-{self.name}",
+            "source": {"root": self.root, **self.source},
+            "fields": self.fields,
+            "output": {"path": out_path, "codec": codec, "overwrite": True},
+            "cluster": {"batch_size": self.batch_size, "dashboard": False, **(cluster or {})},
+        }
+        return job_from_dict(data, file=f"<bench {self.name}>")
+
+    def manifest(self) -> Manifest:
+        return discover(self.job(os.path.join(self.root, "unused.h5")))
+
+    @property
+    def field_names(self) -> tuple[str, ...]:
+        return tuple(self.fields)
+
+
+def _audio_field(folder: str | None, length: int | None, rate: int) -> dict[str, Any]:
+    f: dict[str, Any] = {"type": "audio", "extensions": [".wav"], "sample_rate": rate, "dtype": "int16"}
+    if folder:
+        f["folder"] = folder
+    if length is not None:
+        f["length"] = length
+    return f
+
+
+def paired_audio(cache: str | os.PathLike[str], pairs: int) -> Corpus:
+    """``pairs`` noisy/clean pairs of 2 s at 16 kHz (synth.make_paired_audio), fixed length."""
+    root = Path(cache) / f"paired_audio_{pairs}"
+    synth.make_paired_audio(root, n_train=pairs, n_test=0, seconds=AUDIO_SECONDS, sample_rate=AUDIO_RATE)
+    return Corpus(
+        name=f"paired_audio_{pairs}", root=str(root), kind="audio",
+        source={"layout": "paired_folders", "splits": ["train"]},
+        fields={"data": _audio_field("data", AUDIO_LENGTH, AUDIO_RATE),
+                "target": _audio_field("label", AUDIO_LENGTH, AUDIO_RATE)},
+        notes=f"{pairs} pairs of 2 s 16 kHz 16-bit wav (noisy + clean), 2 x 64 kB decoded per sample",
+        extra={"pairs": pairs})
+
+
+def images(cache: str | os.PathLike[str], count: int) -> Corpus:
+    """``count`` textured JPEGs of 160-640 px (synth.make_image_corpus), resized to 224x224."""
+    per_class = max(1, count // 2)
+    root = Path(cache) / f"images_{2 * per_class}"
+    synth.make_image_corpus(root, n_per_class=per_class, splits={"train": 1.0})
+    return Corpus(
+        name=f"images_{2 * per_class}", root=str(root), kind="image",
+        source={"layout": "class_folders", "splits": ["train"]},
+        fields={"image": {"type": "image", "extensions": [".jpg"], "mode": "RGB", "size": list(IMAGE_SIZE)}},
+        batch_size=16,
+        notes=f"{2 * per_class} JPEGs 160-640 px, resized + centre-cropped to 224x224 RGB (150 kB decoded)")
+
+
+def real_corpora(shared: str | os.PathLike[str]) -> list[Corpus]:
+    """The corpora of ``shared`` (``../shared/corpora``) that are present."""
+    shared = Path(shared)
+    out: list[Corpus] = []
+    fsdd = shared / "fsdd"
+    if fsdd.is_dir():
+        out.append(Corpus(
+            name="fsdd", root=str(fsdd), kind="audio", real=True, fixed=False, batch_size=64,
+            source={"layout": "pattern", "pattern": r"(?P<label>\d)_(?P<speaker>[a-z]+)_(?P<index>\d+)\.wav",
+                    "split": {"group": "index", "ranges": {"train": [0, 1000]}, "default": "train"},
+                    "splits": ["train"]},
+            fields={"audio": _audio_field(None, None, 8000)},
+            notes="Free Spoken Digit Dataset: 3000 wav, 8 kHz, variable length (~0.5 s)"))
+    imgs = shared / "images"
+    if imgs.is_dir():
+        out.append(Corpus(
+            name="hymenoptera", root=str(imgs), kind="image", real=True, batch_size=16,
+            source={"layout": "class_folders", "splits": ["train", "val"]},
+            fields={"image": {"type": "image", "extensions": [".jpg", ".jpeg", ".png"], "mode": "RGB",
+                              "size": list(IMAGE_SIZE)}},
+            notes="ants vs bees photos (both splits), resized + centre-cropped to 224x224"))
+    return out
+
+
+def decode_items(corpus: Corpus, manifest: Manifest | None = None) -> dict[str, Any]:
+    """Decode every sample of ``corpus`` in this process (the reference for correctness checks).
+
+    Returns ``{field: array (N, *shape)}`` for a fixed-shape corpus, ``{field: [arrays]}``
+    otherwise, in manifest order (the order of the h5batch output, splits concatenated).
+    """
+    manifest = manifest or corpus.manifest()
+    job = corpus.job(os.path.join(corpus.root, "unused.h5"))
+    out: dict[str, list[np.ndarray]] = {n: [] for n in job.fields}
+    for it in manifest.items:
+        for (name, fc), rel in zip(job.fields.items(), it.paths):
+            out[name].append(decode_field(os.path.join(manifest.root, rel), fc))
+    if corpus.fixed:
+        return {n: np.stack(v) for n, v in out.items()}
+    return dict(out)
+
+
+def item_paths(manifest: Manifest) -> list[tuple[str, ...]]:
+    """Absolute paths of each sample's files, in manifest order."""
+    return [tuple(os.path.join(manifest.root, p) for p in it.paths) for it in manifest.items]
+
+
+def sample_nbytes(reference: dict[str, Any]) -> float:
+    """Mean decoded bytes of one sample (all fields)."""
+    total = 0
+    n = 0
+    for v in reference.values():
+        if isinstance(v, np.ndarray):
+            total += v.nbytes
+            n = len(v)
+        else:
+            total += sum(a.nbytes for a in v)
+            n = len(v)
+    return total / max(n, 1)
+
+
+def splits_of(corpus: Corpus) -> Sequence[str]:
+    return corpus.source.get("splits") or ["train"]

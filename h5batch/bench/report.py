@@ -1,0 +1,380 @@
+"""Render a benchmark run: ``results.json``, ``results.md`` (tables + targets), PNG plots.
+
+Everything here works from the results dict of :class:`~h5batch.bench.suite.Bench` (or the
+JSON file it was saved to), so a report can be re-rendered without re-running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from typing import Any
+
+DEFAULT_CODEC = "blosc2-lz4"
+MB = 1e6
+
+
+# ---------------------------------------------------------------------------
+# Looking things up in the records
+# ---------------------------------------------------------------------------
+
+
+def _find(results: dict[str, Any], **want: Any) -> dict[str, Any] | None:
+    for r in results["records"]:
+        if all(r.get(k) == v for k, v in want.items()):
+            return r
+    return None
+
+
+def _rate(rec: dict[str, Any] | None) -> float | None:
+    return rec["rate"]["median"] if rec and rec["runs"] else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _records(results: dict[str, Any], phase: str, corpus: str) -> list[dict[str, Any]]:
+    return [r for r in results["records"] if r["phase"] == phase and r["corpus"] == corpus and r["runs"]]
+
+
+# ---------------------------------------------------------------------------
+# Targets
+# ---------------------------------------------------------------------------
+
+
+def _target(name: str, value: float | None, threshold: float, detail: str) -> dict[str, Any]:
+    return {"target": name, "value": value, "threshold": threshold,
+            "met": None if value is None else value >= threshold, "detail": detail}
+
+
+def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each target of docs/benchmarks.md with its measured ratio and whether it is met.
+
+    Targets are judged on the paired-audio corpus, h5batch's default codec; reads use the
+    default :class:`~h5batch.torch.ChunkShuffleSampler`, conversions the already-started
+    cluster (start-up excluded; the cold figure is in the table beside it).
+    """
+    c = results["main_corpus"]
+    out: list[dict[str, Any]] = []
+    workers = results["config"]["workers"]
+    for nw in workers:
+        h = _rate(_find(results, phase="read", corpus=c, method="h5batch", codec=DEFAULT_CODEC,
+                        variant="chunk-shuffle", workers=nw))
+        for base, method, thr in (("naive HDF5", "naive", 10.0), ("raw files", "raw-files", 2.0),
+                                  ("memmap", "memmap", 0.5)):
+            b = _rate(_find(results, phase="read", corpus=c, method=method, workers=nw))
+            out.append(_target(f"read >= {thr:g}x {base} (num_workers={nw})", _ratio(h, b), thr,
+                               _pair(h, b)))
+    hc = _rate(_find(results, phase="convert", corpus=c, method="h5batch", codec=DEFAULT_CODEC, variant=""))
+    gz = _rate(_find(results, phase="convert", corpus=c, method="h5batch", codec="gzip", variant=""))
+    naive = _rate(_find(results, phase="convert", corpus=c, method="naive"))
+    floor = _rate(_find(results, phase="convert", corpus=c, method="floor"))
+    out.append(_target(f"conversion {DEFAULT_CODEC} >= 10x naive", _ratio(hc, naive), 10.0, _pair(hc, naive)))
+    out.append(_target(f"conversion {DEFAULT_CODEC} >= 0.8x decode-only floor", _ratio(hc, floor), 0.8,
+                       _pair(hc, floor)))
+    out.append(_target("conversion gzip >= 2.5x naive", _ratio(gz, naive), 2.5, _pair(gz, naive)))
+    if results["config"].get("peers"):
+        nproc = results["config"]["dask_workers"]
+        w = _rate(_find(results, phase="convert", corpus=c, method=f"webdataset-{nproc}p"))
+        out.append(_target(f"conversion >= 1.0x WebDataset {nproc} processes", _ratio(hc, w), 1.0, _pair(hc, w)))
+        for nw in workers:
+            h = _rate(_find(results, phase="read", corpus=c, method="h5batch", codec=DEFAULT_CODEC,
+                            variant="chunk-shuffle", workers=nw))
+            best, label = None, ""
+            for r in results["records"]:
+                if (r["phase"] == "read" and r["corpus"] == c and r["workers"] == nw and r["runs"]
+                        and r["method"] in ("webdataset", "litdata")):
+                    if best is None or _rate(r) > best:
+                        best, label = _rate(r), f"{r['method']} {r['variant']}"
+            out.append(_target(f"read >= 1.5x best peer (num_workers={nw})", _ratio(h, best), 1.5,
+                               _pair(h, best) + (f" ({label})" if label else "")))
+    return out
+
+
+def _pair(a: float | None, b: float | None) -> str:
+    if a is None or b is None:
+        return "not measured"
+    return f"{a:,.0f} vs {b:,.0f} samples/s"
+
+
+# ---------------------------------------------------------------------------
+# Markdown
+# ---------------------------------------------------------------------------
+
+
+def _fmt(x: float | None, digits: int = 0) -> str:
+    if x is None:
+        return "—"
+    return f"{x:,.{digits}f}"
+
+
+def _x(x: float | None) -> str:
+    return "—" if x is None else f"{x:.2f}x"
+
+
+def _spread(rec: dict[str, Any]) -> str:
+    s = rec["rate"]
+    return f"±{100 * s['spread'] / 2:.0f}%" if s["n"] > 1 else "—"
+
+
+def _label(r: dict[str, Any]) -> str:
+    m = r["method"]
+    names = {"h5batch": "h5batch (warm cluster)", "h5batch-cold": "h5batch (cold: incl. cluster start-up)",
+             "floor": "decode-only floor (same cluster)", "naive": "naive recipe (1 process, dataset per sample)"}
+    text = names.get(m, m)
+    if r["variant"]:
+        text += f" [{r['variant']}]"
+    return text
+
+
+def convert_table(results: dict[str, Any], corpus: str) -> list[str]:
+    recs = _records(results, "convert", corpus)
+    if not recs:
+        return []
+    naive = _rate(_find(results, phase="convert", corpus=corpus, method="naive"))
+    floor = _rate(_find(results, phase="convert", corpus=corpus, method="floor"))
+    rows = ["| method | codec | samples/s | spread | files/s | MB/s decoded | x naive | x floor "
+            "| MB on disk | peak RSS MB (added) |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in recs:
+        rate = _rate(r)
+        files = r["runs"][0].get("files", 0) / r["runs"][0]["items"] if r["runs"][0]["items"] else 0
+        out_b = r["info"].get("output_bytes")
+        rss = r["peak_rss"]["median"] / MB
+        added = r["rss_added"]["median"] / MB
+        rows.append(f"| {_label(r)} | {r['codec'] or '—'} | {_fmt(rate)} | {_spread(r)} | {_fmt(rate * files)} "
+                    f"| {_fmt(r['mb_per_s']['median'])} | {_x(_ratio(rate, naive))} | {_x(_ratio(rate, floor))} "
+                    f"| {_fmt(out_b / MB if out_b else None, 1)} | {rss:,.0f} ({added:+,.0f}) |")
+    return rows
+
+
+def read_table(results: dict[str, Any], corpus: str) -> list[str]:
+    recs = _records(results, "read", corpus)
+    if not recs:
+        return []
+    rows = ["| layout | codec | order | workers | samples/s | spread | MB/s | x naive | x raw files | x memmap "
+            "| peak RSS MB (added) |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(recs, key=lambda r: (r["workers"], _order(r["method"]), r["codec"], r["variant"])):
+        nw = r["workers"]
+        rate = _rate(r)
+        base = {m: _rate(_find(results, phase="read", corpus=corpus, method=m, workers=nw))
+                for m in ("naive", "raw-files", "memmap")}
+        rows.append(f"| {r['method']} | {r['codec'] or '—'} | {r['variant']} | {nw} | {_fmt(rate)} | {_spread(r)} "
+                    f"| {_fmt(r['mb_per_s']['median'])} | {_x(_ratio(rate, base['naive']))} "
+                    f"| {_x(_ratio(rate, base['raw-files']))} | {_x(_ratio(rate, base['memmap']))} "
+                    f"| {r['peak_rss']['median'] / MB:,.0f} ({r['rss_added']['median'] / MB:+,.0f}) |")
+    return rows
+
+
+def _order(method: str) -> int:
+    order = ["h5batch", "naive", "raw-files", "memmap", "webdataset", "litdata"]
+    return order.index(method) if method in order else len(order)
+
+
+def scaling(results: dict[str, Any]) -> dict[str, Any] | None:
+    """x1 vs x``scale`` cold conversions of the paired-audio corpus (default codec)."""
+    c = results["main_corpus"]
+    scale = results["config"]["scale"]
+    a = _find(results, phase="convert", corpus=c, method="h5batch-cold", codec=DEFAULT_CODEC, variant="")
+    b = _find(results, phase="convert", corpus=c, method="h5batch-cold", codec=DEFAULT_CODEC, variant=f"x{scale}")
+    if not (a and b and a["runs"] and b["runs"]):
+        return None
+    return {"scale": scale,
+            "seconds": (a["seconds"]["median"], b["seconds"]["median"]),
+            "time_ratio": b["seconds"]["median"] / a["seconds"]["median"],
+            "peak_rss": (a["peak_rss"]["median"], b["peak_rss"]["median"]),
+            "peak_rss_ratio": b["peak_rss"]["median"] / a["peak_rss"]["median"],
+            "rss_added": (a["rss_added"]["median"], b["rss_added"]["median"]),
+            "rss_added_ratio": (b["rss_added"]["median"] / a["rss_added"]["median"]
+                                if a["rss_added"]["median"] > 0 else None),
+            "rate": (_rate(a), _rate(b))}
+
+
+def startup(results: dict[str, Any], corpus: str) -> float | None:
+    warm = _find(results, phase="convert", corpus=corpus, method="h5batch", codec=DEFAULT_CODEC, variant="")
+    cold = _find(results, phase="convert", corpus=corpus, method="h5batch-cold", codec=DEFAULT_CODEC, variant="")
+    if not (warm and cold and warm["runs"] and cold["runs"]):
+        return None
+    return cold["seconds"]["median"] - warm["seconds"]["median"]
+
+
+def markdown(results: dict[str, Any]) -> str:
+    meta, cfg = results["meta"], results["config"]
+    m = meta["machine"]
+    lines = [f"# h5batch bench ({cfg['mode']}), {meta['finished']}", "",
+             f"{m['affinity']} cores, {m['memory_gb']} GB, Python {m['python']}, {meta['seconds']:.0f} s in all. "
+             f"Median of {cfg['reps']} repetitions (after a warm-up); spread = half the min-max range. "
+             f"{meta['note']}.", ""]
+    load = meta.get("load_average") or {}
+    if load:
+        start, end = load.get("start", [0])[0], load.get("end", [0])[0]
+        lines += [f"Load average (1 min) at start {start:.1f}, at end {end:.1f}"
+                  + (f" — **other processes were using the {m['affinity']} cores when the run started: "
+                     "figures are low and noisy**" if start > 0.75 * m["affinity"] else "")
+                  + " (the bench itself keeps about 2 cores busy).", ""]
+    lines += ["## Targets", "", "| target | measured | status | detail |", "|---|---:|---|---|"]
+    for t in results.get("targets") or targets(results):
+        status = "not measured" if t["met"] is None else ("**met**" if t["met"] else "**MISSED**")
+        lines.append(f"| {t['target']} | {_x(t['value'])} | {status} | {t['detail']} |")
+    lines.append("")
+    for name, info in results["corpora"].items():
+        conv, read = convert_table(results, name), read_table(results, name)
+        if not conv and not read:
+            continue
+        lines += [f"## {name}", "", f"{info['notes']}; {info['samples']} samples, {info['files']} files.", ""]
+        if conv:
+            lines += ["### Conversion", ""] + conv + [""]
+            s = startup(results, name)
+            if s is not None:
+                lines += [f"Cluster start-up and teardown cost {s:.1f} s per conversion (cold minus warm median).", ""]
+        if read:
+            lines += [f"### Read (DataLoader, batch {cfg['batch_size']}, shuffle on; {_epoch(results, name)} "
+                      "timed after a warm-up epoch; MB/s of decoded samples, delivered as float32)", ""] + read + [""]
+    sc = results.get("scaling") or scaling(results)
+    if sc:
+        lines += [f"## Scaling: corpus x1 vs x{sc['scale']} (cold, default codec)", "",
+                  f"| | x1 | x{sc['scale']} | ratio |", "|---|---:|---:|---:|",
+                  f"| seconds | {sc['seconds'][0]:.1f} | {sc['seconds'][1]:.1f} | {sc['time_ratio']:.2f} |",
+                  f"| samples/s | {sc['rate'][0]:,.0f} | {sc['rate'][1]:,.0f} | {sc['rate'][1] / sc['rate'][0]:.2f} |",
+                  f"| peak RSS of the process tree (MB) | {sc['peak_rss'][0] / MB:,.0f} | {sc['peak_rss'][1] / MB:,.0f} "
+                  f"| {sc['peak_rss_ratio']:.2f} |",
+                  f"| RSS added over idle (MB) | {sc['rss_added'][0] / MB:,.0f} | {sc['rss_added'][1] / MB:,.0f} "
+                  f"| {_fmt(sc['rss_added_ratio'], 2)} |", ""]
+    checks = results.get("checks") or []
+    if checks:
+        bad = [c for c in checks if not c["ok"]]
+        lines += ["## Correctness", "", f"{len(checks) - len(bad)} of {len(checks)} checks passed."]
+        lines += [f"- FAILED: {c['check']} {c['detail']}" for c in bad] + [""]
+    if results.get("skipped"):
+        lines += ["## Skipped", ""] + [f"- {s}" for s in results["skipped"]] + [""]
+    v = meta["versions"]
+    lines += ["Versions: " + ", ".join(f"{k} {v[k]}" for k in sorted(v)), ""]
+    return "\n".join(lines)
+
+
+def _epoch(results: dict[str, Any], corpus: str) -> str:
+    for r in _records(results, "read", corpus):
+        e, n = r["info"].get("epochs", 1), r["info"].get("samples_per_epoch", "?")
+        return f"{e} epoch{'s' if e != 1 else ''} of {n} samples"
+    return "?"
+
+
+# ---------------------------------------------------------------------------
+# Plots
+# ---------------------------------------------------------------------------
+
+
+def _bars(ax: Any, labels: list[str], series: dict[str, list[dict[str, Any] | None]]) -> None:
+    import numpy as np
+
+    y = np.arange(len(labels))
+    h = 0.8 / max(1, len(series))
+    for k, (name, recs) in enumerate(series.items()):
+        med = [(_rate(r) or 0) for r in recs]
+        lo = [m - (r["rate"]["min"] if r and r["runs"] else 0) for m, r in zip(med, recs)]
+        hi = [(r["rate"]["max"] if r and r["runs"] else 0) - m for m, r in zip(med, recs)]
+        ax.barh(y + k * h, med, height=h, xerr=[lo, hi], label=name, capsize=2)
+    ax.set_yticks(y + h * (len(series) - 1) / 2)
+    ax.set_yticklabels(labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("samples/s (median, min-max)")
+    ax.grid(axis="x", alpha=0.3)
+
+
+def plots(results: dict[str, Any], out_dir: str) -> list[str]:
+    """Write the PNG plots; returns their file names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    files: list[str] = []
+    for name in results["corpora"]:
+        recs = _records(results, "read", name)
+        if not recs:
+            continue
+        configs: list[tuple[str, str, str]] = []
+        for r in recs:
+            c = (r["method"], r["codec"], r["variant"])
+            if c not in configs:
+                configs.append(c)
+        configs.sort(key=lambda c: (_order(c[0]), c[1], c[2]))
+        series = {f"num_workers={nw}": [_find(results, phase="read", corpus=name, method=c[0], codec=c[1],
+                                              variant=c[2], workers=nw) for c in configs]
+                  for nw in results["config"]["workers"]}
+        fig, ax = plt.subplots(figsize=(9, 0.45 * len(configs) + 1.5))
+        _bars(ax, [" ".join(p for p in c if p) for c in configs], series)
+        ax.set_title(f"Read throughput, {name} (DataLoader batch {results['config']['batch_size']})")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fn = f"read_{name}.png"
+        fig.savefig(os.path.join(out_dir, fn), dpi=110)
+        plt.close(fig)
+        files.append(fn)
+    for name in results["corpora"]:
+        recs = _records(results, "convert", name)
+        if not recs:
+            continue
+        fig, ax = plt.subplots(figsize=(9, 0.4 * len(recs) + 1.5))
+        _bars(ax, [f"{r['method']} {r['codec']} {r['variant']}".strip() for r in recs], {"convert": recs})
+        ax.set_title(f"Conversion throughput, {name}")
+        fig.tight_layout()
+        fn = f"convert_{name}.png"
+        fig.savefig(os.path.join(out_dir, fn), dpi=110)
+        plt.close(fig)
+        files.append(fn)
+    sc = results.get("scaling") or scaling(results)
+    if sc:
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.5))
+        xs = ["x1", f"x{sc['scale']}"]
+        a1.bar(xs, sc["seconds"], color=["tab:blue", "tab:orange"])
+        a1.axhline(sc["seconds"][0] * sc["scale"], ls="--", color="grey", label="linear")
+        a1.set_ylabel("seconds")
+        a1.set_title("conversion time")
+        a1.legend(fontsize=8)
+        a2.bar(xs, [v / MB for v in sc["peak_rss"]], color=["tab:blue", "tab:orange"])
+        a2.set_ylabel("MB")
+        a2.set_title("peak RSS, process tree")
+        fig.suptitle("Scaling, cold conversion, default codec")
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, "scaling.png"), dpi=110)
+        plt.close(fig)
+        files.append("scaling.png")
+    return files
+
+
+# ---------------------------------------------------------------------------
+# Writing
+# ---------------------------------------------------------------------------
+
+
+def write(results: dict[str, Any], out_dir: str | None = None) -> dict[str, str]:
+    """Add targets and scaling to ``results``, write JSON, markdown and plots; return the paths."""
+    out_dir = out_dir or results["out_dir"]
+    os.makedirs(out_dir, exist_ok=True)
+    results["targets"] = targets(results)
+    results["scaling"] = scaling(results)
+    pngs = plots(results, out_dir)
+    results["plots"] = pngs
+    paths = {"json": os.path.join(out_dir, "results.json"), "markdown": os.path.join(out_dir, "results.md")}
+    with open(paths["json"], "w") as f:
+        json.dump(results, f, indent=1, default=_json_default)
+    md = markdown(results)
+    md += "\n" + "\n".join(f"![{p}]({p})" for p in pngs) + "\n"
+    with open(paths["markdown"], "w") as f:
+        f.write(md)
+    for p in pngs:
+        paths[p] = os.path.join(out_dir, p)
+    return paths
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, tuple):
+        return list(o)
+    if hasattr(o, "item"):
+        return o.item()
+    if isinstance(o, Iterable):
+        return list(o)
+    return str(o)

@@ -1,0 +1,576 @@
+"""The benchmark run: conversions, reads, memory, scaling and peers, side by side.
+
+Order of a run (each phase interleaves its configurations within every repetition, so slow
+drift of the machine hits all of them alike):
+
+1. corpora: generated once into the cache directory, real ones used when present;
+2. conversions, per corpus: a warm-up round on a small corpus, then ``reps`` rounds of
+   h5batch (every codec, on a LocalCluster started once: start-up excluded), h5batch cold
+   (``kind: local``, the cluster started inside ``convert``: start-up included), the
+   decode-only floor (``tasks.decode_only`` on the same cluster), the naive recipe, the
+   x``scale`` corpus (cold) and the peers;
+3. correctness: every output is compared with the source decoded in this process;
+4. reads through a DataLoader (batch 64, shuffle on), per corpus: for each configuration a
+   warm-up epoch, then one timed epoch; every configuration reads the same samples.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import json
+import logging
+import os
+import platform
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+
+from .. import __version__
+from ..job import ConvertOptions, convert, make_tasks
+from ..tasks import decode_only
+from . import baselines, corpus, peers
+from .measure import PeakRss, Sample, drain, summarize, timed
+
+ALL_CODECS = ("blosc2-lz4", "gzip", "zstd", "none", "lzf")
+DEFAULT_CODEC = "blosc2-lz4"
+
+
+@dataclass
+class BenchConfig:
+    """What one ``h5batch bench`` run measures. See :func:`quick_config` / :func:`full_config`."""
+
+    mode: str = "quick"
+    pairs: int = 512  # paired-audio samples of the x1 corpus (read corpus too)
+    images: int = 64  # generated images
+    scale: int = 4  # the scaling corpus is scale x pairs
+    reps: int = 2
+    codecs: tuple[str, ...] = ("blosc2-lz4", "gzip")
+    image_codecs: tuple[str, ...] = ("blosc2-lz4",)
+    random_all_codecs: bool = False  # also read every codec in full random order (else default codec only)
+    read_samples: int = 512  # timed samples per read measurement (whole epochs, at least one)
+    workers: tuple[int, ...] = (0, 2)  # DataLoader num_workers
+    dask_workers: int = 2
+    batch_size: int = 64
+    peers: bool = False
+    real: bool = False  # include ../shared/corpora
+    shared: str = os.path.join("..", "shared", "corpora")
+    cache: str = os.path.join("data", "bench")
+    out_root: str = os.path.join("bench", "results")
+    keep: bool = False  # keep converted outputs (else deleted at the end)
+    warmup: bool = True  # a warm-up conversion round on a small corpus before the timed rounds
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def quick_config(**over: Any) -> BenchConfig:
+    return BenchConfig(**over)
+
+
+def full_config(**over: Any) -> BenchConfig:
+    base = dict(mode="full", pairs=2048, images=400, reps=3, codecs=ALL_CODECS,
+                image_codecs=("blosc2-lz4", "gzip", "none"), read_samples=2048,
+                peers=True, real=True)
+    base.update(over)
+    return BenchConfig(**base)
+
+
+def _say(log: Any, text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=log, flush=True)
+
+
+def close_loader(loader: Any) -> None:
+    """Stop a DataLoader's persistent workers now (not whenever the GC gets to it)."""
+    it = getattr(loader, "_iterator", None)
+    if it is not None and hasattr(it, "_shutdown_workers"):
+        it._shutdown_workers()
+    try:
+        loader._iterator = None
+    except AttributeError:
+        pass
+    gc.collect()
+
+
+@dataclass
+class Record:
+    """All repetitions of one configuration (one row of a table)."""
+
+    phase: str  # convert | read
+    corpus: str
+    method: str  # h5batch, h5batch-cold, floor, naive, webdataset-1p, ..., raw, memmap
+    codec: str = ""
+    variant: str = ""  # sampler for reads, scale for conversions
+    workers: int | None = None  # DataLoader num_workers (reads)
+    runs: list[Sample] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        parts = [self.phase, self.corpus, self.method, self.codec, self.variant,
+                 "" if self.workers is None else f"w{self.workers}"]
+        return "/".join(p for p in parts if p)
+
+    def stat(self, what: str = "rate") -> dict[str, float]:
+        return summarize(getattr(r, what) for r in self.runs)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in asdict(self).items() if k != "runs"}
+        d["key"] = self.key
+        d["runs"] = [r.to_dict() for r in self.runs]
+        d["rate"] = self.stat("rate")
+        d["mb_per_s"] = self.stat("mbps")
+        d["seconds"] = self.stat("seconds")
+        d["peak_rss"] = summarize(float(r.peak_rss) for r in self.runs)
+        d["rss_added"] = summarize(float(r.peak_rss - r.baseline_rss) for r in self.runs)
+        return d
+
+
+class Bench:
+    """One benchmark run; :meth:`run` returns the results dict that :mod:`report` renders."""
+
+    def __init__(self, cfg: BenchConfig, log: Any = None):
+        self.cfg = cfg
+        self.log = log or sys.stderr
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        self.out_dir = os.path.abspath(os.path.join(cfg.out_root, stamp))
+        self.work = os.path.join(self.out_dir, "work")
+        self.records: dict[str, Record] = {}
+        self.corpora: dict[str, dict[str, Any]] = {}
+        self.checks: list[dict[str, Any]] = []
+        self.skipped: list[str] = []
+        self.cluster = None
+        self.client = None
+
+    # ------------------------------------------------------------------ helpers
+
+    def say(self, text: str) -> None:
+        _say(self.log, text)
+
+    def record(self, phase: str, corpus_name: str, method: str, codec: str = "", variant: str = "",
+               workers: int | None = None) -> Record:
+        r = Record(phase, corpus_name, method, codec, variant, workers)
+        return self.records.setdefault(r.key, r)
+
+    def path(self, *parts: str) -> str:
+        """A file path under the work directory (its folder created)."""
+        p = os.path.join(self.work, *parts)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        return p
+
+    def folder(self, *parts: str) -> str:
+        """A folder path under the work directory (its parent created, itself not)."""
+        return self.path(*parts)
+
+    def _start_cluster(self) -> None:
+        from distributed import Client, LocalCluster
+
+        t0 = time.perf_counter()
+        self.cluster = LocalCluster(n_workers=self.cfg.dask_workers, threads_per_worker=1, processes=True,
+                                    host="127.0.0.1", dashboard_address=None, silence_logs=logging.ERROR)
+        self.client = Client(self.cluster)
+        self.cluster_start_seconds = time.perf_counter() - t0
+
+    def _stop_cluster(self) -> None:
+        if self.client is not None:
+            self.client.close()
+        if self.cluster is not None:
+            self.cluster.close()
+        self.client = self.cluster = None
+
+    # ------------------------------------------------------------------- run
+
+    def run(self) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        self.load = {"start": os.getloadavg()}
+        if self.load["start"][0] > 1.5:
+            self.say(f"WARNING: load average {self.load['start'][0]:.1f} on {os.cpu_count()} cores: other "
+                     "processes compete for the CPU and every figure will be low and noisy")
+        os.makedirs(self.work, exist_ok=True)
+        self.say(f"h5batch bench ({self.cfg.mode}) -> {self.out_dir}")
+        jobs = self._corpora()
+        peer_ok = self._peers_available() if self.cfg.peers else {}
+        self._start_cluster()
+        try:
+            for spec in jobs:
+                self._convert_phase(spec, peer_ok if spec["peers"] else {})
+        finally:
+            self._stop_cluster()
+        for spec in jobs:
+            self._check_phase(spec, peer_ok if spec["peers"] else {})
+            spec.pop("reference", None)  # free it: forked loader workers would inherit it
+        gc.collect()
+        for spec in jobs:
+            self._read_phase(spec, peer_ok if spec["peers"] else {})
+        self.load["end"] = os.getloadavg()
+        results = {
+            "meta": self._meta(time.perf_counter() - t0),
+            "config": self.cfg.to_dict(),
+            "corpora": self.corpora,
+            "main_corpus": jobs[0]["corpus"].name,
+            "image_corpus": jobs[1]["corpus"].name,
+            "records": [r.to_dict() for r in self.records.values()],
+            "checks": self.checks,
+            "skipped": self.skipped,
+            "out_dir": self.out_dir,
+        }
+        if not self.cfg.keep:
+            shutil.rmtree(self.work, ignore_errors=True)
+        return results
+
+    def _meta(self, seconds: float) -> dict[str, Any]:
+        import psutil
+
+        from ..job import versions
+
+        v = versions()
+        for name in ("torch", "webdataset", "litdata"):
+            ok, ver = peers.available(name) if name != "torch" else (True, __import__("torch").__version__)
+            if ok:
+                v[name] = ver
+        return {"h5batch": __version__, "mode": self.cfg.mode, "seconds": seconds,
+                "finished": datetime.now(UTC).isoformat(timespec="seconds"),
+                "machine": {"cpus": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)),
+                            "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+                            "platform": platform.platform(), "python": platform.python_version()},
+                "versions": v, "cluster_start_seconds": getattr(self, "cluster_start_seconds", None),
+                "load_average": self.load,
+                "note": "warm page cache: every input and output file is read from memory"}
+
+    def _peers_available(self) -> dict[str, bool]:
+        out = {}
+        for name in peers.PEERS:
+            ok, why = peers.available(name)
+            out[name] = ok
+            if not ok:
+                msg = f"peer {name} skipped: not importable ({why}); install requirements-peers.txt"
+                self.skipped.append(msg)
+                self.say(msg)
+        return out
+
+    # --------------------------------------------------------------- corpora
+
+    def _corpora(self) -> list[dict[str, Any]]:
+        c = self.cfg
+        self.say(f"corpora in {c.cache} (generated once)")
+        main = corpus.paired_audio(c.cache, c.pairs)
+        big = corpus.paired_audio(c.cache, c.pairs * c.scale)
+        warm = corpus.paired_audio(c.cache, max(16, min(64, c.pairs // 8))) if c.warmup else None
+        imgs = corpus.images(c.cache, c.images)
+        warm_img = corpus.images(c.cache, 16) if c.warmup else None
+        specs = [
+            {"corpus": main, "warm": warm, "codecs": c.codecs, "scaled": big, "peers": True,
+             "read_samples": c.read_samples},
+            {"corpus": imgs, "warm": warm_img, "codecs": c.image_codecs, "scaled": None, "peers": False,
+             "read_samples": 128},
+        ]
+        if c.real:
+            reals = corpus.real_corpora(c.shared)
+            if not reals:
+                self.skipped.append(f"real corpora: none found in {c.shared}")
+            for rc in reals:
+                specs.append({"corpus": rc, "warm": None, "codecs": (DEFAULT_CODEC,), "scaled": None,
+                              "peers": False, "read_samples": 0})
+        for s in specs:
+            for key in ("corpus", "scaled"):
+                if s[key] is None:
+                    continue
+                cp = s[key]
+                m = cp.manifest()
+                if key == "corpus":
+                    s["manifest"] = m
+                self.corpora[cp.name] = {"root": cp.root, "kind": cp.kind, "samples": len(m.items),
+                                         "files": sum(len(it.paths) for it in m.items),
+                                         "fields": list(cp.fields), "real": cp.real, "notes": cp.notes}
+        return specs
+
+    # ------------------------------------------------------------ conversion
+
+    def _convert_plan(self, spec: dict[str, Any], peer_ok: dict[str, bool], warmup: bool) -> list[tuple[str, Callable[[], None]]]:
+        cp = spec["warm"] if warmup else spec["corpus"]
+        m = cp.manifest()
+        items = corpus.item_paths(m)
+        job = cp.job(self.path("h5", "x.h5"))
+        fields = tuple(job.fields.items())
+        n, nfiles = len(items), sum(len(p) for p in items)
+        name = spec["corpus"].name
+        plan: list[tuple[str, Callable[[], None]]] = []
+        addr = {"kind": "address", "address": self.cluster.scheduler_address, "workers": self.cfg.dask_workers}
+
+        def h5(codec: str, cold: bool = False, scaled: bool = False) -> Callable[[], None]:
+            def run() -> None:
+                src = spec["scaled"] if scaled else cp
+                out = self.path("h5", f"{src.name}-{codec}{'-cold' if cold else ''}.h5")
+                cl = {"workers": self.cfg.dask_workers} if cold else addr
+                j = src.job(out, codec, cl)
+                sample, s = timed(lambda: convert(j, ConvertOptions(overwrite=True, restart=True, progress=False,
+                                                                    log=io.StringIO())),
+                                  lambda s: s.samples, lambda s: s.bytes_decoded)
+                sample.extra.update(files=s.inputs, output_bytes=s.output_bytes, rejects=s.rejects,
+                                    internal_seconds=s.seconds)
+                if not warmup:
+                    method = "h5batch-cold" if cold else "h5batch"
+                    variant = f"x{self.cfg.scale}" if scaled else ""
+                    rec = self.record("convert", name, method, codec, variant)
+                    rec.runs.append(sample)
+                    rec.info.update(path=out, samples=s.samples, files=s.inputs, output_bytes=s.output_bytes)
+            return run
+
+        def floor() -> None:
+            tasks = make_tasks(job, m, "bench-floor", "")
+            sample, res = timed(lambda: self.client.gather(self.client.map(decode_only, tasks, pure=False)),
+                                lambda r: sum(a for a, _ in r), lambda r: sum(b for _, b in r))
+            sample.extra["files"] = nfiles
+            if not warmup:
+                self.record("convert", name, "floor").runs.append(sample)
+
+        def naive() -> None:
+            out = self.path("naive", f"{cp.name}.h5")
+            sample, r = timed(lambda: baselines.naive_convert(items, fields, out),
+                              lambda r: r["samples"], lambda r: r["bytes_decoded"])
+            sample.extra.update(files=nfiles, output_bytes=r["output_bytes"])
+            if not warmup:
+                rec = self.record("convert", name, "naive", "gzip")
+                rec.runs.append(sample)
+                rec.info.update(path=out, output_bytes=r["output_bytes"])
+
+        def wds(procs: int) -> Callable[[], None]:
+            def run() -> None:
+                out = self.folder("wds", f"{cp.name}-p{procs}")
+                maxcount = max(16, n // 16)
+                sample, r = timed(lambda: peers.wds_convert(items, fields, out, procs, maxcount),
+                                  lambda r: r["samples"], lambda r: r["bytes_decoded"])
+                sample.extra.update(files=nfiles, output_bytes=r["output_bytes"], shards=r["shards"])
+                if not warmup:
+                    rec = self.record("convert", name, f"webdataset-{procs}p")
+                    rec.runs.append(sample)
+                    rec.info.update(path=out, output_bytes=r["output_bytes"])
+            return run
+
+        def lit(start: str | None) -> Callable[[], None]:
+            def run() -> None:
+                label = start or "spawn"
+                out = self.folder("litdata", f"{cp.name}-{label}")
+                nbytes = corpus.AUDIO_LENGTH * 2 * len(fields) * n if cp.kind == "audio" else 0
+                sample, r = timed(lambda: peers.litdata_convert(items, fields, out, self.cfg.dask_workers, start),
+                                  lambda r: r["samples"], nbytes)
+                sample.extra.update(files=nfiles, output_bytes=r["output_bytes"])
+                if not warmup:
+                    rec = self.record("convert", name, f"litdata-{label}")
+                    rec.runs.append(sample)
+                    rec.info.update(path=out, output_bytes=r["output_bytes"])
+            return run
+
+        for codec in spec["codecs"]:
+            plan.append((f"h5batch {codec}", h5(codec)))
+        plan.append((f"h5batch {DEFAULT_CODEC} cold", h5(DEFAULT_CODEC, cold=True)))
+        plan.append(("floor", floor))
+        plan.append(("naive", naive))
+        if spec["scaled"] is not None and not warmup:
+            plan.append((f"h5batch x{self.cfg.scale} cold", h5(DEFAULT_CODEC, cold=True, scaled=True)))
+        if peer_ok.get("webdataset"):
+            plan += [("webdataset 1p", wds(1)), (f"webdataset {self.cfg.dask_workers}p", wds(self.cfg.dask_workers))]
+        if peer_ok.get("litdata"):
+            plan += [("litdata spawn", lit(None)), ("litdata fork", lit("fork"))]
+        return plan
+
+    def _convert_phase(self, spec: dict[str, Any], peer_ok: dict[str, bool]) -> None:
+        name = spec["corpus"].name
+        if spec["warm"] is not None:
+            self.say(f"convert {name}: warm-up round on {spec['warm'].name}")
+            for _, fn in self._convert_plan(spec, peer_ok, warmup=True):
+                fn()
+        plan = self._convert_plan(spec, peer_ok, warmup=False)
+        for rep in range(self.cfg.reps):
+            # Rotate the order each round so no configuration always runs first or last.
+            k = rep % len(plan)
+            self.say(f"convert {name}: round {rep + 1}/{self.cfg.reps} ({len(plan)} configurations)")
+            for _, fn in plan[k:] + plan[:k]:
+                fn()
+
+    # ------------------------------------------------------------ correctness
+
+    def _check(self, what: str, ok: bool, detail: str = "") -> None:
+        self.checks.append({"check": what, "ok": bool(ok), "detail": detail})
+        if not ok:
+            self.say(f"CHECK FAILED: {what} {detail}")
+
+    def _check_phase(self, spec: dict[str, Any], peer_ok: dict[str, bool]) -> None:
+        import h5py
+
+        cp = spec["corpus"]
+        self.say(f"check {cp.name}: decoding the source in this process for reference")
+        ref = corpus.decode_items(cp, spec["manifest"])
+        spec["reference"] = ref
+        spec["sample_bytes"] = corpus.sample_nbytes(ref)
+        self.corpora[cp.name]["sample_bytes"] = spec["sample_bytes"]
+        for rec in self.records.values():
+            if rec.phase != "convert" or rec.corpus != cp.name or "path" not in rec.info or rec.variant:
+                continue
+            if rec.method.startswith("h5batch"):
+                with h5py.File(rec.info["path"], "r") as f:
+                    ok = all(_equal_h5(f, m_split_items(spec["manifest"]), name, ref[name])
+                             for name in cp.fields)
+                self._check(f"{cp.name}: h5batch {rec.codec} output equals the decoded source", ok)
+            elif rec.method == "naive":
+                ok = all(_equal_list(baselines.naive_read_all(rec.info["path"], name), ref[name])
+                         for name in cp.fields)
+                self._check(f"{cp.name}: naive output equals the decoded source", ok)
+        if cp.fixed:
+            train = _train_count(spec["manifest"])
+            spec["memmap"] = baselines.write_memmaps({k: v[:train] for k, v in ref.items()},
+                                                     self.folder("memmap", cp.name))
+        names = list(cp.fields)
+        n = len(spec["manifest"].items)
+        for rec in list(self.records.values()):
+            if rec.phase != "convert" or rec.corpus != cp.name or "path" not in rec.info:
+                continue
+            loader = None
+            if rec.method.startswith("webdataset"):
+                loader = peers.wds_loader(rec.info["path"], names, 2, self.cfg.batch_size, keys=True)
+            elif rec.method.startswith("litdata"):
+                loader = peers.litdata_loader(rec.info["path"], names, 2, self.cfg.batch_size, keys=True)
+            if loader is None:
+                continue
+            v = peers.verify(loader, ref, n)
+            close_loader(loader)
+            rec.info["verify"] = v
+            self._check(f"{cp.name}: {rec.method} holds every sample once, equal to the source",
+                        v["ok"], json.dumps(v))
+
+    # ----------------------------------------------------------------- reads
+
+    def _read_plan(self, spec: dict[str, Any], peer_ok: dict[str, bool]) -> list[tuple[Record, Callable[[], Any]]]:
+        from torch.utils.data import DataLoader
+
+        from ..torch import ChunkShuffleSampler, H5Dataset, collate
+
+        cp = spec["corpus"]
+        m = spec["manifest"]
+        bs = self.cfg.batch_size
+        train = _train_count(m)
+        items = corpus.item_paths(m)[:train]
+        job = cp.job(self.path("h5", "x.h5"))
+        fields = tuple(job.fields.items())
+        names = list(cp.fields)
+        plan: list[tuple[Record, Callable[[], Any]]] = []
+
+        def dl(ds: Any, nw: int, **kw: Any) -> Any:
+            return DataLoader(ds, batch_size=bs, num_workers=nw, persistent_workers=nw > 0, **kw)
+
+        for nw in self.cfg.workers:
+            for codec in spec["codecs"]:
+                rec = self.records.get(f"convert/{cp.name}/h5batch/{codec}")
+                if rec is None:
+                    continue
+                path = rec.info["path"]
+
+                def chunked(path: str = path, nw: int = nw) -> Any:
+                    ds = H5Dataset(path, "train", as_float=True)
+                    return dl(ds, nw, sampler=ChunkShuffleSampler(ds, seed=self.cfg.seed), collate_fn=collate)
+
+                def full(path: str = path, nw: int = nw) -> Any:
+                    return dl(H5Dataset(path, "train", as_float=True), nw, shuffle=True, collate_fn=collate)
+
+                plan.append((self.record("read", cp.name, "h5batch", codec, "chunk-shuffle", nw), chunked))
+                if codec == DEFAULT_CODEC or self.cfg.random_all_codecs:
+                    plan.append((self.record("read", cp.name, "h5batch", codec, "random", nw), full))
+            naive = self.records.get(f"convert/{cp.name}/naive/gzip")
+            if naive is not None:
+                plan.append((self.record("read", cp.name, "naive", "gzip", "random", nw),
+                             lambda nw=nw, p=naive.info["path"]: dl(baselines.NaiveDataset(p, names, train), nw,
+                                                                      shuffle=True, collate_fn=baselines.float_collate)))
+            plan.append((self.record("read", cp.name, "raw-files", "", "random", nw),
+                         lambda nw=nw: dl(baselines.RawFileDataset(items, fields), nw, shuffle=True,
+                                          collate_fn=baselines.float_collate)))
+            if "memmap" in spec:
+                plan.append((self.record("read", cp.name, "memmap", "", "random", nw),
+                             lambda nw=nw: dl(baselines.MemmapDataset(spec["memmap"]), nw, shuffle=True,
+                                              collate_fn=baselines.passthrough)))
+            for prec in list(self.records.values()):
+                if prec.phase != "convert" or prec.corpus != cp.name or not prec.info.get("verify", {}).get("ok"):
+                    continue
+                if prec.method == f"webdataset-{self.cfg.dask_workers}p":
+                    plan.append((self.record("read", cp.name, "webdataset", "", "shard+buffer", nw),
+                                 lambda nw=nw, p=prec.info["path"]: peers.wds_loader(p, names, nw, bs)))
+                elif prec.method == "litdata-fork":
+                    plan.append((self.record("read", cp.name, "litdata", "", "default", nw),
+                                 lambda nw=nw, p=prec.info["path"]: peers.litdata_loader(p, names, nw, bs)))
+                    plan.append((self.record("read", cp.name, "litdata", "", "batch_decode=0", nw),
+                                 lambda nw=nw, p=prec.info["path"]: peers.litdata_loader(p, names, nw, bs,
+                                                                                          batch_decode=0)))
+        epochs = max(1, -(-spec["read_samples"] // max(train, 1)))
+        for rec, _ in plan:
+            rec.info.update(samples_per_epoch=train, epochs=epochs)
+        return plan
+
+    def _read_once(self, rec: Record, make: Callable[[], Any], nbytes_per_sample: float) -> None:
+        loader = make()
+        sampler = getattr(loader, "sampler", None)
+        try:
+            warm = drain(loader)  # warm-up epoch: worker start, file opens, caches
+            with PeakRss() as mem:
+                t0 = time.perf_counter()
+                n = 0
+                for epoch in range(rec.info["epochs"]):
+                    if hasattr(sampler, "set_epoch"):  # as a training loop must, for a new order
+                        sampler.set_epoch(epoch + 1)
+                    n += drain(loader)
+                seconds = time.perf_counter() - t0
+        finally:
+            close_loader(loader)
+        rec.runs.append(Sample(seconds, n, n * nbytes_per_sample, mem.peak, mem.baseline,
+                               {"warmup_samples": warm}))
+
+    def _read_phase(self, spec: dict[str, Any], peer_ok: dict[str, bool]) -> None:
+        cp = spec["corpus"]
+        plan = self._read_plan(spec, peer_ok)
+        for rep in range(self.cfg.reps):
+            self.say(f"read {cp.name}: round {rep + 1}/{self.cfg.reps} ({len(plan)} configurations)")
+            k = rep % max(1, len(plan))
+            for rec, make in plan[k:] + plan[:k]:
+                self._read_once(rec, make, spec["sample_bytes"])
+
+
+def _train_count(manifest: Any) -> int:
+    return sum(1 for it in manifest.items if it.split == "train")
+
+
+def m_split_items(manifest: Any) -> list[tuple[str, int]]:
+    """``(split, count)`` in output order."""
+    out: list[tuple[str, int]] = []
+    for it in manifest.items:
+        if out and out[-1][0] == it.split:
+            out[-1] = (it.split, out[-1][1] + 1)
+        else:
+            out.append((it.split, 1))
+    return out
+
+
+def _equal_h5(f: Any, splits: list[tuple[str, int]], name: str, ref: Any) -> bool:
+    from .. import format as fmt
+
+    got: list[np.ndarray] = []
+    for split, count in splits:
+        obj = f[split][name]
+        if isinstance(obj, type(f)) or hasattr(obj, "keys"):  # variable-shape group
+            values = obj[fmt.VALUES][...]
+            offsets = obj[fmt.OFFSETS][...]
+            shapes = obj[fmt.SHAPES][...]
+            got += [values[offsets[i]:offsets[i + 1]].reshape(shapes[i]) for i in range(count)]
+        else:
+            got += list(obj[...])
+    return _equal_list(got, ref)
+
+
+def _equal_list(got: list[np.ndarray], ref: Any) -> bool:
+    if len(got) != len(ref):
+        return False
+    return all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(got, ref))

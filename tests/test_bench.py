@@ -1,0 +1,185 @@
+"""h5batch.bench: its pieces, and a tiny end-to-end run (no timing is asserted: the bench checks
+speed targets, tests only check that what it measures and writes is right)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from h5batch.bench import baselines, corpus, measure, peers, report
+from h5batch.bench.suite import Bench, quick_config
+from h5batch.cli import build_parser
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    """A 16-pair paired-audio corpus (0.5 s, so tiny) as a bench Corpus + its decoded reference."""
+    cache = tmp_path_factory.mktemp("bench-cache")
+    c = corpus.paired_audio(cache, 16)
+    m = c.manifest()
+    return c, m, corpus.decode_items(c, m)
+
+
+def test_corpus_job_and_reference(pairs):
+    c, m, ref = pairs
+    assert len(m.items) == 16
+    assert set(ref) == {"data", "target"}
+    assert ref["data"].shape == (16, corpus.AUDIO_LENGTH) and ref["data"].dtype == np.int16
+    assert corpus.sample_nbytes(ref) == 2 * corpus.AUDIO_LENGTH * 2
+    job = c.job("/tmp/never-written.h5", "gzip")
+    assert job.output.codec == "gzip" and job.fields["data"].length == corpus.AUDIO_LENGTH
+
+
+def test_naive_baseline_equals_source(pairs, tmp_path):
+    c, m, ref = pairs
+    items = corpus.item_paths(m)
+    fields = tuple(c.job(str(tmp_path / "x.h5")).fields.items())
+    out = tmp_path / "naive.h5"
+    r = baselines.naive_convert(items, fields, str(out))
+    assert r["samples"] == 16 and r["bytes_decoded"] == ref["data"].nbytes + ref["target"].nbytes
+    import h5py
+
+    with h5py.File(out, "r") as f:
+        g = f[baselines.NAIVE_GROUP]
+        assert len(g) == 16
+        ds = g["00000003"]["data"]
+        assert ds.compression == "gzip" and ds.chunks is not None  # the recipe: gzip, chunks=True
+    for name in ("data", "target"):
+        got = baselines.naive_read_all(str(out), name)
+        assert all(np.array_equal(a, b) for a, b in zip(got, ref[name], strict=True))
+    # Read back through a DataLoader: float32 scaled like H5Dataset(as_float=True).
+    ds = baselines.NaiveDataset(str(out), ["data", "target"], 16)
+    batch = next(iter(DataLoader(ds, batch_size=16, collate_fn=baselines.float_collate)))
+    assert batch["data"].dtype == torch.float32
+    np.testing.assert_array_equal(batch["data"].numpy(), ref["data"].astype(np.float32) / 32768)
+
+
+def test_raw_and_memmap_datasets_match(pairs, tmp_path):
+    c, m, ref = pairs
+    fields = tuple(c.job(str(tmp_path / "x.h5")).fields.items())
+    raw = baselines.RawFileDataset(corpus.item_paths(m), fields)
+    mm = baselines.MemmapDataset(baselines.write_memmaps(ref, str(tmp_path / "mm")))
+    assert len(raw) == len(mm) == 16
+    a = baselines.float_collate([raw[i] for i in (5, 2, 9)])
+    b = mm.__getitems__([5, 2, 9])
+    for name in ("data", "target"):
+        assert torch.equal(a[name], b[name])
+    loader = DataLoader(mm, batch_size=8, shuffle=True, collate_fn=baselines.passthrough)
+    assert measure.drain(loader) == 16
+
+
+def test_float_collate_pads_variable_lengths():
+    out = baselines.float_collate([{"a": np.array([1, 2, 3], np.int16), "k": "x"},
+                                   {"a": np.array([4], np.int16), "k": "y"}])
+    assert out["a"].shape == (2, 3) and out["k"] == ["x", "y"]
+    assert out["a_lengths"].tolist() == [3, 1]
+    assert out["a"][1].tolist() == [4 / 32768, 0.0, 0.0]
+
+
+def test_peak_rss_sees_a_child_process():
+    import subprocess
+    import sys
+
+    code = "import time; b = bytearray(200 * 2**20); time.sleep(0.6)"
+    with measure.PeakRss(interval=0.02) as mem:
+        subprocess.run([sys.executable, "-c", code], check=True)
+    assert mem.peak - mem.baseline > 150 * 2**20
+    assert mem.peak_procs >= 2
+
+
+def test_summarize_and_timed():
+    s = measure.summarize([3.0, 1.0, 2.0])
+    assert s == {"median": 2.0, "min": 1.0, "max": 3.0, "spread": 1.0, "n": 3}
+    sample, result = measure.timed(lambda: time.sleep(0.01) or 7, lambda r: r, 70.0)
+    assert result == 7 and sample.items == 7 and sample.seconds >= 0.01 and sample.rate > 0
+
+
+@pytest.mark.skipif(not peers.available("webdataset")[0], reason="webdataset not installed (requirements-peers.txt)")
+def test_webdataset_peer_roundtrip(pairs, tmp_path):
+    c, m, ref = pairs
+    fields = tuple(c.job(str(tmp_path / "x.h5")).fields.items())
+    r = peers.wds_convert(corpus.item_paths(m), fields, str(tmp_path / "wds"), processes=2, maxcount=4)
+    assert r["samples"] == 16 and r["shards"] >= 4
+    v = peers.verify(peers.wds_loader(str(tmp_path / "wds"), ["data", "target"], 0, 5, keys=True), ref, 16)
+    assert v == {"ok": True, "samples": 16, "missing": 0, "duplicates": 0, "mismatched": 0}
+
+
+def test_verify_catches_duplicates_and_mismatches():
+    ref = {"x": np.arange(12, dtype=np.int16).reshape(3, 4)}
+    good = [{"__key__": ["00000000", "00000002"], "x": torch.from_numpy(ref["x"][[0, 2]] / np.float32(32768))},
+            {"__key__": ["00000001"], "x": torch.from_numpy(ref["x"][[1]] / np.float32(32768))}]
+    assert peers.verify(good, ref, 3)["ok"]
+    bad = [good[0], good[0]]
+    v = peers.verify(bad, ref, 3)
+    assert not v["ok"] and v["missing"] == 1 and v["duplicates"] == 2
+    wrong = [{"__key__": ["00000000"], "x": torch.zeros(1, 4)}]
+    assert peers.verify(wrong, ref, 1)["mismatched"] == 1
+
+
+def _fake_results(h5_read: float, naive_read: float) -> dict:
+    def rec(phase, method, rate, codec="", variant="", workers=None):
+        return {"phase": phase, "corpus": "c", "method": method, "codec": codec, "variant": variant,
+                "workers": workers, "runs": [{}], "rate": {"median": rate}}
+
+    records = [rec("read", "h5batch", h5_read, "blosc2-lz4", "chunk-shuffle", 0),
+               rec("read", "naive", naive_read, "gzip", "random", 0),
+               rec("convert", "h5batch", 100.0, "blosc2-lz4"), rec("convert", "naive", 20.0, "gzip")]
+    return {"main_corpus": "c", "records": records,
+            "config": {"workers": [0], "peers": False, "dask_workers": 2}}
+
+
+def test_targets_are_marked_met_or_missed():
+    t = {x["target"]: x for x in report.targets(_fake_results(h5_read=1000.0, naive_read=50.0))}
+    assert t["read >= 10x naive HDF5 (num_workers=0)"]["met"] is True
+    assert t["read >= 2x raw files (num_workers=0)"]["met"] is None  # not measured
+    assert t["conversion blosc2-lz4 >= 10x naive"]["met"] is False  # 5x
+    assert t["conversion blosc2-lz4 >= 10x naive"]["value"] == pytest.approx(5.0)
+    t = {x["target"]: x for x in report.targets(_fake_results(h5_read=400.0, naive_read=50.0))}
+    assert t["read >= 10x naive HDF5 (num_workers=0)"]["met"] is False
+
+
+def test_cli_registers_bench():
+    args = build_parser().parse_args(["bench", "--quick", "--codecs", "gzip,none", "--workers", "0"])
+    assert args.handler.__name__ == "cmd_bench" and args.codecs == ("gzip", "none") and args.workers == (0,)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "--codecs", "brotli"])
+
+
+def test_mini_bench_run_writes_json_markdown_png(tmp_path):
+    cfg = quick_config(pairs=16, images=4, scale=2, reps=1, codecs=("blosc2-lz4",), workers=(0,),
+                       read_samples=16, warmup=False, cache=str(tmp_path / "cache"),
+                       out_root=str(tmp_path / "results"))
+    results = Bench(cfg, log=open(os.devnull, "w")).run()
+    paths = report.write(results)
+    data = json.loads(open(paths["json"]).read())
+    assert {"meta", "config", "corpora", "records", "checks", "targets", "scaling", "plots"} <= set(data)
+    assert data["checks"] and all(c["ok"] for c in data["checks"]), data["checks"]
+    keys = {r["key"] for r in data["records"]}
+    main = data["main_corpus"]
+    for k in (f"convert/{main}/h5batch/blosc2-lz4", f"convert/{main}/h5batch-cold/blosc2-lz4",
+              f"convert/{main}/floor", f"convert/{main}/naive/gzip",
+              f"convert/{main}/h5batch-cold/blosc2-lz4/x2",
+              f"read/{main}/h5batch/blosc2-lz4/chunk-shuffle/w0", f"read/{main}/h5batch/blosc2-lz4/random/w0",
+              f"read/{main}/naive/gzip/random/w0", f"read/{main}/raw-files/random/w0",
+              f"read/{main}/memmap/random/w0"):
+        assert k in keys, k
+    for r in data["records"]:
+        assert r["runs"] and r["rate"]["median"] > 0 and r["peak_rss"]["median"] > 0, r["key"]
+        if r["phase"] == "read":
+            want = r["info"]["epochs"] * r["info"]["samples_per_epoch"]
+            assert all(run["items"] == want for run in r["runs"]), r["key"]
+    md = open(paths["markdown"]).read()
+    assert "## Targets" in md and "### Conversion" in md and "### Read" in md and "## Scaling" in md
+    assert any(s in md for s in ("**met**", "**MISSED**"))
+    pngs = [p for p in data["plots"]]
+    assert f"read_{main}.png" in pngs and "scaling.png" in pngs
+    for p in pngs:
+        with open(os.path.join(results["out_dir"], p), "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert not os.path.exists(os.path.join(results["out_dir"], "work"))  # outputs cleaned up
