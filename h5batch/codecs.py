@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+import h5py
 import numpy as np
 
 DEFAULT_LEVELS = {"gzip": 4, "zstd": 3, "blosc2-lz4": 5, "blosc2-zstd": 3, "lzf": None, "none": None}
@@ -131,3 +132,121 @@ def self_check(spec: CodecSpec, dtype_str: str) -> bool:
             return bool(np.array_equal(ds[...], test))
     except Exception:
         return False
+
+
+# ---------------------------------------------------------------------------
+# Decoding stored chunks in Python (reader fast path, writer fallback)
+# ---------------------------------------------------------------------------
+
+# HDF5 filter ids (h5py.h5z constants and the registered plugin ids).
+FILTER_DEFLATE = 1
+FILTER_SHUFFLE = 2
+FILTER_ZSTD = 32015
+FILTER_BLOSC2 = 32026
+
+Step = Callable[[Any, int], Any]  # (bytes-like, uncompressed size) -> bytes-like
+
+
+def _inflate(raw: Any, nbytes: int) -> Any:
+    return zlib.decompress(raw, bufsize=max(nbytes, 1))
+
+
+def _unzstd(raw: Any, nbytes: int) -> Any:
+    import zstandard
+
+    # The plugin's frames may lack the content size: give the decompressor the bound.
+    return zstandard.ZstdDecompressor().decompress(raw, max_output_size=max(nbytes, 1))
+
+
+def _unblosc2(raw: Any, nbytes: int) -> tuple[Any, str]:
+    import blosc2
+
+    s = blosc2.schunk_from_cframe(raw, copy=False)
+    if "b2nd" in s.meta.keys():
+        # Written by HDF5's own Blosc2 filter: an n-d array frame whose blocks are padded,
+        # so the raw chunk bytes are not in C order. Let blosc2 assemble the array.
+        return np.ascontiguousarray(blosc2.ndarray_from_cframe(raw)[...]), "blosc2-b2nd"
+    if s.nchunks == 1:
+        return s.decompress_chunk(0), "blosc2"
+    return b"".join(s.decompress_chunk(i) for i in range(s.nchunks)), "blosc2"
+
+
+def _unblosc2_into(raw: Any, out: np.ndarray) -> bool:
+    """Decompress a one-chunk Blosc2 super-chunk frame into ``out``; False if not that."""
+    import blosc2
+
+    s = blosc2.schunk_from_cframe(raw, copy=False)
+    if s.nchunks != 1 or s.nbytes != out.nbytes or "b2nd" in s.meta.keys():
+        return False
+    s.decompress_chunk(0, dst=out.reshape(-1).view(np.uint8))
+    return True
+
+
+class ChunkDecoder:
+    """Python mirror of one dataset's HDF5 filter pipeline (decode direction only).
+
+    Use :meth:`for_dataset`, which returns ``None`` when some filter has no Python decoder.
+    """
+
+    def __init__(self, filters: list[int], itemsize: int):
+        self.filters = filters
+        self.itemsize = itemsize
+
+    @classmethod
+    def for_dataset(cls, ds: h5py.Dataset) -> ChunkDecoder | None:
+        dcpl = ds.id.get_create_plist()
+        filters = [dcpl.get_filter(i)[0] for i in range(dcpl.get_nfilters())]
+        known = {FILTER_DEFLATE, FILTER_SHUFFLE, FILTER_ZSTD, FILTER_BLOSC2}
+        if any(f not in known for f in filters):
+            return None
+        if any(f == FILTER_ZSTD for f in filters):
+            try:
+                import zstandard  # noqa: F401
+            except ImportError:
+                return None
+        if any(f == FILTER_BLOSC2 for f in filters):
+            try:
+                import blosc2  # noqa: F401
+            except ImportError:
+                return None
+        return cls(filters, ds.dtype.itemsize)
+
+    def decode(self, raw: Any, filter_mask: int, out: np.ndarray) -> str:
+        """Decode stored chunk bytes ``raw`` into ``out`` (a C-contiguous chunk buffer).
+
+        Filters run in reverse pipeline order; bit ``i`` of ``filter_mask`` set means filter
+        ``i`` was skipped when the chunk was written. Returns the kind of encoding met (so the
+        caller can check each kind against HDF5 once). Raises ``ValueError`` when the result
+        does not have the chunk's size.
+        """
+        nbytes = out.nbytes
+        data: Any = raw
+        kind = f"mask{filter_mask}"
+        unshuffle = False
+        active = [f for i, f in enumerate(self.filters) if not filter_mask & (1 << i)]
+        if active == [FILTER_BLOSC2] and _unblosc2_into(raw, out):
+            return kind + "-blosc2"  # the common case: decompressed straight into the buffer
+        for pos in range(len(active) - 1, -1, -1):
+            f = active[pos]
+            if f == FILTER_SHUFFLE:
+                if pos != 0:  # shuffle must be the first filter written (the last undone)
+                    raise ValueError("shuffle filter in an unexpected pipeline position")
+                unshuffle = self.itemsize > 1
+            elif f == FILTER_DEFLATE:
+                data = _inflate(data, nbytes)
+            elif f == FILTER_ZSTD:
+                data = _unzstd(data, nbytes)
+            else:
+                data, sub = _unblosc2(data, nbytes)
+                kind += "-" + sub
+        src = np.frombuffer(data, dtype=np.uint8)
+        if src.size != nbytes:
+            raise ValueError(f"decoded chunk has {src.size} bytes, expected {nbytes}")
+        dst = out.reshape(-1).view(np.uint8)
+        if unshuffle:
+            # HDF5's shuffle stores byte k of every element together: undo the byte transpose.
+            n = nbytes // self.itemsize
+            dst.reshape(n, self.itemsize)[...] = src.reshape(self.itemsize, n).T
+        else:
+            dst[...] = src
+        return kind

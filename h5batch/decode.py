@@ -392,3 +392,19 @@ def is_fixed_shape(fc: FieldConfig) -> bool:
     if isinstance(fc, AudioField):
         return fc.length is not None and fc.channels != "keep"
     return fc.size is not None
+
+
+def fixed_sample_shape(fc: FieldConfig) -> tuple[tuple[int, ...], np.dtype] | None:
+    """Shape and dtype every sample of a fixed-shape field has (None if variable)."""
+    if not is_fixed_shape(fc):
+        return None
+    if isinstance(fc, AudioField):
+        return (int(fc.length),), np.dtype(fc.dtype)  # type: ignore[arg-type]
+    h, w = fc.size  # type: ignore[misc]
+    return (int(h), int(w), 3 if fc.mode == "RGB" else 1), np.dtype(np.uint8)
+
+
+def rows_per_chunk(shape: tuple[int, ...], dtype: np.dtype, chunk_bytes: int) -> int:
+    """Samples per chunk of a fixed-shape field (the writer and the workers agree on it)."""
+    row_bytes = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
+    return max(1, chunk_bytes // row_bytes)

@@ -9,6 +9,7 @@ splitting the batch, and reports progress.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing as mp
 import os
@@ -175,6 +176,40 @@ def _generate(job: JobConfig, log) -> None:
     makers[job.source.generate](root)
 
 
+class _Aligner:
+    """Predicts the dataset row at which each batch's first sample will land, so workers
+    can compress whole chunks of fixed-shape fields (see ``transport.ChunkSet``)."""
+
+    def __init__(self, job: JobConfig, written: dict[str, int]):
+        from .codecs import CodecSpec, self_check
+        from .decode import fixed_sample_shape, rows_per_chunk
+
+        self.codec = CodecSpec(job.output.codec, job.output.level, job.output.shuffle)
+        self.fields: list[tuple[str, int]] = []
+        where = job.cluster.compress_on
+        if where == "writer" or (where == "auto" and job.cluster.kind == "local"):
+            names: list[str] = []
+        else:
+            names = list(job.fields)
+        for name, fc in ((n, job.fields[n]) for n in names):
+            fixed = fixed_sample_shape(fc)
+            if fixed and self_check(self.codec, fixed[1].str):
+                self.fields.append((name, rows_per_chunk(fixed[0], fixed[1], job.output.chunk_bytes)))
+        self.next_row = dict(written)
+
+    def place(self, task: BatchTask) -> BatchTask:
+        if not self.fields:
+            return task
+        row = self.next_row.get(task.split, 0)
+        self.next_row[task.split] = row + len(task.items)
+        return dataclasses.replace(task, codec=self.codec, align=tuple((n, row, k) for n, k in self.fields))
+
+    def correct(self, task: BatchTask, written: int) -> None:
+        """A batch is stored: its rejects shift every later batch of its split."""
+        if self.fields:
+            self.next_row[task.split] -= len(task.items) - written
+
+
 @dataclass
 class _Part:
     """Items ``[lo, hi)`` of a batch and, once decoded, their result."""
@@ -193,6 +228,7 @@ class _Slot:
         self.task = task
         self.parts: list[_Part] = [_Part(0, len(task.items))]
         self.acked = 0  # parts the writer has stored
+        self.written = 0  # samples they held
 
     def complete(self) -> bool:
         return all(p.result is not None for p in self.parts)
@@ -334,10 +370,10 @@ class Converter:
         writer = ctx.Process(target=writer_main, args=(spec, inbox, outbox), name="h5batch-writer", daemon=True)
         writer.start()
         try:
-            start = self._wait_ready(outbox, writer)
+            start, written = self._wait_ready(outbox, writer)
             if start:
                 self.say(f"resuming {self.partial}: {start} of {len(tasks)} batches already committed")
-            summary = self._convert(tasks, start, inbox, outbox, writer, manifest, num_inputs)
+            summary = self._convert(tasks, start, written, inbox, outbox, writer, manifest, num_inputs)
         except KeyboardInterrupt:
             self._abort(inbox, outbox, writer)
             raise ConvertError(f"interrupted; progress is committed in {self.partial}. "
@@ -351,7 +387,7 @@ class Converter:
         summary.resumed_from = start
         return summary
 
-    def _wait_ready(self, outbox, writer) -> int:
+    def _wait_ready(self, outbox, writer) -> tuple[int, dict[str, int]]:
         while True:
             try:
                 msg = outbox.get(timeout=1.0)
@@ -360,7 +396,7 @@ class Converter:
                     raise ConvertError(f"writer process died at start (exit code {writer.exitcode})") from None
                 continue
             if msg[0] == "ready":
-                return int(msg[1])
+                return int(msg[1]), dict(msg[2])
             if msg[0] == "error":
                 raise ConvertError(f"writer failed to open {self.partial}:\n{msg[1]}")
 
@@ -380,7 +416,7 @@ class Converter:
             if writer.is_alive():
                 writer.kill()
 
-    def _convert(self, tasks, start, inbox, outbox, writer, manifest, num_inputs) -> ConvertSummary:
+    def _convert(self, tasks, start, written, inbox, outbox, writer, manifest, num_inputs) -> ConvertSummary:
         job = self.job
         n_batches = len(tasks)
         total_items = len(manifest.items)
@@ -411,6 +447,10 @@ class Converter:
             reader = threading.Thread(target=self._pump_writer, args=(outbox, writer), daemon=True)
             reader.start()
 
+            # Worker-side compression: where each split's next batch will start, assuming the
+            # batches in flight lose no samples (a wrong guess only costs the writer a decode).
+            align = _Aligner(job, written)
+
             def submit(index: int, lo: int, hi: int) -> None:
                 task = slots[index].task.sub(lo, hi) if (lo, hi) != (0, len(slots[index].task.items)) else slots[index].task
                 fut = client.submit(decode_batch, task, pure=False, retries=0,
@@ -420,7 +460,7 @@ class Converter:
 
             while acked < n_batches:
                 while next_submit < n_batches and next_submit - acked < window:
-                    slots[next_submit] = _Slot(tasks[next_submit])
+                    slots[next_submit] = _Slot(align.place(tasks[next_submit]))
                     submit(next_submit, 0, len(tasks[next_submit].items))
                     next_submit += 1
                 kind, payload = self._next_event()
@@ -437,7 +477,9 @@ class Converter:
                     if msg[0] == "ack":
                         slot = slots[msg[1]]
                         slot.acked += 1
+                        slot.written += msg[2]
                         if slot.acked == len(slot.parts):
+                            align.correct(slot.task, slot.written)
                             rejects += sum(len(p.result.rejects) for p in slot.parts)
                             bytes_decoded += sum(p.result.packed.nbytes for p in slot.parts)
                             prog.update(len(slot.task.items), rejects=rejects, nbytes=bytes_decoded)
@@ -456,7 +498,8 @@ class Converter:
             summary = ConvertSummary(
                 path=s["path"], counts=s["counts"], rejects=s["rejects"], inputs=num_inputs,
                 seconds=0.0, bytes_decoded=s["bytes_decoded"], output_bytes=os.path.getsize(s["path"]),
-                rejects_file=s["rejects_file"], cluster=conn.description, dashboard=conn.dashboard, ok=s["ok"])
+                rejects_file=s["rejects_file"], cluster=conn.description, dashboard=conn.dashboard, ok=s["ok"],
+                extra={"writer": s["stats"]})
             writer.join(timeout=30)
             if not s["ok"]:
                 fraction = s["rejects"] / max(1, num_inputs)

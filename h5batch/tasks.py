@@ -14,14 +14,16 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 import numpy as np
 
+from .codecs import CodecSpec, make_encoder, self_check
 from .config import FieldConfig
 from .decode import DecodeError, decode_field
 from .discover import Reject
-from .transport import Packed, hostname, pack
+from .transport import ChunkSet, Packed, hostname, pack
 
 
 @dataclass(frozen=True)
@@ -43,10 +45,15 @@ class BatchTask:
     writer_host: str = ""
     timeout: float = 120.0  # seconds one file may take to decode
     faults: tuple[tuple[str, str], ...] = ()  # tests only, see Faults
+    # Compression in the worker: the codec, and per fixed-shape field
+    # (name, predicted dataset row of this batch's first sample, rows per chunk).
+    codec: CodecSpec | None = None
+    align: tuple[tuple[str, int, int], ...] = ()
 
     def sub(self, lo: int, hi: int) -> BatchTask:
-        """The task for items ``[lo, hi)`` of this one (used to isolate a crashing file)."""
-        return dataclasses.replace(self, start=self.start + lo, items=self.items[lo:hi])
+        """The task for items ``[lo, hi)`` of this one (used to isolate a crashing file);
+        its rows are not predictable, so it ships them raw."""
+        return dataclasses.replace(self, start=self.start + lo, items=self.items[lo:hi], align=())
 
 
 @dataclass
@@ -208,7 +215,8 @@ def decode_batch(task: BatchTask) -> BatchResult:
         labels.append(label)
         sources.append(paths)
         sums.append([zlib.crc32(a.reshape(-1).view(np.uint8)) for a in out])
-    packed = pack(arrays, choose_mode(task.transport, task.writer_host), task.run_id)
+    chunks = _compress_chunks(task, arrays) if task.align and task.codec else ()
+    packed = pack(arrays, choose_mode(task.transport, task.writer_host), task.run_id, chunks)
     return BatchResult(
         index=task.index,
         split=task.split,
@@ -224,6 +232,40 @@ def decode_batch(task: BatchTask) -> BatchResult:
         stuck=stuck,
         worker_address=_worker_address() if stuck else "",
     )
+
+
+@cache
+def _encoder(codec: CodecSpec, dtype: str):
+    if codec.name.startswith("blosc2"):
+        import blosc2
+
+        # One compression thread per worker process: the workers already fill the cores.
+        blosc2.set_nthreads(1)
+    return make_encoder(codec, np.dtype(dtype)) if self_check(codec, dtype) else None
+
+
+def _compress_chunks(task: BatchTask, arrays: dict[str, list[np.ndarray]]) -> tuple[ChunkSet, ...]:
+    """Compress the whole chunks of each aligned field here, in parallel across workers,
+    so the writer only stores bytes (HDF5 runs filters in one thread, and so does the
+    Blosc2 frame encoder). Replaces those samples in ``arrays`` by the head and tail rows
+    and adds a ``<field>#chunks`` entry."""
+    out = []
+    for name, pred, k in task.align:
+        samples = arrays[name]
+        n = len(samples)
+        head = min((-pred) % k, n)
+        n_chunks = (n - head) // k
+        if n_chunks == 0 or any(a.shape != samples[0].shape or a.dtype != samples[0].dtype for a in samples):
+            continue
+        enc = _encoder(task.codec, samples[0].dtype.str)
+        if enc is None:
+            continue
+        rows = np.stack(samples[head: head + n_chunks * k])
+        encoded = [np.frombuffer(enc(rows[i * k:(i + 1) * k]), dtype=np.uint8) for i in range(n_chunks)]
+        arrays[name] = samples[:head] + samples[head + n_chunks * k:]
+        arrays[f"{name}#chunks"] = encoded
+        out.append(ChunkSet(name, pred, head, n_chunks, k, tuple(samples[0].shape), samples[0].dtype.str))
+    return tuple(out)
 
 
 def decode_only(task: BatchTask) -> tuple[int, int]:

@@ -47,6 +47,29 @@ class Block:
     nbytes: int
 
 
+@dataclass(frozen=True)
+class ChunkSet:
+    """Whole chunks of a fixed-shape field, compressed by the worker.
+
+    The worker assumed the batch's first sample lands at row ``pred`` of the dataset: its
+    first ``head`` samples complete the chunk in progress and travel raw, then come
+    ``n_chunks`` compressed chunks of ``k`` rows (block ``<name>#chunks``), then the rest
+    raw. When the writer finds the prediction wrong it decodes the chunks and appends rows.
+    """
+
+    name: str
+    pred: int
+    head: int
+    n_chunks: int
+    k: int
+    row_shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def block(self) -> str:
+        return f"{self.name}#chunks"
+
+
 @dataclass
 class Packed:
     """Descriptor of a packed batch. Exactly one of ``shm_name`` / ``payload`` is set."""
@@ -56,6 +79,7 @@ class Packed:
     shm_name: str | None = None
     payload: np.ndarray | None = field(default=None, repr=False)
     host: str = ""
+    chunks: tuple[ChunkSet, ...] = ()
 
 
 def new_run_id() -> str:
@@ -171,20 +195,22 @@ class _Pool:
 _pool = _Pool()
 
 
-def pack(arrays: dict[str, list[np.ndarray]], mode: str, run_id: str) -> Packed:
-    """Pack per-field sample lists. ``mode`` is ``shm`` or ``network``."""
+def pack(arrays: dict[str, list[np.ndarray]], mode: str, run_id: str,
+         chunks: tuple[ChunkSet, ...] = ()) -> Packed:
+    """Pack per-field sample lists. ``mode`` is ``shm`` or ``network``. Compressed chunks
+    ride as uint8 "samples" of a ``<field>#chunks`` entry described by ``chunks``."""
     blocks, total = _layout(arrays)
     if mode == "network":
         payload = np.empty(total, dtype=np.uint8)
         _fill(payload, arrays, blocks)
-        return Packed(blocks, total, payload=payload, host=hostname())
+        return Packed(blocks, total, payload=payload, host=hostname(), chunks=chunks)
     seg = _pool.take(run_id, total)
     try:
         _fill(seg.data, arrays, blocks)
     except BaseException:
         seg.mark(FREE)
         raise
-    return Packed(blocks, total, shm_name=seg.name, host=hostname())
+    return Packed(blocks, total, shm_name=seg.name, host=hostname(), chunks=chunks)
 
 
 def to_shm(packed: Packed, run_id: str) -> Packed:
@@ -194,7 +220,7 @@ def to_shm(packed: Packed, run_id: str) -> Packed:
     assert packed.payload is not None
     seg = _pool.take(run_id, packed.nbytes)
     seg.data[: packed.nbytes] = packed.payload
-    return Packed(packed.blocks, packed.nbytes, shm_name=seg.name, host=packed.host)
+    return Packed(packed.blocks, packed.nbytes, shm_name=seg.name, host=packed.host, chunks=packed.chunks)
 
 
 class Attached:

@@ -24,7 +24,7 @@ import signal
 import threading
 import time
 import traceback
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -34,9 +34,9 @@ import h5py
 import numpy as np
 
 from . import format as fmt
-from .codecs import CodecSpec, make_encoder, self_check
+from .codecs import ChunkDecoder, CodecSpec, make_encoder, self_check
 from .config import AudioField, FieldConfig, ImageField
-from .decode import is_fixed_shape
+from .decode import is_fixed_shape, rows_per_chunk
 from .discover import Reject
 from .tasks import BatchResult
 from .transport import Attached
@@ -178,6 +178,14 @@ class ChunkAppender:
                 self.next_chunk += 1
         self.n += m
 
+    def store_encoded(self, data) -> None:
+        """Store one whole chunk encoded elsewhere (a worker); the buffer must be empty."""
+        if self.fill:
+            raise RuntimeError("store_encoded called with a partial chunk in progress")
+        self._store(self.next_chunk, data)
+        self.next_chunk += 1
+        self.n += self.k
+
     def _emit(self, chunk: np.ndarray) -> None:
         self.pending.append((self.next_chunk, self.pool.submit(self.encoder, chunk)))
         if len(self.pending) > self.max_pending:
@@ -253,6 +261,10 @@ def _field_attrs(fc: FieldConfig, codec: CodecSpec) -> dict[str, Any]:
     return attrs
 
 
+# The writer process's counters (chunks stored as workers made them / redone here).
+_STATS: Counter = Counter()
+
+
 class FieldStore:
     """Storage of one field in one split: fixed ``(N, *shape)`` or variable
     (``values`` flat + ``offsets`` (N+1,) + ``shapes`` (N, ndim))."""
@@ -267,6 +279,7 @@ class FieldStore:
         self.shape: tuple[int, ...] | None = None
         self.dtype: np.dtype | None = None
         self.end = 0  # variable: element offset after the last sample
+        self.stats = _STATS
         if name in group:
             self._open_existing(tail)
 
@@ -293,8 +306,7 @@ class FieldStore:
         attrs = _field_attrs(self.fc, self.spec.codec)
         if self.fixed:
             self.shape = shape
-            row_bytes = max(1, int(np.prod(shape)) * self.dtype.itemsize)
-            k = max(1, self.spec.chunk_bytes // row_bytes)
+            k = rows_per_chunk(shape, self.dtype, self.spec.chunk_bytes)
             ds = self.group.create_dataset(self.name, shape=(0, *shape), maxshape=(None, *shape),
                                            dtype=self.dtype, chunks=(k, *shape), **kw)
             ds.attrs["kind"] = fmt.KIND_FIXED
@@ -340,6 +352,39 @@ class FieldStore:
         self.offsets.append(self.end + np.cumsum(sizes))
         self.end += int(sizes.sum())
         self.shapes.append(np.asarray([s.shape for s in samples], dtype=np.int64))
+
+    def append_chunked(self, raw: list[np.ndarray], cs, encoded: list[np.ndarray],
+                       keep: list[int] | None) -> None:
+        """Append a batch whose middle rows arrive as chunks compressed by the worker.
+
+        When the worker's guess of where the batch starts holds (the usual case), the
+        head rows complete the chunk in progress, the chunks are stored as they are, and the
+        tail rows start the next one. Otherwise (an earlier batch had rejects, or some rows
+        of this one were dropped) the chunks are decoded and the rows appended."""
+        if self.data is None:
+            self._create(np.dtype(cs.dtype), tuple(cs.row_shape))
+        app = self.data
+        assert app is not None
+        head, tail = raw[: cs.head], raw[cs.head:]
+        if keep is None and app.encoder is not None and app.n == cs.pred:
+            if head:
+                app.append(np.stack(head))
+            for data in encoded:
+                app.store_encoded(data)
+            if tail:
+                app.append(np.stack(tail))
+            self.stats["worker_chunks_stored"] += len(encoded)
+            return
+        self.stats["worker_chunks_redone"] += len(encoded)
+        decoder = ChunkDecoder.for_dataset(app.ds)
+        rows = np.empty((cs.n_chunks * cs.k, *cs.row_shape), dtype=np.dtype(cs.dtype))
+        for i, data in enumerate(encoded):
+            decoder.decode(data.tobytes(), 0, rows[i * cs.k:(i + 1) * cs.k])
+        samples = head + list(rows) + tail
+        if keep is not None:
+            samples = [samples[i] for i in keep]
+        if samples:
+            app.append(np.stack(samples))
 
     def checkpoint(self) -> tuple[int, np.ndarray | None]:
         """(rows of the data dataset in the file, rows held back in the tail)."""
@@ -470,9 +515,12 @@ class OutputWriter:
         att = Attached(r.packed)
         try:
             per_field = {b.name: (b, att.samples(b)) for b in r.packed.blocks}
+            chunked = {c.name: (c, per_field.pop(c.block)[1]) for c in r.packed.chunks}
             keep = list(range(r.n_samples))
             late: list[Reject] = []
             for name, (_, samples) in per_field.items():
+                if name in chunked:
+                    continue  # the worker checked these rows' shape and dtype
                 fs = store.fields[name]
                 for i in list(keep):
                     why = fs.check(samples[i])
@@ -481,6 +529,10 @@ class OutputWriter:
                         late.extend(Reject(p, "write", f"field {name}: {why}") for p in r.sources[i])
             all_kept = len(keep) == r.n_samples
             for name, (block, samples) in per_field.items():
+                if name in chunked:
+                    cs, encoded = chunked[name]
+                    store.fields[name].append_chunked(samples, cs, encoded, keep if not all_kept else None)
+                    continue
                 flat = att.field_bytes(block) if all_kept else None
                 store.fields[name].append([samples[i] for i in keep], flat)
             srcs = [r.sources[i] for i in keep]
@@ -560,6 +612,7 @@ class OutputWriter:
         rejects = self.read_rejects()
         self.close()
         summary = {"counts": counts, "rejects": len(rejects), "bytes_decoded": self.bytes_written,
+                   "stats": dict(_STATS),
                    "path": self.spec.final_path if rename else self.spec.partial_path, "ok": rename}
         rej_path = self.spec.final_path.rsplit(".", 1)[0] + ".rejects.jsonl"
         with open(rej_path, "w") as fh:
@@ -648,7 +701,7 @@ def _pause_point(spec: WriterSpec, point: str) -> None:
 
 def writer_main(spec: WriterSpec, inbox, outbox) -> None:
     """Writer process loop. Messages in: ``("batch", BatchResult)``, ``("commit",)``,
-    ``("finish", max_reject_fraction)``, ``("abort",)``. Messages out: ``("ready", next_batch)``,
+    ``("finish", max_reject_fraction)``, ``("abort",)``. Messages out: ``("ready", next_batch, samples per split)``,
     ``("ack", index, samples, bytes)``, ``("committed", record)``, ``("done", summary)``,
     ``("error", text)``.
 
@@ -662,7 +715,7 @@ def writer_main(spec: WriterSpec, inbox, outbox) -> None:
     commits = 0
     try:
         w = OutputWriter(spec)
-        outbox.put(("ready", w.next_batch))
+        outbox.put(("ready", w.next_batch, {name: st.n for name, st in w.splits.items()}))
         last_commit = time.monotonic()
         while True:
             try:
