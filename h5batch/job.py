@@ -370,7 +370,10 @@ class Converter:
         writer = ctx.Process(target=writer_main, args=(spec, inbox, outbox), name="h5batch-writer", daemon=True)
         writer.start()
         try:
-            start, written = self._wait_ready(outbox, writer)
+            # The commit record says where to start, so decoding begins while the writer
+            # process is still importing h5py; batches queue in its pipe until it is ready.
+            start = record["next_batch"] if record else 0
+            written = {split: info["samples"] for split, info in record["splits"].items()} if record else {}
             if start:
                 self.say(f"resuming {self.partial}: {start} of {len(tasks)} batches already committed")
             summary = self._convert(tasks, start, written, inbox, outbox, writer, manifest, num_inputs)
@@ -386,19 +389,6 @@ class Converter:
         summary.seconds = time.perf_counter() - t0
         summary.resumed_from = start
         return summary
-
-    def _wait_ready(self, outbox, writer) -> tuple[int, dict[str, int]]:
-        while True:
-            try:
-                msg = outbox.get(timeout=1.0)
-            except queue.Empty:
-                if not writer.is_alive():
-                    raise ConvertError(f"writer process died at start (exit code {writer.exitcode})") from None
-                continue
-            if msg[0] == "ready":
-                return int(msg[1]), dict(msg[2])
-            if msg[0] == "error":
-                raise ConvertError(f"writer failed to open {self.partial}:\n{msg[1]}")
 
     def _abort(self, inbox, outbox, writer) -> None:
         """Commit what is written, stop the writer; cluster teardown happens in connect()."""
