@@ -79,6 +79,21 @@ def _shuffle(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a.reshape(-1).view(np.uint8).reshape(-1, a.itemsize).T)
 
 
+def _deflater(level: int) -> Callable[[Any], bytes]:
+    """A zlib-stream compressor. ISA-L (``isal``) when installed: 10-15x faster than zlib at
+    a slightly better ratio, and its streams are plain deflate that HDF5's gzip filter (and
+    every HDF5 tool) reads. Levels 1-3 / 4-6 / 7-9 map to ISA-L's 1 / 2 / 3; 0 stores."""
+    if level > 0:
+        try:
+            from isal import isal_zlib
+        except ImportError:
+            pass
+        else:
+            isal_level = 1 if level <= 3 else 2 if level <= 6 else 3
+            return lambda data: isal_zlib.compress(data, isal_level)
+    return lambda data: zlib.compress(data, level)
+
+
 def make_encoder(spec: CodecSpec, dtype: np.dtype) -> Encoder | None:
     """A function ``chunk array -> stored chunk bytes``, or None when only HDF5 can encode."""
     lvl = spec.effective_level
@@ -86,9 +101,10 @@ def make_encoder(spec: CodecSpec, dtype: np.dtype) -> Encoder | None:
     if spec.name == "none":
         return lambda a: a.tobytes()
     if spec.name == "gzip":
+        deflate = _deflater(lvl)
         if shuffle:
-            return lambda a: zlib.compress(_shuffle(a), lvl)
-        return lambda a: zlib.compress(a, lvl)
+            return lambda a: deflate(_shuffle(a))
+        return lambda a: deflate(a)
     if spec.name == "zstd":
         import zstandard
 

@@ -10,7 +10,7 @@ import yaml
 from tests.conftest import REPO
 
 # PyPI name -> conda-forge name where they differ
-CONDA_NAMES = {"soundfile": "pysoundfile", "blosc2": "python-blosc2", "soxr": "soxr-python", "pillow": "pillow",
+CONDA_NAMES = {"soundfile": "pysoundfile", "blosc2": "python-blosc2", "soxr": "soxr-python", "isal": "python-isal", "pillow": "pillow",
                "pyyaml": "pyyaml"}
 
 
