@@ -1,39 +1,56 @@
-"""Comparing two h5batch outputs dataset by dataset (tests only)."""
+"""Comparing two h5batch outputs object by object (tests only)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import h5py
 import hdf5plugin  # noqa: F401  (plugin filters for reading)
 import numpy as np
 
-VOLATILE_ATTRS = {"created", "versions", "job"}
+VOLATILE_ROOT_ATTRS = {"created", "versions", "job"}
 
 
-def datasets(path) -> dict[str, np.ndarray]:
-    """Every dataset of a file as an array (strings decoded)."""
-    out: dict[str, np.ndarray] = {}
-    with h5py.File(path, "r") as f:
-        def visit(name, obj):
-            if isinstance(obj, h5py.Dataset):
-                data = obj[...]
-                if obj.dtype.kind == "O":
-                    data = obj.asstr()[...]
-                out[name] = data
-        f.visititems(visit)
+def _attrs(obj) -> dict[str, Any]:
+    out = {}
+    for k, v in obj.attrs.items():
+        out[k] = v.tolist() if isinstance(v, np.ndarray) else v
     return out
 
 
-def root_attrs(path) -> dict:
+def h5_contents(path) -> tuple[dict[str, np.ndarray], dict[str, dict[str, Any]]]:
+    """``(datasets, attributes)`` of every object of a file, keyed by HDF5 path; the root's
+    volatile attributes (created, versions, job) left out."""
+    data: dict[str, np.ndarray] = {}
+    attrs: dict[str, dict[str, Any]] = {}
     with h5py.File(path, "r") as f:
-        return {k: v for k, v in f.attrs.items() if k not in VOLATILE_ATTRS}
+        attrs["/"] = {k: v for k, v in _attrs(f).items() if k not in VOLATILE_ROOT_ATTRS}
+
+        def visit(name, obj):
+            attrs[name] = _attrs(obj)
+            if isinstance(obj, h5py.Dataset):
+                data[name] = obj.asstr()[...] if obj.dtype.kind == "O" else obj[...]
+                attrs[name]["__dtype__"] = str(obj.dtype)
+                attrs[name]["__chunks__"] = obj.chunks
+                attrs[name]["__compression__"] = obj.compression
+
+        f.visititems(visit)
+    return data, attrs
 
 
 def assert_same_h5(a, b) -> None:
-    """Same datasets with the same values and dtypes, and the same content attributes."""
-    da, db = datasets(a), datasets(b)
-    assert sorted(da) == sorted(db), f"dataset names differ: {sorted(set(da) ^ set(db))}"
+    """Two h5batch outputs hold the same datasets (names, dtypes, shapes, chunks, values)
+    and the same attributes on every group and dataset, except the root's ``created``,
+    ``versions`` and ``job``."""
+    da, aa = h5_contents(a)
+    db, ab = h5_contents(b)
+    assert sorted(da) == sorted(db), f"datasets differ: only in one: {sorted(set(da) ^ set(db))}"
     for name in da:
-        assert da[name].dtype == db[name].dtype, name
-        assert da[name].shape == db[name].shape, name
-        assert np.array_equal(da[name], db[name]), f"{name} differs"
-    assert root_attrs(a) == root_attrs(b)
+        x, y = da[name], db[name]
+        assert x.dtype == y.dtype and x.shape == y.shape, f"{name}: {x.dtype}{x.shape} vs {y.dtype}{y.shape}"
+        assert np.array_equal(x, y), f"{name}: values differ"
+    assert sorted(aa) == sorted(ab), f"objects differ: {sorted(set(aa) ^ set(ab))}"
+    for name in aa:
+        assert aa[name] == ab[name], f"{name}: attributes differ: {aa[name]} vs {ab[name]}"
+
+
