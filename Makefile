@@ -33,7 +33,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check h5batch tests
 
 clean:
-	rm -rf out data/demo data/paired_audio .pytest_cache .ruff_cache dask-worker-space
+	rm -rf out data/demo data/paired_audio data/bench .pytest_cache .ruff_cache dask-worker-space
 
 distclean: clean
 	rm -rf $(VENV) data bench/results
