@@ -33,7 +33,6 @@ from .progress import Progress
 from .tasks import BatchResult, BatchTask, decode_batch
 from .transport import (
     Packed,
-    discard,
     hostname,
     new_run_id,
     remove_segments,
@@ -453,7 +452,7 @@ class Converter:
                     slots[next_submit] = _Slot(align.place(tasks[next_submit]))
                     submit(next_submit, 0, len(tasks[next_submit].items))
                     next_submit += 1
-                kind, payload = self._next_event()
+                kind, payload = self.events.get()
                 if kind == "future":
                     self._on_future(payload, futures, slots, submit)
                     while next_forward in slots and slots[next_forward].complete():
@@ -515,9 +514,6 @@ class Converter:
             self.events.put(("writer", msg))
             if msg[0] in ("done", "error", "aborted"):
                 return
-
-    def _next_event(self) -> tuple[str, Any]:
-        return self.events.get()
 
     def _wait_for(self, kinds: tuple[str, ...]) -> tuple:
         while True:
@@ -584,8 +580,3 @@ class Converter:
 def convert(job: JobConfig, opts: ConvertOptions | None = None) -> ConvertSummary:
     """Convert the corpus of ``job`` into its HDF5 output. Raises :class:`ConvertError`."""
     return Converter(job, opts or ConvertOptions()).run()
-
-
-def discard_result(res: BatchResult) -> None:
-    """Free the shared memory of a result that will not be written."""
-    discard(res.packed)

@@ -451,7 +451,6 @@ class OutputWriter:
         self.pool = ThreadPoolExecutor(max_workers=max(1, spec.threads), thread_name_prefix="h5batch-encode")
         smallest = 4096 * 8
         cache = fmt.cache_settings(spec.chunk_bytes, smallest, spec.cache_bytes)
-        self.rejects: list[Reject] = []
         self.commits = 0
         self.next_batch = 0
         self.bytes_written = 0
