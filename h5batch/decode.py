@@ -53,14 +53,10 @@ def sniff(path: str) -> str:
     return "unknown binary"
 
 
-def _check_readable(path: str, head: int = 1) -> tuple[bytes, int]:
-    """The first ``head`` bytes and the size of a readable, non-empty file (one open)."""
+def _open_checked(path: str):
+    """``path`` opened for reading, with errors turned into :class:`DecodeError`."""
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(head)
-            if not data:
-                raise DecodeError(path, "empty file (0 bytes)")
-            return data, os.fstat(fh.fileno()).st_size
+        return open(path, "rb")
     except PermissionError as e:
         raise DecodeError(path, f"cannot read file: {e.strerror}") from e
     except FileNotFoundError as e:
@@ -69,6 +65,24 @@ def _check_readable(path: str, head: int = 1) -> tuple[bytes, int]:
         raise DecodeError(path, "is a directory") from e
     except OSError as e:  # EIO from a failing disk, ELOOP, ...
         raise DecodeError(path, f"cannot read file: {e.strerror or e}") from e
+
+
+def _read_head(path: str, fh, head: int) -> tuple[bytes, int]:
+    """The first ``head`` bytes and the size of an open, non-empty file."""
+    try:
+        data = fh.read(head)
+        size = os.fstat(fh.fileno()).st_size
+    except OSError as e:
+        raise DecodeError(path, f"cannot read file: {e.strerror or e}") from e
+    if not data:
+        raise DecodeError(path, "empty file (0 bytes)")
+    return data, size
+
+
+def _check_readable(path: str, head: int = 1) -> tuple[bytes, int]:
+    """The first ``head`` bytes and the size of a readable, non-empty file (one open)."""
+    with _open_checked(path) as fh:
+        return _read_head(path, fh, head)
 
 
 # ---------------------------------------------------------------------------
@@ -144,6 +158,74 @@ def _wav_header_in(head: bytes, size: int) -> WavHeader | None:
     return None
 
 
+@dataclass(frozen=True)
+class Pcm16:
+    """Where the samples of a plain 16-bit PCM WAV lie (all parsed from its first bytes)."""
+
+    channels: int
+    sample_rate: int
+    data_offset: int
+    frames: int
+
+
+def pcm16_layout(head: bytes, size: int) -> Pcm16 | None:
+    """The layout of a little-endian 16-bit PCM WAV whose ``fmt`` and ``data`` chunk
+    headers lie within ``head``, and whose data is all present; None for anything else
+    (other codecs, RIFX, truncated or streaming files: libsndfile handles those and
+    their errors).
+
+    For such a file the samples are the data chunk's bytes, so reading them straight into
+    an array gives exactly what ``soundfile.read(path, dtype="int16")`` returns, without
+    a second open and libsndfile's per-call cost (a 2 s 16 kHz clip decodes ~2x faster).
+    """
+    if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+        return None
+    fmt = None
+    pos = 12
+    while pos + 8 <= min(size, len(head)):
+        cid, clen = struct.unpack_from("<4sI", head, pos)
+        if cid == b"fmt ":
+            if pos + 8 + min(clen, 26) > len(head) or clen < 16:
+                return None
+            tag, channels, rate, _, align, bits = struct.unpack_from("<HHIIHH", head, pos + 8)
+            if tag == 0xFFFE:  # WAVE_FORMAT_EXTENSIBLE: the sub-format GUID starts with the tag
+                if clen < 26:
+                    return None
+                tag = struct.unpack_from("<H", head, pos + 8 + 24)[0]
+            fmt = (tag, channels, rate, align, bits)
+        elif cid == b"data":
+            if fmt is None:
+                return None
+            tag, channels, rate, align, bits = fmt
+            if tag != 1 or bits != 16 or channels < 1 or rate < 1 or align != 2 * channels:
+                return None
+            if clen in (0, 0xFFFFFFFF) or pos + 8 + clen > size:
+                return None
+            frames = clen // align
+            return Pcm16(channels, rate, pos + 8, frames) if frames else None
+        pos += 8 + clen + (clen & 1)
+    return None
+
+
+def _readinto(path: str, fh, offset: int, out: np.ndarray) -> None:
+    """Fill the C-contiguous ``out`` with the file's bytes from ``offset`` on."""
+    try:
+        fh.seek(offset)
+        got = fh.readinto(memoryview(out).cast("B"))
+    except OSError as e:
+        raise DecodeError(path, f"cannot read file: {e.strerror or e}") from e
+    if got != out.nbytes:
+        raise DecodeError(path, f"truncated audio: expected {out.nbytes} data bytes, read {got}")
+
+
+def _read_pcm16(path: str, fh, layout: Pcm16, max_frames: int | None) -> np.ndarray:
+    """``(frames, channels)`` int16 read straight from the data chunk of an open file."""
+    frames = layout.frames if max_frames is None else min(layout.frames, max_frames)
+    x = np.empty((frames, layout.channels), dtype=np.int16)
+    _readinto(path, fh, layout.data_offset, x)
+    return x
+
+
 def _audio_open_reason(path: str, err: Exception) -> str:
     """Why libsndfile could not open ``path``, as specifically as the bytes allow."""
     kind = sniff(path)
@@ -178,15 +260,10 @@ def _to_int16(x: np.ndarray) -> np.ndarray:
     return np.clip(np.rint(x * 32768.0), -32768, 32767).astype(np.int16)
 
 
-def decode_audio(path: str, fc: AudioField) -> np.ndarray:
-    """Read one audio file and apply the field's preprocessing.
-
-    Returns ``(frames,)`` or ``(frames, channels)`` of ``fc.dtype``. 16-bit PCM read as
-    int16 without resampling or mixing is bit-exact with ``soundfile.read(path, dtype='int16')``.
-    """
+def _read_with_soundfile(path: str, fc: AudioField, head: bytes, size: int) -> tuple[np.ndarray, int]:
+    """Any format libsndfile reads: ``((frames, channels) int16 or float32, sample rate)``."""
     import soundfile as sf
 
-    head, size = _check_readable(path, 4096)
     try:
         f = sf.SoundFile(path)
     except Exception as e:  # libsndfile's message alone ("Malformed 'fmt ' chunk") is too vague
@@ -212,6 +289,37 @@ def decode_audio(path: str, fc: AudioField) -> np.ndarray:
         raise DecodeError(path, "audio has zero frames")
     if x.shape[0] < frames:
         raise DecodeError(path, f"truncated audio: header says {frames} frames, read {x.shape[0]}")
+    return x, sr
+
+
+def decode_audio(path: str, fc: AudioField, out: np.ndarray | None = None) -> np.ndarray:
+    """Read one audio file and apply the field's preprocessing.
+
+    Returns ``(frames,)`` or ``(frames, channels)`` of ``fc.dtype``. 16-bit PCM read as
+    int16 without resampling or mixing is bit-exact with ``soundfile.read(path, dtype='int16')``.
+    ``out`` (a fixed-length mono field's ``(length,)`` int16 row, e.g. in shared memory)
+    lets a plain PCM16 file be read straight into place; the result is then ``out``.
+    Other files ignore it.
+    """
+    with _open_checked(path) as fh:
+        head, size = _read_head(path, fh, 4096)
+        layout = pcm16_layout(head, size)
+        if layout is not None:
+            sr = layout.sample_rate
+            target_sr = fc.sample_rate or sr
+            if sr != target_sr and not fc.resample:
+                raise DecodeError(path, f"sample rate {sr} Hz, job expects {target_sr} Hz (set resample: true to convert)")
+            if (out is not None and sr == target_sr and layout.channels == 1 and fc.dtype == "int16"
+                    and fc.length is not None and out.shape == (fc.length,) and out.dtype == np.int16):
+                n = min(layout.frames, fc.length)
+                _readinto(path, fh, layout.data_offset, out[:n])
+                out[n:] = 0  # the field's rule: zero-pad the end
+                return out
+            # Without resampling, frames past the field's length are cropped anyway.
+            x = _read_pcm16(path, fh, layout, fc.length if sr == target_sr else None)
+        else:
+            x, sr = _read_with_soundfile(path, fc, head, size)
+            target_sr = fc.sample_rate or sr
     if x.dtype == np.float32 and not np.isfinite(x).all():
         raise DecodeError(path, "audio contains NaN or Inf samples")
     # Channels: (frames, channels) -> what the field asks for.
@@ -385,6 +493,19 @@ def decode_field(path: str, fc: FieldConfig) -> np.ndarray:
     if isinstance(fc, ImageField):
         return decode_image(path, fc)
     raise TypeError(f"unknown field config {type(fc).__name__}")
+
+
+def decode_field_into(path: str, fc: FieldConfig, out: np.ndarray) -> None:
+    """Decode into ``out``, a row of a fixed-shape field (``fixed_sample_shape``)."""
+    if isinstance(fc, AudioField):
+        a = decode_audio(path, fc, out)
+        if a is out:
+            return
+    else:
+        a = decode_field(path, fc)
+    if a.shape != out.shape or a.dtype != out.dtype:
+        raise DecodeError(path, f"decoded to {a.shape} {a.dtype}, the field stores {out.shape} {out.dtype}")
+    out[...] = a
 
 
 def is_fixed_shape(fc: FieldConfig) -> bool:
