@@ -40,7 +40,7 @@ class ConfigError(ValueError):
 # ---------------------------------------------------------------------------
 
 Layout = Literal["class_folders", "paired_folders", "pattern", "manifest"]
-Codec = Literal["none", "gzip", "lzf", "zstd", "blosc2-lz4", "blosc2-zstd"]
+Codec = Literal["auto", "none", "gzip", "lzf", "zstd", "blosc2-lz4", "blosc2-zstd"]
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ class OutputConfig:
     ``cache_bytes`` the per-dataset chunk cache (``rdcc_nbytes``), default 4 chunks."""
 
     path: str
-    codec: Codec = "blosc2-lz4"
+    codec: Codec = "auto"  # blosc2-lz4 where a trial shows it pays, else none (autocodec.py)
     level: int | None = None
     shuffle: bool = True
     chunk_bytes: int = 1 << 20
@@ -345,7 +345,7 @@ def _validate(job: JobConfig, check_paths: bool) -> None:
         raise ConfigError(f, "output.level", f"gzip levels are 0..9, got {o.level}")
     if o.codec in ("zstd", "blosc2-zstd") and o.level is not None and not 1 <= o.level <= 22:
         raise ConfigError(f, "output.level", f"zstd levels are 1..22, got {o.level}")
-    if o.codec == "blosc2-lz4" and o.level is not None and not 0 <= o.level <= 9:
+    if o.codec in ("blosc2-lz4", "auto") and o.level is not None and not 0 <= o.level <= 9:
         raise ConfigError(f, "output.level", f"blosc2 levels are 0..9, got {o.level}")
     if o.chunk_bytes < 4096:
         raise ConfigError(f, "output.chunk_bytes", f"must be at least 4096, got {o.chunk_bytes}")

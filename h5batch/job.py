@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import __version__
+from .autocodec import choose_codecs
 from .cluster import connect, default_workers
 from .codecs import CodecSpec
 from .config import JobConfig
@@ -179,12 +180,11 @@ class _Aligner:
     """Predicts the dataset row at which each batch's first sample will land, so workers
     can compress whole chunks of fixed-shape fields (see ``transport.ChunkSet``)."""
 
-    def __init__(self, job: JobConfig, written: dict[str, int]):
-        from .codecs import CodecSpec, self_check
+    def __init__(self, job: JobConfig, written: dict[str, int], codecs: dict[str, CodecSpec]):
+        from .codecs import self_check
         from .decode import fixed_sample_shape, rows_per_chunk
 
-        self.codec = CodecSpec(job.output.codec, job.output.level, job.output.shuffle)
-        self.fields: list[tuple[str, int]] = []
+        self.fields: list[tuple[str, int, CodecSpec]] = []
         where = job.cluster.compress_on
         if where == "writer" or (where == "auto" and job.cluster.kind == "local"):
             names: list[str] = []
@@ -192,8 +192,10 @@ class _Aligner:
             names = list(job.fields)
         for name, fc in ((n, job.fields[n]) for n in names):
             fixed = fixed_sample_shape(fc)
-            if fixed and self_check(self.codec, fixed[1].str):
-                self.fields.append((name, rows_per_chunk(fixed[0], fixed[1], job.output.chunk_bytes)))
+            codec = codecs[name]
+            # Uncompressed chunks need no work anywhere: the writer stores the rows as they are.
+            if fixed and codec.name != "none" and self_check(codec, fixed[1].str):
+                self.fields.append((name, rows_per_chunk(fixed[0], fixed[1], job.output.chunk_bytes), codec))
         self.next_row = dict(written)
 
     def place(self, task: BatchTask) -> BatchTask:
@@ -201,7 +203,7 @@ class _Aligner:
             return task
         row = self.next_row.get(task.split, 0)
         self.next_row[task.split] = row + len(task.items)
-        return dataclasses.replace(task, codec=self.codec, align=tuple((n, row, k) for n, k in self.fields))
+        return dataclasses.replace(task, align=tuple((n, row, k, c) for n, k, c in self.fields))
 
     def correct(self, task: BatchTask, written: int) -> None:
         """A batch is stored: its rejects shift every later batch of its split."""
@@ -326,10 +328,29 @@ class Converter:
 
     def run(self) -> ConvertSummary:
         t0 = time.perf_counter()
-        job = self.job
         stale = remove_stale_segments()
         if stale:
             self.say(f"removed {len(stale)} shared-memory segments left by dead runs")
+        # The writer process starts first: importing h5py and the codecs takes it ~0.2 s,
+        # which overlaps discovery, the codec trial and pre-flight. It waits for its spec.
+        ctx = mp.get_context("spawn")
+        inbox, outbox = PipeQueue.create(ctx), PipeQueue.create(ctx)
+        writer = ctx.Process(target=writer_main, args=(inbox, outbox), name="h5batch-writer", daemon=True)
+        writer.start()
+        self._writer_busy = False
+        try:
+            summary = self._run(writer, inbox, outbox)
+        finally:
+            if not self._writer_busy:  # never got a job: let it go
+                inbox.put(("quit",))
+                writer.join(timeout=10)
+                if writer.is_alive():
+                    writer.kill()
+        summary.seconds = time.perf_counter() - t0
+        return summary
+
+    def _run(self, writer, inbox, outbox) -> ConvertSummary:
+        job = self.job
         _generate(job, self.log)
         manifest = discover(job)
         done = self._already_done(manifest)
@@ -350,6 +371,10 @@ class Converter:
                           f"(all listed in {rej_path})")
             raise ConvertError(f"no samples found under {job.source.root} (layout {job.source.layout}){detail}", 2)
         record = self._resume_record(manifest)
+        choices = choose_codecs(job, manifest)
+        if job.output.codec == "auto":
+            self.say("codec auto: " + "; ".join(c.describe() for c in choices.values()))
+        self.codecs = {name: c.codec for name, c in choices.items()}
         num_inputs = sum(len(it.paths) for it in manifest.items) + len(manifest.rejects)
         n_workers = job.cluster.workers or default_workers()
         spec = WriterSpec(
@@ -357,17 +382,15 @@ class Converter:
             job_json=json.dumps(job.public_dict(), sort_keys=True), job_hash=job.hash(),
             manifest_hash=manifest.hash, splits=manifest.splits, fields=tuple(job.fields.items()),
             class_names=manifest.class_names, labelled=job.labelled,
-            codec=CodecSpec(job.output.codec, job.output.level, job.output.shuffle),
+            codecs=self.codecs,
             chunk_bytes=job.output.chunk_bytes, cache_bytes=job.output.cache_bytes,
             discovery_rejects=manifest.rejects, num_inputs=num_inputs,
             commit_every=job.policy.commit_every, threads=max(2, min(4, n_workers)),
             resume=record, versions=versions(), pause_at=self.opts.fault_pause,
         )
         tasks = make_tasks(job, manifest, self.run_id, hostname(), self.opts.faults)
-        ctx = mp.get_context("spawn")
-        inbox, outbox = PipeQueue.create(ctx), PipeQueue.create(ctx)
-        writer = ctx.Process(target=writer_main, args=(spec, inbox, outbox), name="h5batch-writer", daemon=True)
-        writer.start()
+        inbox.put(("spec", spec))
+        self._writer_busy = True
         try:
             # The commit record says where to start, so decoding begins while the writer
             # process is still importing h5py; batches queue in its pipe until it is ready.
@@ -385,7 +408,6 @@ class Converter:
             raise
         finally:
             remove_segments(self.run_id)
-        summary.seconds = time.perf_counter() - t0
         summary.resumed_from = start
         return summary
 
@@ -438,7 +460,7 @@ class Converter:
 
             # Worker-side compression: where each split's next batch will start, assuming the
             # batches in flight lose no samples (a wrong guess only costs the writer a decode).
-            align = _Aligner(job, written)
+            align = _Aligner(job, written, self.codecs)
 
             def submit(index: int, lo: int, hi: int) -> None:
                 task = slots[index].task.sub(lo, hi) if (lo, hi) != (0, len(slots[index].task.items)) else slots[index].task

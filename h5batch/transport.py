@@ -192,7 +192,24 @@ class _Pool:
         return seg
 
 
+    def abandon(self, seg: Segment) -> None:
+        """Never hand ``seg`` out again (a stuck decode thread may still write into it);
+        the driver unlinks it with the rest of the run's segments."""
+        if seg in self.segments:
+            self.segments.remove(seg)
+
+
 _pool = _Pool()
+
+
+def take_segment(run_id: str, nbytes: int) -> Segment:
+    """A free segment of this process with room for ``nbytes``, marked BUSY: the caller
+    fills ``seg.data`` and hands it to the writer by name (or marks it FREE on failure)."""
+    return _pool.take(run_id, nbytes)
+
+
+def abandon_segment(seg: Segment) -> None:
+    _pool.abandon(seg)
 
 
 def pack(arrays: dict[str, list[np.ndarray]], mode: str, run_id: str,

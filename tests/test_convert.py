@@ -138,7 +138,7 @@ def test_cli_convert_then_inspect(paired_root, tmp_path):
     assert summary["counts"] == {"train": 24, "test": 8}
     res = subprocess.run(CLI + ["inspect", str(out)], capture_output=True, text=True, check=True)
     for text in ("[train] 24 samples", "[test] 8 samples", "data: audio variable", "target: audio variable",
-                 "blosc2-lz4", "compression ratio", "0 rejects", "job: paired_audio", "int16, 16000 Hz"):
+                 "codec none", "compression ratio", "0 rejects", "job: paired_audio", "int16, 16000 Hz"):
         assert text in res.stdout, (text, res.stdout)
     res = subprocess.run(CLI + ["--help"], capture_output=True, text=True, check=True)
     for cmd in ("convert", "inspect"):

@@ -1,0 +1,140 @@
+"""The fast paths, checked on content with a real LocalCluster.
+
+* Fixed-shape batches are decoded straight into shared memory; rejected items leave holes
+  that are closed before the writer sees the batch, and a decode that hangs makes the
+  worker copy its results out of the segment and abandon it.
+* ``codec: auto`` compresses a field only where a trial shows it pays: here the noise
+  field is stored uncompressed (chunks written straight from shared memory) and the
+  mostly silent field with Blosc2-LZ4.
+
+Every output is compared sample by sample with the source files, and the outputs of the
+different paths with each other.
+"""
+
+from __future__ import annotations
+
+import io
+
+import h5py
+import numpy as np
+import pytest
+import soundfile as sf
+
+from h5batch.config import job_from_dict
+from h5batch.job import ConvertOptions, convert
+from tests.h5compare import assert_same_h5
+
+SR = 16000
+LENGTH = 3000  # frames stored per sample
+N = 30  # pairs in train
+BAD_TRUNCATED = 5  # data/5.wav cut short inside its data chunk: the pair is rejected
+BAD_GARBAGE = 9  # label/9.wav is not audio: the pair is rejected
+SHORT = 10  # data/10.wav has 1000 frames: zero-padded to LENGTH
+HANG = 17  # the hang test's file
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """root/train/{data,label}/N.wav; returns (root, expected {N: (data, target)})."""
+    root = tmp_path_factory.mktemp("fast") / "corpus"
+    rng = np.random.default_rng(3)
+    expected = {}
+    for i in range(N):
+        frames = 1000 if i == SHORT else LENGTH + 500
+        noise = rng.integers(-20000, 20000, size=frames, dtype=np.int16)
+        clean = np.zeros(frames, dtype=np.int16)
+        clean[100:400] = (3000 * np.sin(np.arange(300) * 0.05 * (i + 1))).astype(np.int16)
+        for folder, x in (("data", noise), ("label", clean)):
+            d = root / "train" / folder
+            d.mkdir(parents=True, exist_ok=True)
+            sf.write(d / f"{i}.wav", x, SR, subtype="PCM_16")
+        pad = lambda x: np.pad(x[:LENGTH], (0, max(0, LENGTH - len(x))))  # noqa: E731
+        expected[i] = (pad(noise), pad(clean))
+    raw = (root / "train" / "data" / f"{BAD_TRUNCATED}.wav").read_bytes()
+    (root / "train" / "data" / f"{BAD_TRUNCATED}.wav").write_bytes(raw[:2000])
+    (root / "train" / "label" / f"{BAD_GARBAGE}.wav").write_bytes(b"RIFF" + bytes(rng.integers(0, 255, 3000, dtype=np.uint8)))
+    for bad in (BAD_TRUNCATED, BAD_GARBAGE):
+        del expected[bad]
+    return root, expected
+
+
+def _convert(root, out, codec: str, faults=(), **cluster):
+    field = {"type": "audio", "extensions": [".wav"], "sample_rate": SR, "length": LENGTH}
+    job = job_from_dict({
+        "name": "fast",
+        "source": {"root": str(root), "layout": "paired_folders"},
+        "fields": {"data": {**field, "folder": "data"}, "target": {**field, "folder": "label"}},
+        "output": {"path": str(out), "codec": codec, "chunk_bytes": 4 * 2 * LENGTH, "overwrite": True},
+        "cluster": {"kind": "local", "workers": 2, "batch_size": 8, "dashboard": False, **cluster},
+        "policy": {"max_reject_fraction": 0.5, "decode_timeout": 1.0},
+    }, file="<test>")
+    log = io.StringIO()
+    summary = convert(job, ConvertOptions(overwrite=True, progress=False, log=log, faults=faults))
+    return summary, log.getvalue()
+
+
+def _check_content(out, expected):
+    with h5py.File(out, "r") as f:
+        g = f["train"]
+        names = [int(p.split("/")[-1][:-4]) for p in g["source"].asstr()[:, 0]]
+        assert names == sorted(expected)
+        for row, i in enumerate(names):
+            np.testing.assert_array_equal(g["data"][row], expected[i][0])
+            np.testing.assert_array_equal(g["target"][row], expected[i][1])
+        rejected = set(f["rejects"]["path"].asstr()[:])
+    return rejected
+
+
+@pytest.fixture(scope="module")
+def outputs(corpus, tmp_path_factory):
+    root, _ = corpus
+    d = tmp_path_factory.mktemp("fast-out")
+    return {
+        "auto": _convert(root, d / "auto.h5", "auto"),
+        "none": _convert(root, d / "none.h5", "none"),
+        # Compressed in the writer (direct rows) and in the workers (no direct rows).
+        "lz4-writer": _convert(root, d / "lz4w.h5", "blosc2-lz4", compress_on="writer"),
+        "lz4-workers": _convert(root, d / "lz4k.h5", "blosc2-lz4", compress_on="workers"),
+    }
+
+
+def test_every_path_stores_the_source_exactly(corpus, outputs):
+    _, expected = corpus
+    for name, (summary, _) in outputs.items():
+        rejected = _check_content(summary.path, expected)
+        assert rejected == {f"train/data/{BAD_TRUNCATED}.wav", f"train/label/{BAD_TRUNCATED}.wav",
+                            f"train/data/{BAD_GARBAGE}.wav", f"train/label/{BAD_GARBAGE}.wav"}, name
+
+
+def test_auto_stores_noise_raw_and_silence_compressed(outputs):
+    summary, log = outputs["auto"]
+    assert "data: none" in log and "target: blosc2-lz4" in log, log
+    with h5py.File(summary.path, "r") as f:
+        data, target = f["train/data"], f["train/target"]
+        assert data.compression is None and not data._filters
+        assert "32026" in target._filters  # the Blosc2 plugin filter
+        assert data.attrs["codec"] == "none" and target.attrs["codec"].startswith("blosc2-lz4")
+        # the uncompressed chunks hold exactly the rows (nothing but the data on disk)
+        assert data.id.get_storage_size() == data.chunks[0] * LENGTH * 2 * -(-data.shape[0] // data.chunks[0])
+    none_summary, _ = outputs["none"]
+    with h5py.File(none_summary.path, "r") as f:
+        assert f["train/target"].id.get_storage_size() > 2 * target_size(summary.path)
+
+
+def target_size(path) -> int:
+    with h5py.File(path, "r") as f:
+        return f["train/target"].id.get_storage_size()
+
+
+def test_compression_in_writer_or_workers_gives_the_same_file(outputs):
+    assert_same_h5(outputs["lz4-writer"][0].path, outputs["lz4-workers"][0].path)
+
+
+def test_hung_decode_with_direct_rows(corpus, tmp_path):
+    """The hung file's thread may write into the batch's segment later: the worker copies
+    the batch out, abandons the segment, and every other sample is still exact."""
+    root, expected = corpus
+    summary, log = _convert(root, tmp_path / "hang.h5", "none", faults=(("hang_on", f"{HANG}.wav"),))
+    expected = {k: v for k, v in expected.items() if k != HANG}
+    rejected = _check_content(summary.path, expected)
+    assert f"train/data/{HANG}.wav" in rejected and f"train/label/{HANG}.wav" in rejected
