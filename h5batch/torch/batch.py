@@ -8,6 +8,7 @@ the columns as they are instead of stacking samples again.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,10 +38,15 @@ def empty(shape: Sequence[int], dtype: Any, shared: bool) -> torch.Tensor:
     into it before it is sent to the main process; allocating it there in the first place
     saves that copy.
     """
-    t = torch.empty(tuple(int(s) for s in shape), dtype=torch_dtype(dtype))
-    if shared and t.numel():
-        t.share_memory_()
-    return t
+    size = tuple(int(s) for s in shape)
+    tdt = torch_dtype(dtype)
+    nbytes = math.prod(size) * np.dtype(dtype).itemsize
+    if not shared or nbytes == 0:
+        return torch.empty(size, dtype=tdt)
+    # A new shared storage, not ``share_memory_()``: that allocates private memory first
+    # and then copies it (uninitialised) into shared memory, 2.6x slower for an 8 MB batch.
+    storage = torch.UntypedStorage._new_shared(nbytes)
+    return torch.empty(0, dtype=tdt).set_(storage, 0, size)
 
 
 class Ragged:

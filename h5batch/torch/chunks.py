@@ -94,10 +94,15 @@ class ChunkStore:
         self.ds.read_direct(buf, np.s_[lo:hi], np.s_[0: hi - lo])
 
     def _load_direct(self, c: int, buf: np.ndarray) -> str:
+        offset = (c * self.k, *self.zeros)
+        if not self.decoder.filters:  # uncompressed: the stored bytes are the rows, read in place
+            mask, raw = self.ds.id.read_direct_chunk(offset, out=buf.reshape(-1).view(np.uint8))
+            if len(raw) != buf.nbytes:
+                raise ValueError(f"stored chunk has {len(raw)} bytes, expected {buf.nbytes}")
+            return f"mask{mask}-raw"
         if self.raw is None:
             # Stored chunks may be slightly larger than decoded ones (incompressible data).
             self.raw = np.empty(buf.nbytes + buf.nbytes // 16 + 4096, dtype=np.uint8)
-        offset = (c * self.k, *self.zeros)
         try:
             mask, raw = self.ds.id.read_direct_chunk(offset, out=self.raw)
         except ValueError:  # reusable buffer too small for this chunk
