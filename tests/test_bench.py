@@ -127,9 +127,9 @@ def _fake_results(h5_read: float, naive_read: float) -> dict:
         return {"phase": phase, "corpus": "c", "method": method, "codec": codec, "variant": variant,
                 "workers": workers, "runs": [{}], "rate": {"median": rate}}
 
-    records = [rec("read", "h5batch", h5_read, "blosc2-lz4", "chunk-shuffle", 0),
+    records = [rec("read", "h5batch", h5_read, "auto", "chunk-shuffle", 0),
                rec("read", "naive", naive_read, "gzip", "random", 0),
-               rec("convert", "h5batch", 100.0, "blosc2-lz4"), rec("convert", "naive", 20.0, "gzip")]
+               rec("convert", "h5batch", 100.0, "auto"), rec("convert", "naive", 20.0, "gzip")]
     return {"main_corpus": "c", "records": records,
             "config": {"workers": [0], "peers": False, "dask_workers": 2}}
 
@@ -138,8 +138,8 @@ def test_targets_are_marked_met_or_missed():
     t = {x["target"]: x for x in report.targets(_fake_results(h5_read=1000.0, naive_read=50.0))}
     assert t["read >= 10x naive HDF5 (num_workers=0)"]["met"] is True
     assert t["read >= 2x raw files (num_workers=0)"]["met"] is None  # not measured
-    assert t["conversion blosc2-lz4 >= 10x naive"]["met"] is False  # 5x
-    assert t["conversion blosc2-lz4 >= 10x naive"]["value"] == pytest.approx(5.0)
+    assert t["conversion auto >= 10x naive"]["met"] is False  # 5x
+    assert t["conversion auto >= 10x naive"]["value"] == pytest.approx(5.0)
     t = {x["target"]: x for x in report.targets(_fake_results(h5_read=400.0, naive_read=50.0))}
     assert t["read >= 10x naive HDF5 (num_workers=0)"]["met"] is False
 
@@ -152,7 +152,7 @@ def test_cli_registers_bench():
 
 
 def test_mini_bench_run_writes_json_markdown_png(tmp_path):
-    cfg = quick_config(pairs=16, images=4, scale=2, reps=1, codecs=("blosc2-lz4",), workers=(0,),
+    cfg = quick_config(pairs=16, images=4, scale=2, reps=1, codecs=("auto",), workers=(0,),
                        read_samples=16, warmup=False, cache=str(tmp_path / "cache"),
                        out_root=str(tmp_path / "results"))
     results = Bench(cfg, log=open(os.devnull, "w")).run()
@@ -162,10 +162,10 @@ def test_mini_bench_run_writes_json_markdown_png(tmp_path):
     assert data["checks"] and all(c["ok"] for c in data["checks"]), data["checks"]
     keys = {r["key"] for r in data["records"]}
     main = data["main_corpus"]
-    for k in (f"convert/{main}/h5batch/blosc2-lz4", f"convert/{main}/h5batch-cold/blosc2-lz4",
+    for k in (f"convert/{main}/h5batch/auto", f"convert/{main}/h5batch-cold/auto",
               f"convert/{main}/floor", f"convert/{main}/naive/gzip",
-              f"convert/{main}/h5batch-cold/blosc2-lz4/x2",
-              f"read/{main}/h5batch/blosc2-lz4/chunk-shuffle/w0", f"read/{main}/h5batch/blosc2-lz4/random/w0",
+              f"convert/{main}/h5batch-cold/auto/x2",
+              f"read/{main}/h5batch/auto/chunk-shuffle/w0", f"read/{main}/h5batch/auto/random/w0",
               f"read/{main}/naive/gzip/random/w0", f"read/{main}/raw-files/random/w0",
               f"read/{main}/memmap/random/w0"):
         assert k in keys, k
@@ -175,6 +175,7 @@ def test_mini_bench_run_writes_json_markdown_png(tmp_path):
             want = r["info"]["epochs"] * r["info"]["samples_per_epoch"]
             assert all(run["items"] == want for run in r["runs"]), r["key"]
     md = open(paths["markdown"]).read()
+    assert "| auto → none |" in md  # what auto chose for the generated (incompressible) audio
     assert "## Targets" in md and "### Conversion" in md and "### Read" in md and "## Scaling" in md
     assert any(s in md for s in ("**met**", "**MISSED**"))
     pngs = [p for p in data["plots"]]

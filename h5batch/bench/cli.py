@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-CODECS = ("none", "gzip", "lzf", "zstd", "blosc2-lz4", "blosc2-zstd")
+CODECS = ("auto", "none", "gzip", "lzf", "zstd", "blosc2-lz4", "blosc2-zstd")
 
 
 def _codecs(text: str) -> tuple[str, ...]:
@@ -45,7 +45,7 @@ def add_bench(sub: Any) -> None:
                     "DataLoader, and write bench/results/<timestamp>/ (results.json, results.md, PNG "
                     "plots). See docs/benchmarks.md.")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="512 pairs, 2 repetitions, blosc2-lz4 and gzip, no peers (< 2 min)")
+    mode.add_argument("--quick", action="store_true", help="512 pairs, 2 repetitions, codecs auto, blosc2-lz4 and gzip, no peers (< 2 min)")
     mode.add_argument("--full", action="store_true", help="the default: 2048 pairs, every codec, peers, real corpora")
     p.add_argument("--peers", action="store_true", help="also WebDataset and LitData (always on in full mode)")
     p.add_argument("--no-peers", action="store_true", help="skip the peers even in full mode")

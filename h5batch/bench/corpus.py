@@ -45,7 +45,7 @@ class Corpus:
     notes: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def job(self, out_path: str, codec: str = "blosc2-lz4", cluster: dict[str, Any] | None = None) -> JobConfig:
+    def job(self, out_path: str, codec: str = "auto", cluster: dict[str, Any] | None = None) -> JobConfig:
         """The h5batch job converting this corpus to ``out_path`` with ``codec``."""
         data = {
             "name": f"bench-{self.name}",

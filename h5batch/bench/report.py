@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-DEFAULT_CODEC = "blosc2-lz4"
+DEFAULT_CODEC = "auto"  # = suite.DEFAULT_CODEC, the job default
 MB = 1e6
 
 
@@ -129,6 +129,16 @@ def _label(r: dict[str, Any]) -> str:
     return text
 
 
+def _codec_cell(r: dict[str, Any]) -> str:
+    """The codec column; ``auto`` shows what it chose per field (e.g. ``auto → none``)."""
+    codec = r["codec"] or "—"
+    chosen = r["runs"][0].get("field_codecs") if r["runs"] else None
+    if codec == "auto" and chosen:
+        names = sorted({c.split("-")[0] if c.startswith("none") else c.split("+")[0] for c in chosen.values()})
+        codec += " → " + ", ".join(names)
+    return codec
+
+
 def convert_table(results: dict[str, Any], corpus: str) -> list[str]:
     recs = _records(results, "convert", corpus)
     if not recs:
@@ -144,7 +154,7 @@ def convert_table(results: dict[str, Any], corpus: str) -> list[str]:
         out_b = r["info"].get("output_bytes")
         rss = r["peak_rss"]["median"] / MB
         added = r["rss_added"]["median"] / MB
-        rows.append(f"| {_label(r)} | {r['codec'] or '—'} | {_fmt(rate)} | {_spread(r)} | {_fmt(rate * files)} "
+        rows.append(f"| {_label(r)} | {_codec_cell(r)} | {_fmt(rate)} | {_spread(r)} | {_fmt(rate * files)} "
                     f"| {_fmt(r['mb_per_s']['median'])} | {_x(_ratio(rate, naive))} | {_x(_ratio(rate, floor))} "
                     f"| {_fmt(out_b / MB if out_b else None, 1)} | {rss:,.0f} ({added:+,.0f}) |")
     return rows

@@ -38,8 +38,8 @@ from ..tasks import decode_only
 from . import baselines, corpus, peers
 from .measure import PeakRss, Sample, drain, summarize, timed
 
-ALL_CODECS = ("blosc2-lz4", "gzip", "zstd", "none", "lzf")
-DEFAULT_CODEC = "blosc2-lz4"
+ALL_CODECS = ("auto", "blosc2-lz4", "gzip", "zstd", "none", "lzf")
+DEFAULT_CODEC = "auto"  # the job default (autocodec.py)
 
 
 @dataclass
@@ -51,8 +51,8 @@ class BenchConfig:
     images: int = 64  # generated images
     scale: int = 4  # the scaling corpus is scale x pairs
     reps: int = 2
-    codecs: tuple[str, ...] = ("blosc2-lz4", "gzip")
-    image_codecs: tuple[str, ...] = ("blosc2-lz4",)
+    codecs: tuple[str, ...] = ("auto", "blosc2-lz4", "gzip")
+    image_codecs: tuple[str, ...] = ("auto",)
     random_all_codecs: bool = False  # also read every codec in full random order (else default codec only)
     read_samples: int = 512  # timed samples per read measurement (whole epochs, at least one)
     workers: tuple[int, ...] = (0, 2)  # DataLoader num_workers
@@ -77,10 +77,21 @@ def quick_config(**over: Any) -> BenchConfig:
 
 def full_config(**over: Any) -> BenchConfig:
     base = dict(mode="full", pairs=2048, images=400, reps=3, codecs=ALL_CODECS,
-                image_codecs=("blosc2-lz4", "gzip", "none"), read_samples=2048,
+                image_codecs=("auto", "blosc2-lz4", "gzip"), read_samples=2048,
                 peers=True, real=True)
     base.update(over)
     return BenchConfig(**base)
+
+
+def _field_codecs(path: str) -> dict[str, str]:
+    """What each field of the first split was stored with (``auto`` resolves per field)."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        split = next((k for k in f if isinstance(f[k], h5py.Group) and k != "rejects"), None)
+        if split is None:
+            return {}
+        return {name: str(node.attrs.get("codec", "")) for name, node in f[split].items() if "codec" in node.attrs}
 
 
 def _say(log: Any, text: str) -> None:
@@ -314,7 +325,7 @@ class Bench:
                                                                     log=io.StringIO())),
                                   lambda s: s.samples, lambda s: s.bytes_decoded)
                 sample.extra.update(files=s.inputs, output_bytes=s.output_bytes, rejects=s.rejects,
-                                    internal_seconds=s.seconds)
+                                    internal_seconds=s.seconds, field_codecs=_field_codecs(s.path))
                 if not warmup:
                     method = "h5batch-cold" if cold else "h5batch"
                     variant = f"x{self.cfg.scale}" if scaled else ""
