@@ -110,7 +110,7 @@ class OutputConfig:
     ``cache_bytes`` the per-dataset chunk cache (``rdcc_nbytes``), default 4 chunks."""
 
     path: str
-    codec: Codec = "auto"  # blosc2-lz4 where a trial shows it pays, else none (autocodec.py)
+    codec: Codec = "auto"  # blosc2-lz4 where a trial shows it pays, else none (auto.py)
     level: int | None = None
     shuffle: bool = True
     chunk_bytes: int = 1 << 20
@@ -128,7 +128,7 @@ class ClusterConfig:
     workers: int | None = None
     address: str | None = None
     scheduler_file: str | None = None
-    batch_size: int = 64
+    batch_size: int | Literal["auto"] = "auto"  # items per Dask task; auto: ~16 MB decoded (auto.py)
     max_in_flight: int | None = None
     transport: Literal["auto", "shm", "network"] = "auto"
     # Where whole chunks of fixed-shape fields are compressed. "auto": in the writer on a
@@ -354,7 +354,7 @@ def _validate(job: JobConfig, check_paths: bool) -> None:
     c = job.cluster
     if c.workers is not None and c.workers < 1:
         raise ConfigError(f, "cluster.workers", f"must be >= 1, got {c.workers}")
-    if c.batch_size < 1:
+    if c.batch_size != "auto" and c.batch_size < 1:
         raise ConfigError(f, "cluster.batch_size", f"must be >= 1, got {c.batch_size}")
     if c.kind == "address" and not c.address:
         raise ConfigError(f, "cluster.address", "is required for kind 'address'")

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import __version__
-from .autocodec import choose_codecs
+from .auto import resolve
 from .cluster import connect, default_workers
 from .codecs import CodecSpec
 from .config import JobConfig
@@ -112,11 +112,11 @@ class TaskList(Sequence):
     driver holds no per-file state beyond the manifest itself."""
 
     def __init__(self, job: JobConfig, manifest: Manifest, run_id: str, writer_host: str,
-                 faults: tuple[tuple[str, str], ...] = ()):
+                 faults: tuple[tuple[str, str], ...] = (), batch_size: int | None = None):
         self.job, self.manifest, self.run_id, self.writer_host, self.faults = job, manifest, run_id, writer_host, faults
         self.fields = tuple(job.fields.items())
         self.root = os.path.abspath(manifest.root)
-        bs = job.cluster.batch_size
+        bs = batch_size or (job.cluster.batch_size if job.cluster.batch_size != "auto" else 64)
         starts = []
         items = manifest.items
         i = 0
@@ -151,9 +151,12 @@ class TaskList(Sequence):
 
 
 def make_tasks(job: JobConfig, manifest: Manifest, run_id: str, writer_host: str,
-               faults: tuple[tuple[str, str], ...] = ()) -> TaskList:
-    """Cut the manifest into batches of ``cluster.batch_size`` items, never across splits."""
-    return TaskList(job, manifest, run_id, writer_host, faults)
+               faults: tuple[tuple[str, str], ...] = (), batch_size: int | None = None) -> TaskList:
+    """Cut the manifest into batches of ``batch_size`` items (default: ``cluster.batch_size``,
+    or :func:`h5batch.auto.resolve`'s choice), never across splits."""
+    if batch_size is None and job.cluster.batch_size == "auto":
+        batch_size = resolve(job, manifest).batch_size
+    return TaskList(job, manifest, run_id, writer_host, faults, batch_size)
 
 
 def _empty_result(task: BatchTask, rejects: list[Reject], nfields: int) -> BatchResult:
@@ -371,10 +374,11 @@ class Converter:
                           f"(all listed in {rej_path})")
             raise ConvertError(f"no samples found under {job.source.root} (layout {job.source.layout}){detail}", 2)
         record = self._resume_record(manifest)
-        choices = choose_codecs(job, manifest)
-        if job.output.codec == "auto":
-            self.say("codec auto: " + "; ".join(c.describe() for c in choices.values()))
-        self.codecs = {name: c.codec for name, c in choices.items()}
+        auto = resolve(job, manifest)
+        for line in auto.describe(job):
+            self.say(line)
+        self.codecs = {name: c.codec for name, c in auto.codecs.items()}
+        self.batch_bytes = auto.batch_size * auto.item_bytes
         num_inputs = sum(len(it.paths) for it in manifest.items) + len(manifest.rejects)
         n_workers = job.cluster.workers or default_workers()
         spec = WriterSpec(
@@ -388,7 +392,7 @@ class Converter:
             commit_every=job.policy.commit_every, threads=max(2, min(4, n_workers)),
             resume=record, versions=versions(), pause_at=self.opts.fault_pause,
         )
-        tasks = make_tasks(job, manifest, self.run_id, hostname(), self.opts.faults)
+        tasks = make_tasks(job, manifest, self.run_id, hostname(), self.opts.faults, auto.batch_size)
         inbox.put(("spec", spec))
         self._writer_busy = True
         try:
@@ -447,7 +451,9 @@ class Converter:
 
             preflight(client, job, manifest, self.say)
             n_workers = max(1, len(client.scheduler_info(n_workers=-1)["workers"]))
-            window = job.cluster.max_in_flight or max(4, 3 * n_workers)
+            # Batches in flight: enough to keep every worker busy, at most ~1 GiB of
+            # decoded samples waiting in shared memory.
+            window = job.cluster.max_in_flight or max(4, min(3 * n_workers, (1 << 30) // max(1, self.batch_bytes)))
             slots: dict[int, _Slot] = {}
             futures: dict[Any, tuple[int, int]] = {}  # future -> (batch index, part position)
             next_submit = next_forward = acked = start

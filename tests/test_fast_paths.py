@@ -138,3 +138,25 @@ def test_hung_decode_with_direct_rows(corpus, tmp_path):
     expected = {k: v for k, v in expected.items() if k != HANG}
     rejected = _check_content(summary.path, expected)
     assert f"train/data/{HANG}.wav" in rejected and f"train/label/{HANG}.wav" in rejected
+
+
+def test_auto_batch_size_from_the_first_samples(corpus, tmp_path):
+    """~16 MB of decoded samples per task, at least 8 batches; an integer is kept."""
+    from h5batch.auto import resolve
+    from h5batch.discover import discover
+
+    root, _ = corpus
+    field = {"type": "audio", "extensions": [".wav"], "sample_rate": SR}
+    base = {"name": "bs", "source": {"root": str(root), "layout": "paired_folders"},
+            "fields": {"data": {**field, "folder": "data"}, "target": {**field, "folder": "label"}},
+            "output": {"path": str(tmp_path / "x.h5")}}
+    job = job_from_dict(base, file="<test>")
+    m = discover(job)
+    auto = resolve(job, m)
+    # variable length: sized from the decoded trial (3,500 frames x 2 bytes x 2 fields, one
+    # short file) -> ~1,200 items per 16 MB, capped so 28 items still make 8 batches
+    assert 13_000 < auto.item_bytes < 14_100
+    assert auto.batch_size == 4
+    assert "batch_size auto: 4 items per task" in " ".join(auto.describe(job))
+    job = job_from_dict({**base, "cluster": {"batch_size": 8}}, file="<test>")
+    assert resolve(job, m).batch_size == 8

@@ -41,7 +41,7 @@ class Corpus:
     fields: dict[str, dict[str, Any]]
     fixed: bool = True
     real: bool = False
-    batch_size: int = 32  # cluster.batch_size (files per Dask task)
+    batch_size: int | str = "auto"  # cluster.batch_size (items per Dask task)
     notes: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -95,7 +95,6 @@ def images(cache: str | os.PathLike[str], count: int) -> Corpus:
         name=f"images_{2 * per_class}", root=str(root), kind="image",
         source={"layout": "class_folders", "splits": ["train"]},
         fields={"image": {"type": "image", "extensions": [".jpg"], "mode": "RGB", "size": list(IMAGE_SIZE)}},
-        batch_size=16,
         notes=f"{2 * per_class} JPEGs 160-640 px, resized + centre-cropped to 224x224 RGB (150 kB decoded)")
 
 
@@ -106,7 +105,7 @@ def real_corpora(shared: str | os.PathLike[str]) -> list[Corpus]:
     fsdd = shared / "fsdd"
     if fsdd.is_dir():
         out.append(Corpus(
-            name="fsdd", root=str(fsdd), kind="audio", real=True, fixed=False, batch_size=64,
+            name="fsdd", root=str(fsdd), kind="audio", real=True, fixed=False,
             source={"layout": "pattern", "pattern": r"(?P<label>\d)_(?P<speaker>[a-z]+)_(?P<index>\d+)\.wav",
                     "split": {"group": "index", "ranges": {"train": [0, 1000]}, "default": "train"},
                     "splits": ["train"]},
@@ -115,7 +114,7 @@ def real_corpora(shared: str | os.PathLike[str]) -> list[Corpus]:
     imgs = shared / "images"
     if imgs.is_dir():
         out.append(Corpus(
-            name="hymenoptera", root=str(imgs), kind="image", real=True, batch_size=16,
+            name="hymenoptera", root=str(imgs), kind="image", real=True,
             source={"layout": "class_folders", "splits": ["train", "val"]},
             fields={"image": {"type": "image", "extensions": [".jpg", ".jpeg", ".png"], "mode": "RGB",
                               "size": list(IMAGE_SIZE)}},

@@ -39,7 +39,7 @@ from . import baselines, corpus, peers
 from .measure import PeakRss, Sample, drain, summarize, timed
 
 ALL_CODECS = ("auto", "blosc2-lz4", "gzip", "zstd", "none", "lzf")
-DEFAULT_CODEC = "auto"  # the job default (autocodec.py)
+DEFAULT_CODEC = "auto"  # the job default (auto.py)
 
 
 @dataclass
