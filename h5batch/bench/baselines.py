@@ -26,6 +26,7 @@ from torch.utils.data import Dataset, get_worker_info
 
 from ..config import FieldConfig
 from ..decode import decode_field
+from ..torch.batch import empty as batch_empty
 
 NAIVE_GROUP = "samples"
 
@@ -150,21 +151,25 @@ class MemmapDataset(Dataset):
         shared = get_worker_info() is not None
         out = {}
         for name, mm in self._open().items():
-            t = torch.empty((len(idx), *mm.shape[1:]), dtype=torch.float32)
-            if shared:
-                t.share_memory_()
+            # Allocated like the h5batch reader's batches (shared memory from the start inside
+            # a worker), so the limit is not handicapped by an extra copy.
+            t = batch_empty((len(idx), *mm.shape[1:]), np.float32, shared)
             view = t.numpy()
-            view[...] = mm[idx]
-            _scale(view, mm.dtype)
+            # Row by row, converting as it copies: one pass, like the h5batch reader.
+            for j, i in enumerate(idx.tolist()):
+                _convert_into(view[j], mm[i])
             out[name] = t
         return out
 
 
-def _scale(view: np.ndarray, stored: np.dtype) -> None:
-    if stored == np.int16:
-        np.multiply(view, np.float32(1.0 / 32768.0), out=view)
-    elif stored == np.uint8:
-        np.divide(view, np.float32(255.0), out=view)
+def _convert_into(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst = src`` scaled like ``H5Dataset(as_float=True)``, in one pass."""
+    if src.dtype == np.int16:
+        np.multiply(src, np.float32(1.0 / 32768.0), out=dst)
+    elif src.dtype == np.uint8:
+        np.divide(src, np.float32(255.0), out=dst)
+    else:
+        dst[...] = src
 
 
 def passthrough(batch: Any) -> Any:
@@ -191,13 +196,12 @@ class FloatCollate:
                 continue
             shapes = [v.shape for v in vals]
             top = tuple(max(s[d] for s in shapes) for d in range(first.ndim))
-            t = torch.zeros((len(vals), *top), dtype=torch.float32)
-            if shared:
-                t.share_memory_()
+            t = batch_empty((len(vals), *top), np.float32, shared)  # as the h5batch reader allocates
             view = t.numpy()
+            if any(s != top for s in shapes):
+                view.fill(0)  # padding
             for j, v in enumerate(vals):
-                view[(j, *(slice(0, n) for n in v.shape))] = v
-            _scale(view, first.dtype)
+                _convert_into(view[(j, *(slice(0, n) for n in v.shape))], v)
             out[key] = t
             if any(s != top for s in shapes):
                 out[key + "_lengths"] = torch.tensor([s[0] for s in shapes], dtype=torch.int64)

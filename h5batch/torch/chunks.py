@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import warnings
 from collections import OrderedDict
+from collections.abc import Callable
 
 import h5py
 import numpy as np
@@ -127,14 +128,19 @@ class ChunkStore:
         self.raw = None
 
 
-def gather_rows(store: ChunkStore, src: np.ndarray, dst_pos: np.ndarray, out: np.ndarray) -> None:
+def gather_rows(store: ChunkStore, src: np.ndarray, dst_pos: np.ndarray, out: np.ndarray,
+                copy: Callable[[np.ndarray, np.ndarray], None] | None = None) -> None:
     """``out[dst_pos[j]] = rows[src[j]]`` for ``src`` sorted ascending (duplicates allowed).
 
     One block fetch per distinct block; contiguous source and destination ranges are copied as
-    slices, the rest with one fancy-index assignment per block. ``out`` may have another dtype
-    (the cast happens in the copy) or be a strided view.
+    slices, scattered rows one by one (big rows) or with one fancy-index assignment per block
+    (small rows). ``copy(dst, src)`` moves the values (default ``np.copyto``); a converting
+    copy (``int16 -> float32`` scaled, say) thus costs one pass over the batch, not three
+    (fancy-index temporary, cast, scale). ``out`` may be a strided view.
     """
+    copy = copy or np.copyto
     k = store.k
+    big_rows = out[0].nbytes >= 4096 if len(out) else False
     blocks = src // k
     cut = np.flatnonzero(blocks[1:] != blocks[:-1]) + 1
     starts = [0, *cut.tolist()]
@@ -147,9 +153,14 @@ def gather_rows(store: ChunkStore, src: np.ndarray, dst_pos: np.ndarray, out: np
         n = e - s
         r0, d0 = int(r[0]), int(d[0])
         if int(r[-1]) - r0 == n - 1 and int(d[-1]) - d0 == n - 1 and _strictly_consecutive(r, d):
-            out[d0: d0 + n] = chunk[r0: r0 + n]
+            copy(out[d0: d0 + n], chunk[r0: r0 + n])
+        elif big_rows:
+            for ri, di in zip(r.tolist(), d.tolist()):
+                copy(out[di], chunk[ri])
         else:
-            out[d] = chunk[r]
+            tmp = np.empty((n, *out.shape[1:]), dtype=out.dtype)
+            copy(tmp, chunk[r])
+            out[d] = tmp
 
 
 def _strictly_consecutive(r: np.ndarray, d: np.ndarray) -> bool:

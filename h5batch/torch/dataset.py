@@ -348,6 +348,17 @@ class H5Dataset(Dataset):
         return dtype, None
 
     @staticmethod
+    def _copier(how: str | None) -> Callable[[np.ndarray, np.ndarray], None] | None:
+        """A ``copy(dst, src)`` that also converts, in one pass (see :meth:`_scale`)."""
+        if how == "int16":
+            scale = np.float32(1.0 / 32768.0)
+            return lambda dst, src: np.multiply(src, scale, out=dst)
+        if how == "uint8":
+            div = np.float32(255.0)
+            return lambda dst, src: np.divide(src, div, out=dst)
+        return None
+
+    @staticmethod
     def _scale(a: np.ndarray, how: str | None) -> None:
         # numpy's float32 ufuncs: x * 2**-15 is exact, x / 255 correctly rounded.
         if how == "int16":
@@ -367,8 +378,7 @@ class H5Dataset(Dataset):
             out = empty((b, *fi.shape), dtype, shared)
             view = out.numpy()
         if b:
-            gather_rows(self._store(fi), idx[order], order, view)
-            self._scale(view, how)
+            gather_rows(self._store(fi), idx[order], order, view, self._copier(how))
         return out
 
     def _read_variable(self, fi: FieldInfo, idx: np.ndarray, order: np.ndarray,
