@@ -45,8 +45,8 @@ def add_bench(sub: Any) -> None:
                     "DataLoader, and write bench/results/<timestamp>/ (results.json, results.md, PNG "
                     "plots). See docs/benchmarks.md.")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="512 pairs, 2 repetitions, codecs auto, blosc2-lz4 and gzip, no peers (< 2 min)")
-    mode.add_argument("--full", action="store_true", help="the default: 2048 pairs, every codec, peers, real corpora")
+    mode.add_argument("--quick", action="store_true", help="1024 pairs, 2 repetitions, codecs auto, blosc2-lz4 and gzip, no peers (< 2 min)")
+    mode.add_argument("--full", action="store_true", help="4096 pairs (x4: 16384 for scaling), every codec, peers, real corpora")
     p.add_argument("--peers", action="store_true", help="also WebDataset and LitData (always on in full mode)")
     p.add_argument("--no-peers", action="store_true", help="skip the peers even in full mode")
     p.add_argument("--no-real", action="store_true", help="skip ../shared/corpora even in full mode")

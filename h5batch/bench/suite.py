@@ -47,7 +47,7 @@ class BenchConfig:
     """What one ``h5batch bench`` run measures. See :func:`quick_config` / :func:`full_config`."""
 
     mode: str = "quick"
-    pairs: int = 512  # paired-audio samples of the x1 corpus (read corpus too)
+    pairs: int = 1024  # paired-audio samples of the x1 corpus (read corpus too)
     images: int = 64  # generated images
     scale: int = 4  # the scaling corpus is scale x pairs
     reps: int = 2
@@ -76,7 +76,7 @@ def quick_config(**over: Any) -> BenchConfig:
 
 
 def full_config(**over: Any) -> BenchConfig:
-    base = dict(mode="full", pairs=2048, images=400, reps=3, codecs=ALL_CODECS,
+    base = dict(mode="full", pairs=4096, images=400, reps=3, codecs=ALL_CODECS,
                 image_codecs=("auto", "blosc2-lz4", "gzip"), read_samples=2048,
                 peers=True, real=True)
     base.update(over)
