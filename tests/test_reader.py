@@ -133,6 +133,22 @@ def test_direct_chunk_reads_agree_with_hdf5_and_are_used(demo):
     assert not any(s.direct for s in hdf5._stores.values())
 
 
+def test_uncompressed_chunks_are_used_in_place(paired):
+    """codec none (auto's choice for this noise): chunks are views of a file mapping."""
+    path = paired[0]
+    with h5py.File(path) as f:
+        assert f["train/data"].attrs["codec"] == "none"
+    mapped = H5Dataset(path, "train", as_float=False)
+    plain = H5Dataset(path, "train", as_float=False, mmap=False)
+    everything = list(range(len(mapped)))[::-1]
+    a, b = collate(mapped.__getitems__(everything)), collate(plain.__getitems__(everything))
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    store = mapped._stores["data"]
+    assert store.mapping is not None and "mapped" in store.verified and store.loads > 0
+    assert all(s.mapping is None for s in plain._stores.values())
+
+
 @pytest.mark.parametrize("codec", ["gzip", "lzf"])
 def test_other_codecs_read_the_same(codec, demo, tmp_path):
     path, corpus, _ = demo

@@ -16,6 +16,7 @@ the reader down but never hand back wrong samples.
 
 from __future__ import annotations
 
+import mmap
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable
@@ -42,9 +43,15 @@ class ChunkStore:
         Decoded blocks kept (at least 1).
     direct : bool
         Try direct chunk reads. ``False`` always lets HDF5 decode.
+    mapping : mmap.mmap, optional
+        The whole file mapped read-only. An uncompressed chunk is then used in place (a
+        view of the mapping: no read, no copy, like a ``numpy.memmap``); an evicted block's
+        pages are dropped from this process (``MADV_DONTNEED``; they stay in the page
+        cache), so resident memory stays bounded by ``capacity`` blocks.
     """
 
-    def __init__(self, ds: h5py.Dataset, capacity: int, direct: bool = True):
+    def __init__(self, ds: h5py.Dataset, capacity: int, direct: bool = True,
+                 mapping: mmap.mmap | None = None):
         self.ds = ds
         self.n = ds.shape[0]
         self.row = ds.shape[1:]
@@ -62,6 +69,10 @@ class ChunkStore:
         self.zeros = (0,) * len(self.row)
         self.raw: np.ndarray | None = None
         self.loads = 0  # blocks read from the file (for tests and tuning)
+        unfiltered = self.decoder is not None and not self.decoder.filters
+        self.mapping = mapping if unfiltered and chunks is not None else None
+        self.row_bytes = int(np.prod(self.row, dtype=np.int64)) * ds.dtype.itemsize
+        self.offsets: dict[int, int] = {}  # file offset of each mapped block in the cache
 
     @property
     def direct(self) -> bool:
@@ -69,16 +80,63 @@ class ChunkStore:
 
     def get(self, c: int) -> np.ndarray:
         """Block ``c``: its valid rows (the last block may be short), read-only by convention."""
+        if self.mapping is not None:
+            view = self._get_mapped(c)
+            if view is not None:
+                return view[: min(self.k, self.n - c * self.k)]
         buf = self.cache.pop(c, None)
         if buf is None:
             if len(self.cache) >= self.capacity:
-                buf = self.cache.popitem(last=False)[1]
+                old_c, buf = self.cache.popitem(last=False)
+                if not buf.flags.writeable:  # a mapped block: not a buffer to reuse
+                    self._drop(old_c, buf)
+                    buf = np.empty((self.k, *self.row), dtype=self.ds.dtype)
             else:
                 buf = np.empty((self.k, *self.row), dtype=self.ds.dtype)
             self._load(c, buf)
             self.loads += 1
         self.cache[c] = buf
         return buf[: min(self.k, self.n - c * self.k)]
+
+    def _get_mapped(self, c: int) -> np.ndarray | None:
+        """Block ``c`` as a view of the file mapping (None: read it the other way)."""
+        view = self.cache.pop(c, None)
+        if view is None:
+            info = self.ds.id.get_chunk_info_by_coord((c * self.k, *self.zeros))
+            size = self.k * self.row_bytes
+            if info.byte_offset is None or info.size != size or info.filter_mask:
+                return None  # not written, or not a plain chunk: let _load handle it
+            if len(self.cache) >= self.capacity:
+                self._drop(*self.cache.popitem(last=False))
+            view = np.frombuffer(self.mapping, dtype=self.ds.dtype, count=size // self.ds.dtype.itemsize,
+                                 offset=info.byte_offset).reshape(self.k, *self.row)
+            self.offsets[c] = info.byte_offset
+            self.loads += 1
+            if "mapped" not in self.verified:
+                lo, hi = c * self.k, min((c + 1) * self.k, self.n)
+                if not np.array_equal(view[: hi - lo], self.ds[lo:hi]):
+                    self._give_up_mapping(f"mapped chunk {c} differs from HDF5's read")
+                    return None
+                self.verified.add("mapped")
+        self.cache[c] = view
+        return view
+
+    def _drop(self, c: int, view: np.ndarray) -> None:
+        """Release the resident pages of an evicted mapped block (the whole pages inside it)."""
+        start = self.offsets.pop(c, None)
+        if start is None or self.mapping is None or not hasattr(self.mapping, "madvise"):
+            return
+        lo = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+        hi = (start + view.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+        if hi > lo:
+            self.mapping.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
+    def _give_up_mapping(self, why: str) -> None:
+        warnings.warn(f"{self.ds.file.filename}:{self.ds.name}: {why}; reading chunks instead",
+                      RuntimeWarning, stacklevel=4)
+        self.mapping = None
+        self.cache.clear()
+        self.offsets.clear()
 
     def _load(self, c: int, buf: np.ndarray) -> None:
         if self.decoder is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import operator
 import os
 from collections.abc import Callable, Sequence
@@ -101,6 +102,9 @@ class H5Dataset(Dataset):
         allows (checked against HDF5 on the first chunk); ``False`` lets HDF5 decode.
     shared_memory : bool, optional
         Allocate batch tensors in shared memory; default: only inside DataLoader workers.
+    mmap : bool
+        Map the file read-only and use uncompressed chunks in place (no read, no copy;
+        the pages of evicted chunks are released). ``False`` reads them like the others.
 
     Notes
     -----
@@ -114,7 +118,7 @@ class H5Dataset(Dataset):
                  as_float: bool = True, with_source: bool = False,
                  cache_bytes: int | None = None, *, channels_first: bool = False,
                  locking: bool | None = None, direct_chunks: bool = True,
-                 shared_memory: bool | None = None):
+                 shared_memory: bool | None = None, mmap: bool = True):
         self.path = os.fspath(path)
         self.split = split
         self.transform = transform
@@ -123,6 +127,7 @@ class H5Dataset(Dataset):
         self.channels_first = bool(channels_first)
         self.locking = locking
         self.direct_chunks = bool(direct_chunks)
+        self.mmap = bool(mmap)
         self.shared_memory = shared_memory
         if cache_bytes is not None and int(cache_bytes) < 0:
             raise ValueError(f"cache_bytes must be >= 0, got {cache_bytes}")
@@ -236,6 +241,7 @@ class H5Dataset(Dataset):
         self._file: h5py.File | None = None
         self._stores: dict[str, ChunkStore] = {}
         self._sources: h5py.Dataset | None = None
+        self._mapping: mmap.mmap | None = None
 
     def _ensure_open(self) -> None:
         pid = os.getpid()
@@ -266,8 +272,18 @@ class H5Dataset(Dataset):
                 capacity += CACHE_SLACK
             else:
                 capacity = max(1, self.cache_bytes // max(fi.chunk_nbytes, 1))
-            store = self._stores[fi.name] = ChunkStore(ds, capacity, self.direct_chunks)
+            store = self._stores[fi.name] = ChunkStore(ds, capacity, self.direct_chunks, self._map())
         return store
+
+    def _map(self) -> mmap.mmap | None:
+        """This process's read-only mapping of the file (uncompressed chunks are used in place)."""
+        if self._mapping is None and self.direct_chunks and self.mmap:
+            try:
+                with open(self.path, "rb") as fh:
+                    self._mapping = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError):
+                self.mmap = False  # e.g. a file system without mmap: read chunks instead
+        return self._mapping
 
     def _index_array(self, key: str, load: Callable[[h5py.Group], np.ndarray]) -> np.ndarray:
         # Small per-sample arrays (8 bytes a sample) are kept in memory; they are plain numpy,
@@ -290,7 +306,7 @@ class H5Dataset(Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_pid=None, _file=None, _stores={}, _sources=None, _index={})
+        state.update(_pid=None, _file=None, _stores={}, _sources=None, _index={}, _mapping=None)
         return state
 
     def __enter__(self) -> H5Dataset:
