@@ -1,0 +1,87 @@
+"""CPU cost per GB of the steps no converter can skip, in one process, warm page cache.
+
+``python -m h5batch.bench.physics [CORPUS_DIR] [SCRATCH_DIR]`` reads every ``.wav`` under
+CORPUS_DIR (default: the largest ``data/bench/paired_audio_*``) with one ``readinto`` each (what decoding a 16-bit PCM WAV is), writes 1 GiB
+to a file in SCRATCH_DIR with 1 MiB writes (what storing uncompressed chunks is), and
+copies 1 GiB in memory. It prints CPU-seconds (user + system) per GiB, best of 3: the
+ratio of reading to reading + writing bounds what a converter can reach against the
+decode-only floor (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+import time
+
+import numpy as np
+
+
+def _cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def _best(fn, reps: int = 3) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        c = _cpu()
+        fn()
+        best = min(best, _cpu() - c)
+    return best
+
+
+def read_files(paths: list[str]) -> int:
+    """Read every file into one reused buffer; returns the bytes read."""
+    buf = np.empty(max(os.path.getsize(p) for p in paths), np.uint8)
+    n = 0
+    for p in paths:
+        with open(p, "rb") as fh:
+            n += fh.readinto(memoryview(buf)[: os.path.getsize(p)])
+    return n
+
+
+def write_file(path: str, nbytes: int) -> None:
+    block = np.ones(1 << 20, np.uint8)
+    with open(path, "wb") as fh:
+        for _ in range(nbytes >> 20):
+            fh.write(block)
+    os.unlink(path)
+
+
+def memcpy(nbytes: int) -> None:
+    a = np.ones(1 << 24, np.uint8)
+    b = np.empty_like(a)
+    for _ in range(nbytes >> 24):
+        np.copyto(b, a)
+
+
+def main(argv: list[str]) -> None:
+    if argv:
+        corpus = argv[0]
+    else:  # the largest generated bench corpus (make bench makes them)
+        found = glob.glob(os.path.join("data", "bench", "paired_audio_*"))
+        corpus = max(found, key=lambda d: int(d.rsplit("_", 1)[1]), default="data/bench")
+    scratch = argv[1] if len(argv) > 1 else os.path.join("bench", "results")
+    paths = sorted(glob.glob(os.path.join(corpus, "**", "*.wav"), recursive=True))
+    if not paths:
+        sys.exit(f"no .wav files under {corpus}")
+    os.makedirs(scratch, exist_ok=True)
+    total = read_files(paths)  # warm the page cache
+    gib = 1 << 30
+    t0 = time.perf_counter()
+    rows = [
+        (f"read {len(paths)} wav files (readinto)", _best(lambda: read_files(paths)) * gib / total),
+        ("write 1 GiB, 1 MiB writes", _best(lambda: write_file(os.path.join(scratch, "physics.bin"), gib))),
+        ("memcpy 1 GiB", _best(lambda: memcpy(gib))),
+    ]
+    for name, sec in rows:
+        print(f"{name:40s} {sec:.3f} CPU-s per GiB")
+    r, w = rows[0][1], rows[1][1]
+    print(f"bound on conversion / decode-only floor (read / (read + write)): {r / (r + w):.2f}x "
+          f"({time.perf_counter() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
