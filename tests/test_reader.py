@@ -119,14 +119,20 @@ def test_getitems_equals_getitem_any_order_with_duplicates(demo, paired):
                         assert batch[j][k] == v
 
 
-def test_direct_chunk_reads_agree_with_hdf5_and_are_used(demo):
-    path = demo[0]
-    direct = H5Dataset(path, "train", as_float=False)
-    hdf5 = H5Dataset(path, "train", as_float=False, direct_chunks=False)
-    everything = list(range(len(direct)))[::-1]
-    a, b = collate(direct.__getitems__(everything)), collate(hdf5.__getitems__(everything))
+def _read_both_ways(path, **other) -> tuple[H5Dataset, H5Dataset]:
+    """Read every sample (in reverse) with the default reader and with ``other`` options;
+    assert the batches are equal; return both datasets (their stores show the paths taken)."""
+    fast = H5Dataset(path, "train", as_float=False)
+    slow = H5Dataset(path, "train", as_float=False, **other)
+    everything = list(range(len(fast)))[::-1]
+    a, b = collate(fast.__getitems__(everything)), collate(slow.__getitems__(everything))
     for k in a:
         assert torch.equal(a[k], b[k]), k
+    return fast, slow
+
+
+def test_direct_chunk_reads_agree_with_hdf5_and_are_used(demo):
+    direct, hdf5 = _read_both_ways(demo[0], direct_chunks=False)
     stores = direct._stores
     assert stores["image"].direct and stores["audio"].direct
     assert stores["image"].verified and stores["audio"].verified
@@ -138,12 +144,7 @@ def test_uncompressed_chunks_are_used_in_place(paired):
     path = paired[0]
     with h5py.File(path) as f:
         assert f["train/data"].attrs["codec"] == "none"
-    mapped = H5Dataset(path, "train", as_float=False)
-    plain = H5Dataset(path, "train", as_float=False, mmap=False)
-    everything = list(range(len(mapped)))[::-1]
-    a, b = collate(mapped.__getitems__(everything)), collate(plain.__getitems__(everything))
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
+    mapped, plain = _read_both_ways(path, mmap=False)
     store = mapped._stores["data"]
     assert store.mapping is not None and "mapped" in store.verified and store.loads > 0
     assert all(s.mapping is None for s in plain._stores.values())
