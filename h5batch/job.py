@@ -378,7 +378,12 @@ class Converter:
         for line in auto.describe(job):
             self.say(line)
         self.codecs = {name: c.codec for name, c in auto.codecs.items()}
-        self.batch_bytes = auto.batch_size * auto.item_bytes
+        batch_size = auto.batch_size
+        if record and record.get("batch_size") and record["batch_size"] != batch_size:
+            # Progress is recorded in batches: the rest must be cut the same way.
+            batch_size = int(record["batch_size"])
+            self.say(f"resuming with the interrupted run's batch size ({batch_size} items, not {auto.batch_size})")
+        self.batch_bytes = batch_size * auto.item_bytes
         num_inputs = sum(len(it.paths) for it in manifest.items) + len(manifest.rejects)
         n_workers = job.cluster.workers or default_workers()
         spec = WriterSpec(
@@ -390,9 +395,9 @@ class Converter:
             chunk_bytes=job.output.chunk_bytes, cache_bytes=job.output.cache_bytes,
             discovery_rejects=manifest.rejects, num_inputs=num_inputs,
             commit_every=job.policy.commit_every, threads=max(2, min(4, n_workers)),
-            resume=record, versions=versions(), pause_at=self.opts.fault_pause,
+            resume=record, versions=versions(), pause_at=self.opts.fault_pause, batch_size=batch_size,
         )
-        tasks = make_tasks(job, manifest, self.run_id, hostname(), self.opts.faults, auto.batch_size)
+        tasks = make_tasks(job, manifest, self.run_id, hostname(), self.opts.faults, batch_size)
         inbox.put(("spec", spec))
         self._writer_busy = True
         try:

@@ -64,6 +64,7 @@ class WriterSpec:
     num_inputs: int
     commit_every: float = 10.0
     threads: int = 2
+    batch_size: int = 0  # items per batch; recorded so a resume cuts the same batches
     resume: dict[str, Any] | None = None  # a commit record to continue from
     versions: dict[str, str] = field(default_factory=dict)
     # Fault injection for the kill tests: "commit:N" pauses after the N-th commit,
@@ -600,6 +601,7 @@ class OutputWriter:
             "job_hash": self.spec.job_hash,
             "manifest_hash": self.spec.manifest_hash,
             "next_batch": self.next_batch,
+            "batch_size": self.spec.batch_size,
             "rejects": self.rej_ds["path"].n,
             "bytes": self.bytes_written,
             "splits": {

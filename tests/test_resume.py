@@ -109,6 +109,23 @@ def test_kill_9_process_group_then_resume_is_identical(corpus, reference, tmp_pa
     assert not stale_segments(), "stale shared-memory segments survived the resumed run"
 
 
+def test_resume_with_another_batch_size_cuts_the_same_batches(corpus, reference, tmp_path):
+    """Progress is recorded in batches, so the rest of the run keeps the interrupted run's
+    batch size whatever the job says now (cluster settings are not part of the job hash)."""
+    out = tmp_path / "out.h5"
+    marker = Path(str(out) + ".partial.paused")
+    proc = start(cmd(corpus, out), {"H5BATCH_FAULT_PAUSE": "commit:5"})
+    wait_for(marker, proc)
+    kill_group(proc)
+    marker.unlink()
+    done_before = committed_batches(out)
+    res = run(cmd(corpus, out, "--set", "cluster.batch_size=7"))
+    assert res.returncode == 0, res.stderr
+    assert "resuming with the interrupted run's batch size (4 items, not 7)" in res.stderr
+    assert f"{done_before} of 50 batches already committed" in res.stderr
+    assert_same_h5(reference, out)
+
+
 def test_kill_9_writer_only_then_resume(corpus, reference, tmp_path):
     out = tmp_path / "out.h5"
     marker = Path(str(out) + ".partial.paused")
