@@ -42,7 +42,9 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -50,6 +52,7 @@ from .codecs import CodecSpec
 from .config import JobConfig
 from .decode import DecodeError, decode_field, fixed_sample_shape
 from .discover import Manifest
+from .tasks import Faults
 
 AUTO_CODEC = "blosc2-lz4"
 MIN_RATIO = 1.15  # keep compression when it saves at least ~13 % of the bytes
@@ -84,8 +87,13 @@ class Trial:
     arrays: dict[str, list[np.ndarray]]
 
     @classmethod
-    def run(cls, job: JobConfig, manifest: Manifest, fields: list[str]) -> Trial:
+    def run(cls, job: JobConfig, manifest: Manifest, fields: list[str],
+            faults: tuple[tuple[str, str], ...] = ()) -> Trial:
+        """Decode the trial items of ``fields``. A file that fails, or takes longer than
+        ``policy.decode_timeout`` (its thread is abandoned), is left out: the job itself
+        rejects it later with its reason."""
         root = os.path.abspath(manifest.root)
+        guard = _Deadline(job.policy.decode_timeout, Faults(faults) if faults else None)
         names = list(job.fields)
         out: dict[str, list[np.ndarray]] = {}
         n = len(manifest.items)
@@ -97,14 +105,39 @@ class Trial:
             for item in (manifest.items[i] for i in picks):
                 if nbytes >= TRIAL_BYTES:
                     break
-                try:
-                    a = decode_field(os.path.join(root, item.paths[k]), fc)
-                except DecodeError:
-                    continue  # the job rejects it later, with its reason
+                a = guard.decode(os.path.join(root, item.paths[k]), fc)
+                if a is None:
+                    continue
                 arrays.append(a)
                 nbytes += a.nbytes
             out[name] = arrays
         return cls(out)
+
+
+class _Deadline:
+    """Decodes each file in a daemon thread and gives up on it after ``timeout`` seconds:
+    a stalled network mount or a decoder stuck in a loop must not hang the job here,
+    before the workers' own watchdog is in play. (A daemon thread, not an executor: an
+    abandoned one must not keep the process from exiting.)"""
+
+    def __init__(self, timeout: float, faults: Any = None):
+        self.timeout, self.faults = timeout, faults
+
+    def decode(self, path: str, fc: Any) -> np.ndarray | None:
+        box: list[Any] = []
+
+        def work() -> None:
+            try:
+                if self.faults is not None:
+                    self.faults.before_decode(path)
+                box.append(decode_field(path, fc))
+            except DecodeError:
+                box.append(None)
+
+        t = threading.Thread(target=work, name="h5batch-trial", daemon=True)
+        t.start()
+        t.join(self.timeout)
+        return box[0] if box else None
 
 
 def trial_ratio(arrays: list[np.ndarray], level: int | None, shuffle: bool) -> float:
@@ -142,8 +175,9 @@ class AutoSettings:
         return lines
 
 
-def resolve(job: JobConfig, manifest: Manifest) -> AutoSettings:
-    """The codec of every field and the items per batch (``auto`` or as configured)."""
+def resolve(job: JobConfig, manifest: Manifest, faults: tuple[tuple[str, str], ...] = ()) -> AutoSettings:
+    """The codec of every field and the items per batch (``auto`` or as configured).
+    ``faults``: the failure tests' injected faults (see ``tasks.Faults``)."""
     o = job.output
     fixed = {name: fixed_sample_shape(fc) for name, fc in job.fields.items()}
     need = []
@@ -151,7 +185,7 @@ def resolve(job: JobConfig, manifest: Manifest) -> AutoSettings:
         need = list(job.fields)
     elif job.cluster.batch_size == "auto":
         need = [name for name, f in fixed.items() if f is None]
-    trial = Trial.run(job, manifest, need)
+    trial = Trial.run(job, manifest, need, faults)
 
     item_bytes = 0
     for name in job.fields:

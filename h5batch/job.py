@@ -374,10 +374,16 @@ class Converter:
                           f"(all listed in {rej_path})")
             raise ConvertError(f"no samples found under {job.source.root} (layout {job.source.layout}){detail}", 2)
         record = self._resume_record(manifest)
-        auto = resolve(job, manifest)
+        auto = resolve(job, manifest, self.opts.faults)
         for line in auto.describe(job):
             self.say(line)
         self.codecs = {name: c.codec for name, c in auto.codecs.items()}
+        recorded = {n: CodecSpec(*v) for n, v in record.get("codecs", {}).items()} if record else {}
+        if recorded and recorded != self.codecs:
+            # The partial file's datasets already have their filters: keep writing those.
+            self.codecs = recorded
+            self.say("resuming with the interrupted run's codecs: "
+                     + ", ".join(f"{n} {c.label()}" for n, c in recorded.items()))
         batch_size = auto.batch_size
         if record and record.get("batch_size") and record["batch_size"] != batch_size:
             # Progress is recorded in batches: the rest must be cut the same way.

@@ -602,6 +602,7 @@ class OutputWriter:
             "manifest_hash": self.spec.manifest_hash,
             "next_batch": self.next_batch,
             "batch_size": self.spec.batch_size,
+            "codecs": {n: [c.name, c.level, c.shuffle] for n, c in self.spec.codecs.items()},
             "rejects": self.rej_ds["path"].n,
             "bytes": self.bytes_written,
             "splits": {

@@ -160,3 +160,26 @@ def test_auto_batch_size_from_the_first_samples(corpus, tmp_path):
     assert "batch_size auto: 4 items per task" in " ".join(auto.describe(job))
     job = job_from_dict({**base, "cluster": {"batch_size": 8}}, file="<test>")
     assert resolve(job, m).batch_size == 8
+
+
+def test_trial_gives_up_on_a_file_that_hangs(corpus, tmp_path):
+    """The codec trial runs in the driver, before the workers' watchdog: a decode that
+    hangs is abandoned after policy.decode_timeout and left out of the trial."""
+    import time
+
+    from h5batch.auto import resolve
+    from h5batch.discover import discover
+
+    root, _ = corpus
+    field = {"type": "audio", "extensions": [".wav"], "sample_rate": SR, "length": LENGTH}
+    job = job_from_dict({"name": "hang", "source": {"root": str(root), "layout": "paired_folders"},
+                         "fields": {"data": {**field, "folder": "data"}, "target": {**field, "folder": "label"}},
+                         "output": {"path": str(tmp_path / "x.h5")}, "policy": {"decode_timeout": 1.0}},
+                        file="<test>")
+    m = discover(job)
+    normal = resolve(job, m).codecs["data"].samples
+    t0 = time.monotonic()
+    hung = resolve(job, m, faults=(("hang_on", "0.wav"),))  # item 0 is always a trial pick
+    assert time.monotonic() - t0 < 10
+    assert hung.codecs["data"].samples == normal - 1 and hung.codecs["target"].samples == normal - 1
+    assert hung.codecs["data"].codec.name == "none" and hung.codecs["target"].codec.name == "blosc2-lz4"
