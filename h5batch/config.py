@@ -23,8 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 
 class ConfigError(ValueError):
     """A job file is invalid. ``str(err)`` is one line: ``FILE: KEY: what is wrong``."""
@@ -378,6 +376,14 @@ def _validate(job: JobConfig, check_paths: bool) -> None:
 # ---------------------------------------------------------------------------
 
 
+def _yaml():
+    """PyYAML, imported on first use: the writer and the Dask workers import this module
+    for the config classes only, and every process start pays for its imports."""
+    import yaml
+
+    return yaml
+
+
 def parse_overrides(pairs: list[str], file: str = "--set") -> dict[str, Any]:
     """``["a.b=1", "c=x"]`` -> nested dict; values are parsed as YAML scalars."""
     out: dict[str, Any] = {}
@@ -389,7 +395,7 @@ def parse_overrides(pairs: list[str], file: str = "--set") -> dict[str, Any]:
         parts = key.strip().split(".")
         for p in parts[:-1]:
             node = node.setdefault(p, {})
-        node[parts[-1]] = yaml.safe_load(raw) if raw != "" else None
+        node[parts[-1]] = _yaml().safe_load(raw) if raw != "" else None
     return out
 
 
@@ -438,6 +444,7 @@ def load_job(path: str | os.PathLike[str], overrides: list[str] | None = None,
         text = Path(path).read_text()
     except OSError as e:
         raise ConfigError(file, "", f"cannot read job file: {e.strerror}") from e
+    yaml = _yaml()
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
