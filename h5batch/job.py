@@ -165,9 +165,13 @@ def _empty_result(task: BatchTask, rejects: list[Reject], nfields: int) -> Batch
 
 
 def _generate(job: JobConfig, log) -> None:
-    """Create a generated corpus (``source.generate``) when its root is missing."""
-    root = job.source.root
-    if not job.source.generate or Path(root, ".h5batch-synth.json").exists():
+    """Create a generated corpus (``source.generate``) when its root is missing or empty.
+    A root holding anything else is a corpus already (say, the user's own, given with
+    ``--set source.root=...`` to a job that generates by default): it is used as it is."""
+    root = Path(job.source.root)
+    if not job.source.generate or (root / ".h5batch-synth.json").exists():
+        return
+    if root.is_dir() and any(root.iterdir()):
         return
     from . import synth
 

@@ -242,3 +242,40 @@ def _group_members(pgid: int) -> list[int]:
         except (ProcessLookupError, psutil.NoSuchProcess):
             continue
     return out
+
+
+def test_resume_keeps_the_recorded_codecs_when_a_new_trial_disagrees(tmp_path):
+    """codec auto decides from a trial of the corpus; if a resumed run's trial comes out
+    differently (here: the long, silent file 0.wav hangs during the new trial and is left
+    out, so the rest, noise, no longer compresses), the resume still writes what the partial
+    file's datasets were created with, and the result equals an uninterrupted run."""
+    import numpy as np
+    import soundfile as sf
+
+    root = tmp_path / "corpus"
+    rng = np.random.default_rng(9)
+    for i in range(24):
+        frames = 40000 if i == 0 else 4000
+        x = np.zeros(frames, np.int16) if i == 0 else rng.integers(-20000, 20000, frames, dtype=np.int16)
+        for folder in ("data", "label"):
+            (root / "train" / folder).mkdir(parents=True, exist_ok=True)
+            sf.write(root / "train" / folder / f"{i}.wav", x, 16000, subtype="PCM_16")
+
+    def args(out: Path, *extra: str) -> list[str]:
+        return cmd(root, out, "--set", "policy.decode_timeout=1", *extra)
+
+    ref = tmp_path / "ref.h5"
+    res = run(args(ref))
+    assert res.returncode == 0, res.stderr
+    assert "data: blosc2-lz4" in res.stderr, res.stderr  # the silent file tips the trial
+    out = tmp_path / "out.h5"
+    marker = Path(str(out) + ".partial.paused")
+    proc = start(args(out), {"H5BATCH_FAULT_PAUSE": "commit:2"})
+    wait_for(marker, proc)
+    kill_group(proc)
+    marker.unlink()
+    res = run(args(out), {"H5BATCH_FAULTS": "hang_on=0.wav"})  # 0.wav is committed already
+    assert res.returncode == 0, res.stderr
+    assert "data: none" in res.stderr  # the new trial, without 0.wav
+    assert "resuming with the interrupted run's codecs: data blosc2-lz4" in res.stderr
+    assert_same_h5(ref, out)
