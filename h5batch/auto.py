@@ -72,6 +72,13 @@ class CodecChoice:
     ratio: float | None = None  # trial compression ratio (auto only)
     samples: int = 0  # samples in the trial
 
+    def why(self) -> str:
+        """For ``auto``: why this codec (stored as the field's ``codec_choice`` attribute)."""
+        if self.ratio is None:
+            return ""
+        return (f"auto: {AUTO_CODEC} shrank {self.samples} trial samples spread over the corpus "
+                f"{self.ratio:.2f}x; threshold {MIN_RATIO:.2f}x")
+
     def describe(self) -> str:
         if self.ratio is None:
             return f"{self.field}: {self.codec.label()}"

@@ -17,7 +17,8 @@ def _storage(ds: h5py.Dataset) -> dict[str, Any]:
     filters = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
     stored = ds.id.get_storage_size()
     return {"shape": list(ds.shape), "dtype": str(ds.dtype), "chunks": list(ds.chunks) if ds.chunks else None,
-            "filters": filters, "codec": ds.attrs.get("codec", ""), "stored_bytes": int(stored),
+            "filters": filters, "codec": ds.attrs.get("codec", ""),
+            "codec_choice": str(ds.attrs.get("codec_choice", "")), "stored_bytes": int(stored),
             "raw_bytes": int(ds.size * ds.dtype.itemsize)}
 
 
@@ -52,6 +53,7 @@ def describe(path: str) -> dict[str, Any]:
                 if isinstance(node, h5py.Group):
                     st = _storage(node[fmt.VALUES])
                     st["codec"] = node.attrs.get("codec", st["codec"])
+                    st["codec_choice"] = str(node.attrs.get("codec_choice", ""))
                     shapes = node[fmt.SHAPES][...]
                     st.update(kind="variable", modality=node.attrs.get("modality", ""),
                               min_shape=shapes.min(axis=0).tolist() if len(shapes) else None,
@@ -108,6 +110,8 @@ def render(d: dict[str, Any], max_rejects: int = 20) -> str:
             sr = f", {st['sample_rate']} Hz" if st.get("sample_rate") else ""
             lines.append(f"  {name}: {st['modality']} {st['kind']}, {shape}, {st['dtype']}{sr}; chunks {tuple(st['chunks'] or ())}, "
                          f"codec {st['codec'] or st['filters']}; {_human(st['raw_bytes'])} -> {_human(st['stored_bytes'])} ({ratio:.2f}x)")
+            if st.get("codec_choice"):
+                lines.append(f"    why this codec: {st['codec_choice']}")
         if "label_counts" in info:
             lines.append("  labels: " + ", ".join(f"{k}={v}" for k, v in info["label_counts"].items()))
     ratio = d["compression_ratio"]

@@ -382,12 +382,16 @@ class Converter:
         for line in auto.describe(job):
             self.say(line)
         self.codecs = {name: c.codec for name, c in auto.codecs.items()}
+        codec_notes = {name: c.why() for name, c in auto.codecs.items()}
         recorded = {n: CodecSpec(*v) for n, v in record.get("codecs", {}).items()} if record else {}
-        if recorded and recorded != self.codecs:
-            # The partial file's datasets already have their filters: keep writing those.
+        if recorded:
+            # The partial file's datasets already have their filters: keep writing those
+            # (and describe fields created from now on the way the first run did).
+            if recorded != self.codecs:
+                self.say("resuming with the interrupted run's codecs: "
+                         + ", ".join(f"{n} {c.label()}" for n, c in recorded.items()))
             self.codecs = recorded
-            self.say("resuming with the interrupted run's codecs: "
-                     + ", ".join(f"{n} {c.label()}" for n, c in recorded.items()))
+            codec_notes = dict(record.get("codec_notes", {}))
         batch_size = auto.batch_size
         if record and record.get("batch_size") and record["batch_size"] != batch_size:
             # Progress is recorded in batches: the rest must be cut the same way.
@@ -406,6 +410,7 @@ class Converter:
             discovery_rejects=manifest.rejects, num_inputs=num_inputs,
             commit_every=job.policy.commit_every, threads=max(2, min(4, n_workers)),
             resume=record, versions=versions(), pause_at=self.opts.fault_pause, batch_size=batch_size,
+            codec_notes=codec_notes,
         )
         tasks = make_tasks(job, manifest, self.run_id, hostname(), self.opts.faults, batch_size)
         inbox.put(("spec", spec))

@@ -66,6 +66,7 @@ class WriterSpec:
     commit_every: float = 10.0
     threads: int = 2
     batch_size: int = 0  # items per batch; recorded so a resume cuts the same batches
+    codec_notes: dict[str, str] = field(default_factory=dict)  # why auto chose each codec
     resume: dict[str, Any] | None = None  # a commit record to continue from
     versions: dict[str, str] = field(default_factory=dict)
     # Fault injection for the kill tests: "commit:N" pauses after the N-th commit,
@@ -328,6 +329,8 @@ class FieldStore:
         self.dtype = np.dtype(dtype)
         kw = self.codec.dataset_kwargs(self.dtype.itemsize)
         attrs = _field_attrs(self.fc, self.codec)
+        if self.spec.codec_notes.get(self.name):
+            attrs["codec_choice"] = self.spec.codec_notes[self.name]
         if self.fixed:
             self.shape = shape
             k = rows_per_chunk(shape, self.dtype, self.spec.chunk_bytes)
@@ -604,6 +607,7 @@ class OutputWriter:
             "next_batch": self.next_batch,
             "batch_size": self.spec.batch_size,
             "codecs": {n: [c.name, c.level, c.shuffle] for n, c in self.spec.codecs.items()},
+            "codec_notes": self.spec.codec_notes,
             "rejects": self.rej_ds["path"].n,
             "bytes": self.bytes_written,
             "splits": {

@@ -14,6 +14,7 @@ different paths with each other.
 from __future__ import annotations
 
 import io
+import re
 
 import h5py
 import numpy as np
@@ -114,11 +115,27 @@ def test_auto_stores_noise_raw_and_silence_compressed(outputs):
         assert data.compression is None and not data._filters
         assert "32026" in target._filters  # the Blosc2 plugin filter
         assert data.attrs["codec"] == "none" and target.attrs["codec"].startswith("blosc2-lz4")
+        # 30 items, each field with one undecodable file: 29 trial samples
+        ratios = {}
+        for name, ds in (("data", data), ("target", target)):
+            m = re.fullmatch(r"auto: blosc2-lz4 shrank 29 trial samples spread over the corpus "
+                             r"([0-9.]+)x; threshold 1.15x", ds.attrs["codec_choice"])
+            assert m, ds.attrs["codec_choice"]
+            ratios[name] = float(m.group(1))
+        assert ratios["data"] < 1.15 <= ratios["target"]
         # the uncompressed chunks hold exactly the rows (nothing but the data on disk)
         assert data.id.get_storage_size() == data.chunks[0] * LENGTH * 2 * -(-data.shape[0] // data.chunks[0])
+    shown = inspect_text(summary.path)
+    assert "why this codec: auto: blosc2-lz4 shrank 29 trial samples" in shown
     none_summary, _ = outputs["none"]
     with h5py.File(none_summary.path, "r") as f:
         assert f["train/target"].id.get_storage_size() > 2 * target_size(summary.path)
+
+
+def inspect_text(path) -> str:
+    from h5batch.inspect import describe, render
+
+    return render(describe(str(path)))
 
 
 def target_size(path) -> int:
