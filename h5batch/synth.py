@@ -39,7 +39,6 @@ import colorsys
 import io
 import json
 import math
-import operator
 import os
 import struct
 import sys
@@ -53,6 +52,8 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 from PIL import Image, ImageDraw
+
+from .argcheck import integer
 
 __all__ = [
     "MARKER_NAME",
@@ -265,17 +266,6 @@ def _atomic_write(path: Path, data: bytes | Sequence[Any]) -> int:
         tmp.unlink(missing_ok=True)
         raise
     return n
-
-
-def _count(name: str, value: Any, minimum: int = 0) -> int:
-    # operator.index rejects floats such as 10.0 instead of silently truncating.
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {value!r}") from None
-    if v < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {v}")
-    return v
 
 
 def _positive_float(name: str, value: Any) -> float:
@@ -517,8 +507,8 @@ def make_demo_corpus(
     Audio: mono PCM_16 WAV, 16000 Hz, 0.5-1.5 s, int16 peak 50-90 % of full
     scale.  Image: RGB PNG, width and height each in 40..96 px.
     """
-    per_class = _count("per_class", per_class, 1)
-    seed = _count("seed", seed)
+    per_class = integer("per_class", per_class, 1)
+    seed = integer("seed", seed)
     test_fraction = float(test_fraction)
     if not 0.0 <= test_fraction <= 1.0:
         raise ValueError(f"test_fraction must be in [0, 1], got {test_fraction}")
@@ -614,10 +604,10 @@ def make_paired_audio(
     SynthSummary
         ``counts[split]`` = ``{"data": n, "label": n}``.
     """
-    n_train = _count("n_train", n_train)
-    n_test = _count("n_test", n_test)
-    seed = _count("seed", seed)
-    sample_rate = _count("sample_rate", sample_rate, 1)
+    n_train = integer("n_train", n_train)
+    n_test = integer("n_test", n_test)
+    seed = integer("seed", seed)
+    sample_rate = integer("sample_rate", sample_rate, 1)
     seconds = _positive_float("seconds", seconds)
     subtype = str(subtype).upper()
     if subtype not in sf.available_subtypes("WAV") or not sf.check_format("WAV", subtype):
@@ -789,11 +779,11 @@ def make_image_corpus(
     SynthSummary
         ``counts[split][class]`` = images.
     """
-    n_per_class = _count("n_per_class", n_per_class)
-    seed = _count("seed", seed)
-    min_side = _count("min_side", min_side, 1)
-    max_side = _count("max_side", max_side, min_side)
-    quality = _count("quality", quality, 1)
+    n_per_class = integer("n_per_class", n_per_class)
+    seed = integer("seed", seed)
+    min_side = integer("min_side", min_side, 1)
+    max_side = integer("max_side", max_side, min_side)
+    quality = integer("quality", quality, 1)
     if quality > 100:
         raise ValueError(f"quality must be <= 100, got {quality}")
     if isinstance(classes, str):
@@ -936,10 +926,10 @@ def make_audio_corpus(
     gain and a slice of a shared noise table: a couple of vector ops, one
     int16 cast and one write per file.  Peaks stay below ~92 % of full scale.
     """
-    n_files = _count("n_files", n_files)
-    classes = _count("classes", classes, 1)
-    seed = _count("seed", seed)
-    sample_rate = _count("sample_rate", sample_rate, 1)
+    n_files = integer("n_files", n_files)
+    classes = integer("classes", classes, 1)
+    seed = integer("seed", seed)
+    sample_rate = integer("sample_rate", sample_rate, 1)
     seconds = _positive_float("seconds", seconds)
     max_n = int(round(seconds * sample_rate))
     if max_n < 2:

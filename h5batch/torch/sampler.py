@@ -16,12 +16,13 @@ cache per field per worker.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterator, Sized
 from typing import Any
 
 import numpy as np
 from torch.utils.data import Sampler
+
+from ..argcheck import integer
 
 _SEED_TAG = 0x43485546  # mixed into the seed so this stream is not shared with other users
 
@@ -68,7 +69,7 @@ class ChunkShuffleSampler(Sampler[int]):
         if isinstance(data, Sized):
             n = len(data)
         else:
-            n = _int("data", data, 0)
+            n = integer("data", data, 0)
         self.n = int(n)
         starts = None
         if chunk_size is None and callable(getattr(data, "chunk_starts", None)):
@@ -77,15 +78,15 @@ class ChunkShuffleSampler(Sampler[int]):
                            or np.any(np.diff(starts) <= 0) or starts[-1] >= self.n):
                 raise ValueError(f"bad chunk_starts from {type(data).__name__}")
         if starts is None:
-            self.chunk_size = _int("chunk_size", 64 if chunk_size is None else chunk_size, 1)
+            self.chunk_size = integer("chunk_size", 64 if chunk_size is None else chunk_size, 1)
             starts = np.arange(0, self.n, self.chunk_size, dtype=np.int64)
         else:  # informative only: the average group size
             self.chunk_size = max(1, round(self.n / max(len(starts), 1)))
         self.chunk_starts = starts
-        self.window = _int("window", window, 1)
-        self.seed = _int("seed", seed, 0)
-        self.world_size = _int("world_size", world_size, 1)
-        self.rank = _int("rank", rank, 0)
+        self.window = integer("window", window, 1)
+        self.seed = integer("seed", seed, 0)
+        self.world_size = integer("world_size", world_size, 1)
+        self.rank = integer("rank", rank, 0)
         if self.rank >= self.world_size:
             raise ValueError(f"rank must be in [0, world_size={self.world_size}), got {self.rank}")
         self.drop_last = bool(drop_last)
@@ -97,7 +98,7 @@ class ChunkShuffleSampler(Sampler[int]):
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose order the next ``iter()`` yields."""
-        self.epoch = _int("epoch", epoch, 0)
+        self.epoch = integer("epoch", epoch, 0)
 
     def __len__(self) -> int:
         return self.num_samples
@@ -139,11 +140,3 @@ class ChunkShuffleSampler(Sampler[int]):
                 f"seed={self.seed}, epoch={self.epoch}, rank={self.rank}/{self.world_size})")
 
 
-def _int(name: str, value: Any, minimum: int) -> int:
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {value!r}") from None
-    if v < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {v}")
-    return v
