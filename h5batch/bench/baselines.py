@@ -27,6 +27,7 @@ from torch.utils.data import Dataset, get_worker_info
 from ..config import FieldConfig
 from ..decode import decode_field
 from ..torch.batch import empty as batch_empty
+from ..torch.batch import to_float_into
 
 NAIVE_GROUP = "samples"
 
@@ -157,19 +158,9 @@ class MemmapDataset(Dataset):
             view = t.numpy()
             # Row by row, converting as it copies: one pass, like the h5batch reader.
             for j, i in enumerate(idx.tolist()):
-                _convert_into(view[j], mm[i])
+                to_float_into(view[j], mm[i])
             out[name] = t
         return out
-
-
-def _convert_into(dst: np.ndarray, src: np.ndarray) -> None:
-    """``dst = src`` scaled like ``H5Dataset(as_float=True)``, in one pass."""
-    if src.dtype == np.int16:
-        np.multiply(src, np.float32(1.0 / 32768.0), out=dst)
-    elif src.dtype == np.uint8:
-        np.divide(src, np.float32(255.0), out=dst)
-    else:
-        dst[...] = src
 
 
 def passthrough(batch: Any) -> Any:
@@ -201,7 +192,7 @@ class FloatCollate:
             if any(s != top for s in shapes):
                 view.fill(0)  # padding
             for j, v in enumerate(vals):
-                _convert_into(view[(j, *(slice(0, n) for n in v.shape))], v)
+                to_float_into(view[(j, *(slice(0, n) for n in v.shape))], v)
             out[key] = t
             if any(s != top for s in shapes):
                 out[key + "_lengths"] = torch.tensor([s[0] for s in shapes], dtype=torch.int64)

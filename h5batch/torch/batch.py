@@ -31,6 +31,21 @@ def torch_dtype(dtype: Any) -> torch.dtype:
         raise TypeError(f"no torch dtype for numpy dtype {np.dtype(dtype)}") from None
 
 
+INT16_SCALE = np.float32(1.0 / 32768.0)  # x * 2**-15 is exact in float32
+UINT8_DIV = np.float32(255.0)  # x / 255 correctly rounded by numpy's float32 ufunc
+
+
+def to_float_into(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[...] = src`` as ``H5Dataset(as_float=True)`` delivers it, in one pass: int16 to
+    float32 in [-1, 1), uint8 to float32 in [0, 1]; other dtypes are copied as they are."""
+    if src.dtype == np.int16:
+        np.multiply(src, INT16_SCALE, out=dst)
+    elif src.dtype == np.uint8:
+        np.divide(src, UINT8_DIV, out=dst)
+    else:
+        dst[...] = src
+
+
 def empty(shape: Sequence[int], dtype: Any, shared: bool) -> torch.Tensor:
     """An uninitialised CPU tensor, in shared memory when ``shared``.
 

@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from .. import format as fmt
-from .batch import Batch, Ragged, empty
+from .batch import INT16_SCALE, UINT8_DIV, Batch, Ragged, empty, to_float_into
 from .chunks import ChunkStore, gather_rows, gather_span
 
 DEFAULT_WINDOW = 8  # chunk groups the default cache holds: one ChunkShuffleSampler window
@@ -364,23 +364,12 @@ class H5Dataset(Dataset):
         return dtype, None
 
     @staticmethod
-    def _copier(how: str | None) -> Callable[[np.ndarray, np.ndarray], None] | None:
-        """A ``copy(dst, src)`` that also converts, in one pass (see :meth:`_scale`)."""
-        if how == "int16":
-            scale = np.float32(1.0 / 32768.0)
-            return lambda dst, src: np.multiply(src, scale, out=dst)
-        if how == "uint8":
-            div = np.float32(255.0)
-            return lambda dst, src: np.divide(src, div, out=dst)
-        return None
-
-    @staticmethod
     def _scale(a: np.ndarray, how: str | None) -> None:
-        # numpy's float32 ufuncs: x * 2**-15 is exact, x / 255 correctly rounded.
+        """In place, on float32 already cast from the stored dtype (see ``to_float_into``)."""
         if how == "int16":
-            np.multiply(a, np.float32(1.0 / 32768.0), out=a)
+            np.multiply(a, INT16_SCALE, out=a)
         elif how == "uint8":
-            np.divide(a, np.float32(255.0), out=a)
+            np.divide(a, UINT8_DIV, out=a)
 
     def _read_fixed(self, fi: FieldInfo, idx: np.ndarray, order: np.ndarray,
                     shared: bool) -> torch.Tensor:
@@ -394,7 +383,8 @@ class H5Dataset(Dataset):
             out = empty((b, *fi.shape), dtype, shared)
             view = out.numpy()
         if b:
-            gather_rows(self._store(fi), idx[order], order, view, self._copier(how))
+            # Gathered and converted in one pass per row.
+            gather_rows(self._store(fi), idx[order], order, view, to_float_into if how else None)
         return out
 
     def _read_variable(self, fi: FieldInfo, idx: np.ndarray, order: np.ndarray,
