@@ -80,11 +80,9 @@ class CodecChoice:
                 f"{self.ratio:.2f}x; threshold {MIN_RATIO:.2f}x")
 
     def describe(self) -> str:
-        if self.ratio is None:
-            return f"{self.field}: {self.codec.label()}"
-        verdict = "compressed" if self.codec.name != "none" else "stored uncompressed"
-        return (f"{self.field}: {self.codec.label()} ({AUTO_CODEC} shrinks {self.samples} samples "
-                f"spread over the corpus {self.ratio:.2f}x; {verdict}, threshold {MIN_RATIO:.2f}x)")
+        """One line for the run's log: ``field: codec (why)``."""
+        why = self.why()
+        return f"{self.field}: {self.codec.label()}" + (f" ({why})" if why else "")
 
 
 @dataclass

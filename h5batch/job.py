@@ -112,11 +112,11 @@ class TaskList(Sequence):
     driver holds no per-file state beyond the manifest itself."""
 
     def __init__(self, job: JobConfig, manifest: Manifest, run_id: str, writer_host: str,
-                 faults: tuple[tuple[str, str], ...] = (), batch_size: int | None = None):
+                 faults: tuple[tuple[str, str], ...], batch_size: int):
         self.job, self.manifest, self.run_id, self.writer_host, self.faults = job, manifest, run_id, writer_host, faults
         self.fields = tuple(job.fields.items())
         self.root = os.path.abspath(manifest.root)
-        bs = batch_size or (job.cluster.batch_size if job.cluster.batch_size != "auto" else 64)
+        bs = batch_size
         starts = []
         items = manifest.items
         i = 0
@@ -154,8 +154,8 @@ def make_tasks(job: JobConfig, manifest: Manifest, run_id: str, writer_host: str
                faults: tuple[tuple[str, str], ...] = (), batch_size: int | None = None) -> TaskList:
     """Cut the manifest into batches of ``batch_size`` items (default: ``cluster.batch_size``,
     or :func:`h5batch.auto.resolve`'s choice), never across splits."""
-    if batch_size is None and job.cluster.batch_size == "auto":
-        batch_size = resolve(job, manifest).batch_size
+    if batch_size is None:
+        batch_size = resolve(job, manifest).batch_size  # the job's integer, or auto's choice
     return TaskList(job, manifest, run_id, writer_host, faults, batch_size)
 
 
