@@ -174,8 +174,7 @@ class ChunkAppender:
         pos = 0
         while pos < m:
             if self.raw and self.fill == 0 and m - pos >= self.k:
-                self._drain()
-                self._store(self.next_chunk, rows[pos: pos + self.k])
+                self._emit(rows[pos: pos + self.k])  # whole chunk: straight from the caller's rows
                 self.next_chunk += 1
                 pos += self.k
                 continue
