@@ -6,9 +6,11 @@ Every conversion must give the same file as a LocalCluster run of the same job."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -180,10 +182,17 @@ def _wait_for(cond, timeout: float, what: str, proc: subprocess.Popen | None = N
         time.sleep(0.05)
 
 
-def _start_convert(job: Path, address: str) -> subprocess.Popen:
-    return subprocess.Popen(h5batch_cmd("convert", str(job), "--overwrite", "--progress", "none",
+@contextlib.contextmanager
+def _converting(job: Path, address: str) -> Iterator[subprocess.Popen]:
+    """A running ``h5batch convert --scheduler address``, killed on the way out if still running."""
+    proc = subprocess.Popen(h5batch_cmd("convert", str(job), "--overwrite", "--progress", "none",
                                         "--scheduler", address),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
 
 
 def test_worker_joining_late_takes_work_and_file_is_identical(big_corpus, big_reference, tmp_path):
@@ -193,14 +202,10 @@ def test_worker_joining_late_takes_work_and_file_is_identical(big_corpus, big_re
         d.start_scheduler()
         d.start_worker("early")
         d.wait_workers(1)
-        proc = _start_convert(write_job(tmp_path, big_corpus, out, batch_size=4), d.address)
-        try:
+        with _converting(write_job(tmp_path, big_corpus, out, batch_size=4), d.address) as proc:
             _wait_for(lambda: d.executed().get("early", 0) >= 2, 60, "the first batches", proc)
             d.start_worker("late")
             _, err = proc.communicate(timeout=300)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
         assert proc.returncode == 0, err
         assert "preflight: 1 workers" in err
         done = d.executed()
@@ -216,16 +221,12 @@ def test_worker_killed_mid_run_file_is_identical(big_corpus, big_reference, tmp_
         d.start_worker("victim")
         d.start_worker("survivor")
         d.wait_workers(2)
-        proc = _start_convert(write_job(tmp_path, big_corpus, out, batch_size=4), d.address)
-        try:
+        with _converting(write_job(tmp_path, big_corpus, out, batch_size=4), d.address) as proc:
             _wait_for(lambda: d.executed().get("victim", 0) >= 3, 60, "the victim's first batches", proc)
             before = d.executed()
             assert proc.poll() is None and not out.exists(), "the run finished before the kill"
             d.kill_worker("victim")
             _, err = proc.communicate(timeout=300)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
         assert proc.returncode == 0, err
         assert sum(before.values()) < 110, f"killed after all 110 batches: {before}"
         assert d.executed()["survivor"] > before["survivor"]
