@@ -28,6 +28,7 @@ from ..config import FieldConfig
 from ..decode import decode_field
 from ..torch.batch import empty as batch_empty
 from ..torch.batch import to_float_into
+from ..torch.recycle import SharedBatchPool
 
 NAIVE_GROUP = "samples"
 
@@ -132,6 +133,7 @@ class MemmapDataset(Dataset):
         self.paths = dict(paths)
         self._maps: dict[str, np.ndarray] | None = None
         self.n = int(np.load(next(iter(self.paths.values())), mmap_mode="r").shape[0])
+        self._pool = SharedBatchPool()
 
     def __len__(self) -> int:
         return self.n
@@ -152,9 +154,9 @@ class MemmapDataset(Dataset):
         shared = get_worker_info() is not None
         out = {}
         for name, mm in self._open().items():
-            # Allocated like the h5batch reader's batches (shared memory from the start inside
-            # a worker), so the limit is not handicapped by an extra copy.
-            t = batch_empty((len(idx), *mm.shape[1:]), np.float32, shared)
+            # Allocated like the h5batch reader's batches (recycled shared memory inside a
+            # worker), so the limit is not handicapped by an extra copy or fresh pages.
+            t = batch_empty((len(idx), *mm.shape[1:]), np.float32, shared, self._pool)
             view = t.numpy()
             # Row by row, converting as it copies: one pass, like the h5batch reader.
             for j, i in enumerate(idx.tolist()):
@@ -176,6 +178,9 @@ class FloatCollate:
     other than arrays (``__key__``, ``index``) are collected into lists.
     """
 
+    def __init__(self) -> None:
+        self._pool = SharedBatchPool()  # the h5batch reader's recycled shared memory
+
     def __call__(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         shared = get_worker_info() is not None
         out: dict[str, Any] = {}
@@ -187,7 +192,7 @@ class FloatCollate:
                 continue
             shapes = [v.shape for v in vals]
             top = tuple(max(s[d] for s in shapes) for d in range(first.ndim))
-            t = batch_empty((len(vals), *top), np.float32, shared)  # as the h5batch reader allocates
+            t = batch_empty((len(vals), *top), np.float32, shared, self._pool)  # as the h5batch reader allocates
             view = t.numpy()
             if any(s != top for s in shapes):
                 view.fill(0)  # padding

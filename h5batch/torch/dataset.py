@@ -26,6 +26,7 @@ from torch.utils.data import Dataset, get_worker_info
 from .. import format as fmt
 from .batch import INT16_SCALE, UINT8_DIV, Batch, Ragged, empty, to_float_into
 from .chunks import ChunkStore, gather_rows, gather_span
+from .recycle import SharedBatchPool
 
 DEFAULT_WINDOW = 8  # chunk groups the default cache holds: one ChunkShuffleSampler window
 CACHE_SLACK = 2  # extra chunks for samples that straddle a chunk boundary
@@ -105,6 +106,11 @@ class H5Dataset(Dataset):
     mmap : bool
         Map the file read-only and use uncompressed chunks in place (no read, no copy;
         the pages of evicted chunks are released). ``False`` reads them like the others.
+    recycle : bool
+        DataLoader workers reuse a batch's shared memory once the main process has dropped
+        every tensor on it, instead of faulting in fresh pages per batch (see
+        :mod:`h5batch.torch.recycle`). Turn it off if the main process hands batch tensors
+        on to yet another process without copying them.
 
     Notes
     -----
@@ -118,7 +124,7 @@ class H5Dataset(Dataset):
                  as_float: bool = True, with_source: bool = False,
                  cache_bytes: int | None = None, *, channels_first: bool = False,
                  locking: bool | None = None, direct_chunks: bool = True,
-                 shared_memory: bool | None = None, mmap: bool = True):
+                 shared_memory: bool | None = None, mmap: bool = True, recycle: bool = True):
         self.path = os.fspath(path)
         self.split = split
         self.transform = transform
@@ -129,6 +135,7 @@ class H5Dataset(Dataset):
         self.direct_chunks = bool(direct_chunks)
         self.mmap = bool(mmap)
         self.shared_memory = shared_memory
+        self._pool = SharedBatchPool() if recycle else None
         if cache_bytes is not None and int(cache_bytes) < 0:
             raise ValueError(f"cache_bytes must be >= 0, got {cache_bytes}")
         self.cache_bytes = None if cache_bytes is None else int(cache_bytes)
@@ -335,7 +342,8 @@ class H5Dataset(Dataset):
         label = None
         if self.labelled:
             labels = self._index_array(fmt.LABEL, lambda g: g[fmt.LABEL][...].astype(np.int64))
-            label = torch.from_numpy(labels[idx])
+            label = empty((len(idx),), np.int64, shared, self._pool)
+            np.take(labels, idx, out=label.numpy())
         source = self._read_sources(idx) if self.with_source else None
         batch = Batch(columns, label, source, len(idx))
         if self.transform is not None:
@@ -377,10 +385,10 @@ class H5Dataset(Dataset):
         b = len(idx)
         if self.channels_first and fi.image:
             h, w, c = fi.shape
-            out = empty((b, c, h, w), dtype, shared)
+            out = empty((b, c, h, w), dtype, shared, self._pool)
             view = out.numpy().transpose(0, 2, 3, 1)
         else:
-            out = empty((b, *fi.shape), dtype, shared)
+            out = empty((b, *fi.shape), dtype, shared, self._pool)
             view = out.numpy()
         if b:
             # Gathered and converted in one pass per row.
@@ -401,7 +409,7 @@ class H5Dataset(Dataset):
         top = shapes.max(axis=0) if b else np.zeros(fi.ndim, dtype=np.int64)
         cf = self.channels_first and fi.image
         perm = [2, 0, 1] if cf else list(range(fi.ndim))
-        out = empty((b, *top[perm].tolist()), dtype, shared)
+        out = empty((b, *top[perm].tolist()), dtype, shared, self._pool)
         view = out.numpy()
         stored_view = view.transpose(0, 2, 3, 1) if cf else view  # (B, *stored axes)
         store = self._store(fi) if b and int((hi - lo).sum()) else None

@@ -1,0 +1,104 @@
+"""Recycled shared memory between DataLoader workers and the main process (h5batch.torch.recycle).
+
+A worker may reuse a batch's storage only after the main process dropped every tensor on it:
+batches the main process still holds must keep their samples, and storages must really be
+reused (the same shared-memory file comes back), with fork and with spawn.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from h5batch import synth
+from h5batch.config import load_job
+from h5batch.job import ConvertOptions, convert
+from h5batch.torch import ChunkShuffleSampler, H5Dataset, collate
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def paired120(tmp_path_factory):
+    d = tmp_path_factory.mktemp("recycle")
+    synth.make_paired_audio(d / "corpus", n_train=120, n_test=1, seconds=0.25)
+    job = load_job(REPO / "jobs" / "paired_audio.yaml",
+                   [f"output.path={d / 'p.h5'}", f"source.root={d / 'corpus'}", "cluster.workers=1",
+                    "fields.data.length=3000", "fields.target.length=3000",
+                    "output.chunk_bytes=65536"])
+    convert(job, ConvertOptions(progress=False))
+    return d / "p.h5"
+
+
+def reference(path: Path) -> dict[str, dict[str, np.ndarray]]:
+    """source -> {field: float32 row}, read in the main process (no workers, no recycling)."""
+    ds = H5Dataset(path, "train", with_source=True, recycle=False)
+    b = collate(ds.__getitems__(range(len(ds))))
+    return {src: {k: b[k][j].numpy().copy() for k in ("data", "target")}
+            for j, src in enumerate(b["source"])}
+
+
+def inode(t: torch.Tensor) -> int:
+    """The shared-memory file behind a tensor that came from a DataLoader worker."""
+    fd, _ = t.untyped_storage()._share_fd_cpu_()
+    return os.fstat(fd).st_ino
+
+
+def check(batch: dict, ref: dict) -> None:
+    for j, src in enumerate(batch["source"]):
+        for k in ("data", "target"):
+            assert np.array_equal(batch[k][j].numpy(), ref[src][k]), f"{k} of {src} overwritten"
+
+
+def run_epochs(path: Path, ref: dict, recycle: bool, epochs: int, **loader_kw) -> tuple[int, set[int]]:
+    """Iterate ``epochs`` epochs with 2 workers; check every batch when it arrives, keep
+    every third batch to the end of its epoch and check it again then. Returns the number
+    of data/target tensors received and the distinct shared-memory files they used."""
+    ds = H5Dataset(path, "train", with_source=True, recycle=recycle)
+    sampler = ChunkShuffleSampler(ds, seed=5)
+    loader = DataLoader(ds, batch_size=8, sampler=sampler, num_workers=2, collate_fn=collate,
+                        persistent_workers=True, **loader_kw)
+    tensors, files = 0, set()
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        held, seen = [], 0
+        for i, b in enumerate(loader):
+            check(b, ref)
+            seen += len(b["source"])
+            for k in ("data", "target"):
+                tensors += 1
+                files.add(inode(b[k]))
+            if i % 3 == 0:
+                held.append(b)
+        assert seen == len(ds)
+        for b in held:  # the workers went on recycling while these were held
+            check(b, ref)
+        del held, b
+    return tensors, files
+
+
+def test_workers_reuse_released_storage_and_never_touch_held_batches(paired120):
+    ref = reference(paired120)
+    tensors, files = run_epochs(paired120, ref, recycle=True, epochs=3)
+    assert tensors == 3 * 15 * 2
+    # 90 tensors came through far fewer shared-memory files: storages were reused.
+    assert len(files) <= tensors // 2, f"{len(files)} files for {tensors} tensors"
+
+
+def test_without_recycling_every_batch_has_fresh_storage(paired120):
+    ref = reference(paired120)
+    tensors, files = run_epochs(paired120, ref, recycle=False, epochs=1)
+    assert len(files) == tensors == 30
+
+
+def test_recycling_with_spawned_workers(paired120):
+    ref = reference(paired120)
+    tensors, files = run_epochs(paired120, ref, recycle=True, epochs=2,
+                                multiprocessing_context="spawn")
+    assert tensors == 2 * 15 * 2
+    assert len(files) <= tensors // 2, f"{len(files)} files for {tensors} tensors"
