@@ -38,10 +38,11 @@ import os
 import secrets
 import threading
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
 
 import torch
-from multiprocessing.reduction import ForkingPickler
 from torch.multiprocessing.reductions import StorageWeakRef, reduce_tensor
 from torch.utils.data import get_worker_info
 
