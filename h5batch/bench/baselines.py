@@ -26,8 +26,8 @@ from torch.utils.data import Dataset, get_worker_info
 
 from ..config import FieldConfig
 from ..decode import decode_field
+from ..torch.batch import copy_all, to_float_into
 from ..torch.batch import empty as batch_empty
-from ..torch.batch import to_float_into
 from ..torch.recycle import SharedBatchPool
 
 NAIVE_GROUP = "samples"
@@ -158,9 +158,8 @@ class MemmapDataset(Dataset):
             # worker), so the limit is not handicapped by an extra copy or fresh pages.
             t = batch_empty((len(idx), *mm.shape[1:]), np.float32, shared, self._pool)
             view = t.numpy()
-            # Row by row, converting as it copies: one pass, like the h5batch reader.
-            for j, i in enumerate(idx.tolist()):
-                to_float_into(view[j], mm[i])
+            # Row by row, converting as it copies, on the same threads as the h5batch reader.
+            copy_all([(view[j], mm[i]) for j, i in enumerate(idx.tolist())], to_float_into)
             out[name] = t
         return out
 
@@ -196,8 +195,8 @@ class FloatCollate:
             view = t.numpy()
             if any(s != top for s in shapes):
                 view.fill(0)  # padding
-            for j, v in enumerate(vals):
-                to_float_into(view[(j, *(slice(0, n) for n in v.shape))], v)
+            copy_all([(view[(j, *(slice(0, n) for n in v.shape))], v) for j, v in enumerate(vals)],
+                     to_float_into)  # on the same threads as the h5batch reader
             out[key] = t
             if any(s != top for s in shapes):
                 out[key + "_lengths"] = torch.tensor([s[0] for s in shapes], dtype=torch.int64)

@@ -9,7 +9,9 @@ the columns as they are instead of stacking samples again.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -39,13 +41,74 @@ UINT8_DIV = np.float32(255.0)  # x / 255 correctly rounded by numpy's float32 uf
 
 def to_float_into(dst: np.ndarray, src: np.ndarray) -> None:
     """``dst[...] = src`` as ``H5Dataset(as_float=True)`` delivers it, in one pass: int16 to
-    float32 in [-1, 1), uint8 to float32 in [0, 1]; other dtypes are copied as they are."""
+    float32 in [-1, 1), uint8 to float32 in [0, 1]; other dtypes are copied as they are.
+
+    Cast first, then scale ``dst`` in place: a row is still in cache for the second step,
+    and two plain loops beat numpy's buffered mixed-type one (2.7 vs 3.3 ms per batch of
+    128 rows of 32,000 int16); the values are the same (the cast is exact)."""
     if src.dtype == np.int16:
-        np.multiply(src, INT16_SCALE, out=dst)
+        np.copyto(dst, src, casting="unsafe")
+        np.multiply(dst, INT16_SCALE, out=dst)
     elif src.dtype == np.uint8:
-        np.divide(src, UINT8_DIV, out=dst)
+        np.copyto(dst, src, casting="unsafe")
+        np.divide(dst, UINT8_DIV, out=dst)
     else:
         dst[...] = src
+
+
+Copy = Callable[[np.ndarray, np.ndarray], None]
+
+#: below this many bytes per batch, one thread converts (handing work over costs ~20 us)
+PARALLEL_MIN_BYTES = 1 << 20
+_executor: tuple[int, int, ThreadPoolExecutor] | None = None  # (pid, threads, pool)
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    global _executor
+    pid = os.getpid()
+    if _executor is None or _executor[0] != pid or _executor[1] != threads:
+        # A new pool after fork (the parent's threads are not in the child) or resize.
+        _executor = (pid, threads, ThreadPoolExecutor(threads - 1, thread_name_prefix="h5batch-copy"))
+    return _executor[2]
+
+
+def copy_all(tasks: Sequence[tuple[np.ndarray, np.ndarray]], copy: Copy | None = None) -> None:
+    """``copy(dst, src)`` (default ``np.copyto``) for every ``(dst, src)`` pair, on
+    ``torch.get_num_threads()`` threads.
+
+    Filling a batch is bound by memory bandwidth (16 MB of float32 written per batch of
+    64 x 2 x 32,000 samples), which one core does not saturate: two threads took a batch
+    from 3.3-3.7 to 1.9 ms on the 2-core reference machine. numpy releases the GIL while
+    it copies and converts. Inside DataLoader workers torch sets one thread, so workers
+    stay single-threaded; in the main process ``torch.set_num_threads`` sets the count.
+    """
+    copy = copy or np.copyto
+    threads = torch.get_num_threads()
+    total = sum(d.nbytes for d, _ in tasks)
+    if threads < 2 or len(tasks) < 2 or total < PARALLEL_MIN_BYTES:
+        for d, s in tasks:
+            copy(d, s)
+        return
+    threads = min(threads, len(tasks))
+    # Contiguous runs of about equal bytes, one per thread; this thread takes the first.
+    parts: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(threads)]
+    share, acc, p = total / threads, 0, 0
+    for d, s in tasks:
+        if acc >= share * (p + 1) and p < threads - 1:
+            p += 1
+        parts[p].append((d, s))
+        acc += d.nbytes
+
+    def run(part: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        for d, s in part:
+            copy(d, s)
+
+    futures = [_pool(threads).submit(run, part) for part in parts[1:] if part]
+    try:
+        run(parts[0])
+    finally:
+        for f in futures:
+            f.result()
 
 
 def empty(shape: Sequence[int], dtype: Any, shared: bool,

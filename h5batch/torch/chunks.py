@@ -19,12 +19,12 @@ from __future__ import annotations
 import mmap
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable
 
 import h5py
 import numpy as np
 
 from ..codecs import ChunkDecoder
+from .batch import Copy, copy_all
 
 
 class ChunkStore:
@@ -187,7 +187,7 @@ class ChunkStore:
 
 
 def gather_rows(store: ChunkStore, src: np.ndarray, dst_pos: np.ndarray, out: np.ndarray,
-                copy: Callable[[np.ndarray, np.ndarray], None] | None = None) -> None:
+                copy: Copy | None = None) -> None:
     """``out[dst_pos[j]] = rows[src[j]]`` for ``src`` sorted ascending (duplicates allowed).
 
     One block fetch per distinct block; contiguous source and destination ranges are copied as
@@ -195,6 +195,10 @@ def gather_rows(store: ChunkStore, src: np.ndarray, dst_pos: np.ndarray, out: np
     (small rows). ``copy(dst, src)`` moves the values (default ``np.copyto``); a converting
     copy (``int16 -> float32`` scaled, say) thus costs one pass over the batch, not three
     (fancy-index temporary, cast, scale). ``out`` may be a strided view.
+
+    Big-row copies are collected and run together by :func:`copy_all` (on several threads
+    in the main process); they are flushed before a block fetch could recycle the cache
+    buffer of a block still waiting to be copied (mapped blocks are never recycled).
     """
     copy = copy or np.copyto
     k = store.k
@@ -203,7 +207,12 @@ def gather_rows(store: ChunkStore, src: np.ndarray, dst_pos: np.ndarray, out: np
     cut = np.flatnonzero(blocks[1:] != blocks[:-1]) + 1
     starts = [0, *cut.tolist()]
     ends = [*cut.tolist(), len(src)]
+    tasks: list[tuple[np.ndarray, np.ndarray]] = []
+    pending = 0  # cache buffers (not mapped views) that tasks still read
     for s, e in zip(starts, ends, strict=True):
+        if pending and pending >= store.capacity - 1:
+            copy_all(tasks, copy)
+            tasks, pending = [], 0
         c = int(blocks[s])
         chunk = store.get(c)
         r = src[s:e] - c * k
@@ -211,14 +220,16 @@ def gather_rows(store: ChunkStore, src: np.ndarray, dst_pos: np.ndarray, out: np
         n = e - s
         r0, d0 = int(r[0]), int(d[0])
         if int(r[-1]) - r0 == n - 1 and int(d[-1]) - d0 == n - 1 and _strictly_consecutive(r, d):
-            copy(out[d0: d0 + n], chunk[r0: r0 + n])
+            tasks.append((out[d0: d0 + n], chunk[r0: r0 + n]))
         elif big_rows:
-            for ri, di in zip(r.tolist(), d.tolist()):
-                copy(out[di], chunk[ri])
+            tasks.extend((out[di], chunk[ri]) for ri, di in zip(r.tolist(), d.tolist()))
         else:
             tmp = np.empty((n, *out.shape[1:]), dtype=out.dtype)
             copy(tmp, chunk[r])
             out[d] = tmp
+            continue
+        pending += bool(chunk.flags.writeable)
+    copy_all(tasks, copy)
 
 
 def _strictly_consecutive(r: np.ndarray, d: np.ndarray) -> bool:
