@@ -176,6 +176,7 @@ class _LitSample:
 
 class _LitCollate(FloatCollate):
     def __init__(self, fields: Sequence[str], keys: bool):
+        super().__init__()
         self.pick = _LitSample(fields, keys)
 
     def __call__(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
