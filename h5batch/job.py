@@ -43,6 +43,37 @@ from .transport import (
 from .writer import PipeQueue, WriterSpec, commit_path, remove_tail_files, writer_main
 
 
+def writer_context() -> Any:
+    """The multiprocessing context the writer process is started with.
+
+    ``forkserver`` with :mod:`h5batch.writer` preloaded where the platform has it: the first
+    conversion in a process starts the fork server (as long as a spawn), and every later one
+    forks the writer from it with h5py already imported, in ~10 ms instead of ~0.25 s (a
+    quarter of converting 1,000 pairs on a warm cluster). Forking the driver itself is not
+    safe: it runs Dask's threads. The fork server is single-threaded; it fixes its working
+    directory, umask and environment when it starts, so the writer is sent the driver's
+    current ones (:attr:`WriterSpec.cwd`, :attr:`WriterSpec.umask`). Elsewhere: ``spawn``.
+    """
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    # Only effective before the (process-wide) fork server starts; '__main__' is the default.
+    ctx.set_forkserver_preload(["__main__", "h5batch.writer"])
+    return ctx
+
+
+def current_umask() -> int | None:
+    """This process's umask, read without changing it (Linux), else None."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return None
+
+
 class ConvertError(RuntimeError):
     """A conversion that cannot start or cannot finish; the message says what to do."""
 
@@ -340,7 +371,7 @@ class Converter:
             self.say(f"removed {len(stale)} shared-memory segments left by dead runs")
         # The writer process starts first: importing h5py and the codecs takes it ~0.2 s,
         # which overlaps discovery, the codec trial and pre-flight. It waits for its spec.
-        ctx = mp.get_context("spawn")
+        ctx = writer_context()
         inbox, outbox = PipeQueue.create(ctx), PipeQueue.create(ctx)
         writer = ctx.Process(target=writer_main, args=(inbox, outbox), name="h5batch-writer", daemon=True)
         writer.start()
@@ -410,7 +441,7 @@ class Converter:
             discovery_rejects=manifest.rejects, num_inputs=num_inputs,
             commit_every=job.policy.commit_every, threads=max(2, min(4, n_workers)),
             resume=record, versions=versions(), pause_at=self.opts.fault_pause, batch_size=batch_size,
-            codec_notes=codec_notes,
+            codec_notes=codec_notes, cwd=os.getcwd(), umask=current_umask(),
         )
         tasks = make_tasks(job, manifest, self.run_id, hostname(), self.opts.faults, batch_size)
         inbox.put(("spec", spec))

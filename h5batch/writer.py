@@ -72,6 +72,10 @@ class WriterSpec:
     # Fault injection for the kill tests: "commit:N" pauses after the N-th commit,
     # "finalize" just before the final rename; a marker file <partial>.paused appears.
     pause_at: str | None = None
+    # The driver's working directory and umask: a writer forked from a fork server would
+    # otherwise have the server's (relative paths, output file permissions).
+    cwd: str = ""
+    umask: int | None = None
 
 
 def commit_path(partial_path: str) -> str:
@@ -767,6 +771,10 @@ def writer_main(inbox, outbox) -> None:
     spec = _wait_for_spec(inbox, parent)
     if spec is None:
         return
+    if spec.cwd:
+        os.chdir(spec.cwd)
+    if spec.umask is not None:
+        os.umask(spec.umask)
     w = None
     commits = 0
     try:
