@@ -239,3 +239,29 @@ def test_chunks_compressed_in_workers_give_the_same_file(paired_root, tmp_path, 
         for i, (d, t) in enumerate(f["train/source"].asstr()[...]):
             assert np.array_equal(f["train/data"][i], sf.read(root / d, dtype="int16")[0][:4000])
             assert np.array_equal(f["train/target"][i], sf.read(root / t, dtype="int16")[0][:4000])
+
+
+def test_writer_follows_the_drivers_cwd_and_umask(demo_root, tmp_path, monkeypatch):
+    """The writer is forked from a fork server whose cwd and umask were fixed when it
+    started (the first conversion in this process): a later conversion in another
+    directory, with a relative output path and another umask, must land there, with
+    that umask."""
+    import os
+
+    job = REPO / "jobs" / "demo.yaml"
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    run_job(job, Path("first.h5"), f"source.root={demo_root}", "cluster.workers=1")
+    assert (tmp_path / "a" / "first.h5").is_file()
+    monkeypatch.chdir(tmp_path / "b")
+    old = os.umask(0o077)
+    try:
+        run_job(job, Path("out/second.h5"), f"source.root={demo_root}", "cluster.workers=1")
+    finally:
+        os.umask(old)
+    out = tmp_path / "b" / "out" / "second.h5"
+    assert out.is_file() and not (tmp_path / "a" / "out").exists()
+    assert out.stat().st_mode & 0o077 == 0, oct(out.stat().st_mode)
+    with h5py.File(out, "r") as f:
+        assert f.attrs["complete"] and f["train"]["label"].shape == (30,)
