@@ -72,6 +72,12 @@ def test_raw_and_memmap_datasets_match(pairs, tmp_path):
         assert torch.equal(a[name], b[name])
     loader = DataLoader(mm, batch_size=8, shuffle=True, collate_fn=baselines.passthrough)
     assert measure.drain(loader) == 16
+    # The way most scripts read raw files (soundfile, default_collate): the same batches.
+    typical = baselines.TypicalRawDataset(corpus.item_paths(m), fields)
+    assert baselines.TypicalRawDataset.supports(fields)
+    got = next(iter(DataLoader(typical, batch_size=16, num_workers=1)))
+    for name in ("data", "target"):
+        assert torch.equal(got[name], mm.__getitems__(range(16))[name])
 
 
 def test_float_collate_pads_variable_lengths():

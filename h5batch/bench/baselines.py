@@ -4,7 +4,9 @@
   one by one and stores every sample as its own HDF5 dataset, ``compression="gzip"``,
   ``chunks=True``.
 * :class:`NaiveDataset` reads that file back sample by sample (opened lazily per process).
-* :class:`RawFileDataset` decodes the original wav/jpg files in ``__getitem__``.
+* :class:`RawFileDataset` decodes the original wav/jpg files in ``__getitem__``;
+  :class:`TypicalRawDataset` does it the way most training scripts do (soundfile, default
+  collate), for comparison with a user's existing pipeline.
 * :class:`MemmapDataset` gathers rows of one ``numpy.memmap`` holding the decoded array: no
   decoding, no HDF5, one fancy-index read per batch; the practical upper limit.
 
@@ -25,7 +27,7 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from ..config import FieldConfig
-from ..decode import decode_field
+from ..decode import decode_field, fixed_sample_shape
 from ..torch.batch import copy_all, to_float_into
 from ..torch.batch import empty as batch_empty
 from ..torch.recycle import SharedBatchPool
@@ -107,6 +109,48 @@ class RawFileDataset(Dataset):
 
     def __getitem__(self, i: int) -> dict[str, np.ndarray]:
         return {name: decode_field(path, fc) for (name, fc), path in zip(self.fields, self.items[int(i)])}
+
+
+class TypicalRawDataset(Dataset):
+    """The raw files read the way most training scripts do it: per file
+    ``soundfile.read(path, dtype="float32")`` (images: Pillow, as h5batch decodes them, then
+    ``/ 255``), one float32 tensor per field, stacked by torch's ``default_collate``.
+
+    :class:`RawFileDataset` + :class:`FloatCollate` is the strict baseline (h5batch's own
+    decoder and batch assembly, so only the storage differs); this one shows what a user's
+    existing pipeline gets. Fixed-shape fields at their native sample rate only (audio is
+    cropped or zero-padded to ``length``): see :func:`TypicalRawDataset.supports`.
+    """
+
+    def __init__(self, items: Sequence[tuple[str, ...]], fields: Sequence[tuple[str, FieldConfig]]):
+        self.items = list(items)
+        self.fields = tuple(fields)
+
+    @staticmethod
+    def supports(fields: Sequence[tuple[str, FieldConfig]]) -> bool:
+        return all(fixed_sample_shape(fc) is not None and not getattr(fc, "resample", False)
+                   for _, fc in fields)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        import soundfile
+
+        out = {}
+        for (name, fc), path in zip(self.fields, self.items[int(i)]):
+            if fc.type == "audio":
+                x, _ = soundfile.read(path, dtype="float32", always_2d=fc.channels == "keep")
+                if x.ndim == 2 and fc.channels != "keep":
+                    x = x.mean(axis=1, dtype=np.float32) if fc.channels == "mono" else x[:, 0]
+                if fc.length is not None:
+                    x = x[: fc.length]
+                    if len(x) < fc.length:
+                        x = np.pad(x, [(0, fc.length - len(x))] + [(0, 0)] * (x.ndim - 1))
+                out[name] = torch.from_numpy(np.ascontiguousarray(x))
+            else:
+                out[name] = torch.from_numpy(decode_field(path, fc)).float().div_(255)
+        return out
 
 
 def write_memmaps(reference: dict[str, np.ndarray], directory: str) -> dict[str, str]:

@@ -179,7 +179,7 @@ def read_table(results: dict[str, Any], corpus: str) -> list[str]:
 
 
 def _order(method: str) -> int:
-    order = ["h5batch", "naive", "raw-files", "memmap", "webdataset", "litdata"]
+    order = ["h5batch", "naive", "raw-files", "raw-files-typical", "memmap", "webdataset", "litdata"]
     return order.index(method) if method in order else len(order)
 
 

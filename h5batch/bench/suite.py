@@ -501,6 +501,9 @@ class Bench:
             plan.append((self.record("read", cp.name, "raw-files", "", "random", nw),
                          lambda nw=nw: dl(baselines.RawFileDataset(items, fields), nw, shuffle=True,
                                           collate_fn=baselines.float_collate)))
+            if baselines.TypicalRawDataset.supports(fields):
+                plan.append((self.record("read", cp.name, "raw-files-typical", "", "random", nw),
+                             lambda nw=nw: dl(baselines.TypicalRawDataset(items, fields), nw, shuffle=True)))
             if "memmap" in spec:
                 plan.append((self.record("read", cp.name, "memmap", "", "random", nw),
                              lambda nw=nw: dl(baselines.MemmapDataset(spec["memmap"]), nw, shuffle=True,
