@@ -373,8 +373,11 @@ class Converter:
         # which overlaps discovery, the codec trial and pre-flight. It waits for its spec.
         ctx = writer_context()
         inbox, outbox = PipeQueue.create(ctx), PipeQueue.create(ctx)
-        writer = ctx.Process(target=writer_main, args=(inbox, outbox), name="h5batch-writer", daemon=True)
+        lifeline, self._lifeline = ctx.Pipe(duplex=False)  # the writer's way to see us die
+        writer = ctx.Process(target=writer_main, args=(inbox, outbox, lifeline), name="h5batch-writer",
+                             daemon=True)
         writer.start()
+        lifeline.close()
         self._writer_busy = False
         try:
             summary = self._run(writer, inbox, outbox)
@@ -384,6 +387,7 @@ class Converter:
                 writer.join(timeout=10)
                 if writer.is_alive():
                     writer.kill()
+            self._lifeline.close()
         summary.seconds = time.perf_counter() - t0
         return summary
 

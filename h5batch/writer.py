@@ -26,6 +26,7 @@ import threading
 import time
 import traceback
 from collections import Counter, deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -738,13 +739,13 @@ def _pause_point(spec: WriterSpec, point: str) -> None:
         time.sleep(3600)
 
 
-def _wait_for_spec(inbox, parent: int) -> WriterSpec | None:
+def _wait_for_spec(inbox, driver_gone: Callable[[], bool]) -> WriterSpec | None:
     """The job, sent once the driver has discovered the corpus (None: not needed after all)."""
     while True:
         try:
             msg = inbox.get(timeout=1.0)
         except queue.Empty:
-            if os.getppid() != parent:
+            if driver_gone():
                 return None
             continue
         except (EOFError, OSError):
@@ -755,7 +756,7 @@ def _wait_for_spec(inbox, parent: int) -> WriterSpec | None:
             return None
 
 
-def writer_main(inbox, outbox) -> None:
+def writer_main(inbox, outbox, lifeline) -> None:
     """Writer process loop. First message in: ``("spec", WriterSpec)`` (or ``("quit",)``),
     then ``("batch", BatchResult)``, ``("commit",)``,
     ``("finish", max_reject_fraction)``, ``("abort",)``. Messages out: ``("ready", next_batch, samples per split)``,
@@ -765,10 +766,18 @@ def writer_main(inbox, outbox) -> None:
     Ctrl-C reaches the whole process group; the writer ignores it and lets the driver
     decide (it sends ``abort``). If the driver dies (``kill -9``), the writer commits what
     it has and exits, so the next run resumes from there.
+
+    ``lifeline`` is the read end of a pipe whose only write end the driver holds and never
+    writes to: it turns readable (EOF) exactly when the driver is gone. The parent pid does
+    not tell, as the writer's parent is the fork server, and the fork server itself lives
+    as long as anyone (this writer too) holds its own liveness pipe.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    parent = os.getppid()
-    spec = _wait_for_spec(inbox, parent)
+
+    def driver_gone() -> bool:
+        return lifeline.poll()
+
+    spec = _wait_for_spec(inbox, driver_gone)
     if spec is None:
         return
     if spec.cwd:
@@ -785,7 +794,7 @@ def writer_main(inbox, outbox) -> None:
             try:
                 msg = inbox.get(timeout=1.0)
             except queue.Empty:
-                if os.getppid() != parent:  # orphaned: the driver is gone
+                if driver_gone():
                     w.commit()
                     w.close()
                     return

@@ -147,16 +147,20 @@ def test_kill_9_writer_only_then_resume(corpus, reference, tmp_path):
 
 def test_kill_9_driver_only_writer_commits_and_exits(corpus, reference, tmp_path):
     out = tmp_path / "out.h5"
-    proc = start(cmd(corpus, out))
+    # One file hangs its worker, so the run is surely still going when the driver dies.
+    proc = start(cmd(corpus, out), {"H5BATCH_FAULTS": "hang_on=150.wav"})
     wait_for(Path(str(out) + ".partial.commit.json"), proc)
     time.sleep(0.5)
+    assert _holder_of(Path(str(out) + ".partial")), "the writer should still be writing"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
-    # The orphaned writer notices, commits and exits on its own within a few seconds.
+    # The orphaned writer notices, commits and exits on its own within a few seconds, and
+    # so does the fork server it came from (each kept the other alive once).
     deadline = time.monotonic() + 20
-    while _holder_of(Path(str(out) + ".partial")) and time.monotonic() < deadline:
+    while (_holder_of(Path(str(out) + ".partial")) or _fork_servers(proc.pid)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _holder_of(Path(str(out) + ".partial")), "orphaned writer did not exit"
+    assert not _fork_servers(proc.pid), "the killed driver's fork server did not exit"
     reap_group(proc.pid)
     res = run(cmd(corpus, out))
     assert res.returncode == 0, res.stderr
@@ -279,3 +283,17 @@ def test_resume_keeps_the_recorded_codecs_when_a_new_trial_disagrees(tmp_path):
     assert "data: none" in res.stderr  # the new trial, without 0.wav
     assert "resuming with the interrupted run's codecs: data blosc2-lz4" in res.stderr
     assert_same_h5(ref, out)
+
+
+def _fork_servers(pgid: int) -> list[int]:
+    """multiprocessing fork servers in process group ``pgid``."""
+    import psutil
+
+    out = []
+    for pid in _group_members(pgid):
+        try:
+            if "multiprocessing.forkserver" in " ".join(psutil.Process(pid).cmdline()):
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            continue
+    return out
