@@ -102,3 +102,45 @@ def test_recycling_with_spawned_workers(paired120):
                                 multiprocessing_context="spawn")
     assert tensors == 2 * 15 * 2
     assert len(files) <= tensors // 2, f"{len(files)} files for {tensors} tensors"
+
+
+def test_more_batches_held_than_slots_fall_back_to_fresh_storage(paired120):
+    """Hold every batch of an epoch: each worker runs out of its 32 slots (3 tensors per
+    batch of 2) and must allocate fresh storage instead of overwriting a held batch."""
+    from h5batch.torch import recycle
+
+    ref = reference(paired120)
+    ds = H5Dataset(paired120, "train", with_source=True)
+    loader = DataLoader(ds, batch_size=2, sampler=ChunkShuffleSampler(ds, seed=9), num_workers=2,
+                        collate_fn=collate)
+    held = list(loader)
+    assert len(held) == 60 and 3 * len(held) // 2 > recycle.MAX_SLOTS
+    for b in held:
+        check(b, ref)
+    del held
+    # And recycling resumes once they are dropped: a second epoch is as right as the first.
+    again = list(loader)
+    for b in again:
+        check(b, ref)
+
+
+def test_recycling_under_the_file_system_sharing_strategy(paired120):
+    ref = reference(paired120)
+    before = torch.multiprocessing.get_sharing_strategy()
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    try:
+        ds = H5Dataset(paired120, "train", with_source=True)
+        loader = DataLoader(ds, batch_size=8, sampler=ChunkShuffleSampler(ds, seed=2), num_workers=2,
+                            collate_fn=collate, persistent_workers=True)
+        for _ in range(2):
+            kept = []
+            for i, b in enumerate(loader):
+                check(b, ref)
+                if i % 4 == 0:
+                    kept.append(b)
+            for b in kept:
+                check(b, ref)
+        released = ds._pool._released()
+        assert (released[:2] != -1).any(), "the main process never released a lease"
+    finally:
+        torch.multiprocessing.set_sharing_strategy(before)
