@@ -58,63 +58,65 @@ def check(batch: dict, ref: dict) -> None:
 def run_epochs(path: Path, ref: dict, recycle: bool, epochs: int, **loader_kw) -> tuple[int, set[int]]:
     """Iterate ``epochs`` epochs with 2 workers; check every batch when it arrives, keep
     every third batch to the end of its epoch and check it again then. Returns the number
-    of data/target tensors received and the distinct shared-memory files they used."""
+    of batches received and the distinct shared-memory files they used (a batch's columns
+    share one storage, so one file per batch at most)."""
     ds = H5Dataset(path, "train", with_source=True, recycle=recycle)
     sampler = ChunkShuffleSampler(ds, seed=5)
     loader = DataLoader(ds, batch_size=8, sampler=sampler, num_workers=2, collate_fn=collate,
                         persistent_workers=True, **loader_kw)
-    tensors, files = 0, set()
+    batches, files = 0, set()
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
         held, seen = [], 0
         for i, b in enumerate(loader):
             check(b, ref)
             seen += len(b["source"])
-            for k in ("data", "target"):
-                tensors += 1
-                files.add(inode(b[k]))
+            batches += 1
+            assert inode(b["data"]) == inode(b["target"]), "a batch's columns share one storage"
+            files.add(inode(b["data"]))
             if i % 3 == 0:
                 held.append(b)
         assert seen == len(ds)
         for b in held:  # the workers went on recycling while these were held
             check(b, ref)
         del held, b
-    return tensors, files
+    return batches, files
 
 
 def test_workers_reuse_released_storage_and_never_touch_held_batches(paired120):
     ref = reference(paired120)
-    tensors, files = run_epochs(paired120, ref, recycle=True, epochs=3)
-    assert tensors == 3 * 15 * 2
-    # 90 tensors came through far fewer shared-memory files: storages were reused.
-    assert len(files) <= tensors // 2, f"{len(files)} files for {tensors} tensors"
+    batches, files = run_epochs(paired120, ref, recycle=True, epochs=3)
+    assert batches == 3 * 15
+    # 45 batches came through far fewer shared-memory files: storages were reused.
+    assert len(files) <= batches // 2, f"{len(files)} files for {batches} batches"
 
 
 def test_without_recycling_every_batch_has_fresh_storage(paired120):
     ref = reference(paired120)
-    tensors, files = run_epochs(paired120, ref, recycle=False, epochs=1)
-    assert len(files) == tensors == 30
+    batches, files = run_epochs(paired120, ref, recycle=False, epochs=1)
+    assert len(files) == batches == 15
 
 
 def test_recycling_with_spawned_workers(paired120):
     ref = reference(paired120)
-    tensors, files = run_epochs(paired120, ref, recycle=True, epochs=2,
+    batches, files = run_epochs(paired120, ref, recycle=True, epochs=2,
                                 multiprocessing_context="spawn")
-    assert tensors == 2 * 15 * 2
-    assert len(files) <= tensors // 2, f"{len(files)} files for {tensors} tensors"
+    assert batches == 2 * 15
+    assert len(files) <= batches // 2, f"{len(files)} files for {batches} batches"
 
 
 def test_more_batches_held_than_slots_fall_back_to_fresh_storage(paired120):
-    """Hold every batch of an epoch: each worker runs out of its 32 slots (3 tensors per
-    batch of 2) and must allocate fresh storage instead of overwriting a held batch."""
+    """Hold every batch of an epoch: each worker runs out of its 32 slots (one storage per
+    batch of 1, 60 batches each) and must allocate fresh storage instead of overwriting a
+    held batch."""
     from h5batch.torch import recycle
 
     ref = reference(paired120)
     ds = H5Dataset(paired120, "train", with_source=True)
-    loader = DataLoader(ds, batch_size=2, sampler=ChunkShuffleSampler(ds, seed=9), num_workers=2,
+    loader = DataLoader(ds, batch_size=1, sampler=ChunkShuffleSampler(ds, seed=9), num_workers=2,
                         collate_fn=collate)
     held = list(loader)
-    assert len(held) == 60 and 3 * len(held) // 2 > recycle.MAX_SLOTS
+    assert len(held) == 120 and len(held) // 2 > recycle.MAX_SLOTS
     for b in held:
         check(b, ref)
     del held

@@ -28,8 +28,7 @@ from torch.utils.data import Dataset, get_worker_info
 
 from ..config import FieldConfig
 from ..decode import decode_field, fixed_sample_shape
-from ..torch.batch import copy_all, to_float_into
-from ..torch.batch import empty as batch_empty
+from ..torch.batch import copy_all, empty_columns, to_float_into
 from ..torch.recycle import SharedBatchPool
 
 NAIVE_GROUP = "samples"
@@ -196,11 +195,13 @@ class MemmapDataset(Dataset):
     def __getitems__(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
         idx = np.asarray(indices, dtype=np.int64)
         shared = get_worker_info() is not None
+        maps = self._open()
+        # Allocated like the h5batch reader's batches (one recycled shared storage inside a
+        # worker), so the limit is not handicapped by an extra copy or fresh pages.
+        tensors = empty_columns([((len(idx), *mm.shape[1:]), np.float32) for mm in maps.values()],
+                                shared, self._pool)
         out = {}
-        for name, mm in self._open().items():
-            # Allocated like the h5batch reader's batches (recycled shared memory inside a
-            # worker), so the limit is not handicapped by an extra copy or fresh pages.
-            t = batch_empty((len(idx), *mm.shape[1:]), np.float32, shared, self._pool)
+        for (name, mm), t in zip(maps.items(), tensors):
             view = t.numpy()
             # Row by row, converting as it copies, on the same threads as the h5batch reader.
             copy_all([(view[j], mm[i]) for j, i in enumerate(idx.tolist())], to_float_into)
@@ -227,23 +228,28 @@ class FloatCollate:
     def __call__(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         shared = get_worker_info() is not None
         out: dict[str, Any] = {}
+        arrays: dict[str, tuple[list[np.ndarray], tuple[int, ...]]] = {}
         for key in samples[0]:
             vals = [s[key] for s in samples]
             first = vals[0]
             if not isinstance(first, np.ndarray) or first.ndim == 0:
                 out[key] = vals
                 continue
-            shapes = [v.shape for v in vals]
-            top = tuple(max(s[d] for s in shapes) for d in range(first.ndim))
-            t = batch_empty((len(vals), *top), np.float32, shared, self._pool)  # as the h5batch reader allocates
+            top = tuple(max(v.shape[d] for v in vals) for d in range(first.ndim))
+            arrays[key] = (vals, top)
+        # One (recycled) shared storage for all columns, as the h5batch reader allocates.
+        tensors = empty_columns([((len(vals), *top), np.float32) for vals, top in arrays.values()],
+                                shared, self._pool)
+        for (key, (vals, top)), t in zip(arrays.items(), tensors):
             view = t.numpy()
-            if any(s != top for s in shapes):
-                view.fill(0)  # padding
+            padded = any(v.shape != top for v in vals)
+            if padded:
+                view.fill(0)
             copy_all([(view[(j, *(slice(0, n) for n in v.shape))], v) for j, v in enumerate(vals)],
                      to_float_into)  # on the same threads as the h5batch reader
             out[key] = t
-            if any(s != top for s in shapes):
-                out[key + "_lengths"] = torch.tensor([s[0] for s in shapes], dtype=torch.int64)
+            if padded:
+                out[key + "_lengths"] = torch.tensor([v.shape[0] for v in vals], dtype=torch.int64)
         return out
 
 

@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from .. import format as fmt
-from .batch import INT16_SCALE, UINT8_DIV, Batch, Ragged, empty, to_float_into
+from .batch import INT16_SCALE, UINT8_DIV, Batch, Ragged, empty_columns, to_float_into
 from .chunks import ChunkStore, gather_rows, gather_span
 from .recycle import SharedBatchPool
 
@@ -333,16 +333,23 @@ class H5Dataset(Dataset):
         self._ensure_open()
         shared = get_worker_info() is not None if self.shared_memory is None else self.shared_memory
         order = np.argsort(idx, kind="stable")
+        b = len(idx)
+        # Every output shape first, so all columns (and the labels) share one allocation.
+        shapes = {fi.name: self._variable_shapes(fi, idx) for fi in self.fields if not fi.fixed}
+        specs = [(self._out_shape(fi, b, shapes.get(fi.name)), self._convert(fi.dtype)[0]) for fi in self.fields]
+        if self.labelled:
+            specs.append(((b,), np.int64))
+        outs = empty_columns(specs, shared, self._pool)
         columns: dict[str, torch.Tensor | Ragged] = {}
-        for fi in self.fields:
+        for fi, out in zip(self.fields, outs):
             if fi.fixed:
-                columns[fi.name] = self._read_fixed(fi, idx, order, shared)
+                columns[fi.name] = self._read_fixed(fi, idx, order, out)
             else:
-                columns[fi.name] = self._read_variable(fi, idx, order, shared)
+                columns[fi.name] = self._read_variable(fi, idx, order, out, shapes[fi.name])
         label = None
         if self.labelled:
             labels = self._index_array(fmt.LABEL, lambda g: g[fmt.LABEL][...].astype(np.int64))
-            label = empty((len(idx),), np.int64, shared, self._pool)
+            label = outs[-1]
             np.take(labels, idx, out=label.numpy())
         source = self._read_sources(idx) if self.with_source else None
         batch = Batch(columns, label, source, len(idx))
@@ -379,40 +386,44 @@ class H5Dataset(Dataset):
         elif how == "uint8":
             np.divide(a, UINT8_DIV, out=a)
 
+    def _variable_shapes(self, fi: FieldInfo, idx: np.ndarray) -> np.ndarray:
+        """``(B, ndim)`` stored shapes of a variable field's samples ``idx``."""
+        if fi.ndim == 1:
+            offsets = self._offsets(fi)
+            return (offsets[idx + 1] - offsets[idx])[:, None]
+        return self._index_array(fi.name + "/shapes",
+                                 lambda g: g[fi.name][fmt.SHAPES][...].astype(np.int64))[idx]
+
+    def _axes(self, fi: FieldInfo) -> list[int]:
+        """Output axes in stored order: ``(C, H, W)`` from ``(H, W, C)`` with ``channels_first``."""
+        return [2, 0, 1] if self.channels_first and fi.image else list(range(fi.ndim))
+
+    def _out_shape(self, fi: FieldInfo, b: int, shapes: np.ndarray | None) -> tuple[int, ...]:
+        """The batch tensor's shape: ``(B, *sample)``, variable fields padded to the largest."""
+        sample = np.asarray(fi.shape if fi.fixed else
+                            (shapes.max(axis=0) if b else np.zeros(fi.ndim, dtype=np.int64)))
+        return (b, *(int(n) for n in sample[self._axes(fi)]))
+
     def _read_fixed(self, fi: FieldInfo, idx: np.ndarray, order: np.ndarray,
-                    shared: bool) -> torch.Tensor:
+                    out: torch.Tensor) -> torch.Tensor:
         dtype, how = self._convert(fi.dtype)
-        b = len(idx)
+        view = out.numpy()
         if self.channels_first and fi.image:
-            h, w, c = fi.shape
-            out = empty((b, c, h, w), dtype, shared, self._pool)
-            view = out.numpy().transpose(0, 2, 3, 1)
-        else:
-            out = empty((b, *fi.shape), dtype, shared, self._pool)
-            view = out.numpy()
-        if b:
+            view = view.transpose(0, 2, 3, 1)  # (B, H, W, C), as stored
+        if len(idx):
             # Gathered and converted in one pass per row.
             gather_rows(self._store(fi), idx[order], order, view, to_float_into if how else None)
         return out
 
     def _read_variable(self, fi: FieldInfo, idx: np.ndarray, order: np.ndarray,
-                       shared: bool) -> Ragged:
+                       out: torch.Tensor, shapes: np.ndarray) -> Ragged:
         offsets = self._offsets(fi)
         lo, hi = offsets[idx], offsets[idx + 1]
-        if fi.ndim == 1:
-            shapes = (hi - lo)[:, None]
-        else:
-            shapes = self._index_array(fi.name + "/shapes",
-                                       lambda g: g[fi.name][fmt.SHAPES][...].astype(np.int64))[idx]
         dtype, how = self._convert(fi.dtype)
-        b = len(idx)
-        top = shapes.max(axis=0) if b else np.zeros(fi.ndim, dtype=np.int64)
-        cf = self.channels_first and fi.image
-        perm = [2, 0, 1] if cf else list(range(fi.ndim))
-        out = empty((b, *top[perm].tolist()), dtype, shared, self._pool)
+        perm = self._axes(fi)
         view = out.numpy()
-        stored_view = view.transpose(0, 2, 3, 1) if cf else view  # (B, *stored axes)
-        store = self._store(fi) if b and int((hi - lo).sum()) else None
+        stored_view = view.transpose(0, 2, 3, 1) if perm != list(range(fi.ndim)) else view  # (B, *stored axes)
+        store = self._store(fi) if len(idx) and int((hi - lo).sum()) else None
         if fi.ndim != 1:
             view.fill(0)
         # Samples in file order, each straight into its padded row (the cast happens there).

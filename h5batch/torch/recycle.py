@@ -163,13 +163,15 @@ class SharedBatchPool:
                 self._worker = _WorkerSlots(self, info.id)
         return self._worker
 
-    def empty(self, shape: tuple[int, ...], dtype: torch.dtype, itemsize: int) -> torch.Tensor:
-        """An uninitialised shared tensor of ``shape``; recycled inside DataLoader workers."""
-        nbytes = math.prod(shape) * itemsize
+    def storage(self, nbytes: int) -> torch.UntypedStorage:
+        """A shared storage of at least ``nbytes``; recycled inside DataLoader workers."""
         slots = self._slots() if nbytes else None
         storage = slots.take(nbytes) if slots is not None else None
-        if storage is None:
-            storage = torch.UntypedStorage._new_shared(nbytes)
+        return storage if storage is not None else torch.UntypedStorage._new_shared(nbytes)
+
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype, itemsize: int) -> torch.Tensor:
+        """An uninitialised shared tensor of ``shape``; recycled inside DataLoader workers."""
+        storage = self.storage(math.prod(shape) * itemsize)
         return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
 
 
