@@ -29,7 +29,7 @@ from torch.utils.data import Dataset, get_worker_info
 from ..config import FieldConfig
 from ..decode import decode_field, fixed_sample_shape
 from ..torch.batch import copy_all, empty_columns, to_float_into
-from ..torch.recycle import SharedBatchPool
+from ..torch.recycle import shared_pool
 
 NAIVE_GROUP = "samples"
 
@@ -176,7 +176,7 @@ class MemmapDataset(Dataset):
         self.paths = dict(paths)
         self._maps: dict[str, np.ndarray] | None = None
         self.n = int(np.load(next(iter(self.paths.values())), mmap_mode="r").shape[0])
-        self._pool = SharedBatchPool()
+        self._pool = shared_pool()
 
     def __len__(self) -> int:
         return self.n
@@ -223,7 +223,7 @@ class FloatCollate:
     """
 
     def __init__(self) -> None:
-        self._pool = SharedBatchPool()  # the h5batch reader's recycled shared memory
+        self._pool = shared_pool()  # the h5batch reader's recycled shared memory
 
     def __call__(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         shared = get_worker_info() is not None

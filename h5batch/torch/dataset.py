@@ -26,7 +26,7 @@ from torch.utils.data import Dataset, get_worker_info
 from .. import format as fmt
 from .batch import INT16_SCALE, UINT8_DIV, Batch, Ragged, empty_columns, to_float_into
 from .chunks import ChunkStore, gather_rows, gather_span
-from .recycle import SharedBatchPool
+from .recycle import shared_pool
 
 DEFAULT_WINDOW = 8  # chunk groups the default cache holds: one ChunkShuffleSampler window
 CACHE_SLACK = 2  # extra chunks for samples that straddle a chunk boundary
@@ -135,7 +135,7 @@ class H5Dataset(Dataset):
         self.direct_chunks = bool(direct_chunks)
         self.mmap = bool(mmap)
         self.shared_memory = shared_memory
-        self._pool = SharedBatchPool() if recycle else None
+        self._pool = shared_pool() if recycle else None
         if cache_bytes is not None and int(cache_bytes) < 0:
             raise ValueError(f"cache_bytes must be >= 0, got {cache_bytes}")
         self.cache_bytes = None if cache_bytes is None else int(cache_bytes)

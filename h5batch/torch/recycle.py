@@ -118,9 +118,9 @@ class _WorkerSlots:
 class SharedBatchPool:
     """Recycled shared-memory storages for the batches a Dataset builds in DataLoader workers.
 
-    Create it in the main process (a Dataset's ``__init__``); in a worker, :meth:`empty`
-    returns a tensor on a reused storage, elsewhere a fresh one like
-    ``h5batch.torch.batch.empty``.
+    Create it in the main process, before the DataLoader starts its workers (datasets take
+    :func:`shared_pool` in ``__init__``); in a worker, :meth:`storage` and :meth:`empty`
+    return reused storage, elsewhere fresh storage like ``h5batch.torch.batch.empty``.
     """
 
     def __init__(self) -> None:
@@ -173,6 +173,22 @@ class SharedBatchPool:
         """An uninitialised shared tensor of ``shape``; recycled inside DataLoader workers."""
         storage = self.storage(math.prod(shape) * itemsize)
         return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
+
+
+_shared: SharedBatchPool | None = None
+
+
+def shared_pool() -> SharedBatchPool:
+    """The pool every recycling dataset of this process uses.
+
+    One pool, so one control block and one open file descriptor, however many datasets
+    there are (a ``ConcatDataset`` of thousands of files would otherwise hit the limit on
+    open files). Slots are per worker process and per lease, so datasets can share them.
+    """
+    global _shared
+    if _shared is None:
+        _shared = SharedBatchPool()
+    return _shared
 
 
 # ------------------------------------------------------------------ worker side: leases
