@@ -400,3 +400,21 @@ def test_cluster_script_other_kinds_and_errors(tmp_path, tls):
     cfg = ClusterConfig(**{**data["cluster"]})
     script = job_script(cfg)
     assert "--protocol tls://" in script and "--tls-ca-file" in script and "tls://SCHEDULER-ADDRESS" in script
+
+
+def test_measure_writer_script_runs_as_documented(corpus, tmp_path):
+    """docs/cluster.md's stage table comes from tests/cluster/measure_writer.py: it must run."""
+    import json
+    import sys
+
+    script = Path(__file__).resolve().parent / "cluster" / "measure_writer.py"
+    res = subprocess.run([sys.executable, str(script), "--job", "jobs/paired_audio.yaml", "--set",
+                          f"source.root={corpus}", "--json"], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert set(out["stages"]) == {"decode only", "decode + pack to shm", "writer alone",
+                                  "full convert (incl. LocalCluster start)"}
+    job = load_job(Path(__file__).resolve().parents[1] / "jobs" / "paired_audio.yaml", [f"source.root={corpus}"])
+    assert out["samples"] == len(discover(job).items)
+    assert all(s["samples_per_s"] > 0 for s in out["stages"].values())
