@@ -58,8 +58,11 @@ def to_float_into(dst: np.ndarray, src: np.ndarray) -> None:
 
 Copy = Callable[[np.ndarray, np.ndarray], None]
 
-#: below this many bytes per batch, one thread converts (handing work over costs ~20 us)
+#: bytes each copy thread gets at least: below 2x this a batch is filled by one thread
+#: (handing work over costs ~20 us)
 PARALLEL_MIN_BYTES = 1 << 20
+#: threads past this add hand-over cost and no bandwidth (measured only up to 2 cores here)
+MAX_COPY_THREADS = 8
 _executor: tuple[int, int, ThreadPoolExecutor] | None = None  # (pid, threads, pool)
 
 
@@ -73,8 +76,8 @@ def _pool(threads: int) -> ThreadPoolExecutor:
 
 
 def copy_all(tasks: Sequence[tuple[np.ndarray, np.ndarray]], copy: Copy | None = None) -> None:
-    """``copy(dst, src)`` (default ``np.copyto``) for every ``(dst, src)`` pair, on
-    ``torch.get_num_threads()`` threads.
+    """``copy(dst, src)`` (default ``np.copyto``) for every ``(dst, src)`` pair, on up to
+    ``torch.get_num_threads()`` threads (at most 8, and at least 1 MiB each).
 
     Filling a batch is bound by memory bandwidth (16 MB of float32 written per batch of
     64 x 2 x 32,000 samples), which one core does not saturate: two threads took a batch
@@ -83,13 +86,12 @@ def copy_all(tasks: Sequence[tuple[np.ndarray, np.ndarray]], copy: Copy | None =
     stay single-threaded; in the main process ``torch.set_num_threads`` sets the count.
     """
     copy = copy or np.copyto
-    threads = torch.get_num_threads()
     total = sum(d.nbytes for d, _ in tasks)
-    if threads < 2 or len(tasks) < 2 or total < PARALLEL_MIN_BYTES:
+    threads = min(torch.get_num_threads(), MAX_COPY_THREADS, len(tasks), total // PARALLEL_MIN_BYTES)
+    if threads < 2:
         for d, s in tasks:
             copy(d, s)
         return
-    threads = min(threads, len(tasks))
     # Contiguous runs of about equal bytes, one per thread; this thread takes the first.
     parts: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(threads)]
     share, acc, p = total / threads, 0, 0
