@@ -404,6 +404,9 @@ class Bench:
             k = rep % len(plan)
             self.say(f"convert {name}: round {rep + 1}/{self.cfg.reps} ({len(plan)} configurations)")
             for _, fn in plan[k:] + plan[:k]:
+                # Every conversion writes hundreds of MB: without a sync the kernel writes the
+                # previous run's output back (and throttles writers) during the next one.
+                os.sync()
                 fn()
 
     # ------------------------------------------------------------ correctness
@@ -546,6 +549,7 @@ class Bench:
     def _read_phase(self, spec: dict[str, Any], peer_ok: dict[str, bool]) -> None:
         cp = spec["corpus"]
         plan = self._read_plan(spec, peer_ok)
+        os.sync()  # the conversions' outputs, written back now rather than during the reads
         for rep in range(self.cfg.reps):
             self.say(f"read {cp.name}: round {rep + 1}/{self.cfg.reps} ({len(plan)} configurations)")
             k = rep % max(1, len(plan))
