@@ -46,7 +46,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef, reduce_tensor
 from torch.utils.data import get_worker_info
 
-MAX_WORKERS = 64  # worker ids >= this do not recycle
+MAX_WORKERS = 64  # rows of the control block; loaders with more workers do not recycle
 MAX_SLOTS = 32  # storages one worker keeps per pool
 MAX_POOLED_BYTES = 1 << 30  # per worker and pool; past it, fresh storages as before
 ALIGN = 64  # bytes; slot capacities are rounded up to this
@@ -158,9 +158,14 @@ class SharedBatchPool:
             self._pid = pid
             info = get_worker_info()
             self._worker = None
-            if info is not None and info.id < MAX_WORKERS:
+            if info is not None and info.num_workers <= MAX_WORKERS:
                 _install_reducer()
-                self._worker = _WorkerSlots(self, info.id)
+                # The control row: the worker's seed (the loader's random base seed + its
+                # id), not its id alone, so that two loaders running at once (train and
+                # validation share this pool) rarely share rows. A shared row is only
+                # slower (a release overwritten by the other loader's keeps a slot busy),
+                # never wrong: generations are unique per worker process.
+                self._worker = _WorkerSlots(self, info.seed % MAX_WORKERS)
         return self._worker
 
     def storage(self, nbytes: int) -> torch.UntypedStorage:
