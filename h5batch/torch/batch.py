@@ -113,26 +113,10 @@ def copy_all(tasks: Sequence[tuple[np.ndarray, np.ndarray]], copy: Copy | None =
             f.result()
 
 
-def empty(shape: Sequence[int], dtype: Any, shared: bool,
-          pool: SharedBatchPool | None = None) -> torch.Tensor:
-    """An uninitialised CPU tensor, in shared memory when ``shared``.
-
-    Inside a DataLoader worker every tensor that is not already in shared memory is copied
-    into it before it is sent to the main process; allocating it there in the first place
-    saves that copy. With a ``pool``, a worker reuses storages the main process has
-    released (see :mod:`h5batch.torch.recycle`).
-    """
-    size = tuple(int(s) for s in shape)
-    tdt = torch_dtype(dtype)
-    nbytes = math.prod(size) * np.dtype(dtype).itemsize
-    if not shared or nbytes == 0:
-        return torch.empty(size, dtype=tdt)
-    if pool is not None:
-        return pool.empty(size, tdt, np.dtype(dtype).itemsize)
-    # A new shared storage, not ``share_memory_()``: that allocates private memory first
-    # and then copies it (uninitialised) into shared memory, 2.6x slower for an 8 MB batch.
-    storage = torch.UntypedStorage._new_shared(nbytes)
-    return torch.empty(0, dtype=tdt).set_(storage, 0, size)
+def empty(shape: Sequence[int], dtype: Any, shared: bool) -> torch.Tensor:
+    """An uninitialised CPU tensor, in shared memory when ``shared`` (one column of
+    :func:`empty_columns`)."""
+    return empty_columns([(shape, dtype)], shared)[0]
 
 
 COLUMN_ALIGN = 64  # bytes: each column of a shared batch starts on a cache line
@@ -142,26 +126,28 @@ def empty_columns(specs: Sequence[tuple[Sequence[int], Any]], shared: bool,
                   pool: SharedBatchPool | None = None) -> list[torch.Tensor]:
     """Uninitialised tensors for the columns of one batch, ``specs = [(shape, dtype), ...]``.
 
-    In shared memory they are views of **one** storage (each column 64-byte aligned): a
-    DataLoader worker then sends the main process one file descriptor per batch instead of
-    one per column, which measured ~15 % more batches per second at 2 workers (3 columns
-    of a 2 x 32,000-sample pair batch). Elsewhere, separate tensors as :func:`empty` makes.
+    Inside a DataLoader worker every tensor that is not already in shared memory is copied
+    into it before it is sent to the main process; allocating it there in the first place
+    (``shared``) saves that copy. A new shared storage, not ``share_memory_()``: that
+    allocates private memory first and then copies it (uninitialised) into shared memory,
+    2.6x slower for an 8 MB batch. In shared memory the columns are views of **one**
+    storage (each 64-byte aligned): a worker then sends the main process one file
+    descriptor per batch instead of one per column, which measured ~15 % more batches per
+    second at 2 workers (3 columns of a 2 x 32,000-sample pair batch). With a ``pool``, a
+    worker reuses storages the main process has released (:mod:`h5batch.torch.recycle`).
     """
-    if not shared:
-        return [empty(shape, dtype, False) for shape, dtype in specs]
+    sizes = [tuple(int(n) for n in shape) for shape, _ in specs]
+    dtypes = [np.dtype(dtype) for _, dtype in specs]
     offsets, total = [], 0
-    for shape, dtype in specs:
+    for size, dt in zip(sizes, dtypes, strict=True):
         total = -(-total // COLUMN_ALIGN) * COLUMN_ALIGN
         offsets.append(total)
-        total += math.prod(int(n) for n in shape) * np.dtype(dtype).itemsize
-    if total == 0:
-        return [empty(shape, dtype, False) for shape, dtype in specs]
+        total += math.prod(size) * dt.itemsize
+    if not shared or total == 0:
+        return [torch.empty(size, dtype=torch_dtype(dt)) for size, dt in zip(sizes, dtypes, strict=True)]
     storage = pool.storage(total) if pool is not None else torch.UntypedStorage._new_shared(total)
-    out = []
-    for (shape, dtype), offset in zip(specs, offsets, strict=True):
-        size = tuple(int(n) for n in shape)
-        out.append(torch.empty(0, dtype=torch_dtype(dtype)).set_(storage, offset // np.dtype(dtype).itemsize, size))
-    return out
+    return [torch.empty(0, dtype=torch_dtype(dt)).set_(storage, offset // dt.itemsize, size)
+            for size, dt, offset in zip(sizes, dtypes, offsets, strict=True)]
 
 
 class Ragged:

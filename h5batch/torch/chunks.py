@@ -45,9 +45,9 @@ class ChunkStore:
         Try direct chunk reads. ``False`` always lets HDF5 decode.
     mapping : mmap.mmap, optional
         The whole file mapped read-only. An uncompressed chunk is then used in place (a
-        view of the mapping: no read, no copy, like a ``numpy.memmap``); an evicted block's
-        pages are dropped from this process (``MADV_DONTNEED``; they stay in the page
-        cache), so resident memory stays bounded by ``capacity`` blocks.
+        view of the mapping: no read, no copy, like a ``numpy.memmap``); evicted blocks'
+        pages are dropped from this process in bulk (``MADV_DONTNEED``; they stay in the
+        page cache), so resident memory stays under about twice ``capacity`` blocks.
     """
 
     def __init__(self, ds: h5py.Dataset, capacity: int, direct: bool = True,

@@ -9,8 +9,8 @@ rows (~2 GB/s), whatever the dataset did; reusing the storages instead gave ~23,
 A storage may be reused only when the main process no longer holds any tensor on it, and
 only the main process knows that. So:
 
-* Each worker keeps up to :data:`MAX_SLOTS` storages ("slots") per pool and carves batch
-  tensors out of them (:meth:`SharedBatchPool.empty`).
+* Each worker keeps up to :data:`MAX_SLOTS` storages ("slots") per pool and carves
+  batches out of them (:meth:`SharedBatchPool.storage`, carved by ``batch.empty_columns``).
 * When a slot's tensor is pickled for the main process (in the worker's queue feeder
   thread), the reducer this module registers in the worker stamps it with a *lease*
   ``(pool token, worker id, slot, generation)``; generations are unique per worker process.
@@ -33,7 +33,6 @@ first, or build the dataset with recycling off.
 from __future__ import annotations
 
 import itertools
-import math
 import os
 import secrets
 import threading
@@ -119,8 +118,8 @@ class SharedBatchPool:
     """Recycled shared-memory storages for the batches a Dataset builds in DataLoader workers.
 
     Create it in the main process, before the DataLoader starts its workers (datasets take
-    :func:`shared_pool` in ``__init__``); in a worker, :meth:`storage` and :meth:`empty`
-    return reused storage, elsewhere fresh storage like ``h5batch.torch.batch.empty``.
+    :func:`shared_pool` in ``__init__``); in a worker, :meth:`storage` returns reused
+    storage, elsewhere fresh storage (``h5batch.torch.batch.empty_columns`` carves it).
     """
 
     def __init__(self) -> None:
@@ -174,10 +173,6 @@ class SharedBatchPool:
         storage = slots.take(nbytes) if slots is not None else None
         return storage if storage is not None else torch.UntypedStorage._new_shared(nbytes)
 
-    def empty(self, shape: tuple[int, ...], dtype: torch.dtype, itemsize: int) -> torch.Tensor:
-        """An uninitialised shared tensor of ``shape``; recycled inside DataLoader workers."""
-        storage = self.storage(math.prod(shape) * itemsize)
-        return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
 
 
 _shared: SharedBatchPool | None = None
