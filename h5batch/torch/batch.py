@@ -46,14 +46,20 @@ def to_float_into(dst: np.ndarray, src: np.ndarray) -> None:
     Cast first, then scale ``dst`` in place: a row is still in cache for the second step,
     and two plain loops beat numpy's buffered mixed-type one (2.7 vs 3.3 ms per batch of
     128 rows of 32,000 int16); the values are the same (the cast is exact)."""
-    if src.dtype == np.int16:
+    if src.dtype in (np.int16, np.uint8):
         np.copyto(dst, src, casting="unsafe")
-        np.multiply(dst, INT16_SCALE, out=dst)
-    elif src.dtype == np.uint8:
-        np.copyto(dst, src, casting="unsafe")
-        np.divide(dst, UINT8_DIV, out=dst)
+        scale_in_place(dst, src.dtype)
     else:
         dst[...] = src
+
+
+def scale_in_place(a: np.ndarray, stored: Any) -> None:
+    """Scale float32 ``a``, already cast from ``stored`` int16 / uint8 values, to
+    [-1, 1) / [0, 1] (other dtypes: nothing to do)."""
+    if stored == np.int16:
+        np.multiply(a, INT16_SCALE, out=a)
+    elif stored == np.uint8:
+        np.divide(a, UINT8_DIV, out=a)
 
 
 Copy = Callable[[np.ndarray, np.ndarray], None]

@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from .. import format as fmt
-from .batch import INT16_SCALE, UINT8_DIV, Batch, Ragged, empty_columns, to_float_into
+from .batch import Batch, Ragged, empty_columns, scale_in_place, to_float_into
 from .chunks import ChunkStore, gather_rows, gather_span
 from .recycle import shared_pool
 
@@ -378,14 +378,6 @@ class H5Dataset(Dataset):
             return np.dtype(np.float32), "uint8"
         return dtype, None
 
-    @staticmethod
-    def _scale(a: np.ndarray, how: str | None) -> None:
-        """In place, on float32 already cast from the stored dtype (see ``to_float_into``)."""
-        if how == "int16":
-            np.multiply(a, INT16_SCALE, out=a)
-        elif how == "uint8":
-            np.divide(a, UINT8_DIV, out=a)
-
     def _variable_shapes(self, fi: FieldInfo, idx: np.ndarray) -> np.ndarray:
         """``(B, ndim)`` stored shapes of a variable field's samples ``idx``."""
         if fi.ndim == 1:
@@ -406,7 +398,7 @@ class H5Dataset(Dataset):
 
     def _read_fixed(self, fi: FieldInfo, idx: np.ndarray, order: np.ndarray,
                     out: torch.Tensor) -> torch.Tensor:
-        dtype, how = self._convert(fi.dtype)
+        how = self._convert(fi.dtype)[1]
         view = out.numpy()
         if self.channels_first and fi.image:
             view = view.transpose(0, 2, 3, 1)  # (B, H, W, C), as stored
@@ -419,7 +411,7 @@ class H5Dataset(Dataset):
                        out: torch.Tensor, shapes: np.ndarray) -> Ragged:
         offsets = self._offsets(fi)
         lo, hi = offsets[idx], offsets[idx + 1]
-        dtype, how = self._convert(fi.dtype)
+        how = self._convert(fi.dtype)[1]
         perm = self._axes(fi)
         view = out.numpy()
         stored_view = view.transpose(0, 2, 3, 1) if perm != list(range(fi.ndim)) else view  # (B, *stored axes)
@@ -437,7 +429,8 @@ class H5Dataset(Dataset):
                 tmp = np.empty(e - a, dtype=fi.dtype)
                 gather_span(store, a, e, tmp)
                 stored_view[(j, *(slice(0, int(n)) for n in shapes[j]))] = tmp.reshape(shapes[j])
-        self._scale(view, how)
+        if how:
+            scale_in_place(view, fi.dtype)
         return Ragged(out, shapes[:, perm])
 
     def _read_sources(self, idx: np.ndarray) -> list[Any]:
