@@ -112,8 +112,31 @@ def test_webdataset_peer_roundtrip(pairs, tmp_path):
     fields = tuple(c.job(str(tmp_path / "x.h5")).fields.items())
     r = peers.wds_convert(corpus.item_paths(m), fields, str(tmp_path / "wds"), processes=2, maxcount=4)
     assert r["samples"] == 16 and r["shards"] >= 4
-    v = peers.verify(peers.wds_loader(str(tmp_path / "wds"), ["data", "target"], 0, 5, keys=True), ref, 16)
-    assert v == {"ok": True, "samples": 16, "missing": 0, "duplicates": 0, "mismatched": 0}
+    for assembly in peers.ASSEMBLIES:  # the documented default_collation, and h5batch's collate
+        loader = peers.wds_loader(str(tmp_path / "wds"), ["data", "target"], 0, 5, keys=True, assembly=assembly)
+        v = peers.verify(loader, ref, 16)
+        assert v == {"ok": True, "samples": 16, "missing": 0, "duplicates": 0, "mismatched": 0}, assembly
+        batch = next(iter(loader))
+        assert batch["data"].dtype == torch.float32 and batch["data"].shape == (5, *ref["data"].shape[1:])
+
+
+@pytest.mark.skipif(not peers.available("litdata")[0], reason="litdata not installed (requirements-peers.txt)")
+def test_litdata_peer_roundtrip(pairs, tmp_path):
+    c, m, ref = pairs
+    fields = tuple(c.job(str(tmp_path / "x.h5")).fields.items())
+    out = str(tmp_path / "lit")
+    r = peers.litdata_convert(corpus.item_paths(m), fields, out, num_workers=2, start_method="fork")
+    assert r["samples"] == 16 and r["output_bytes"] > ref["data"].nbytes
+    for assembly in peers.ASSEMBLIES:
+        for batch_decode in ("auto", 0):
+            loader = peers.litdata_loader(out, ["data", "target"], 0, 5, keys=True, batch_decode=batch_decode,
+                                          cache_dir=str(tmp_path / f"cache-{assembly}-{batch_decode}"),
+                                          assembly=assembly)
+            v = peers.verify(loader, ref, 16)
+            assert v == {"ok": True, "samples": 16, "missing": 0, "duplicates": 0, "mismatched": 0}, \
+                (assembly, batch_decode)
+    with pytest.raises(ValueError, match="assembly"):
+        peers.litdata_loader(out, ["data"], 0, assembly="mine")
 
 
 def test_verify_catches_duplicates_and_mismatches():
@@ -148,6 +171,19 @@ def test_targets_are_marked_met_or_missed():
     assert t["conversion auto >= 10x naive"]["value"] == pytest.approx(5.0)
     t = {x["target"]: x for x in report.targets(_fake_results(h5_read=400.0, naive_read=50.0))}
     assert t["read >= 10x naive HDF5 (num_workers=0)"]["met"] is False
+
+
+def test_layout_only_compares_with_the_strict_rows():
+    res = _fake_results(h5_read=1000.0, naive_read=50.0)
+    res["records"] += [{"phase": "read", "corpus": "c", "method": m, "codec": "", "variant": v, "workers": 0,
+                        "runs": [{}], "rate": {"median": rate}}
+                       for m, v, rate in (("raw-files", "random", 200.0), (report.STRICT_RAW, "random", 500.0),
+                                          ("memmap", "random", 1250.0))]
+    t = {x["target"]: x for x in report.targets(res)}
+    assert t["read >= 2x raw files (num_workers=0)"]["value"] == pytest.approx(5.0)  # the users' way
+    (e,) = report.layout_only(res)  # no LitData row: only the raw-file comparison
+    assert e["comparison"] == "read vs raw files + h5batch's collate (num_workers=0)"
+    assert e["value"] == pytest.approx(2.0) and e["baseline_vs_memmap"] == pytest.approx(0.4)
 
 
 def test_cli_registers_bench():

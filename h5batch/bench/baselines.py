@@ -4,15 +4,18 @@
   one by one and stores every sample as its own HDF5 dataset, ``compression="gzip"``,
   ``chunks=True``.
 * :class:`NaiveDataset` reads that file back sample by sample (opened lazily per process).
-* :class:`RawFileDataset` decodes the original wav/jpg files in ``__getitem__``;
-  :class:`TypicalRawDataset` does it the way most training scripts do (soundfile, default
-  collate), for comparison with a user's existing pipeline.
+* :class:`TypicalRawDataset` decodes the original wav/jpg files in ``__getitem__`` the way
+  training scripts do (soundfile / Pillow, torch's default collate): the raw-file baseline.
+  :class:`RawFileDataset` + :class:`FloatCollate` decodes them with h5batch's decoder and
+  batches them with h5batch's batch assembly, so that h5batch against it measures the
+  storage layout alone (reported for information, see ``report.layout_only``).
 * :class:`MemmapDataset` gathers rows of one ``numpy.memmap`` holding the decoded array: no
   decoding, no HDF5, one fancy-index read per batch; the practical upper limit.
 
-All of them decode with :func:`h5batch.decode.decode_field`, so they hold the same arrays as
-an h5batch file made from the same job, and deliver the same batches as
-``H5Dataset(as_float=True)`` + ``h5batch.torch.collate``.
+All of them hold the same arrays as an h5batch file made from the same job and deliver the
+same batches as ``H5Dataset(as_float=True)`` + ``h5batch.torch.collate`` (they decode with
+:func:`h5batch.decode.decode_field`, except that the typical raw-file reader lets soundfile
+scale 16-bit PCM to float32, which gives the same x / 32768).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from torch.utils.data import Dataset, get_worker_info
 
 from ..config import FieldConfig
 from ..decode import decode_field, fixed_sample_shape
-from ..torch.batch import copy_all, empty_columns, to_float_into
+from ..torch.batch import copy_all, empty_columns, scale_in_place, to_float_into
 from ..torch.recycle import shared_pool
 
 NAIVE_GROUP = "samples"
@@ -115,9 +118,9 @@ class TypicalRawDataset(Dataset):
     ``soundfile.read(path, dtype="float32")`` (images: Pillow, as h5batch decodes them, then
     ``/ 255``), one float32 tensor per field, stacked by torch's ``default_collate``.
 
-    :class:`RawFileDataset` + :class:`FloatCollate` is the strict baseline (h5batch's own
-    decoder and batch assembly, so only the storage differs); this one shows what a user's
-    existing pipeline gets. Fixed-shape fields at their native sample rate only (audio is
+    The raw-file baseline of the suite: what a user's existing pipeline gets. (Raw files with
+    h5batch's own decoder and batch assembly are :class:`RawFileDataset` +
+    :class:`FloatCollate`.) Fixed-shape fields at their native sample rate only (audio is
     cropped or zero-padded to ``length``): see :func:`TypicalRawDataset.supports`.
     """
 
@@ -148,8 +151,16 @@ class TypicalRawDataset(Dataset):
                         x = np.pad(x, [(0, fc.length - len(x))] + [(0, 0)] * (x.ndim - 1))
                 out[name] = torch.from_numpy(np.ascontiguousarray(x))
             else:
-                out[name] = torch.from_numpy(decode_field(path, fc)).float().div_(255)
+                out[name] = float_sample(decode_field(path, fc))
         return out
+
+
+def float_sample(a: np.ndarray) -> torch.Tensor:
+    """One stored sample (int16 / uint8 array) as a new float32 tensor, scaled exactly like
+    ``H5Dataset(as_float=True)``: what a per-sample transform in a training script does."""
+    out = a.astype(np.float32)
+    scale_in_place(out, a.dtype)
+    return torch.from_numpy(out)
 
 
 def write_memmaps(reference: dict[str, np.ndarray], directory: str) -> dict[str, str]:

@@ -12,6 +12,14 @@ a peer's output holds every sample exactly once and equal to the decoded source.
 * LitData: ``optimize(fn, inputs, num_workers=N)`` (its default ``spawn`` start method, and
   ``fork``). Read with ``StreamingDataset(shuffle=True)`` + ``StreamingDataLoader``, with the
   default ``batch_decode`` and with ``batch_decode=0`` (per item).
+
+Batch assembly (``assembly=``): ``"docs"`` (the default) is what each peer's documentation
+shows: every sample becomes float32 tensors in the dataset pipeline (WebDataset ``.map``, a
+``StreamingDataset`` subclass), and the peer's default collation stacks them
+(``webdataset``'s ``batched``, torch's ``default_collate`` in ``StreamingDataLoader``).
+``"h5batch"`` hands the int16/uint8 samples to :class:`~h5batch.bench.baselines.FloatCollate`
+instead, h5batch's own batch assembly (recycled shared memory, threaded filling), so a
+comparison isolates the storage layout; the suite reports it beside the documented way.
 """
 
 from __future__ import annotations
@@ -28,9 +36,10 @@ import numpy as np
 
 from ..config import FieldConfig
 from ..decode import decode_field
-from .baselines import FloatCollate
+from .baselines import FloatCollate, float_sample
 
 PEERS = ("webdataset", "litdata")
+ASSEMBLIES = ("docs", "h5batch")
 SHUFFLE_BUFFER = 1000  # WebDataset's documented example value
 
 
@@ -101,32 +110,38 @@ def wds_convert(items: Sequence[tuple[str, ...]], fields: Sequence[tuple[str, Fi
 
 
 class _WdsSample:
-    """``{"__key__", "<f>.npy"}`` -> ``{"<f>": array}`` (+ ``__key__`` when asked). Picklable."""
+    """``{"__key__", "<f>.npy"}`` -> ``{"<f>": array}`` (+ ``__key__`` when asked), as float32
+    tensors when ``to_float`` (the documented way: transform per sample). Picklable."""
 
-    def __init__(self, fields: Sequence[str], keys: bool):
+    def __init__(self, fields: Sequence[str], keys: bool, to_float: bool = False):
         self.fields = tuple(fields)
         self.keys = keys
+        self.to_float = to_float
 
     def __call__(self, s: dict[str, Any]) -> dict[str, Any]:
-        out = {n: s[f"{n}.npy"] for n in self.fields}
+        out = {n: float_sample(s[f"{n}.npy"]) if self.to_float else s[f"{n}.npy"] for n in self.fields}
         if self.keys:
             out["__key__"] = s["__key__"]
         return out
 
 
 def wds_loader(out_dir: str, fields: Sequence[str], num_workers: int, batch_size: int = 64,
-               keys: bool = False, seed: int = 0) -> Any:
-    """A DataLoader over the shards of ``out_dir``: shard shuffle, shuffle buffer, split by worker."""
+               keys: bool = False, seed: int = 0, assembly: str = "docs") -> Any:
+    """A DataLoader over the shards of ``out_dir``: shard shuffle, shuffle buffer, split by
+    worker; ``assembly`` as in the module docstring."""
     import torch
     import webdataset as wds
 
+    docs = _check_assembly(assembly)
     shards = sorted(glob.glob(os.path.join(out_dir, "*.tar")))
     ds = (wds.WebDataset(shards, shardshuffle=len(shards), workersplitter=wds.split_by_worker,
                          empty_check=False, seed=seed)
           .shuffle(SHUFFLE_BUFFER)
           .decode()
-          .map(_WdsSample(fields, keys))
-          .batched(batch_size, collation_fn=FloatCollate(), partial=True))
+          .map(_WdsSample(fields, keys, to_float=docs)))
+    # webdataset's default collation stacks the tensors (and lists the keys)
+    ds = ds.batched(batch_size, partial=True) if docs else \
+        ds.batched(batch_size, collation_fn=FloatCollate(), partial=True)
     return torch.utils.data.DataLoader(ds, batch_size=None, num_workers=num_workers,
                                        persistent_workers=num_workers > 0)
 
@@ -163,12 +178,13 @@ def litdata_convert(items: Sequence[tuple[str, ...]], fields: Sequence[tuple[str
 
 
 class _LitSample:
-    def __init__(self, fields: Sequence[str], keys: bool):
+    def __init__(self, fields: Sequence[str], keys: bool, to_float: bool = False):
         self.fields = tuple(fields)
         self.keys = keys
+        self.to_float = to_float
 
     def __call__(self, s: dict[str, Any]) -> dict[str, Any]:
-        out = {n: s[n] for n in self.fields}
+        out = {n: float_sample(s[n]) if self.to_float else s[n] for n in self.fields}
         if self.keys:
             out["__key__"] = f"{int(s['index']):08d}"
         return out
@@ -185,15 +201,27 @@ class _LitCollate(FloatCollate):
 
 def litdata_loader(out_dir: str, fields: Sequence[str], num_workers: int, batch_size: int = 64,
                    keys: bool = False, batch_decode: Any = "auto", cache_dir: str | None = None,
-                   seed: int = 0) -> Any:
-    """``StreamingDataset(shuffle=True)`` + ``StreamingDataLoader`` over ``out_dir``."""
+                   seed: int = 0, assembly: str = "docs") -> Any:
+    """``StreamingDataset(shuffle=True)`` + ``StreamingDataLoader`` over ``out_dir``;
+    ``assembly`` as in the module docstring."""
     import litdata
 
-    ds = litdata.StreamingDataset(out_dir, shuffle=True, seed=seed, batch_decode=batch_decode,
-                                  cache_dir=cache_dir)
-    return litdata.StreamingDataLoader(ds, batch_size=batch_size, num_workers=num_workers,
-                                       collate_fn=_LitCollate(fields, keys),
+    kw = dict(shuffle=True, seed=seed, batch_decode=batch_decode, cache_dir=cache_dir)
+    if _check_assembly(assembly):
+        # Its ``transform`` makes each item float tensors; torch's default_collate stacks them.
+        ds = litdata.StreamingDataset(out_dir, transform=_LitSample(fields, keys, to_float=True), **kw)
+        return litdata.StreamingDataLoader(ds, batch_size=batch_size, num_workers=num_workers,
+                                           persistent_workers=num_workers > 0)
+    return litdata.StreamingDataLoader(litdata.StreamingDataset(out_dir, **kw), batch_size=batch_size,
+                                       num_workers=num_workers, collate_fn=_LitCollate(fields, keys),
                                        persistent_workers=num_workers > 0)
+
+
+def _check_assembly(assembly: str) -> bool:
+    """True for the documented assembly; raises on an unknown name."""
+    if assembly not in ASSEMBLIES:
+        raise ValueError(f"assembly must be one of {ASSEMBLIES}, not {assembly!r}")
+    return assembly == "docs"
 
 
 # ---------------------------------------------------------------------------
