@@ -23,6 +23,7 @@ embeds the driver's pid) and removed by :func:`remove_stale_segments`.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import secrets
@@ -265,7 +266,7 @@ class Attached:
         pos = block.offset
         dt = np.dtype(block.dtype)
         for shape in block.shapes:
-            n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+            n = math.prod(shape) * dt.itemsize  # np.prod costs ~3 us a call, per sample
             out.append(self.flat[pos:pos + n].view(dt).reshape(shape))
             pos += n
         return out
