@@ -43,6 +43,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +59,7 @@ AUTO_CODEC = "blosc2-lz4"
 MIN_RATIO = 1.15  # keep compression when it saves at least ~13 % of the bytes
 TRIAL_ITEMS = 32  # items decoded at most, spread over the manifest
 TRIAL_BYTES = 4 << 20  # decoded bytes per field at most
+TRIAL_WAVE = 4  # trial files decoded at once (at most the driver's cores)
 TARGET_BATCH_BYTES = 16 << 20
 MIN_BATCH, MAX_BATCH = 4, 1024  # items per batch
 MIN_BATCHES = 8
@@ -103,18 +105,24 @@ class Trial:
         out: dict[str, list[np.ndarray]] = {}
         n = len(manifest.items)
         picks = sorted({i * n // TRIAL_ITEMS for i in range(TRIAL_ITEMS)}) if n else []
+        # Decoded a few at a time, in parallel: the workers wait for this trial, and a photo
+        # takes milliseconds (26 serial JPEG decodes were 0.1 s of a 0.9 s conversion).
+        # The arrays kept are exactly those a serial loop would keep; a wave may decode a
+        # few items past TRIAL_BYTES, which are dropped.
+        wave = max(1, min(TRIAL_WAVE, os.cpu_count() or 1))
         for name in fields:
             k, fc = names.index(name), job.fields[name]
+            paths = [os.path.join(root, manifest.items[i].paths[k]) for i in picks]
             arrays: list[np.ndarray] = []
             nbytes = 0
-            for item in (manifest.items[i] for i in picks):
+            for start in range(0, len(paths), wave):
                 if nbytes >= TRIAL_BYTES:
                     break
-                a = guard.decode(os.path.join(root, item.paths[k]), fc)
-                if a is None:
-                    continue
-                arrays.append(a)
-                nbytes += a.nbytes
+                for a in guard.decode_all(paths[start:start + wave], fc):
+                    if a is None or nbytes >= TRIAL_BYTES:
+                        continue
+                    arrays.append(a)
+                    nbytes += a.nbytes
             out[name] = arrays
         return cls(out)
 
@@ -128,10 +136,12 @@ class _Deadline:
     def __init__(self, timeout: float, faults: Any = None):
         self.timeout, self.faults = timeout, faults
 
-    def decode(self, path: str, fc: Any) -> np.ndarray | None:
-        box: list[Any] = []
+    def decode_all(self, paths: list[str], fc: Any) -> list[np.ndarray | None]:
+        """Decode ``paths`` at once, one thread each; None for a file that failed or ran
+        out of time (each has ``timeout`` seconds from the start of the wave)."""
+        boxes: list[list[Any]] = [[] for _ in paths]
 
-        def work() -> None:
+        def work(path: str, box: list[Any]) -> None:
             try:
                 if self.faults is not None:
                     self.faults.before_decode(path)
@@ -139,10 +149,14 @@ class _Deadline:
             except DecodeError:
                 box.append(None)
 
-        t = threading.Thread(target=work, name="h5batch-trial", daemon=True)
-        t.start()
-        t.join(self.timeout)
-        return box[0] if box else None
+        threads = [threading.Thread(target=work, args=(p, b), name="h5batch-trial", daemon=True)
+                   for p, b in zip(paths, boxes)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + self.timeout
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return [b[0] if b else None for b in boxes]
 
 
 def trial_ratio(arrays: list[np.ndarray], level: int | None, shuffle: bool) -> float:
