@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 
 from .config import ConfigError, load_job
@@ -82,7 +83,9 @@ def cmd_convert(args) -> int:
                           "bytes_decoded": s.bytes_decoded, "output_bytes": s.output_bytes,
                           "resumed_from": s.resumed_from}))
     else:
-        print(f"inspect it with: h5batch inspect {os.path.relpath(s.path)}", file=sys.stderr)
+        rel = os.path.relpath(s.path)  # short when the output is under the current folder
+        shown = s.path if rel.startswith(os.pardir) else rel
+        print(f"inspect it with: h5batch inspect {shlex.quote(shown)}", file=sys.stderr)
     return 0
 
 

@@ -140,6 +140,14 @@ def test_cli_convert_then_inspect(paired_root, tmp_path):
     for text in ("[train] 24 samples", "[test] 8 samples", "data: audio variable", "target: audio variable",
                  "codec none", "compression ratio", "0 rejects", "job: paired_audio", "int16, 16000 Hz"):
         assert text in res.stdout, (text, res.stdout)
+    # Without --json it says how to inspect the output: a path that works from where the
+    # command ran (absolute when the output is not below it, not "../../tmp/...").
+    for cwd, shown in ((REPO, str(out)), (tmp_path, "cli.h5")):
+        res = subprocess.run(CLI + ["convert", str(REPO / "jobs" / "paired_audio.yaml"), "--workers", "1",
+                                    "--output", str(out), "--set", f"source.root={paired_root}", "--overwrite"],
+                             capture_output=True, text=True, timeout=300, cwd=cwd)
+        assert res.returncode == 0, res.stderr
+        assert f"inspect it with: h5batch inspect {shown}\n" in res.stderr, res.stderr
     res = subprocess.run(CLI + ["--help"], capture_output=True, text=True, check=True)
     for cmd in ("convert", "inspect"):
         assert cmd in res.stdout
