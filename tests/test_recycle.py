@@ -8,6 +8,7 @@ reused (the same shared-memory file comes back), with fork and with spawn.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -185,3 +186,39 @@ def test_two_loaders_at_once_share_the_pool_without_mixing_batches(paired120):
                 held += [a, b]
         for b in held:
             check(b, ref)
+
+
+
+def test_main_process_keeps_slot_storages_mapped(paired120):
+    """A slot's storage stays mapped in the main process between its batches (torch's
+    rebuild finds it alive in its shared-memory cache), so reading a batch there does not
+    fault its pages in again; the storages of exited workers are dropped soon after."""
+    from h5batch.torch import recycle
+
+    ds = H5Dataset(paired120, "train")
+    sampler = ChunkShuffleSampler(ds, seed=1)
+    loader = DataLoader(ds, batch_size=8, sampler=sampler, num_workers=2, collate_fn=collate,
+                        persistent_workers=True)
+    for b in loader:  # first epoch: the slots are new to this process
+        float(b["data"].sum())
+    sampler.set_epoch(1)
+    # Held storages are alive, so no new storage can sit at one of their addresses: a batch
+    # whose storage is one of them was rebuilt on the storage already mapped.
+    mapped = {h.storage._cdata for h in recycle._RELEASES.held.values()}
+    reused = batches = 0
+    used = set()
+    for b in loader:
+        used.add(b["data"].untyped_storage()._cdata)
+        reused += b["data"].untyped_storage()._cdata in mapped
+        batches += 1
+        float(b["data"].sum())
+        del b
+    assert batches == 15 and reused >= 12, f"{reused} of {batches} batches on an already mapped storage"
+    # (held may still list workers of earlier tests for up to WATCH_INTERVAL)
+    pids = {key[1] for key, h in recycle._RELEASES.held.items() if h.storage._cdata in used}
+    assert len(pids) == 2, "each of the 2 workers' slots are held"
+    del loader  # the workers exit; the storages they shared must not outlive them for long
+    deadline = time.monotonic() + 4 * recycle.WATCH_INTERVAL + 2
+    while time.monotonic() < deadline and any(key[1] in pids for key in recycle._RELEASES.held):
+        time.sleep(0.1)
+    assert not any(key[1] in pids for key in recycle._RELEASES.held), "storages of exited workers still held"
