@@ -99,6 +99,27 @@ def test_peak_rss_sees_a_child_process():
     assert mem.peak_procs >= 2
 
 
+def test_drain_can_consume_every_batch():
+    assert measure.touch({"x": torch.ones(2, 3), "label": torch.tensor([1, 2]), "__key__": ["a", "b"]}) == 9.0
+    assert measure.touch((torch.ones(4), np.ones(2))) == 6.0
+
+    summed = []
+
+    class Column:  # a tensor-like column that records being read
+        ndim = 2
+
+        def __init__(self, name):
+            self.name = name
+
+        def sum(self):
+            summed.append(self.name)
+            return 1.0
+
+    batches = [{"x": Column(f"x{i}"), "__key__": ["k"] * 4} for i in range(3)]
+    assert measure.drain(batches, count=lambda b: 4) == 12 and summed == []
+    assert measure.drain(batches, count=lambda b: 4, consume=True) == 12 and summed == ["x0", "x1", "x2"]
+
+
 def test_summarize_and_timed():
     s = measure.summarize([3.0, 1.0, 2.0])
     assert s == {"median": 2.0, "min": 1.0, "max": 3.0, "spread": 1.0, "n": 3}
@@ -194,7 +215,7 @@ def test_cli_registers_bench():
 
 
 def test_mini_bench_run_writes_json_markdown_png(tmp_path):
-    cfg = quick_config(pairs=16, images=4, scale=2, reps=1, codecs=("auto",), workers=(0,),
+    cfg = quick_config(pairs=16, images=4, scale=2, reps=1, codecs=("auto",), workers=(0,), consume=True,
                        read_samples=16, warmup=False, cache=str(tmp_path / "cache"),
                        out_root=str(tmp_path / "results"))
     results = Bench(cfg, log=open(os.devnull, "w")).run()
@@ -219,6 +240,7 @@ def test_mini_bench_run_writes_json_markdown_png(tmp_path):
     md = open(paths["markdown"]).read()
     assert "| auto → none |" in md  # what auto chose for the generated (incompressible) audio
     assert "## Targets" in md and "### Conversion" in md and "### Read" in md and "## Scaling" in md
+    assert "every batch consumed" in md
     assert any(s in md for s in ("**met**", "**MISSED**"))
     pngs = [p for p in data["plots"]]
     assert f"read_{main}.png" in pngs and "scaling.png" in pngs

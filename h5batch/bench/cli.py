@@ -61,6 +61,9 @@ def add_bench(sub: Any) -> None:
     p.add_argument("--out", help="results root (default bench/results)")
     p.add_argument("--cache", help="where generated corpora are kept (default data/bench)")
     p.add_argument("--keep", action="store_true", help="keep the converted outputs under <results>/work")
+    p.add_argument("--consume", action="store_true",
+                   help="reads: sum every tensor of every batch in the main process, as a training step "
+                        "reads its input (default: batches are only counted)")
     p.set_defaults(handler=cmd_bench)
 
 
@@ -80,6 +83,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         over["keep"] = True
     if args.random_all:
         over["random_all_codecs"] = True
+    if args.consume:
+        over["consume"] = True
     cfg = quick_config(**over) if args.quick else full_config(**over)
     if args.peers:
         cfg.peers = True

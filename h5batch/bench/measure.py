@@ -124,14 +124,32 @@ def summarize(values: Iterable[float]) -> dict[str, float]:
             "spread": (v[-1] - v[0]) / med if med else 0.0, "n": len(v)}
 
 
-def drain(loader: Any, limit: int | None = None, count: Callable[[Any], int] | None = None) -> int:
-    """Iterate ``loader`` to the end (or ``limit`` samples); return the samples seen."""
+def drain(loader: Any, limit: int | None = None, count: Callable[[Any], int] | None = None,
+          consume: bool = False) -> int:
+    """Iterate ``loader`` to the end (or ``limit`` samples); return the samples seen.
+
+    ``consume``: read every batch as a training step would, summing each of its tensors in
+    this process (otherwise the pages of a batch from a DataLoader worker are never touched
+    here, and what touching them costs is not measured).
+    """
     n = 0
     for batch in loader:
         n += count(batch) if count else batch_len(batch)
+        if consume:
+            touch(batch)
         if limit is not None and n >= limit:
             break
     return n
+
+
+def touch(batch: Any) -> float:
+    """Sum every tensor / array of a batch (a dict, list or tuple of them, or one)."""
+    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else [batch]
+    total = 0.0
+    for x in items:
+        if hasattr(x, "sum") and getattr(x, "ndim", 0) > 0:
+            total += float(x.sum())
+    return total
 
 
 def batch_len(batch: Any) -> int:

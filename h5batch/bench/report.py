@@ -275,8 +275,11 @@ def markdown(results: dict[str, Any]) -> str:
             if s is not None:
                 lines += [f"Cluster start-up and teardown cost {s:.1f} s per conversion (cold minus warm median).", ""]
         if read:
+            consumed = ("; every batch consumed: each tensor summed in the main process" if cfg.get("consume")
+                        else "")
             lines += [f"### Read (DataLoader, batch {cfg['batch_size']}, shuffle on; {_epoch(results, name)} "
-                      "timed after a warm-up epoch; MB/s of decoded samples, delivered as float32)", ""] + read + [""]
+                      f"timed after a warm-up epoch; MB/s of decoded samples, delivered as float32{consumed})",
+                      ""] + read + [""]
     sc = results.get("scaling") or scaling(results)
     if sc:
         lines += [f"## Scaling: corpus x1 vs x{sc['scale']} (cold, default codec)", "",

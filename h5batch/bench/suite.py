@@ -66,6 +66,7 @@ class BenchConfig:
     out_root: str = os.path.join("bench", "results")
     keep: bool = False  # keep converted outputs (else deleted at the end)
     warmup: bool = True  # a warm-up conversion round on a small corpus before the timed rounds
+    consume: bool = False  # reads: sum every tensor of every batch in the main process (measure.drain)
     seed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -554,7 +555,7 @@ class Bench:
                 for epoch in range(rec.info["epochs"]):
                     if hasattr(sampler, "set_epoch"):  # as a training loop must, for a new order
                         sampler.set_epoch(epoch + 1)
-                    n += drain(loader)
+                    n += drain(loader, consume=self.cfg.consume)
                 seconds = time.perf_counter() - t0
         finally:
             close_loader(loader)
