@@ -222,3 +222,30 @@ def test_main_process_keeps_slot_storages_mapped(paired120):
     while time.monotonic() < deadline and any(key[1] in pids for key in recycle._RELEASES.held):
         time.sleep(0.1)
     assert not any(key[1] in pids for key in recycle._RELEASES.held), "storages of exited workers still held"
+
+
+def _held_in_child(conn) -> None:
+    from h5batch.torch import recycle
+
+    conn.send(len(recycle._RELEASES.held))
+    conn.close()
+
+
+def test_forked_children_do_not_inherit_held_storages(paired120):
+    """The next epoch's workers are forked from the main process: they must not keep the
+    storages it holds mapped (that memory would live as long as they do)."""
+    import multiprocessing as mp
+
+    from h5batch.torch import recycle
+
+    ds = H5Dataset(paired120, "train")
+    loader = DataLoader(ds, batch_size=8, num_workers=2, collate_fn=collate, persistent_workers=True)
+    for _ in loader:
+        pass
+    assert recycle._RELEASES.held, "the main process holds the workers' slots"
+    parent, child = mp.get_context("fork").Pipe()
+    p = mp.get_context("fork").Process(target=_held_in_child, args=(child,))
+    p.start()
+    assert parent.recv() == 0
+    p.join(10)
+    assert recycle._RELEASES.held, "the parent's are untouched"

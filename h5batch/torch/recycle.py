@@ -284,6 +284,14 @@ class _Releases:
         with self.lock:
             self.held.clear()
 
+    def after_fork_in_child(self) -> None:
+        # A forked child (the next epoch's DataLoader workers) would otherwise keep the
+        # previous workers' storages mapped for its whole life; and the lock may have been
+        # held by the watcher thread, which does not exist in the child.
+        self.lock = threading.Lock()
+        self.held = {}
+        self.watcher = None
+
 
 def _pid_alive(pid: int) -> bool:
     try:
@@ -296,6 +304,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 _RELEASES = _Releases()
+os.register_at_fork(after_in_child=_RELEASES.after_fork_in_child)
 
 
 def _rebuild_leased(rebuild: Callable[..., torch.Tensor], args: tuple[Any, ...],
