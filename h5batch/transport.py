@@ -178,7 +178,7 @@ class _Pool:
         if run_id != self.run_id:  # a new job on a long-lived worker: let the old maps go
             self.run_id, self.segments = run_id, []
         pid = owner_pid(f"{PREFIX}{run_id}-")
-        if pid is not None and not _pid_alive(pid):
+        if pid is not None and not pid_alive(pid):
             # The driver died (kill -9): a worker finishing its queue must not leave new
             # segments behind after the next run has cleaned up the old ones.
             raise RuntimeError(f"driver of run {run_id} is gone; not creating shared memory for it")
@@ -288,7 +288,8 @@ def discard(packed: Packed) -> None:
             pass
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (on this host)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -323,7 +324,7 @@ def owner_pid(segment: str) -> int | None:
 
 def stale_segments() -> list[str]:
     """Segments of runs whose driver process is gone."""
-    return [n for n in list_segments() if (pid := owner_pid(n)) is not None and not _pid_alive(pid)]
+    return [n for n in list_segments() if (pid := owner_pid(n)) is not None and not pid_alive(pid)]
 
 
 def remove_stale_segments() -> list[str]:

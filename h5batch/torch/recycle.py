@@ -48,6 +48,8 @@ import torch
 from torch.multiprocessing.reductions import reduce_tensor
 from torch.utils.data import get_worker_info
 
+from ..transport import pid_alive
+
 MAX_WORKERS = 64  # rows of the control block; loaders with more workers do not recycle
 MAX_SLOTS = 32  # storages one worker keeps per pool
 MAX_POOLED_BYTES = 1 << 30  # per worker and pool; past it, fresh storages as before
@@ -273,7 +275,7 @@ class _Releases:
         while True:
             time.sleep(WATCH_INTERVAL)
             with self.lock:
-                for key in [key for key in self.held if not _pid_alive(key[1])]:
+                for key in [key for key in self.held if not pid_alive(key[1])]:
                     del self.held[key]
                 if not self.held:
                     self.watcher = None
@@ -291,16 +293,6 @@ class _Releases:
         self.lock = threading.Lock()
         self.held = {}
         self.watcher = None
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 _RELEASES = _Releases()
