@@ -42,8 +42,10 @@ from __future__ import annotations
 
 import math
 import os
+import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,18 +129,66 @@ class Trial:
         return cls(out)
 
 
+class _TrialThreads:
+    """Daemon threads that decode trial files, kept for the life of the process.
+
+    Daemon threads, not an executor: one stuck on a stalled mount or a decoder in a loop is
+    abandoned (and replaced) and must not keep the process from exiting. Kept, not started
+    per file: a thread start waits for the new thread to get the GIL, up to the 5 ms switch
+    interval while Dask's event loop is busy, and the trial decodes up to 64 files.
+    """
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self.lock = threading.Lock()
+
+    def run(self, jobs: list[Callable[[], None]], timeout: float) -> None:
+        """Run ``jobs`` on up to :data:`TRIAL_WAVE` threads; return once all are done or
+        ``timeout`` seconds have passed (the late ones are abandoned)."""
+        with self.lock:
+            if self.pid != os.getpid():  # threads do not survive a fork
+                self.pid, self.queue, self.alive = os.getpid(), queue.SimpleQueue(), 0
+            while self.alive < min(len(jobs), TRIAL_WAVE):
+                threading.Thread(target=self._serve, args=(self.queue,), name="h5batch-trial", daemon=True).start()
+                self.alive += 1
+            q = self.queue
+        events = []
+        for job in jobs:
+            ev = threading.Event()
+            q.put((job, ev))
+            events.append(ev)
+        deadline = time.monotonic() + timeout
+        late = sum(not ev.wait(max(0.0, deadline - time.monotonic())) for ev in events)
+        if late:
+            with self.lock:  # their threads may be stuck for good: start others next time
+                self.alive = max(0, self.alive - late)
+
+    @staticmethod
+    def _serve(q: queue.SimpleQueue) -> None:
+        while True:
+            job, ev = q.get()
+            try:
+                job()
+            except BaseException:  # noqa: S110  (a failed file is simply left out of the trial)
+                pass
+            finally:
+                ev.set()
+
+
+_THREADS = _TrialThreads()
+
+
 class _Deadline:
-    """Decodes each file in a daemon thread and gives up on it after ``timeout`` seconds:
-    a stalled network mount or a decoder stuck in a loop must not hang the job here,
-    before the workers' own watchdog is in play. (A daemon thread, not an executor: an
-    abandoned one must not keep the process from exiting.)"""
+    """Decodes trial files on :class:`_TrialThreads` and gives up on a file after
+    ``timeout`` seconds: a stalled network mount or a decoder stuck in a loop must not hang
+    the job here, before the workers' own watchdog is in play."""
 
     def __init__(self, timeout: float, faults: Any = None):
         self.timeout, self.faults = timeout, faults
 
     def decode_all(self, paths: list[str], fc: Any) -> list[np.ndarray | None]:
-        """Decode ``paths`` at once, one thread each; None for a file that failed or ran
-        out of time (each has ``timeout`` seconds from the start of the wave)."""
+        """Decode ``paths`` in parallel; None for a file that failed or ran out of time
+        (each has ``timeout`` seconds from the start of the call)."""
         boxes: list[list[Any]] = [[] for _ in paths]
 
         def work(path: str, box: list[Any]) -> None:
@@ -149,13 +199,7 @@ class _Deadline:
             except DecodeError:
                 box.append(None)
 
-        threads = [threading.Thread(target=work, args=(p, b), name="h5batch-trial", daemon=True)
-                   for p, b in zip(paths, boxes)]
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + self.timeout
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
+        _THREADS.run([lambda p=p, b=b: work(p, b) for p, b in zip(paths, boxes)], self.timeout)
         return [b[0] if b else None for b in boxes]
 
 
