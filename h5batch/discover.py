@@ -85,7 +85,8 @@ _DIGITS = re.compile(r"(\d+)")
 
 def natural_key(text: str) -> tuple:
     """Sort key that orders ``2`` before ``10`` (digit runs compared as numbers)."""
-    return tuple((0, int(t), "") if t.isdigit() else (1, 0, t) for t in _DIGITS.split(text) if t)
+    # isdecimal, not isdigit: '²' is a digit to str.isdigit but neither \d nor int() takes it.
+    return tuple((0, int(t), "") if t.isdecimal() else (1, 0, t) for t in _DIGITS.split(text) if t)
 
 
 class _Walker:

@@ -309,3 +309,16 @@ def test_duplicate_key_rejects_every_file_of_the_item(tmp_path) -> None:
 def test_natural_key() -> None:
     names = ["b10", "a2", "a10", "b2", "a1b3", "a1b20"]
     assert sorted(names, key=natural_key) == ["a1b3", "a1b20", "a2", "a10", "b2", "b10"]
+
+
+def test_digit_like_names_are_sorted_not_crashed_on(tmp_path: Path) -> None:
+    """'²' is a digit to str.isdigit but not a decimal: int() rejects it, so a natural sort
+    that tested isdigit crashed discovery on a file named ``².wav`` or ``1²2.wav``."""
+    files = ["train/a/².wav", "train/a/1²2.wav", "train/a/10.wav", "train/a/2.wav", "train/b/٣.wav"]
+    _make(tmp_path / "c", files, 0)
+    m = discover(_job(tmp_path / "c", {"layout": "class_folders"}))
+    assert [it.paths[0] for it in m.items] == ["train/a/1²2.wav", "train/a/2.wav", "train/a/10.wav",
+                                              "train/a/².wav", "train/b/٣.wav"]
+    assert m.rejects == []
+    # Arabic-Indic three is a decimal digit: \d and int() both take it, so it sorts as 3.
+    assert natural_key("٣") == natural_key("3")
