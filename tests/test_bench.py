@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
 import numpy as np
@@ -97,6 +98,19 @@ def test_peak_rss_sees_a_child_process():
         subprocess.run([sys.executable, "-c", code], check=True)
     assert mem.peak - mem.baseline > 150 * 2**20
     assert mem.peak_procs >= 2
+
+
+def test_measure_command_reports_the_whole_trees_peak_and_exit_code(capsys):
+    """``python -m h5batch.bench.measure -- CMD``: a grandchild holding 200 MB counts, and the
+    command's exit code comes back."""
+    child = ("import subprocess, sys; subprocess.run([sys.executable, '-c', "
+             "'import time; b = bytearray(200_000_000); time.sleep(1.0)']); sys.exit(3)")
+    code = measure.main(["--", sys.executable, "-c", child])
+    out = capsys.readouterr().out
+    assert code == 3
+    peak_mb = float(out.split("process tree ")[1].split(" MB")[0].replace(",", ""))
+    assert peak_mb >= 200, out
+    assert "(2 processes)" in out, out
 
 
 def test_drain_can_consume_every_batch():

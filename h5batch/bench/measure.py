@@ -162,3 +162,40 @@ def batch_len(batch: Any) -> int:
     if shape is not None:
         return int(shape[0])
     return len(batch)
+
+
+def run_command(argv: list[str], interval: float = 0.1) -> tuple[int, float, PeakRss]:
+    """Run ``argv`` and sample its process tree's RSS every ``interval`` seconds.
+
+    Returns ``(exit code, wall seconds, the PeakRss)``; ``peak`` is in bytes.
+    """
+    import subprocess
+
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv)
+    with PeakRss(interval=interval, pid=proc.pid) as mem:
+        code = proc.wait()
+    return code, time.perf_counter() - t0, mem
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m h5batch.bench.measure [--interval S] -- COMMAND ...``: wall time and peak
+    RSS of a command's whole process tree (driver, Dask workers, writer), as the README's
+    large-run figures were measured. Exits with the command's exit code."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m h5batch.bench.measure", description=main.__doc__)
+    parser.add_argument("--interval", type=float, default=0.1, help="seconds between RSS samples (default 0.1)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the command to run, after --")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command given (put it after --)")
+    code, wall, mem = run_command(command, args.interval)
+    print(f"wall {wall:.2f} s, peak RSS of the process tree {mem.peak / 1e6:,.0f} MB "
+          f"({mem.peak_procs} processes), exit code {code}", flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
