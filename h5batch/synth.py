@@ -44,6 +44,7 @@ import struct
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -245,6 +246,22 @@ def _finish(root: Path, kind: str, args: dict[str, Any], tally: _Tally) -> Synth
 # --------------------------------------------------------------------------
 # Small I/O and validation helpers
 # --------------------------------------------------------------------------
+
+
+def _in_threads(fn: Callable[[int], Any], indices: range) -> list[Any]:
+    """``[fn(i) for i in indices]`` on up to 8 threads, results in order.
+
+    Every sample draws from its own generator (:func:`_sample_rng`), so the output does not
+    depend on which thread makes it; numpy's array maths, Pillow's drawing and encoding and
+    the file writes release the GIL, so two threads make a 1,024-pair corpus ~2x as fast
+    on 2 cores. Threads, not processes: nothing is re-imported, and callers that hold
+    threads of their own (Dask, pytest) stay safe.
+    """
+    workers = min(8, os.cpu_count() or 1)
+    if workers == 1 or len(indices) < 16:
+        return [fn(i) for i in indices]
+    with ThreadPoolExecutor(workers, thread_name_prefix="h5batch-synth") as pool:
+        return list(pool.map(fn, indices))
 
 
 def _atomic_write(path: Path, data: bytes | Sequence[Any]) -> int:
@@ -637,22 +654,17 @@ def make_paired_audio(
         for sub in ("data", "label"):
             (root / split / sub).mkdir(parents=True, exist_ok=True)
             tally.counts.setdefault(split, {})[sub] = 0
-        for i in range(count):
+
+        def write_pair(i: int, split: str = split, si: int = si) -> tuple[int, int]:
             clean, noisy = _paired_waveforms(_sample_rng(seed, _TAG_PAIRED, si, i), n, sample_rate)
-            tally.add(
-                split,
-                "data",
-                _atomic_write(
-                    root / split / "data" / f"{i}.wav", _wav_bytes(noisy, sample_rate, subtype)
-                ),
-            )
-            tally.add(
-                split,
-                "label",
-                _atomic_write(
-                    root / split / "label" / f"{i}.wav", _wav_bytes(clean, sample_rate, subtype)
-                ),
-            )
+            data = root / split / "data" / f"{i}.wav"
+            label = root / split / "label" / f"{i}.wav"
+            return (_atomic_write(data, _wav_bytes(noisy, sample_rate, subtype)),
+                    _atomic_write(label, _wav_bytes(clean, sample_rate, subtype)))
+
+        for n_data, n_label in _in_threads(write_pair, range(count)):
+            tally.add(split, "data", n_data)
+            tally.add(split, "label", n_label)
     return _finish(root, "paired", args, tally)
 
 
@@ -832,7 +844,8 @@ def make_image_corpus(
         for name, _ in split_items:
             (root / name / cls).mkdir(parents=True, exist_ok=True)
             tally.counts.setdefault(name, {})[cls] = 0
-        for i in range(n_per_class):
+
+        def write_image(i: int, ci: int = ci, cls: str = cls) -> int:
             img = _textured_image(
                 _sample_rng(seed, _TAG_IMAGES, ci, i), ci, len(classes), min_side, max_side
             )
@@ -850,7 +863,10 @@ def make_image_corpus(
             else:
                 img.save(buf, format="PNG")
             path = root / split_of[i] / cls / f"{cls}_{i:0{width}d}{ext}"
-            tally.add(split_of[i], cls, _atomic_write(path, buf.getvalue()))
+            return _atomic_write(path, buf.getvalue())
+
+        for i, written in enumerate(_in_threads(write_image, range(n_per_class))):
+            tally.add(split_of[i], cls, written)
     return _finish(root, "images", args, tally)
 
 
