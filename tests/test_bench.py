@@ -37,6 +37,17 @@ def test_corpus_job_and_reference(pairs):
     assert job.output.codec == "gzip" and job.fields["data"].length == corpus.AUDIO_LENGTH
 
 
+def test_paired_audio_at_another_rate(tmp_path):
+    """``--rate 32000`` (the rate of issue 3's reference corpus): 2 s clips of 64,000 samples,
+    a corpus of its own name, and the job's fixed length follows."""
+    c = corpus.paired_audio(tmp_path, 4, 32000)
+    assert c.name == "paired_audio_4_32k" and c.extra["length"] == 64000
+    ref = corpus.decode_items(c, c.manifest())
+    assert ref["data"].shape == (4, 64000) and ref["target"].shape == (4, 64000)
+    assert c.job("/tmp/never-written.h5").fields["data"].length == 64000
+    assert corpus.paired_audio(tmp_path, 4).name == "paired_audio_4"  # the default rate keeps its name
+
+
 def test_naive_baseline_equals_source(pairs, tmp_path):
     c, m, ref = pairs
     items = corpus.item_paths(m)
@@ -222,8 +233,9 @@ def test_layout_only_compares_with_the_strict_rows():
 
 
 def test_cli_registers_bench():
-    args = build_parser().parse_args(["bench", "--quick", "--codecs", "gzip,none", "--workers", "0"])
+    args = build_parser().parse_args(["bench", "--quick", "--codecs", "gzip,none", "--workers", "0", "--rate", "32000"])
     assert args.handler.__name__ == "cmd_bench" and args.codecs == ("gzip", "none") and args.workers == (0,)
+    assert args.rate == 32000
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "--codecs", "brotli"])
 

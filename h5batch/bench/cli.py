@@ -52,6 +52,8 @@ def add_bench(sub: Any) -> None:
     p.add_argument("--no-real", action="store_true", help="skip ../shared/corpora even in full mode")
     p.add_argument("--pairs", type=_positive, help="paired-audio samples of the x1 corpus")
     p.add_argument("--images", type=_positive, help="generated images")
+    p.add_argument("--rate", type=_positive,
+                   help="sample rate (Hz) of the generated 2 s paired-audio clips (default 16000)")
     p.add_argument("--scale", type=_positive, help="the scaling corpus is SCALE x pairs (default 4)")
     p.add_argument("--reps", type=_positive, help="timed repetitions per configuration")
     p.add_argument("--codecs", type=_codecs, help="comma-separated codecs for the audio corpus")
@@ -72,7 +74,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .suite import Bench, full_config, quick_config
 
     over: dict[str, Any] = {}
-    for name in ("pairs", "images", "scale", "reps", "codecs", "workers"):
+    for name in ("pairs", "rate", "images", "scale", "reps", "codecs", "workers"):
         if getattr(args, name) is not None:
             over[name] = getattr(args, name)
     if args.out:

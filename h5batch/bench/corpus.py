@@ -21,8 +21,8 @@ from ..decode import decode_field
 from ..discover import Manifest, discover
 
 AUDIO_SECONDS = 2.0
-AUDIO_RATE = 16000
-AUDIO_LENGTH = 32000  # fields.data.length: every pair is (32000,) int16 x 2
+AUDIO_RATE = 16000  # Hz, the default; ``h5batch bench --rate`` picks another
+AUDIO_LENGTH = 32000  # fields.data.length at the default rate: every pair is (32000,) int16 x 2
 IMAGE_SIZE = (224, 224)
 
 
@@ -73,17 +73,22 @@ def _audio_field(folder: str | None, length: int | None, rate: int) -> dict[str,
     return f
 
 
-def paired_audio(cache: str | os.PathLike[str], pairs: int) -> Corpus:
-    """``pairs`` noisy/clean pairs of 2 s at 16 kHz (synth.make_paired_audio), fixed length."""
-    root = Path(cache) / f"paired_audio_{pairs}"
-    synth.make_paired_audio(root, n_train=pairs, n_test=0, seconds=AUDIO_SECONDS, sample_rate=AUDIO_RATE)
+def paired_audio(cache: str | os.PathLike[str], pairs: int, rate: int = AUDIO_RATE) -> Corpus:
+    """``pairs`` noisy/clean pairs of 2 s at ``rate`` Hz (synth.make_paired_audio), fixed
+    length ``2 * rate`` int16 samples. Named ``paired_audio_<pairs>`` at the default 16 kHz,
+    ``paired_audio_<pairs>_<rate/1000>k`` otherwise."""
+    length = int(round(AUDIO_SECONDS * rate))
+    name = f"paired_audio_{pairs}" if rate == AUDIO_RATE else f"paired_audio_{pairs}_{rate / 1000:g}k"
+    root = Path(cache) / name
+    synth.make_paired_audio(root, n_train=pairs, n_test=0, seconds=AUDIO_SECONDS, sample_rate=rate)
     return Corpus(
-        name=f"paired_audio_{pairs}", root=str(root), kind="audio",
+        name=name, root=str(root), kind="audio",
         source={"layout": "paired_folders", "splits": ["train"]},
-        fields={"data": _audio_field("data", AUDIO_LENGTH, AUDIO_RATE),
-                "target": _audio_field("label", AUDIO_LENGTH, AUDIO_RATE)},
-        notes=f"{pairs} pairs of 2 s 16 kHz 16-bit wav (noisy + clean), 2 x 64 kB decoded per sample",
-        extra={"pairs": pairs})
+        fields={"data": _audio_field("data", length, rate),
+                "target": _audio_field("label", length, rate)},
+        notes=f"{pairs} pairs of 2 s {rate / 1000:g} kHz 16-bit wav (noisy + clean), "
+              f"2 x {2 * length / 1000:g} kB decoded per sample",
+        extra={"pairs": pairs, "rate": rate, "length": length})
 
 
 def images(cache: str | os.PathLike[str], count: int) -> Corpus:

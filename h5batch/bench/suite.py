@@ -49,6 +49,7 @@ class BenchConfig:
 
     mode: str = "quick"
     pairs: int = 1024  # paired-audio samples of the x1 corpus (read corpus too)
+    rate: int = corpus.AUDIO_RATE  # Hz of the generated paired audio (2 s clips)
     images: int = 64  # generated images
     scale: int = 4  # the scaling corpus is scale x pairs
     reps: int = 2
@@ -273,9 +274,9 @@ class Bench:
     def _corpora(self) -> list[dict[str, Any]]:
         c = self.cfg
         self.say(f"corpora in {c.cache} (generated once)")
-        main = corpus.paired_audio(c.cache, c.pairs)
-        big = corpus.paired_audio(c.cache, c.pairs * c.scale)
-        warm = corpus.paired_audio(c.cache, max(16, min(64, c.pairs // 8))) if c.warmup else None
+        main = corpus.paired_audio(c.cache, c.pairs, c.rate)
+        big = corpus.paired_audio(c.cache, c.pairs * c.scale, c.rate)
+        warm = corpus.paired_audio(c.cache, max(16, min(64, c.pairs // 8)), c.rate) if c.warmup else None
         imgs = corpus.images(c.cache, c.images)
         warm_img = corpus.images(c.cache, 16) if c.warmup else None
         specs = [
@@ -374,7 +375,7 @@ class Bench:
             def run() -> None:
                 label = start or "spawn"
                 out = self.folder("litdata", f"{cp.name}-{label}")
-                nbytes = corpus.AUDIO_LENGTH * 2 * len(fields) * n if cp.kind == "audio" else 0
+                nbytes = cp.extra["length"] * 2 * len(fields) * n if cp.kind == "audio" else 0
                 remove_output(out)
                 sample, r = timed(lambda: peers.litdata_convert(items, fields, out, self.cfg.dask_workers, start),
                                   lambda r: r["samples"], nbytes)
