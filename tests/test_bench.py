@@ -219,6 +219,20 @@ def test_targets_are_marked_met_or_missed():
     assert t["read >= 10x naive HDF5 (num_workers=0)"]["met"] is False
 
 
+def test_a_verdict_inside_the_spread_is_flagged():
+    """9.6x naive from medians, but 8.0-12.0x over the repetitions: MISSED, within the spread;
+    a wide margin is not flagged."""
+    res = _fake_results(h5_read=960.0, naive_read=100.0)
+    res["records"][0]["rate"].update(n=2, min=880.0, max=1080.0)
+    res["records"][1]["rate"].update(n=2, min=90.0, max=110.0)
+    t = {x["target"]: x for x in report.targets(res)}["read >= 10x naive HDF5 (num_workers=0)"]
+    assert t["met"] is False and t["within_spread"] is True
+    assert t["bounds"] == pytest.approx((8.0, 12.0))
+    res["records"][0]["rate"].update(median=2000.0, min=1900.0, max=2100.0)
+    t = {x["target"]: x for x in report.targets(res)}["read >= 10x naive HDF5 (num_workers=0)"]
+    assert t["met"] is True and t["within_spread"] is False
+
+
 def test_layout_only_compares_with_the_strict_rows():
     res = _fake_results(h5_read=1000.0, naive_read=50.0)
     res["records"] += [{"phase": "read", "corpus": "c", "method": m, "codec": "", "variant": v, "workers": 0,
@@ -268,9 +282,17 @@ def test_mini_bench_run_writes_json_markdown_png(tmp_path):
     assert "## Targets" in md and "### Conversion" in md and "### Read" in md and "## Scaling" in md
     assert "every batch consumed" in md
     assert any(s in md for s in ("**met**", "**MISSED**"))
+    assert "| target | measured | range | status | detail |" in md
     pngs = [p for p in data["plots"]]
     assert f"read_{main}.png" in pngs and "scaling.png" in pngs
     for p in pngs:
         with open(os.path.join(results["out_dir"], p), "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert not os.path.exists(os.path.join(results["out_dir"], "work"))  # outputs cleaned up
+    # --render rebuilds the markdown and plots from results.json alone, measuring nothing.
+    before = open(paths["json"]).read()
+    os.remove(paths["markdown"])
+    args = build_parser().parse_args(["bench", "--render", results["out_dir"]])
+    assert args.handler(args) == 0
+    assert open(paths["markdown"]).read() == md
+    assert json.loads(open(paths["json"]).read())["records"] == json.loads(before)["records"]

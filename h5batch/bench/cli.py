@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -63,6 +64,9 @@ def add_bench(sub: Any) -> None:
     p.add_argument("--out", help="results root (default bench/results)")
     p.add_argument("--cache", help="where generated corpora are kept (default data/bench)")
     p.add_argument("--keep", action="store_true", help="keep the converted outputs under <results>/work")
+    p.add_argument("--render", metavar="RESULTS_DIR",
+                   help="measure nothing: rewrite RESULTS_DIR/results.md and its plots from its results.json "
+                        "(after a change to the report)")
     p.add_argument("--consume", action="store_true",
                    help="reads: sum every tensor of every batch in the main process, as a training step "
                         "reads its input (default: batches are only counted)")
@@ -72,6 +76,9 @@ def add_bench(sub: Any) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     from . import report
     from .suite import Bench, full_config, quick_config
+
+    if args.render:
+        return _render(args.render)
 
     over: dict[str, Any] = {}
     for name in ("pairs", "rate", "images", "scale", "reps", "codecs", "workers"):
@@ -98,4 +105,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
     paths = report.write(results)
     print(report.markdown(results))
     print(f"results in {results['out_dir']} ({', '.join(sorted(paths))})", file=sys.stderr)
+    return 0
+
+
+def _render(out_dir: str) -> int:
+    """Targets, markdown and plots again from a finished run's ``results.json``."""
+    import json
+
+    from . import report
+
+    path = os.path.join(out_dir, "results.json")
+    try:
+        with open(path) as f:
+            results = json.load(f)
+    except (OSError, ValueError) as e:
+        print(f"h5batch bench --render: cannot read {path}: {e}", file=sys.stderr)
+        return 2
+    paths = report.write(results, out_dir)
+    print(f"rewrote {', '.join(sorted(os.path.basename(p) for p in paths.values()))} in {out_dir}", file=sys.stderr)
     return 0
