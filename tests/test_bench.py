@@ -296,3 +296,14 @@ def test_mini_bench_run_writes_json_markdown_png(tmp_path):
     assert args.handler(args) == 0
     assert open(paths["markdown"]).read() == md
     assert json.loads(open(paths["json"]).read())["records"] == json.loads(before)["records"]
+
+
+def test_physics_picks_the_largest_default_rate_corpus(tmp_path):
+    """A `--rate` corpus (paired_audio_<n>_32k) sits beside the 16 kHz ones in the cache; the
+    physics script must skip it, not crash parsing '32k' as a number."""
+    from h5batch.bench.physics import default_corpus
+
+    assert default_corpus(str(tmp_path)) == str(tmp_path)
+    for name in ("paired_audio_64", "paired_audio_4096_32k", "paired_audio_256", "images_16"):
+        (tmp_path / name).mkdir()
+    assert default_corpus(str(tmp_path)) == str(tmp_path / "paired_audio_256")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import sys
 import time
 
@@ -57,12 +58,23 @@ def memcpy(nbytes: int) -> None:
         np.copyto(b, a)
 
 
+def default_corpus(cache: str) -> str:
+    """The largest generated 16 kHz bench corpus under ``cache`` (``paired_audio_<pairs>``;
+    ``make bench`` makes them), or ``cache`` itself when there is none. Corpora made with
+    ``--rate`` (``paired_audio_<pairs>_<k>k``) are left out."""
+    sizes = {}
+    for d in glob.glob(os.path.join(cache, "paired_audio_*")):
+        m = re.fullmatch(r"paired_audio_(\d+)", os.path.basename(d))
+        if m:
+            sizes[d] = int(m.group(1))
+    return max(sizes, key=sizes.__getitem__, default=cache)
+
+
 def main(argv: list[str]) -> None:
     if argv:
         corpus = argv[0]
-    else:  # the largest generated bench corpus (make bench makes them)
-        found = glob.glob(os.path.join("data", "bench", "paired_audio_*"))
-        corpus = max(found, key=lambda d: int(d.rsplit("_", 1)[1]), default="data/bench")
+    else:
+        corpus = default_corpus(os.path.join("data", "bench"))
     scratch = argv[1] if len(argv) > 1 else os.path.join("bench", "results")
     paths = sorted(glob.glob(os.path.join(corpus, "**", "*.wav"), recursive=True))
     if not paths:
