@@ -65,7 +65,8 @@ def add_bench(sub: Any) -> None:
     p.add_argument("--cache", help="where generated corpora are kept (default data/bench)")
     p.add_argument("--keep", action="store_true", help="keep the converted outputs under <results>/work")
     p.add_argument("--render", metavar="RESULTS_DIR",
-                   help="measure nothing: rewrite RESULTS_DIR/results.md and its plots from its results.json "
+                   help="measure nothing: judge the targets again and rewrite RESULTS_DIR/results.md, its plots "
+                        "and the targets in results.json from the measurements in results.json "
                         "(after a change to the report)")
     p.add_argument("--consume", action="store_true",
                    help="reads: sum every tensor of every batch in the main process, as a training step "

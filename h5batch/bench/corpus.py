@@ -22,7 +22,14 @@ from ..discover import Manifest, discover
 
 AUDIO_SECONDS = 2.0
 AUDIO_RATE = 16000  # Hz, the default; ``h5batch bench --rate`` picks another
-AUDIO_LENGTH = 32000  # fields.data.length at the default rate: every pair is (32000,) int16 x 2
+
+
+def audio_length(rate: int) -> int:
+    """Samples in one generated clip (``fields.<name>.length``): ``AUDIO_SECONDS`` at ``rate`` Hz."""
+    return int(round(AUDIO_SECONDS * rate))
+
+
+AUDIO_LENGTH = audio_length(AUDIO_RATE)  # 32000: every default pair is (32000,) int16 x 2
 IMAGE_SIZE = (224, 224)
 
 
@@ -77,7 +84,7 @@ def paired_audio(cache: str | os.PathLike[str], pairs: int, rate: int = AUDIO_RA
     """``pairs`` noisy/clean pairs of 2 s at ``rate`` Hz (synth.make_paired_audio), fixed
     length ``2 * rate`` int16 samples. Named ``paired_audio_<pairs>`` at the default 16 kHz,
     ``paired_audio_<pairs>_<rate/1000>k`` otherwise."""
-    length = int(round(AUDIO_SECONDS * rate))
+    length = audio_length(rate)
     name = f"paired_audio_{pairs}" if rate == AUDIO_RATE else f"paired_audio_{pairs}_{rate / 1000:g}k"
     root = Path(cache) / name
     synth.make_paired_audio(root, n_train=pairs, n_test=0, seconds=AUDIO_SECONDS, sample_rate=rate)

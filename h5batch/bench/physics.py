@@ -1,7 +1,7 @@
 """CPU cost per GB of the steps no converter can skip, in one process, warm page cache.
 
 ``python -m h5batch.bench.physics [CORPUS_DIR] [SCRATCH_DIR]`` reads every ``.wav`` under
-CORPUS_DIR (default: the largest ``data/bench/paired_audio_*``) with one ``readinto`` each (what decoding a 16-bit PCM WAV is), writes 1 GiB
+CORPUS_DIR (default: the largest ``data/bench/paired_audio_<pairs>``) with one ``readinto`` each (what decoding a 16-bit PCM WAV is), writes 1 GiB
 to a file in SCRATCH_DIR with 1 MiB writes (what storing uncompressed chunks is), and
 copies 1 GiB in memory. It prints CPU-seconds (user + system) per GiB, best of 3: the
 ratio of reading to reading + writing bounds what a converter can reach against the

@@ -80,6 +80,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     c = results["main_corpus"]
     out: list[dict[str, Any]] = []
     workers = results["config"]["workers"]
+
     def judged(name: str, a: dict[str, Any] | None, b: dict[str, Any] | None, threshold: float,
                note: str = "") -> dict[str, Any]:
         ra, rb = _rate(a), _rate(b)
