@@ -8,7 +8,8 @@ import os
 import shlex
 import sys
 
-from .config import ConfigError, load_job
+from .config import load_job
+from .errors import ConfigError
 
 
 def _add_convert(sub) -> None:
@@ -59,7 +60,8 @@ def _faults(text: str) -> tuple[tuple[str, str], ...]:
 
 
 def cmd_convert(args) -> int:
-    from .job import ConvertError, ConvertOptions, convert
+    from .convert.driver import ConvertOptions, convert
+    from .errors import ConvertError
 
     job = load_job(args.job, _job_overrides(args))
     progress = {"auto": None, "bar": True, "log": True, "none": False}[args.progress]
@@ -90,7 +92,7 @@ def cmd_convert(args) -> int:
 
 
 def cmd_inspect(args) -> int:
-    from .inspect import describe, render
+    from .tools.inspect import describe, render
 
     if not os.path.exists(args.path):
         print(f"h5batch inspect: {args.path}: no such file", file=sys.stderr)
@@ -125,7 +127,7 @@ _EXTRA_COMMANDS: list = []
 
 
 def _add_verify(sub) -> None:
-    """``h5batch verify`` (h5batch.verify, imported only when run: it needs h5py)."""
+    """``h5batch verify`` (h5batch.tools.verify, imported only when run: it needs h5py)."""
     p = sub.add_parser(
         "verify", help="re-read every sample: checksums, structure, every input accounted for",
         description="Re-read every sample of an h5batch file and compare its crc32 with the stored one; "
@@ -140,7 +142,7 @@ def _add_verify(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
 
     def handler(args) -> int:
-        from .verify import cmd_verify
+        from .tools.verify import cmd_verify
 
         return cmd_verify(args)
 
@@ -151,7 +153,7 @@ _EXTRA_COMMANDS.append(_add_verify)
 
 
 def _add_cluster_script(sub) -> None:
-    """``h5batch cluster-script`` (h5batch.cluster; needs dask-jobqueue, no batch system)."""
+    """``h5batch cluster-script`` (h5batch.convert.cluster; needs dask-jobqueue, no batch system)."""
     p = sub.add_parser(
         "cluster-script", help="print the batch script of one worker job (slurm, pbs, sge, lsf)",
         description="Print the job script dask-jobqueue would submit for each worker job of JOB "
@@ -162,8 +164,8 @@ def _add_cluster_script(sub) -> None:
                    help="override a job key, e.g. --set cluster.jobqueue.queue=gpu (repeatable)")
 
     def handler(args) -> int:
-        from .cluster import job_script
-        from .job import ConvertError
+        from .convert.cluster import job_script
+        from .errors import ConvertError
 
         job = load_job(args.job, args.overrides, check_paths=False)
         try:

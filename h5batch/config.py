@@ -23,15 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-
-class ConfigError(ValueError):
-    """A job file is invalid. ``str(err)`` is one line: ``FILE: KEY: what is wrong``."""
-
-    def __init__(self, file: str, key: str, message: str):
-        self.file, self.key, self.message = file, key, message
-        where = f"{file}: {key}" if key else file
-        super().__init__(f"{where}: {message}")
-
+from .errors import ConfigError
 
 # ---------------------------------------------------------------------------
 # Sections

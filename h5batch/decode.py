@@ -19,18 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import AudioField, FieldConfig, ImageField
-
-
-class DecodeError(Exception):
-    """A file could not be turned into a sample. ``reason`` says why."""
-
-    def __init__(self, path: str, reason: str):
-        self.path, self.reason = path, reason
-        super().__init__(f"{path}: {reason}")
-
-    def __reduce__(self):  # keep both arguments when the error crosses processes
-        return (DecodeError, (self.path, self.reason))
-
+from .errors import DecodeError
 
 _MAGIC = [
     (b"RIFF", "WAV (RIFF)"), (b"fLaC", "FLAC"), (b"OggS", "Ogg"), (b"\xff\xd8\xff", "JPEG"),

@@ -271,7 +271,7 @@ def listening_addresses(pids: set[int]) -> list[tuple[int, str, int]]:
 def orphaned_segments() -> set[str]:
     """h5batch segments whose run's driver process is gone: leaks. (Segments of drivers
     still running -- another test session on this machine -- are not.)"""
-    from h5batch.transport import stale_segments
+    from h5batch.transport.segments import stale_segments
 
     return set(stale_segments())
 

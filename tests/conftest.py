@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from h5batch import synth
-from h5batch.transport import list_segments, owner_pid
+from h5batch.transport.segments import list_segments, owner_pid
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "corpora"

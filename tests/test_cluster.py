@@ -17,13 +17,14 @@ import pytest
 import yaml
 
 from h5batch import synth
-from h5batch.cluster import connect, job_script, security_kwargs
 from h5batch.config import ClusterConfig, ConfigError, load_job
+from h5batch.convert.cluster import connect, job_script, security_kwargs
+from h5batch.convert.driver import ConvertError, make_tasks
+from h5batch.convert.preflight import compare_versions, needed_packages
+from h5batch.convert.worker import decode_batch
 from h5batch.discover import discover
-from h5batch.job import ConvertError, make_tasks
-from h5batch.preflight import compare_versions, needed_packages
-from h5batch.tasks import decode_batch
-from h5batch.transport import discard, hostname, new_run_id, remove_segments
+from h5batch.transport.packing import discard
+from h5batch.transport.segments import hostname, new_run_id, remove_segments
 from tests.cluster_helpers import (
     DaskProcesses,
     TLSFiles,

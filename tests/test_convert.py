@@ -15,7 +15,7 @@ import soundfile as sf
 from PIL import Image
 
 from h5batch.config import load_job
-from h5batch.job import ConvertError, ConvertOptions, convert
+from h5batch.convert.driver import ConvertError, ConvertOptions, convert
 from tests.conftest import REPO, shared_corpus
 from tests.h5compare import assert_same_h5
 

@@ -22,7 +22,7 @@ import pytest
 import soundfile as sf
 
 from h5batch.config import job_from_dict
-from h5batch.job import ConvertOptions, convert
+from h5batch.convert.driver import ConvertOptions, convert
 from tests.h5compare import assert_same_h5
 
 SR = 16000
@@ -133,7 +133,7 @@ def test_auto_stores_noise_raw_and_silence_compressed(outputs):
 
 
 def inspect_text(path) -> str:
-    from h5batch.inspect import describe, render
+    from h5batch.tools.inspect import describe, render
 
     return render(describe(str(path)))
 
@@ -159,7 +159,7 @@ def test_hung_decode_with_direct_rows(corpus, tmp_path):
 
 def test_auto_batch_size_from_the_first_samples(corpus, tmp_path):
     """~16 MB of decoded samples per task, at least 8 batches; an integer is kept."""
-    from h5batch.auto import resolve
+    from h5batch.convert.auto import resolve
     from h5batch.discover import discover
 
     root, _ = corpus
@@ -184,7 +184,7 @@ def test_trial_gives_up_on_a_file_that_hangs(corpus, tmp_path):
     hangs is abandoned after policy.decode_timeout and left out of the trial."""
     import time
 
-    from h5batch.auto import resolve
+    from h5batch.convert.auto import resolve
     from h5batch.discover import discover
 
     root, _ = corpus

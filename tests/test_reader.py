@@ -15,8 +15,8 @@ from torch.utils.data import DataLoader
 
 from h5batch import synth
 from h5batch.config import load_job
+from h5batch.convert.driver import ConvertOptions, convert
 from h5batch.decode import decode_field
-from h5batch.job import ConvertOptions, convert
 from h5batch.torch import Batch, ChunkShuffleSampler, Collate, H5Dataset, collate, rss_over_epoch
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ from torch.utils.data import BatchSampler, DataLoader
 
 from h5batch import synth
 from h5batch.config import load_job
-from h5batch.job import ConvertOptions, convert
+from h5batch.convert.driver import ConvertOptions, convert
 from h5batch.torch import ChunkShuffleSampler, H5Dataset, collate
 
 REPO = Path(__file__).resolve().parents[1]

@@ -183,7 +183,7 @@ def test_interrupted_driver_cancels_its_jobs(slurm, corpus, tmp_path, sig):
 def test_killed_driver_leaves_no_jobs(slurm, corpus, tmp_path):
     """SIGKILL: no clean-up can run, but the workers lose their scheduler and end their
     jobs by themselves."""
-    from h5batch.transport import remove_stale_segments
+    from h5batch.transport.segments import remove_stale_segments
 
     job, name = slurm_job(tmp_path, corpus, tmp_path / "out.h5")
     run = Running(job, env=slurm)

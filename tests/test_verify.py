@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from h5batch import verify as V
 from h5batch.config import job_from_dict
-from h5batch.job import ConvertOptions, convert
-from h5batch.transport import list_segments
-from h5batch.verify import VerifyError, verify_file
+from h5batch.convert.driver import ConvertOptions, convert
+from h5batch.tools import verify as V
+from h5batch.tools.verify import VerifyError, verify_file
+from h5batch.transport.segments import list_segments
 
 H5BATCH = str(Path(sys.executable).with_name("h5batch"))
 

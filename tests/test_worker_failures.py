@@ -14,7 +14,7 @@ import h5py
 import pytest
 
 from h5batch import synth
-from h5batch.transport import stale_segments
+from h5batch.transport.segments import stale_segments
 from tests.conftest import REPO
 from tests.h5compare import assert_same_h5
 

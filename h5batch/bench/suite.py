@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
-from ..job import ConvertOptions, convert, make_tasks
-from ..tasks import decode_only
+from ..convert.driver import ConvertOptions, convert, make_tasks
+from ..convert.worker import decode_only
 from . import baselines, corpus, peers
 from .measure import PeakRss, Sample, drain, summarize, timed
 from .report import STRICT_LITDATA, STRICT_RAW
@@ -242,7 +242,7 @@ class Bench:
     def _meta(self, seconds: float) -> dict[str, Any]:
         import psutil
 
-        from ..job import versions
+        from ..convert.driver import versions
 
         v = versions()
         for name in ("torch", "webdataset", "litdata"):

@@ -48,7 +48,7 @@ import torch
 from torch.multiprocessing.reductions import reduce_tensor
 from torch.utils.data import get_worker_info
 
-from ..transport import pid_alive
+from ..transport.segments import pid_alive
 
 MAX_WORKERS = 64  # rows of the control block; loaders with more workers do not recycle
 MAX_SLOTS = 32  # storages one worker keeps per pool

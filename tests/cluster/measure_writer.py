@@ -10,7 +10,7 @@
 3. writer alone     this process appends those batches with ``writer.OutputWriter`` exactly
                     as the writer process does (compression threads included), then
                     finalizes -- with the machine to itself
-4. full convert     ``h5batch.job.convert`` of the same job (LocalCluster start-up included)
+4. full convert     ``h5batch.convert.driver.convert`` of the same job (LocalCluster start-up included)
 
 Prints one line per stage (seconds, samples/s, MB/s of decoded bytes) and the ratio
 writer rate / decode rate: how many such decode workers one writer can keep up with.
@@ -25,18 +25,18 @@ import sys
 import tempfile
 import time
 
-from h5batch.auto import AutoSettings, resolve
-from h5batch.cluster import connect
 from h5batch.config import ClusterConfig, load_job
+from h5batch.convert.auto import AutoSettings, resolve
+from h5batch.convert.cluster import connect
+from h5batch.convert.driver import ConvertOptions, convert, make_tasks, versions
+from h5batch.convert.worker import decode_batch, decode_only
 from h5batch.discover import discover
-from h5batch.job import ConvertOptions, convert, make_tasks, versions
-from h5batch.tasks import decode_batch, decode_only
-from h5batch.transport import hostname, new_run_id, remove_segments
-from h5batch.writer import OutputWriter, WriterSpec
+from h5batch.transport.segments import hostname, new_run_id, remove_segments
+from h5batch.writer.output import OutputWriter, WriterSpec
 
 
 def writer_spec(job, manifest, auto: AutoSettings, partial: str, final: str) -> WriterSpec:
-    """The spec :class:`h5batch.job.Converter` gives its writer process (``auto`` resolved)."""
+    """The spec :class:`h5batch.convert.driver.Converter` gives its writer process (``auto`` resolved)."""
     num_inputs = sum(len(it.paths) for it in manifest.items) + len(manifest.rejects)
     return WriterSpec(
         partial_path=partial, final_path=final, job_json=json.dumps(job.public_dict(), sort_keys=True),

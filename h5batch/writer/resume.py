@@ -17,7 +17,7 @@ import h5py
 import hdf5plugin  # noqa: F401  (plugin codecs)
 import numpy as np
 
-from . import format as fmt
+from .. import format as fmt
 
 TAIL_SAMPLES = 256  # samples re-checked at the end of each split
 
@@ -39,7 +39,7 @@ def _in_file(node, n: int, rows: int) -> int:
 
 def check_partial(path: str, record: dict[str, Any], fields: tuple[str, ...]) -> str | None:
     """None when ``path`` can be resumed from ``record``, else the reason it cannot."""
-    from .writer import load_tails
+    from .output import load_tails
 
     try:
         tails = load_tails(path, record)

@@ -11,7 +11,7 @@ descriptors in manifest order, and appends them to resizable chunked datasets:
 
 Progress is committed periodically: flush, fsync, then an atomically replaced
 ``<partial>.commit.json`` records how many batches and samples are durable. A later run
-with the same job and manifest resumes from it (see :mod:`h5batch.resume`).
+with the same job and manifest resumes from it (see :mod:`h5batch.writer.resume`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import os
 import queue
 import signal
 import sys
-import threading
 import time
 import traceback
 from collections import Counter, deque
@@ -35,13 +34,13 @@ from typing import Any
 import h5py
 import numpy as np
 
-from . import format as fmt
-from .codecs import ChunkDecoder, CodecSpec, make_encoder, self_check
-from .config import AudioField, FieldConfig, ImageField
-from .decode import is_fixed_shape, rows_per_chunk
-from .discover import Reject
-from .tasks import BatchResult
-from .transport import Attached
+from .. import format as fmt
+from ..codecs import ChunkDecoder, CodecSpec, make_encoder, self_check
+from ..config import AudioField, FieldConfig, ImageField
+from ..convert.worker import BatchResult
+from ..decode import is_fixed_shape, rows_per_chunk
+from ..discover import Reject
+from ..transport.packing import Attached
 
 STR = h5py.string_dtype("utf-8")
 
@@ -698,40 +697,6 @@ class OutputWriter:
 # ---------------------------------------------------------------------------
 # Process entry point
 # ---------------------------------------------------------------------------
-
-
-class PipeQueue:
-    """One direction of a ``multiprocessing.Pipe`` with a queue's ``put``/``get``.
-
-    Used between driver and writer instead of ``multiprocessing.Queue``: a Queue keeps
-    POSIX semaphores in /dev/shm, which a ``kill -9`` leaves behind; a pipe leaves nothing.
-    Messages are small descriptors, so a blocking ``put`` only waits while the writer is
-    busy (backpressure). Readers in several threads of one process are serialised."""
-
-    def __init__(self, reader, writer_end):
-        self._r, self._w = reader, writer_end
-        self._lock = threading.Lock()
-
-    @classmethod
-    def create(cls, ctx) -> PipeQueue:
-        r, w = ctx.Pipe(duplex=False)
-        return cls(r, w)
-
-    def put(self, msg: Any) -> None:
-        self._w.send(msg)
-
-    def get(self, timeout: float | None = None) -> Any:
-        with self._lock:
-            if not self._r.poll(timeout):
-                raise queue.Empty
-            return self._r.recv()
-
-    def __getstate__(self):
-        return {"_r": self._r, "_w": self._w}
-
-    def __setstate__(self, state):
-        self._r, self._w = state["_r"], state["_w"]
-        self._lock = threading.Lock()
 
 
 def _error_text(e: BaseException, spec: WriterSpec) -> str:

@@ -35,14 +35,12 @@ from typing import Any
 import h5py
 import numpy as np
 
-from . import format as fmt
+from .. import format as fmt
+from ..errors import VerifyError
 
 STAGES = {"discover", "decode", "worker", "timeout", "write"}
 MAX_NAMED = 8  # samples named in one corrupt-chunk problem before "... and N more"
 
-
-class VerifyError(Exception):
-    """The file cannot be verified at all (missing, not HDF5, not an h5batch file)."""
 
 
 @dataclass(frozen=True)
@@ -291,7 +289,8 @@ class _Verifier:
                 self.compare_sources(where, name, samples, src[:, k])
 
     def compare_sources(self, where: str, name: str, samples: dict[int, np.ndarray], paths: np.ndarray) -> None:
-        from .decode import DecodeError, decode_field
+        from ..decode import decode_field
+        from ..errors import DecodeError
 
         root, configs, pool = self.decode
         fc = configs[name]
@@ -368,7 +367,8 @@ def _join(row: Any) -> str:
 
 
 def _field_configs(f: h5py.File, path: str, root: str | None) -> tuple[str, dict[str, Any]]:
-    from .config import ConfigError, job_from_dict
+    from ..config import job_from_dict
+    from ..errors import ConfigError
 
     try:
         job = job_from_dict(json.loads(f.attrs[fmt.ATTR_JOB]), f"{path}:job", check_paths=False)

@@ -21,7 +21,7 @@ What is checked, per worker present when the run starts:
 
 BEWARE: workers that join later (an autoscaled or replacement job) are not pre-flighted;
 a missing corpus there shows up as rejects, which ``policy.max_reject_fraction`` bounds.
-The writer host's output directory is checked by :mod:`h5batch.job`.
+The writer host's output directory is checked by :mod:`h5batch.convert.driver`.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from .job import ConvertError
+from ..errors import PreflightError
 
 # Packages whose versions decide the decoded bytes (must equal the driver's).
 DECISIVE = ("python", "h5batch", "numpy", "soundfile", "libsndfile", "pillow", "soxr")
@@ -48,14 +48,6 @@ DASK_STACK = ("dask", "distributed", "cloudpickle", "msgpack", "tornado", "toolz
 
 _PROBE_BYTES = 16
 
-
-class PreflightError(ConvertError):
-    """One or more workers cannot run this job. ``problems`` holds one line per issue."""
-
-    def __init__(self, problems: list[str], bad: int, n_workers: int):
-        self.problems = problems
-        lines = "\n".join(f"  - {p}" for p in problems)
-        super().__init__(f"pre-flight checks failed ({bad} of {n_workers} workers):\n{lines}", 2)
 
 
 # ---------------------------------------------------------------------------
@@ -79,7 +71,7 @@ def _version(name: str) -> str:
     if name == "python":
         return platform.python_version()
     if name == "h5batch":
-        from . import __version__
+        from .. import __version__
 
         return f"{__version__} (src {source_digest()})"
     if name == "libsndfile":
@@ -132,8 +124,8 @@ def _readable(path: str) -> str | None:
 
 def probe(root: str, samples: list[str], run_id: str, transport: str, writer_host: str) -> dict[str, Any]:
     """Run on a worker (``client.run``): what this worker sees. Never raises."""
-    from .tasks import choose_mode
-    from .transport import create_segment, hostname
+    from ..transport.segments import create_segment, hostname
+    from .worker import choose_mode
 
     versions, errors = collect_versions()
     out: dict[str, Any] = {
@@ -193,7 +185,7 @@ class PreflightReport:
 
 def needed_packages(job) -> set[str]:
     """Decoder packages this job's fields need on every worker."""
-    from .config import AudioField, ImageField
+    from ..config import AudioField, ImageField
 
     need = {"python", "h5batch", "numpy"}
     for fc in job.fields.values():
@@ -278,7 +270,7 @@ def _check_worker(addr: str, w: Any, root: str, driver_root_abs: str, transport:
 def _check_segment(addr: str, w: dict[str, Any]) -> str | None:
     """The driver must see the worker's probe segment in its own /dev/shm (same host and
     same /dev/shm, not merely the same host name, e.g. two containers)."""
-    from .transport import HEADER, SHM_DIR
+    from ..transport.segments import HEADER, SHM_DIR
 
     path = os.path.join(SHM_DIR, w["segment"])
     try:
@@ -316,7 +308,7 @@ def preflight(client, job, manifest, say: Callable[[str], None] | None = None) -
     -------
     PreflightReport
     """
-    from .transport import hostname, new_run_id, remove_segments
+    from ..transport.segments import hostname, new_run_id, remove_segments
 
     root = str(manifest.root)
     samples = _pick_samples(manifest)

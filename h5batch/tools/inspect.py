@@ -9,7 +9,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from . import format as fmt
+from .. import format as fmt
 
 
 def _storage(ds: h5py.Dataset) -> dict[str, Any]:

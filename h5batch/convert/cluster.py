@@ -37,8 +37,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from .config import ClusterConfig, ConfigError
-from .transport import hostname
+from ..config import ClusterConfig
+from ..errors import ConfigError, ConvertError
+from ..transport.segments import hostname
 
 JOBQUEUE_KINDS = {"slurm": "SLURMCluster", "pbs": "PBSCluster", "sge": "SGECluster", "lsf": "LSFCluster"}
 SUBMIT_COMMANDS = {"slurm": "sbatch", "pbs": "qsub", "sge": "qsub", "lsf": "bsub"}
@@ -61,9 +62,6 @@ PLACEHOLDER_SCHEDULER = "tcp://SCHEDULER-ADDRESS:8786"
 
 
 def _fail(message: str, exit_code: int = 1) -> Exception:
-    """A :class:`h5batch.job.ConvertError` (imported late: job imports this module)."""
-    from .job import ConvertError
-
     return ConvertError(message, exit_code)
 
 
@@ -359,7 +357,7 @@ def connect(cfg: ClusterConfig, wait_timeout: float = 300.0) -> Iterator[Connect
         The job's ``cluster`` section.
     wait_timeout
         Seconds to wait for the first worker (``cluster.workers`` workers for an existing
-        scheduler when set) before giving up with a :class:`~h5batch.job.ConvertError`.
+        scheduler when set) before giving up with a :class:`~h5batch.convert.driver.ConvertError`.
     """
     from distributed import Client, LocalCluster
 

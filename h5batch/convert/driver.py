@@ -24,29 +24,25 @@ from typing import Any
 
 import numpy as np
 
-from . import __version__
+from .. import __version__
+from ..codecs import CodecSpec
+from ..config import JobConfig
+from ..discover import Manifest, Reject, discover
+from ..errors import ConvertError
+from ..transport.packing import Packed, to_shm
+from ..transport.pipe import PipeQueue
+from ..transport.segments import hostname, new_run_id, remove_segments, remove_stale_segments
+from ..writer.output import WriterSpec, commit_path, remove_tail_files, writer_main
 from .auto import resolve
 from .cluster import connect, default_workers
-from .codecs import CodecSpec
-from .config import JobConfig
-from .discover import Manifest, Reject, discover
 from .progress import Progress
-from .tasks import BatchResult, BatchTask, decode_batch
-from .transport import (
-    Packed,
-    hostname,
-    new_run_id,
-    remove_segments,
-    remove_stale_segments,
-    to_shm,
-)
-from .writer import PipeQueue, WriterSpec, commit_path, remove_tail_files, writer_main
+from .worker import BatchResult, BatchTask, decode_batch
 
 
 def writer_context() -> Any:
     """The multiprocessing context the writer process is started with.
 
-    ``forkserver`` with :mod:`h5batch.writer` preloaded where the platform has it: the first
+    ``forkserver`` with :mod:`h5batch.writer.output` preloaded where the platform has it: the first
     conversion in a process starts the fork server (as long as a spawn), and every later one
     forks the writer from it with h5py already imported, in ~10 ms instead of ~0.25 s (a
     quarter of converting 1,000 pairs on a warm cluster). Forking the driver itself is not
@@ -58,7 +54,7 @@ def writer_context() -> Any:
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     # Only effective before the (process-wide) fork server starts; '__main__' is the default.
-    ctx.set_forkserver_preload(["__main__", "h5batch.writer"])
+    ctx.set_forkserver_preload(["__main__", "h5batch.writer.output"])
     return ctx
 
 
@@ -73,13 +69,6 @@ def current_umask() -> int | None:
         pass
     return None
 
-
-class ConvertError(RuntimeError):
-    """A conversion that cannot start or cannot finish; the message says what to do."""
-
-    def __init__(self, message: str, exit_code: int = 1):
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 @dataclass
@@ -184,7 +173,7 @@ class TaskList(Sequence):
 def make_tasks(job: JobConfig, manifest: Manifest, run_id: str, writer_host: str,
                faults: tuple[tuple[str, str], ...] = (), batch_size: int | None = None) -> TaskList:
     """Cut the manifest into batches of ``batch_size`` items (default: ``cluster.batch_size``,
-    or :func:`h5batch.auto.resolve`'s choice), never across splits."""
+    or :func:`h5batch.convert.auto.resolve`'s choice), never across splits."""
     if batch_size is None:
         batch_size = resolve(job, manifest).batch_size  # the job's integer, or auto's choice
     return TaskList(job, manifest, run_id, writer_host, faults, batch_size)
@@ -204,7 +193,7 @@ def _generate(job: JobConfig, log) -> None:
         return
     if root.is_dir() and any(root.iterdir()):
         return
-    from . import synth
+    from .. import synth
 
     makers = {"demo": synth.make_demo_corpus, "paired_audio": synth.make_paired_audio}
     if job.source.generate not in makers:
@@ -219,8 +208,8 @@ class _Aligner:
     can compress whole chunks of fixed-shape fields (see ``transport.ChunkSet``)."""
 
     def __init__(self, job: JobConfig, written: dict[str, int], codecs: dict[str, CodecSpec]):
-        from .codecs import self_check
-        from .decode import fixed_sample_shape, rows_per_chunk
+        from ..codecs import self_check
+        from ..decode import fixed_sample_shape, rows_per_chunk
 
         self.fields: list[tuple[str, int, CodecSpec]] = []
         where = job.cluster.compress_on
@@ -345,7 +334,7 @@ class Converter:
             raise ConvertError(
                 f"{self.partial} was made from a different {what} than now; rerun with --restart to "
                 f"discard it and start over", 2)
-        from .resume import check_partial
+        from ..writer.resume import check_partial
 
         problem = check_partial(self.partial, record, tuple(self.job.fields))
         if problem:

@@ -1,7 +1,7 @@
 """The work unit that runs on Dask workers: decode a batch of items, pack the arrays.
 
 A :class:`BatchTask` is small (paths and settings); its :class:`BatchResult` carries only
-a :class:`~h5batch.transport.Packed` descriptor plus per-sample metadata. Nothing here
+a :class:`~h5batch.transport.segments.Packed` descriptor plus per-sample metadata. Nothing here
 touches HDF5: h5py objects never enter a task (they cannot be pickled, dask#6522).
 """
 
@@ -23,11 +23,13 @@ try:  # ISA-L's crc32: the same checksum as zlib's, ~3x faster
 except ImportError:  # pragma: no cover
     from zlib import crc32
 
-from .codecs import CodecSpec, make_encoder, self_check
-from .config import FieldConfig
-from .decode import DecodeError, decode_field, decode_field_into, fixed_sample_shape
-from .discover import Reject
-from .transport import FREE, Block, ChunkSet, Packed, abandon_segment, hostname, pack, take_segment
+from ..codecs import CodecSpec, make_encoder, self_check
+from ..config import FieldConfig
+from ..decode import decode_field, decode_field_into, fixed_sample_shape
+from ..discover import Reject
+from ..errors import DecodeError
+from ..transport.packing import Block, ChunkSet, Packed, pack
+from ..transport.segments import FREE, abandon_segment, hostname, take_segment
 
 
 @dataclass(frozen=True)

@@ -51,11 +51,12 @@ from typing import Any
 
 import numpy as np
 
-from .codecs import CodecSpec
-from .config import JobConfig
-from .decode import DecodeError, decode_field, fixed_sample_shape
-from .discover import Manifest
-from .tasks import Faults
+from ..codecs import CodecSpec
+from ..config import JobConfig
+from ..decode import decode_field, fixed_sample_shape
+from ..discover import Manifest
+from ..errors import DecodeError
+from .worker import Faults
 
 AUTO_CODEC = "blosc2-lz4"
 MIN_RATIO = 1.15  # keep compression when it saves at least ~13 % of the bytes

@@ -1,0 +1,95 @@
+"""Every exception h5batch raises on purpose, and the exit code the command line gives it.
+
+One module so that no other module has to import a driver, a decoder or the verifier just
+to raise or catch their error (that is what held an import cycle together before). Each
+error derives from :class:`H5batchError` and from the builtin a caller would catch anyway
+(``ValueError`` for bad configuration, ``RuntimeError`` for a run that cannot go on).
+
+Exit codes, as ``h5batch`` returns them (documented in README.md):
+
+====  ==========================================================================
+0     done
+1     failed (too many rejects, a worker or writer failure, a broken file found by verify)
+2     bad job file or arguments, or an output that cannot be used as asked
+130   interrupted (progress is kept: the same command resumes)
+====  ==========================================================================
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "EXIT_BAD_INPUT",
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "ConfigError",
+    "ConvertError",
+    "DecodeError",
+    "H5batchError",
+    "PreflightError",
+    "VerifyError",
+]
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+
+
+class H5batchError(Exception):
+    """Base of every h5batch error. ``exit_code`` is what the command line returns."""
+
+    exit_code: int = EXIT_FAILED
+
+
+class ConfigError(H5batchError, ValueError):
+    """A job file is invalid. ``str(err)`` is one line: ``FILE: KEY: what is wrong``."""
+
+    exit_code = EXIT_BAD_INPUT
+
+    def __init__(self, file: str, key: str, message: str):
+        self.file, self.key, self.message = file, key, message
+        where = f"{file}: {key}" if key else file
+        super().__init__(f"{where}: {message}")
+
+    def __reduce__(self):  # keep the three arguments when the error crosses processes
+        return (type(self), (self.file, self.key, self.message))
+
+
+class ConvertError(H5batchError, RuntimeError):
+    """A conversion that cannot start or cannot finish; the message says what to do."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILED):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.exit_code))
+
+
+class PreflightError(ConvertError):
+    """One or more workers cannot run this job. ``problems`` holds one line per issue."""
+
+    def __init__(self, problems: list[str], bad: int, n_workers: int):
+        self.problems, self.bad, self.n_workers = problems, bad, n_workers
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"pre-flight checks failed ({bad} of {n_workers} workers):\n{lines}", EXIT_BAD_INPUT)
+
+    def __reduce__(self):
+        return (type(self), (self.problems, self.bad, self.n_workers))
+
+
+class DecodeError(H5batchError):
+    """A file could not be turned into a sample. ``reason`` says why; the file becomes a
+    reject, the run goes on."""
+
+    def __init__(self, path: str, reason: str):
+        self.path, self.reason = path, reason
+        super().__init__(f"{path}: {reason}")
+
+    def __reduce__(self):  # keep both arguments when the error crosses processes
+        return (type(self), (self.path, self.reason))
+
+
+class VerifyError(H5batchError):
+    """The file cannot be verified at all (missing, not HDF5, not an h5batch file)."""
+
+    exit_code = EXIT_BAD_INPUT

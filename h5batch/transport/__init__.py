@@ -1,0 +1,6 @@
+"""How decoded samples travel from Dask workers to the single writer process.
+
+* :mod:`.packing`  a batch packed into one buffer, described by a small :class:`Packed`;
+* :mod:`.segments` the shared-memory segments those buffers live in, and their clean-up;
+* :mod:`.pipe`     the pipe that carries descriptors and control messages to the writer.
+"""

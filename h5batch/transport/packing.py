@@ -1,0 +1,165 @@
+"""Packing a decoded batch into one buffer, and reading it back on the writer's side.
+
+A decoded batch is packed into one contiguous buffer: for each field, the samples' bytes
+back to back (C order). Only a small :class:`Packed` descriptor (names, dtypes, shapes,
+byte offsets) travels through Dask and the writer's pipe. The bytes go one of two ways:
+
+``shm``      the worker writes the buffer into a shared-memory segment (:mod:`.segments`),
+             the writer copies it into HDF5 and marks the segment free; the worker fills
+             it again for a later batch. Only works when worker and writer share a host.
+``network``  the buffer rides inside the Dask result (Dask's own comms), and the driver
+             copies it into a segment for the writer (:func:`to_shm`), so the writer code
+             is the same.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .segments import FREE, Segment, hostname, take_segment
+
+
+@dataclass(frozen=True)
+class Block:
+    """One field of a packed batch: samples ``i`` live at
+    ``buffer[offset + starts[i] : offset + starts[i] + nbytes(shapes[i])]``."""
+
+    name: str
+    dtype: str
+    shapes: tuple[tuple[int, ...], ...]
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class ChunkSet:
+    """Whole chunks of a fixed-shape field, compressed by the worker.
+
+    The worker assumed the batch's first sample lands at row ``pred`` of the dataset: its
+    first ``head`` samples complete the chunk in progress and travel raw, then come
+    ``n_chunks`` compressed chunks of ``k`` rows (block ``<name>#chunks``), then the rest
+    raw. When the writer finds the prediction wrong it decodes the chunks and appends rows.
+    """
+
+    name: str
+    pred: int
+    head: int
+    n_chunks: int
+    k: int
+    row_shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def block(self) -> str:
+        return f"{self.name}#chunks"
+
+
+@dataclass
+class Packed:
+    """Descriptor of a packed batch. Exactly one of ``shm_name`` / ``payload`` is set."""
+
+    blocks: tuple[Block, ...]
+    nbytes: int
+    shm_name: str | None = None
+    payload: np.ndarray | None = field(default=None, repr=False)
+    host: str = ""
+    chunks: tuple[ChunkSet, ...] = ()
+
+
+def _layout(arrays: dict[str, list[np.ndarray]]) -> tuple[tuple[Block, ...], int]:
+    blocks = []
+    offset = 0
+    for name, samples in arrays.items():
+        dtype = samples[0].dtype.str if samples else "|u1"
+        nbytes = sum(a.nbytes for a in samples)
+        blocks.append(Block(name, dtype, tuple(a.shape for a in samples), offset, nbytes))
+        offset += nbytes
+    return tuple(blocks), offset
+
+
+def _fill(buf: memoryview | np.ndarray, arrays: dict[str, list[np.ndarray]], blocks: tuple[Block, ...]) -> None:
+    flat = np.frombuffer(buf, dtype=np.uint8) if not isinstance(buf, np.ndarray) else buf
+    for b in blocks:
+        pos = b.offset
+        for a in arrays[b.name]:
+            n = a.nbytes
+            flat[pos:pos + n] = a.reshape(-1).view(np.uint8)
+            pos += n
+
+
+def pack(arrays: dict[str, list[np.ndarray]], mode: str, run_id: str,
+         chunks: tuple[ChunkSet, ...] = ()) -> Packed:
+    """Pack per-field sample lists. ``mode`` is ``shm`` or ``network``. Compressed chunks
+    ride as uint8 "samples" of a ``<field>#chunks`` entry described by ``chunks``."""
+    blocks, total = _layout(arrays)
+    if mode == "network":
+        payload = np.empty(total, dtype=np.uint8)
+        _fill(payload, arrays, blocks)
+        return Packed(blocks, total, payload=payload, host=hostname(), chunks=chunks)
+    seg = take_segment(run_id, total)
+    try:
+        _fill(seg.data, arrays, blocks)
+    except BaseException:
+        seg.mark(FREE)
+        raise
+    return Packed(blocks, total, shm_name=seg.name, host=hostname(), chunks=chunks)
+
+
+def to_shm(packed: Packed, run_id: str) -> Packed:
+    """Driver side of the network path: put a payload into a segment for the writer."""
+    if packed.shm_name is not None:
+        return packed
+    assert packed.payload is not None
+    seg = take_segment(run_id, packed.nbytes)
+    seg.data[: packed.nbytes] = packed.payload
+    return Packed(packed.blocks, packed.nbytes, shm_name=seg.name, host=packed.host, chunks=packed.chunks)
+
+
+class Attached:
+    """Writer side: map a segment (mappings are cached), expose per-sample array views,
+    and free the segment for reuse on release."""
+
+    _maps: dict[str, Segment] = {}
+
+    def __init__(self, packed: Packed):
+        self.packed = packed
+        self.seg: Segment | None = None
+        if packed.shm_name:
+            self.seg = self._maps.get(packed.shm_name)
+            if self.seg is None:
+                self.seg = self._maps[packed.shm_name] = Segment(packed.shm_name)
+        self.flat = self.seg.data if self.seg else np.zeros(0, np.uint8)
+
+    def field_bytes(self, block: Block) -> np.ndarray:
+        """All samples of one field, as a flat uint8 view."""
+        return self.flat[block.offset: block.offset + block.nbytes]
+
+    def samples(self, block: Block) -> list[np.ndarray]:
+        """Per-sample array views (valid until :meth:`release`)."""
+        out = []
+        pos = block.offset
+        dt = np.dtype(block.dtype)
+        for shape in block.shapes:
+            n = math.prod(shape) * dt.itemsize  # np.prod costs ~3 us a call, per sample
+            out.append(self.flat[pos:pos + n].view(dt).reshape(shape))
+            pos += n
+        return out
+
+    def release(self) -> None:
+        """Hand the segment back to its producer for the next batch."""
+        if self.seg is not None:
+            self.seg.mark(FREE)
+        self.seg = None
+        self.flat = np.zeros(0, np.uint8)
+
+
+def discard(packed: Packed) -> None:
+    """Free the segment of a result that will never be written."""
+    if packed.shm_name:
+        try:
+            Segment(packed.shm_name).mark(FREE)
+        except FileNotFoundError:
+            pass
