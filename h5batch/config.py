@@ -6,6 +6,10 @@ corpus root or an impossible value raises :class:`ConfigError` naming the file, 
 dotted key and what is wrong, before any work starts (the CLI turns it into one line
 and exit code 2).
 
+The settings of each kind of field (``type: audio``, ``type: image``, ...) and their
+semantic checks live with the kind in :mod:`h5batch.fields`; this module looks the kind up
+in that registry and keeps only the generic machinery, so adding a kind needs no edit here.
+
 Relative paths in a job file are resolved against the current working directory
 (``make convert`` runs from the repository root), not against the job file.
 """
@@ -23,14 +27,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from . import codecs, layouts
 from .errors import ConfigError
+from .fields import KINDS, FieldConfig, kind_of
 
 # ---------------------------------------------------------------------------
 # Sections
 # ---------------------------------------------------------------------------
 
-Layout = Literal["class_folders", "paired_folders", "pattern", "manifest"]
-Codec = Literal["auto", "none", "gzip", "lzf", "zstd", "blosc2-lz4", "blosc2-zstd"]
+# The registered layouts (h5batch/layouts/, one module each), in registration order. The
+# layouts import this module for type checking only, so reading their registry here is no
+# import cycle.
+Layout = Literal[layouts.names()]  # type: ignore[valid-type]
+
+
+class CodecName(str):
+    """Type of ``output.codec``: ``auto`` or the name of a registered codec. Checked against
+    the registry (:func:`h5batch.codecs.choices`) each time a job is loaded, not frozen into a
+    ``Literal`` here, so a codec module added later (or registered by a test) is accepted with
+    no edit to this file."""
 
 
 @dataclass(frozen=True)
@@ -58,40 +73,7 @@ class SourceConfig:
     label_group: str = "label"
     split: SplitRule = field(default_factory=SplitRule)
     manifest: str | None = None
-    generate: str | None = None  # name of a synth corpus to create when root is missing
-
-
-@dataclass(frozen=True)
-class AudioField:
-    """Decode with soundfile. Arrays are ``(frames,)`` for mono, ``(frames, channels)``
-    otherwise; ``dtype`` int16 keeps 16-bit PCM exact, float32 is in [-1, 1]."""
-
-    type: Literal["audio"] = "audio"
-    extensions: list[str] = field(default_factory=lambda: [".wav", ".flac", ".ogg"])
-    sample_rate: int | None = None
-    resample: bool = False
-    channels: Literal["mono", "keep", "first"] = "mono"
-    length: int | None = None  # frames after resampling; None = variable length
-    dtype: Literal["int16", "float32"] = "int16"
-    folder: str | None = None  # paired_folders: folder name in the corpus (default: field name)
-    column: str | None = None  # manifest: column holding the path (default: field name)
-
-
-@dataclass(frozen=True)
-class ImageField:
-    """Decode with Pillow. Arrays are ``(H, W, C)`` uint8 (C = 3 for RGB, 1 for L)."""
-
-    type: Literal["image"] = "image"
-    extensions: list[str] = field(default_factory=lambda: [".jpg", ".jpeg", ".png"])
-    mode: Literal["RGB", "L"] = "RGB"
-    size: list[int] | None = None  # [H, W]: resize shorter side + centre crop; None = native
-    max_pixels: int = 89_478_485  # Pillow's decompression-bomb guard (its default)
-    draft: bool = True  # let the JPEG decoder downscale while decoding when resizing
-    folder: str | None = None
-    column: str | None = None
-
-
-FieldConfig = AudioField | ImageField
+    generate: str | None = None  # a corpus of h5batch.generate.CORPORA to make when root is missing
 
 
 @dataclass(frozen=True)
@@ -100,7 +82,7 @@ class OutputConfig:
     ``cache_bytes`` the per-dataset chunk cache (``rdcc_nbytes``), default 4 chunks."""
 
     path: str
-    codec: Codec = "auto"  # blosc2-lz4 where a trial shows it pays, else none (auto.py)
+    codec: CodecName = "auto"  # blosc2-lz4 where a trial shows it pays, else none (auto.py)
     level: int | None = None
     shuffle: bool = True
     chunk_bytes: int = 1 << 20
@@ -188,9 +170,6 @@ class JobConfig:
 # Generic dict -> dataclass conversion with precise errors
 # ---------------------------------------------------------------------------
 
-_FIELD_TYPES: dict[str, type] = {"audio": AudioField, "image": ImageField}
-
-
 def _check(value: Any, tp: Any, file: str, key: str) -> Any:
     """Convert ``value`` to type ``tp`` or raise ConfigError for ``key``."""
     origin = typing.get_origin(tp)
@@ -209,6 +188,9 @@ def _check(value: Any, tp: Any, file: str, key: str) -> Any:
             except ConfigError as e:
                 errors.append(e.message)
         raise ConfigError(file, key, errors[0] if len(errors) == 1 else " / ".join(errors))
+    if tp is CodecName:
+        args = codecs.choices()
+        origin = Literal  # checked like a Literal of the registered names (below)
     if origin is Literal:
         if value not in args:
             choices = ", ".join(repr(a) for a in args)
@@ -273,11 +255,12 @@ def _build_fields(data: Any, file: str) -> dict[str, FieldConfig]:
         if name in ("label", "source", "checksum", "rejects"):
             raise ConfigError(file, key, f"'{name}' is reserved by the output format; rename the field")
         if not isinstance(spec, dict) or "type" not in spec:
-            raise ConfigError(file, f"{key}.type", "is required (audio or image)")
-        cls = _FIELD_TYPES.get(spec["type"])
-        if cls is None:
-            raise ConfigError(file, f"{key}.type", f"must be one of 'audio', 'image', got {spec['type']!r}")
-        out[str(name)] = _build(cls, spec, file, key)
+            raise ConfigError(file, f"{key}.type", f"is required ({' or '.join(KINDS)})")
+        kind = KINDS.get(spec["type"]) if isinstance(spec["type"], str) else None
+        if kind is None:
+            choices = ", ".join(repr(n) for n in KINDS)
+            raise ConfigError(file, f"{key}.type", f"must be one of {choices}, got {spec['type']!r}")
+        out[str(name)] = _build(kind.config_class, spec, file, key)
     return out
 
 
@@ -318,25 +301,14 @@ def _validate(job: JobConfig, check_paths: bool) -> None:
         for ext in fc.extensions:
             if not ext.startswith("."):
                 raise ConfigError(f, f"{key}.extensions", f"extensions start with '.', got {ext!r}")
-        if isinstance(fc, AudioField):
-            if fc.sample_rate is not None and not 100 <= fc.sample_rate <= 768_000:
-                raise ConfigError(f, f"{key}.sample_rate", f"must be 100..768000 Hz, got {fc.sample_rate}")
-            if fc.resample and fc.sample_rate is None:
-                raise ConfigError(f, f"{key}.resample", "needs sample_rate (the target rate)")
-            if fc.length is not None and fc.length <= 0:
-                raise ConfigError(f, f"{key}.length", f"must be a positive number of frames, got {fc.length}")
-        else:
-            if fc.size is not None and (len(fc.size) != 2 or min(fc.size) <= 0):
-                raise ConfigError(f, f"{key}.size", f"must be [height, width] > 0, got {fc.size}")
-            if fc.max_pixels <= 0:
-                raise ConfigError(f, f"{key}.max_pixels", "must be positive")
+        kind_of(fc).validate(fc, f, key)
     o = job.output
-    if o.codec == "gzip" and o.level is not None and not 0 <= o.level <= 9:
-        raise ConfigError(f, "output.level", f"gzip levels are 0..9, got {o.level}")
-    if o.codec in ("zstd", "blosc2-zstd") and o.level is not None and not 1 <= o.level <= 22:
-        raise ConfigError(f, "output.level", f"zstd levels are 1..22, got {o.level}")
-    if o.codec in ("blosc2-lz4", "auto") and o.level is not None and not 0 <= o.level <= 9:
-        raise ConfigError(f, "output.level", f"blosc2 levels are 0..9, got {o.level}")
+    if o.level is not None:  # the codec's own range (auto: the codec it compresses with)
+        by = codecs.AUTO_CODEC if o.codec == codecs.AUTO else o.codec
+        try:
+            codecs.get(by).parse_level(o.level)
+        except ValueError as e:
+            raise ConfigError(f, "output.level", str(e) + (f" (codec auto uses {by})" if by != o.codec else "")) from None
     if o.chunk_bytes < 4096:
         raise ConfigError(f, "output.chunk_bytes", f"must be at least 4096, got {o.chunk_bytes}")
     if not o.path.endswith((".h5", ".hdf5")):

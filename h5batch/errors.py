@@ -23,6 +23,7 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "ConfigError",
     "ConvertError",
+    "CorruptFileError",
     "DecodeError",
     "H5batchError",
     "PreflightError",
@@ -75,6 +76,21 @@ class PreflightError(ConvertError):
 
     def __reduce__(self):
         return (type(self), (self.problems, self.bad, self.n_workers))
+
+
+class CorruptFileError(H5batchError, ValueError):
+    """A file the reader will not read: its index contradicts itself (offsets, shapes, row
+    counts, labels) or it is not a finished output. Found when the file is opened, before
+    any sample is read. ``where`` is the dataset or attribute, ``row`` the first bad row
+    (None when the dataset as a whole is wrong); the message says to run ``h5batch verify``."""
+
+    def __init__(self, path: str, where: str, what: str, row: int | None = None):
+        self.path, self.where, self.what, self.row = path, where, what, row
+        at = where if row is None else f"{where}, row {row}"
+        super().__init__(f"{path}: {at}: {what}; run `h5batch verify {path}` for a full report")
+
+    def __reduce__(self):  # keep the arguments when the error crosses processes
+        return (type(self), (self.path, self.where, self.what, self.row))
 
 
 class DecodeError(H5batchError):

@@ -22,6 +22,8 @@ ATTR_FIELDS = "fields"
 ATTR_COMPLETE = "complete"
 ATTR_INPUTS = "num_inputs"  # files discovered (samples x files per sample + rejects)
 
+PARTIAL_SUFFIX = ".partial"  # X.h5 is written as X.h5.partial, renamed when finished
+
 CLASS_NAMES = "class_names"
 REJECTS = "rejects"  # group with path / stage / reason string datasets
 
@@ -77,3 +79,15 @@ def cache_settings(chunk_bytes: int, smallest_chunk: int, cache_bytes: int | Non
     nbytes = cache_bytes if cache_bytes else max(4 * chunk_bytes, 4 << 20)
     slots = next_prime(max(521, 100 * (nbytes // max(smallest_chunk, 1))))
     return {"rdcc_nbytes": int(nbytes), "rdcc_nslots": int(min(slots, 1_000_003)), "rdcc_w0": 1.0}
+
+
+def rejects_file(final_path: str) -> str:
+    """The rejects list written beside an output: ``out/x.h5`` -> ``out/x.rejects.jsonl``."""
+    return final_path.rsplit(".", 1)[0] + ".rejects.jsonl"
+
+
+def write_rejects(path: str, rejects: Any) -> None:
+    """One JSON object per reject (``path``, ``stage``, ``reason``) per line."""
+    with open(path, "w") as fh:
+        for r in rejects:
+            fh.write(json.dumps({"path": r.path, "stage": r.stage, "reason": r.reason}) + "\n")

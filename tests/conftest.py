@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from h5batch import synth
+from h5batch import generate
 from h5batch.transport.segments import list_segments, owner_pid
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,14 +38,14 @@ def no_leaked_segments():
 @pytest.fixture(scope="session")
 def demo_root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("demo") / "corpus"
-    synth.make_demo_corpus(root, per_class=12)
+    generate.make_demo_corpus(root, per_class=12)
     return root
 
 
 @pytest.fixture(scope="session")
 def paired_root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("paired") / "corpus"
-    synth.make_paired_audio(root, n_train=24, n_test=8, seconds=0.5)
+    generate.make_paired_audio(root, n_train=24, n_test=8, seconds=0.5)
     return root
 
 

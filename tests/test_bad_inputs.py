@@ -26,12 +26,14 @@ import pytest
 import soundfile as sf
 from PIL import Image
 
-from h5batch.config import AudioField, job_from_dict
-from h5batch.convert.driver import ConvertError, ConvertOptions, convert
-from h5batch.decode import DecodeError, decode_field
+from h5batch import ConvertError, ConvertOptions, convert
+from h5batch.config import job_from_dict
+from h5batch.errors import DecodeError
+from h5batch.fields import decode_field
+from h5batch.fields.audio import AudioField
 from h5batch.tools.verify import verify_file
-from h5batch.torture import good_files, make_torture_corpus, skipped, torture_jobs
 from h5batch.transport.segments import list_segments
+from tests.support.torture import good_files, make_torture_corpus, skipped, torture_jobs
 
 H5BATCH = str(Path(sys.executable).with_name("h5batch"))
 

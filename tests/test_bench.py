@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from h5batch import commands
 from h5batch.bench import baselines, corpus, measure, peers, report
 from h5batch.bench.suite import Bench, quick_config
 from h5batch.cli import build_parser
@@ -248,7 +249,7 @@ def test_layout_only_compares_with_the_strict_rows():
 
 def test_cli_registers_bench():
     args = build_parser().parse_args(["bench", "--quick", "--codecs", "gzip,none", "--workers", "0", "--rate", "32000"])
-    assert args.handler.__name__ == "cmd_bench" and args.codecs == ("gzip", "none") and args.workers == (0,)
+    assert args.handler is commands.bench.run and args.codecs == ("gzip", "none") and args.workers == (0,)
     assert args.rate == 32000
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "--codecs", "brotli"])

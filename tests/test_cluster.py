@@ -16,16 +16,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from h5batch import synth
+from h5batch import ConvertError, generate
 from h5batch.config import ClusterConfig, ConfigError, load_job
-from h5batch.convert.cluster import connect, job_script, security_kwargs
-from h5batch.convert.driver import ConvertError, make_tasks
-from h5batch.convert.preflight import compare_versions, needed_packages
-from h5batch.convert.worker import decode_batch
-from h5batch.discover import discover
+from h5batch.conversion.cluster import connect, job_script, security_kwargs
+from h5batch.conversion.plan import make_tasks
+from h5batch.conversion.preflight import compare_versions, needed_packages
+from h5batch.conversion.worker import decode_batch
+from h5batch.layouts import discover
 from h5batch.transport.packing import discard
 from h5batch.transport.segments import hostname, new_run_id, remove_segments
-from tests.cluster_helpers import (
+from tests.support.cluster_helpers import (
     DaskProcesses,
     TLSFiles,
     assert_same_h5,
@@ -63,7 +63,7 @@ def work(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def corpus(work) -> Path:
     root = work / "paired"
-    synth.make_paired_audio(root, n_train=60, n_test=20)
+    generate.make_paired_audio(root, n_train=60, n_test=20)
     return root
 
 
@@ -80,7 +80,7 @@ def big_corpus(work) -> Path:
     """Large enough (440 pairs, 110 batches of 4) that a run is still going after a worker
     process has started or been killed."""
     root = work / "big"
-    synth.make_paired_audio(root, n_train=400, n_test=40)
+    generate.make_paired_audio(root, n_train=400, n_test=40)
     return root
 
 

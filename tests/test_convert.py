@@ -14,12 +14,11 @@ import pytest
 import soundfile as sf
 from PIL import Image
 
+from h5batch import ConvertError, ConvertOptions, convert
 from h5batch.config import load_job
-from h5batch.convert.driver import ConvertError, ConvertOptions, convert
 from tests.conftest import REPO, shared_corpus
-from tests.h5compare import assert_same_h5
-
-CLI = [sys.executable, "-m", "h5batch.cli"]
+from tests.support import run
+from tests.support.h5compare import assert_same_h5
 
 
 def run_job(job_file: str | Path, out: Path, *overrides: str, **opts):
@@ -130,25 +129,23 @@ def test_existing_output_is_not_overwritten_without_flag(paired_root, tmp_path):
 
 def test_cli_convert_then_inspect(paired_root, tmp_path):
     out = tmp_path / "cli.h5"
-    res = subprocess.run(CLI + ["convert", str(REPO / "jobs" / "paired_audio.yaml"), "--workers", "1",
-                                "--output", str(out), "--set", f"source.root={paired_root}", "--json"],
-                         capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr
+    job = REPO / "jobs" / "paired_audio.yaml"
+    res = run.convert(job, "--json", workers=1, output=out, root=paired_root, progress=None, check=True)
     summary = json.loads(res.stdout)
     assert summary["counts"] == {"train": 24, "test": 8}
-    res = subprocess.run(CLI + ["inspect", str(out)], capture_output=True, text=True, check=True)
+    res = run.run_h5batch("inspect", str(out))
+    assert res.returncode == 0, res.stderr
     for text in ("[train] 24 samples", "[test] 8 samples", "data: audio variable", "target: audio variable",
                  "codec none", "compression ratio", "0 rejects", "job: paired_audio", "int16, 16000 Hz"):
         assert text in res.stdout, (text, res.stdout)
     # Without --json it says how to inspect the output: a path that works from where the
     # command ran (absolute when the output is not below it, not "../../tmp/...").
     for cwd, shown in ((REPO, str(out)), (tmp_path, "cli.h5")):
-        res = subprocess.run(CLI + ["convert", str(REPO / "jobs" / "paired_audio.yaml"), "--workers", "1",
-                                    "--output", str(out), "--set", f"source.root={paired_root}", "--overwrite"],
-                             capture_output=True, text=True, timeout=300, cwd=cwd)
-        assert res.returncode == 0, res.stderr
+        res = run.convert(job, workers=1, output=out, root=paired_root, overwrite=True, progress=None, cwd=cwd,
+                          check=True)
         assert f"inspect it with: h5batch inspect {shown}\n" in res.stderr, res.stderr
-    res = subprocess.run(CLI + ["--help"], capture_output=True, text=True, check=True)
+    res = run.run_h5batch("--help")
+    assert res.returncode == 0, res.stderr
     for cmd in ("convert", "inspect"):
         assert cmd in res.stdout
 

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from h5batch.config import AudioField
-from h5batch.decode import DecodeError, decode_audio, pcm16_layout
+from h5batch.errors import DecodeError
+from h5batch.fields.audio import AudioField, decode_audio, pcm16_layout
 
 
 def _signal(frames: int, channels: int, seed: int = 0) -> np.ndarray:

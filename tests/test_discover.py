@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from h5batch.config import job_from_dict
-from h5batch.discover import Manifest, discover, natural_key
+from h5batch.layouts import discover
+from h5batch.manifest import Manifest, natural_key
 
 
 @pytest.fixture(autouse=True)
@@ -114,7 +115,7 @@ def test_class_folders_bad_entries(tmp_path) -> None:
     os.symlink(".", root / "train/cat/loop")
     os.symlink("..", root / "train/cat/up")
     m = discover(_job(root, {"layout": "class_folders"}))
-    assert [it.paths[0] for it in m.items] == ["train/cat/1.wav", "train/cat/alias.wav"]
+    assert [it.paths[0] for it in m.items] == ["train/cat/1.wav"]  # the alias is the same file
     reasons = {r.path: r.reason for r in m.rejects}
     assert reasons == {
         "stray.wav": "media file is not inside a split folder (<split>/...)",
@@ -124,6 +125,7 @@ def test_class_folders_bad_entries(tmp_path) -> None:
         "train/cat/broken.wav": "broken symlink",
         "train/cat/loop": "symlink loop: points to a folder that contains it",
         "train/cat/up": "symlink loop: points to a folder that contains it",
+        "train/cat/alias.wav": "same file as train/cat/1.wav, through a symlink",
     }
     assert "README.md" not in reasons  # top-level non-media files are not part of the corpus
 
@@ -322,3 +324,52 @@ def test_digit_like_names_are_sorted_not_crashed_on(tmp_path: Path) -> None:
     assert m.rejects == []
     # Arabic-Indic three is a decimal digit: \d and int() both take it, so it sorts as 3.
     assert natural_key("٣") == natural_key("3")
+
+
+def test_the_config_layout_type_is_the_registry() -> None:
+    """config.Layout is built from the registry when config is imported (no hand-kept list)."""
+    import typing
+
+    from h5batch import config, layouts
+
+    assert typing.get_args(config.Layout) == layouts.names()
+    assert layouts.names() == ("class_folders", "paired_folders", "pattern", "manifest")
+    with pytest.raises(ValueError, match=r"unknown layout 'flat' \(registered: class_folders, paired_folders, pattern, manifest\)"):
+        layouts.get("flat")
+
+
+def test_every_registered_layout_is_documented() -> None:
+    from h5batch import layouts
+
+    jobs = (Path(__file__).resolve().parents[1] / "docs" / "jobs.md").read_text()
+    row = next(line for line in jobs.splitlines() if line.startswith("| `layout` |"))
+    assert [n for n in layouts.names() if f"`{n}`" not in row] == []
+    assert [n for n in layouts.names() if f"* `{n}` —" not in jobs] == []
+
+
+def test_discover_runs_the_registered_layout(tmp_path: Path, monkeypatch) -> None:
+    """discover() looks the layout up in the registry: a layout module needs no edit elsewhere
+    (a throwaway one here: every file at the top of the root is a sample of split 'all')."""
+    import dataclasses
+
+    from h5batch import layouts
+    from h5batch.layouts.base import Layout, Walker, stem
+    from h5batch.manifest import Item
+
+    class Flat(Layout):
+        name = "test-flat"
+
+        def collect(self, root, src, b):
+            walker = Walker(root)
+            for rel, size, mtime in walker.walk():
+                b.stats[rel] = (size, mtime)
+                b.items.append(Item(stem(rel), "all", (rel,), None))
+            b.rejects.extend(walker.rejects)
+            return ["all"]
+
+    monkeypatch.setitem(layouts.LAYOUTS, Flat.name, Flat())
+    _make(tmp_path / "c", ["10.wav", "2.wav", ".hidden.wav"], 0)
+    job = _job(tmp_path / "c", {"layout": "class_folders"})
+    job = dataclasses.replace(job, source=dataclasses.replace(job.source, layout=Flat.name))
+    m = discover(job)
+    assert [it.key for it in m.items] == ["2", "10"] and m.splits == ("all",) and len(m.hash) == 64

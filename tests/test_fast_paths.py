@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from h5batch import ConvertOptions, convert
 from h5batch.config import job_from_dict
-from h5batch.convert.driver import ConvertOptions, convert
-from tests.h5compare import assert_same_h5
+from tests.support.h5compare import assert_same_h5
 
 SR = 16000
 LENGTH = 3000  # frames stored per sample
@@ -59,7 +59,7 @@ def corpus(tmp_path_factory):
     return root, expected
 
 
-def _convert(root, out, codec: str, faults=(), **cluster):
+def _convert(root, out, codec: str, **cluster):
     field = {"type": "audio", "extensions": [".wav"], "sample_rate": SR, "length": LENGTH}
     job = job_from_dict({
         "name": "fast",
@@ -70,7 +70,7 @@ def _convert(root, out, codec: str, faults=(), **cluster):
         "policy": {"max_reject_fraction": 0.5, "decode_timeout": 1.0},
     }, file="<test>")
     log = io.StringIO()
-    summary = convert(job, ConvertOptions(overwrite=True, progress=False, log=log, faults=faults))
+    summary = convert(job, ConvertOptions(overwrite=True, progress=False, log=log))
     return summary, log.getvalue()
 
 
@@ -147,11 +147,12 @@ def test_compression_in_writer_or_workers_gives_the_same_file(outputs):
     assert_same_h5(outputs["lz4-writer"][0].path, outputs["lz4-workers"][0].path)
 
 
-def test_hung_decode_with_direct_rows(corpus, tmp_path):
+def test_hung_decode_with_direct_rows(corpus, tmp_path, monkeypatch):
     """The hung file's thread may write into the batch's segment later: the worker copies
     the batch out, abandons the segment, and every other sample is still exact."""
     root, expected = corpus
-    summary, log = _convert(root, tmp_path / "hang.h5", "none", faults=(("hang_on", f"{HANG}.wav"),))
+    monkeypatch.setenv("H5BATCH_FAULTS", f"hang_on={HANG}.wav")  # the workers inherit it
+    summary, log = _convert(root, tmp_path / "hang.h5", "none")
     expected = {k: v for k, v in expected.items() if k != HANG}
     rejected = _check_content(summary.path, expected)
     assert f"train/data/{HANG}.wav" in rejected and f"train/label/{HANG}.wav" in rejected
@@ -159,8 +160,8 @@ def test_hung_decode_with_direct_rows(corpus, tmp_path):
 
 def test_auto_batch_size_from_the_first_samples(corpus, tmp_path):
     """~16 MB of decoded samples per task, at least 8 batches; an integer is kept."""
-    from h5batch.convert.auto import resolve
-    from h5batch.discover import discover
+    from h5batch.conversion.auto import resolve
+    from h5batch.layouts import discover
 
     root, _ = corpus
     field = {"type": "audio", "extensions": [".wav"], "sample_rate": SR}
@@ -179,13 +180,13 @@ def test_auto_batch_size_from_the_first_samples(corpus, tmp_path):
     assert resolve(job, m).batch_size == 8
 
 
-def test_trial_gives_up_on_a_file_that_hangs(corpus, tmp_path):
+def test_trial_gives_up_on_a_file_that_hangs(corpus, tmp_path, monkeypatch):
     """The codec trial runs in the driver, before the workers' watchdog: a decode that
     hangs is abandoned after policy.decode_timeout and left out of the trial."""
     import time
 
-    from h5batch.convert.auto import resolve
-    from h5batch.discover import discover
+    from h5batch.conversion.auto import resolve
+    from h5batch.layouts import discover
 
     root, _ = corpus
     field = {"type": "audio", "extensions": [".wav"], "sample_rate": SR, "length": LENGTH}
@@ -196,7 +197,8 @@ def test_trial_gives_up_on_a_file_that_hangs(corpus, tmp_path):
     m = discover(job)
     normal = resolve(job, m).codecs["data"].samples
     t0 = time.monotonic()
-    hung = resolve(job, m, faults=(("hang_on", "0.wav"),))  # item 0 is always a trial pick
+    monkeypatch.setenv("H5BATCH_FAULTS", "hang_on=0.wav")
+    hung = resolve(job, m)  # item 0 is always a trial pick
     assert time.monotonic() - t0 < 10
     assert hung.codecs["data"].samples == normal - 1 and hung.codecs["target"].samples == normal - 1
     assert hung.codecs["data"].codec.name == "none" and hung.codecs["target"].codec.name == "blosc2-lz4"

@@ -3,19 +3,18 @@ as the fingerprints in ``tests/golden/`` recorded before the package was reorgan
 
 A change that moves code must not move a byte of the output. A change that means to alter
 the output (a new attribute, another chunk shape) updates the fingerprint on purpose, in
-the same commit, with ``python -m tests.fingerprint OUT.h5 > tests/golden/JOB.json``."""
+the same commit, with ``python -m tests.support.fingerprint OUT.h5 > tests/golden/JOB.json``."""
 
 from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 from tests.conftest import REPO, shared_corpus
-from tests.fingerprint import differences, fingerprint
+from tests.support.fingerprint import differences, fingerprint
+from tests.support.run import convert
 
 # job -> the shared corpus it reads (None: the job generates its corpus under data/)
 JOBS = {"demo": None, "paired_audio": None, "fsdd": "fsdd", "hymenoptera": "images"}
@@ -31,8 +30,7 @@ def test_shipped_job_output_matches_its_fingerprint(name, tmp_path):
         (cwd / "jobs").mkdir(parents=True)
         shutil.copy(REPO / "jobs" / f"{name}.yaml", cwd / "jobs")
     out = tmp_path / f"{name}.h5"
-    res = subprocess.run([sys.executable, "-m", "h5batch.cli", "convert", f"jobs/{name}.yaml", "--output", str(out),
-                          "--progress", "none"], cwd=cwd, capture_output=True, text=True, timeout=600)
+    res = convert(f"jobs/{name}.yaml", output=out, cwd=cwd, timeout=600)
     assert res.returncode == 0, res.stderr
     golden = json.loads((REPO / "tests" / "golden" / f"{name}.json").read_text())
     now = fingerprint(str(out))

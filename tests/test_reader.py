@@ -13,11 +13,11 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from h5batch import synth
+from h5batch import ConvertOptions, convert, generate
 from h5batch.config import load_job
-from h5batch.convert.driver import ConvertOptions, convert
-from h5batch.decode import decode_field
-from h5batch.torch import Batch, ChunkShuffleSampler, Collate, H5Dataset, collate, rss_over_epoch
+from h5batch.fields import decode_field
+from h5batch.torch import Batch, ChunkShuffleSampler, Collate, H5Dataset, collate
+from tests.support.memory import rss_over_epoch
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL_CHUNKS = "output.chunk_bytes=65536"  # several chunks even in tiny files
@@ -35,7 +35,7 @@ def make_h5(job_name: str, out: Path, corpus: Path, *overrides: str):
 def demo(tmp_path_factory):
     """Labelled demo file: variable int16 audio, fixed (64, 64, 3) uint8 images."""
     d = tmp_path_factory.mktemp("reader-demo")
-    synth.make_demo_corpus(d / "corpus", per_class=10)
+    generate.make_demo_corpus(d / "corpus", per_class=10)
     job = make_h5("demo.yaml", d / "demo.h5", d / "corpus", SMALL_CHUNKS)
     return d / "demo.h5", d / "corpus", job
 
@@ -44,7 +44,7 @@ def demo(tmp_path_factory):
 def demo_native(tmp_path_factory):
     """Demo corpus at native image size and (T, 1) audio: variable fields of rank 2 and 3."""
     d = tmp_path_factory.mktemp("reader-native")
-    synth.make_demo_corpus(d / "corpus", per_class=4)
+    generate.make_demo_corpus(d / "corpus", per_class=4)
     job = make_h5("demo.yaml", d / "native.h5", d / "corpus", SMALL_CHUNKS,
                   "fields.image.size=null", "fields.audio.channels=keep")
     return d / "native.h5", d / "corpus", job
@@ -54,7 +54,7 @@ def demo_native(tmp_path_factory):
 def paired(tmp_path_factory):
     """Unlabelled paired file with fixed-length int16 fields data/target."""
     d = tmp_path_factory.mktemp("reader-paired")
-    synth.make_paired_audio(d / "corpus", n_train=40, n_test=4, seconds=0.25)
+    generate.make_paired_audio(d / "corpus", n_train=40, n_test=4, seconds=0.25)
     job = make_h5("paired_audio.yaml", d / "paired.h5", d / "corpus", SMALL_CHUNKS,
                   "fields.data.length=3000", "fields.target.length=3000")
     return d / "paired.h5", d / "corpus", job
@@ -271,7 +271,7 @@ def test_spawned_worker_reads_the_same(paired):
 def many_small(tmp_path_factory):
     """A few thousand small samples (3000 x 2 x 4000 int16 = 48 MB decoded)."""
     d = tmp_path_factory.mktemp("reader-rss")
-    synth.make_paired_audio(d / "corpus", n_train=3000, n_test=1, seconds=0.25)
+    generate.make_paired_audio(d / "corpus", n_train=3000, n_test=1, seconds=0.25)
     make_h5("paired_audio.yaml", d / "rss.h5", d / "corpus",
             "fields.data.length=4000", "fields.target.length=4000", "cluster.batch_size=256")
     return d / "rss.h5"

@@ -16,9 +16,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from h5batch import synth
+from h5batch import ConvertOptions, convert, generate
 from h5batch.config import load_job
-from h5batch.convert.driver import ConvertOptions, convert
 from h5batch.torch import ChunkShuffleSampler, H5Dataset, collate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def paired120(tmp_path_factory):
     d = tmp_path_factory.mktemp("recycle")
-    synth.make_paired_audio(d / "corpus", n_train=120, n_test=1, seconds=0.25)
+    generate.make_paired_audio(d / "corpus", n_train=120, n_test=1, seconds=0.25)
     job = load_job(REPO / "jobs" / "paired_audio.yaml",
                    [f"output.path={d / 'p.h5'}", f"source.root={d / 'corpus'}", "cluster.workers=1",
                     "fields.data.length=3000", "fields.target.length=3000",

@@ -1,7 +1,8 @@
-"""Crash safety: kill -9 at several points, Ctrl-C, then resume to an identical file.
+"""Crash safety: kill -9 at several points, then resume to an identical file (the other
+faults, Ctrl-C and SIGTERM among them, are cases of tests/test_fault_matrix.py).
 
 Every run is a real ``h5batch convert`` subprocess in its own process group, killed with
-real signals. ``H5BATCH_FAULT_PAUSE`` makes the writer stop at a named point (after the
+real signals. ``H5BATCH_FAULTS=pause_at=...`` makes the writer stop at a named point (after the
 N-th commit, in the middle of finalize) so the kill lands exactly there.
 """
 
@@ -10,17 +11,18 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import h5py
 import pytest
 
-from h5batch import synth
+from h5batch import generate
 from h5batch.transport.segments import stale_segments
 from tests.conftest import REPO
-from tests.h5compare import assert_same_h5
+from tests.support.h5compare import assert_same_h5
+from tests.support.run import convert_cmd, run
+from tests.support.run import start as start_process
 
 JOB = REPO / "jobs" / "paired_audio.yaml"
 
@@ -28,25 +30,18 @@ JOB = REPO / "jobs" / "paired_audio.yaml"
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("resume") / "corpus"
-    synth.make_paired_audio(root, n_train=160, n_test=40, seconds=0.5, seed=3)
+    generate.make_paired_audio(root, n_train=160, n_test=40, seconds=0.5, seed=3)
     return root
 
 
 def cmd(root: Path, out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "h5batch.cli", "convert", str(JOB), "--workers", "2", "--output", str(out),
-            "--set", f"source.root={root}", "--set", "cluster.batch_size=4", "--set", "policy.commit_every=0",
-            "--set", "output.chunk_bytes=16384", "--progress", "none", *extra]
-
-
-def run(args: list[str], env_extra: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, **(env_extra or {}))
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
+    return convert_cmd(JOB, *extra, workers=2, output=out, root=root,
+                       settings=("cluster.batch_size=4", "policy.commit_every=0", "output.chunk_bytes=16384"))
 
 
 def start(args: list[str], env_extra: dict[str, str] | None = None) -> subprocess.Popen:
-    env = dict(os.environ, **(env_extra or {}))
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    """In a process group of its own, so that a signal reaches the whole run."""
+    return start_process(args, env_extra, new_session=True)
 
 
 def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
@@ -93,7 +88,7 @@ def committed_batches(out: Path) -> int:
 def test_kill_9_process_group_then_resume_is_identical(corpus, reference, tmp_path, point):
     out = tmp_path / "out.h5"
     marker = Path(str(out) + ".partial.paused")
-    proc = start(cmd(corpus, out), {"H5BATCH_FAULT_PAUSE": point})
+    proc = start(cmd(corpus, out), {"H5BATCH_FAULTS": f"pause_at={point}"})
     wait_for(marker, proc)
     kill_group(proc)
     marker.unlink()
@@ -114,7 +109,7 @@ def test_resume_with_another_batch_size_cuts_the_same_batches(corpus, reference,
     batch size whatever the job says now (cluster settings are not part of the job hash)."""
     out = tmp_path / "out.h5"
     marker = Path(str(out) + ".partial.paused")
-    proc = start(cmd(corpus, out), {"H5BATCH_FAULT_PAUSE": "commit:5"})
+    proc = start(cmd(corpus, out), {"H5BATCH_FAULTS": "pause_at=commit:5"})
     wait_for(marker, proc)
     kill_group(proc)
     marker.unlink()
@@ -123,25 +118,6 @@ def test_resume_with_another_batch_size_cuts_the_same_batches(corpus, reference,
     assert res.returncode == 0, res.stderr
     assert "resuming with the interrupted run's batch size (4 items, not 7)" in res.stderr
     assert f"{done_before} of 50 batches already committed" in res.stderr
-    assert_same_h5(reference, out)
-
-
-def test_kill_9_writer_only_then_resume(corpus, reference, tmp_path):
-    out = tmp_path / "out.h5"
-    marker = Path(str(out) + ".partial.paused")
-    proc = start(cmd(corpus, out), {"H5BATCH_FAULT_PAUSE": "commit:10"})
-    wait_for(marker, proc)
-    # The writer is the only process holding the partial file open.
-    writer_pid = _holder_of(Path(str(out) + ".partial"))
-    assert writer_pid and writer_pid != proc.pid
-    os.kill(writer_pid, signal.SIGKILL)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode not in (0, None)
-    assert "writer process died" in err and "resume" in err
-    reap_group(proc.pid)
-    res = run(cmd(corpus, out))
-    assert res.returncode == 0, res.stderr
-    assert "already committed" in res.stderr
     assert_same_h5(reference, out)
 
 
@@ -167,28 +143,9 @@ def test_kill_9_driver_only_writer_commits_and_exits(corpus, reference, tmp_path
     assert_same_h5(reference, out)
 
 
-def test_ctrl_c_stops_gracefully_and_resumes(corpus, reference, tmp_path):
-    out = tmp_path / "out.h5"
-    proc = start(cmd(corpus, out))
-    wait_for(Path(str(out) + ".partial.commit.json"), proc)
-    time.sleep(0.3)
-    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole group
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
-    assert "Run the same command again to resume" in err
-    assert not stale_segments(), "Ctrl-C left shared-memory segments"
-    time.sleep(1.0)
-    leftovers = _group_members(proc.pid)
-    reap_group(proc.pid)
-    assert not leftovers, f"processes of the interrupted run still alive: {leftovers}"
-    res = run(cmd(corpus, out))
-    assert res.returncode == 0, res.stderr
-    assert_same_h5(reference, out)
-
-
 def test_changed_job_is_refused_unless_restart(corpus, reference, tmp_path):
     out = tmp_path / "out.h5"
-    proc = start(cmd(corpus, out), {"H5BATCH_FAULT_PAUSE": "commit:3"})
+    proc = start(cmd(corpus, out), {"H5BATCH_FAULTS": "pause_at=commit:3"})
     wait_for(Path(str(out) + ".partial.paused"), proc)
     kill_group(proc)
     Path(str(out) + ".partial.paused").unlink()
@@ -274,7 +231,7 @@ def test_resume_keeps_the_recorded_codecs_when_a_new_trial_disagrees(tmp_path):
     assert "data: blosc2-lz4" in res.stderr, res.stderr  # the silent file tips the trial
     out = tmp_path / "out.h5"
     marker = Path(str(out) + ".partial.paused")
-    proc = start(args(out), {"H5BATCH_FAULT_PAUSE": "commit:2"})
+    proc = start(args(out), {"H5BATCH_FAULTS": "pause_at=commit:2"})
     wait_for(marker, proc)
     kill_group(proc)
     marker.unlink()

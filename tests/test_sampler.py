@@ -10,9 +10,8 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader
 
-from h5batch import synth
+from h5batch import ConvertOptions, convert, generate
 from h5batch.config import load_job
-from h5batch.convert.driver import ConvertOptions, convert
 from h5batch.torch import ChunkShuffleSampler, H5Dataset, collate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -125,7 +124,7 @@ def test_bad_arguments():
 @pytest.fixture(scope="module")
 def paired_h5(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("sampler")
-    synth.make_paired_audio(d / "corpus", n_train=50, n_test=2, seconds=0.25)
+    generate.make_paired_audio(d / "corpus", n_train=50, n_test=2, seconds=0.25)
     job = load_job(REPO / "jobs" / "paired_audio.yaml",
                    [f"output.path={d / 'p.h5'}", f"source.root={d / 'corpus'}", "cluster.workers=1",
                     "output.chunk_bytes=40000", "fields.data.length=2000"])

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from h5batch import synth
-from tests.cluster_helpers import (
+from h5batch import generate
+from tests.support.cluster_helpers import (
     Running,
     assert_same_h5,
     clean_env,
@@ -88,7 +88,7 @@ def work(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def corpus(work) -> Path:
     root = work / "big"
-    synth.make_paired_audio(root, n_train=400, n_test=40)
+    generate.make_paired_audio(root, n_train=400, n_test=40)
     return root
 
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from h5batch import ConvertOptions, convert
 from h5batch.config import job_from_dict
-from h5batch.convert.driver import ConvertOptions, convert
 from h5batch.tools import verify as V
 from h5batch.tools.verify import VerifyError, verify_file
 from h5batch.transport.segments import list_segments

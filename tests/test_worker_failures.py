@@ -5,18 +5,17 @@ through ``H5BATCH_FAULTS`` (the worker really dies by SIGKILL, or really hangs).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import h5py
 import pytest
 
-from h5batch import synth
+from h5batch import generate
 from h5batch.transport.segments import stale_segments
 from tests.conftest import REPO
-from tests.h5compare import assert_same_h5
+from tests.support import run
+from tests.support.h5compare import assert_same_h5
 
 JOB = REPO / "jobs" / "paired_audio.yaml"
 
@@ -24,16 +23,14 @@ JOB = REPO / "jobs" / "paired_audio.yaml"
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("failures") / "corpus"
-    synth.make_paired_audio(root, n_train=48, n_test=16, seconds=0.25, seed=5)
+    generate.make_paired_audio(root, n_train=48, n_test=16, seconds=0.25, seed=5)
     return root
 
 
 def convert(root: Path, out: Path, faults: str = "", *extra: str) -> subprocess.CompletedProcess:
-    args = [sys.executable, "-m", "h5batch.cli", "convert", str(JOB), "--workers", "2", "--output", str(out),
-            "--set", f"source.root={root}", "--set", "cluster.batch_size=8", "--set", "policy.retries=1",
-            "--set", "policy.max_reject_fraction=0.2", "--progress", "none", *extra]
-    env = dict(os.environ, H5BATCH_FAULTS=faults)
-    return subprocess.run(args, capture_output=True, text=True, timeout=400, env=env)
+    return run.convert(JOB, *extra, workers=2, output=out, root=root, env_extra={"H5BATCH_FAULTS": faults},
+                       settings=("cluster.batch_size=8", "policy.retries=1", "policy.max_reject_fraction=0.2"),
+                       timeout=400)
 
 
 @pytest.fixture(scope="module")

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from h5batch import synth
+from h5batch import generate
 from tests.conftest import REPO
-from tests.h5compare import assert_same_h5
+from tests.support import run
+from tests.support.h5compare import assert_same_h5
 
 JOB = REPO / "jobs" / "paired_audio.yaml"
 
@@ -30,14 +30,12 @@ def tmpfs(tmp_path):
 
 
 def convert(root: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    args = [sys.executable, "-m", "h5batch.cli", "convert", str(JOB), "--workers", "1", "--output", str(out),
-            "--set", f"source.root={root}", "--set", "policy.commit_every=0", "--progress", "none", *extra]
-    return subprocess.run(args, capture_output=True, text=True, timeout=300)
+    return run.convert(JOB, *extra, workers=1, output=out, root=root, settings=("policy.commit_every=0",))
 
 
 def test_disk_full_fails_cleanly_and_resumes_identically(tmpfs, tmp_path):
     root = tmp_path / "corpus"
-    synth.make_paired_audio(root, n_train=100, n_test=0, seconds=1.0, seed=11)
+    generate.make_paired_audio(root, n_train=100, n_test=0, seconds=1.0, seed=11)
     ref = tmp_path / "ref.h5"
     assert convert(root, ref).returncode == 0
 
@@ -57,7 +55,7 @@ def test_disk_full_fails_cleanly_and_resumes_identically(tmpfs, tmp_path):
 
 def test_read_only_output_directory_is_refused_before_any_work(tmpfs, tmp_path):
     root = tmp_path / "corpus"
-    synth.make_paired_audio(root, n_train=4, n_test=0, seconds=0.25, seed=12)
+    generate.make_paired_audio(root, n_train=4, n_test=0, seconds=0.25, seed=12)
     subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
     res = convert(root, tmpfs / "out.h5")
     assert res.returncode == 2

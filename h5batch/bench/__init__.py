@@ -2,5 +2,7 @@
 
 Modules: :mod:`corpus` (what is converted), :mod:`baselines` (naive HDF5 recipe, raw files,
 memmap), :mod:`peers` (WebDataset, LitData), :mod:`measure` (timing, process-tree RSS),
-:mod:`suite` (the run), :mod:`report` (JSON, markdown, PNG), :mod:`cli`. See docs/benchmarks.md.
+:mod:`decode_only` (the decode-only floor), :mod:`suite` (the run), :mod:`report` (JSON,
+markdown, PNG), :mod:`cli` (the arguments of ``h5batch bench``, whose command is
+:mod:`h5batch.commands.bench`). See docs/benchmarks.md.
 """

@@ -14,7 +14,7 @@
 
 All of them hold the same arrays as an h5batch file made from the same job and deliver the
 same batches as ``H5Dataset(as_float=True)`` + ``h5batch.torch.collate`` (they decode with
-:func:`h5batch.decode.decode_field`, except that the typical raw-file reader lets soundfile
+:func:`h5batch.fields.decode_field`, except that the typical raw-file reader lets soundfile
 scale 16-bit PCM to float32, which gives the same x / 32768).
 """
 
@@ -29,8 +29,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
-from ..config import FieldConfig
-from ..decode import decode_field, fixed_sample_shape
+from ..fields import FieldConfig, decode_field, fixed_sample_shape
 from ..torch.batch import copy_all, empty_columns, scale_in_place, to_float_into
 from ..torch.recycle import shared_pool
 

@@ -1,20 +1,23 @@
-"""``h5batch bench``: argument parsing only (registered in ``h5batch.cli._EXTRA_COMMANDS``)."""
+"""``h5batch bench``: its arguments and their parsers, beside the suite they configure.
+
+Argument parsing only (argparse, nothing else is imported): the command itself, registered
+with the others, is :mod:`h5batch.commands.bench`.
+"""
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
-from typing import Any
-
-CODECS = ("auto", "none", "gzip", "lzf", "zstd", "blosc2-lz4", "blosc2-zstd")
 
 
 def _codecs(text: str) -> tuple[str, ...]:
+    # The codec registry, imported only when --codecs is given (it brings numpy).
+    from ..codecs import choices
+
+    known = choices()
     out = tuple(c.strip() for c in text.split(",") if c.strip())
-    bad = [c for c in out if c not in CODECS]
+    bad = [c for c in out if c not in known]
     if bad or not out:
-        raise argparse.ArgumentTypeError(f"unknown codec(s) {', '.join(bad) or '(none)'}; choose from {', '.join(CODECS)}")
+        raise argparse.ArgumentTypeError(f"unknown codec(s) {', '.join(bad) or '(none)'}; choose from {', '.join(known)}")
     return out
 
 
@@ -38,13 +41,8 @@ def _positive(text: str) -> int:
     return v
 
 
-def add_bench(sub: Any) -> None:
-    p = sub.add_parser(
-        "bench", help="benchmark conversion and reading against baselines and peers",
-        description="Convert generated (and, in full mode, real) corpora with h5batch and with the naive "
-                    "HDF5 recipe, measure the decode-only floor, read every layout through a torch "
-                    "DataLoader, and write bench/results/<timestamp>/ (results.json, results.md, PNG "
-                    "plots). See docs/benchmarks.md.")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``h5batch bench`` (the command is :mod:`h5batch.commands.bench`)."""
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="1024 pairs, 2 repetitions, codecs auto, blosc2-lz4 and gzip, no peers (< 2 min)")
     mode.add_argument("--full", action="store_true", help="4096 pairs (x4: 16384 for scaling), every codec, peers, real corpora")
@@ -71,57 +69,3 @@ def add_bench(sub: Any) -> None:
     p.add_argument("--consume", action="store_true",
                    help="reads: sum every tensor of every batch in the main process, as a training step "
                         "reads its input (default: batches are only counted)")
-    p.set_defaults(handler=cmd_bench)
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    from . import report
-    from .suite import Bench, full_config, quick_config
-
-    if args.render:
-        return _render(args.render)
-
-    over: dict[str, Any] = {}
-    for name in ("pairs", "rate", "images", "scale", "reps", "codecs", "workers"):
-        if getattr(args, name) is not None:
-            over[name] = getattr(args, name)
-    if args.out:
-        over["out_root"] = args.out
-    if args.cache:
-        over["cache"] = args.cache
-    if args.keep:
-        over["keep"] = True
-    if args.random_all:
-        over["random_all_codecs"] = True
-    if args.consume:
-        over["consume"] = True
-    cfg = quick_config(**over) if args.quick else full_config(**over)
-    if args.peers:
-        cfg.peers = True
-    if args.no_peers:
-        cfg.peers = False
-    if args.no_real:
-        cfg.real = False
-    results = Bench(cfg).run()
-    paths = report.write(results)
-    print(report.markdown(results))
-    print(f"results in {results['out_dir']} ({', '.join(sorted(paths))})", file=sys.stderr)
-    return 0
-
-
-def _render(out_dir: str) -> int:
-    """Targets, markdown and plots again from a finished run's ``results.json``."""
-    import json
-
-    from . import report
-
-    path = os.path.join(out_dir, "results.json")
-    try:
-        with open(path) as f:
-            results = json.load(f)
-    except (OSError, ValueError) as e:
-        print(f"h5batch bench --render: cannot read {path}: {e}", file=sys.stderr)
-        return 2
-    paths = report.write(results, out_dir)
-    print(f"rewrote {', '.join(sorted(os.path.basename(p) for p in paths.values()))} in {out_dir}", file=sys.stderr)
-    return 0

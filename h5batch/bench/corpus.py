@@ -1,6 +1,6 @@
 """The corpora the benchmark converts and reads, and the job of each.
 
-Generated corpora (``h5batch.synth``) live under a cache directory and are made once: the
+Generated corpora (``h5batch.generate``) live under a cache directory and are made once: the
 generators skip a root whose marker matches their arguments. Real corpora
 (``../shared/corpora``) are used as they are when present.
 """
@@ -15,10 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import synth
+from .. import generate
 from ..config import JobConfig, job_from_dict
-from ..decode import decode_field
-from ..discover import Manifest, discover
+from ..fields import decode_field
+from ..layouts import discover
+from ..manifest import Manifest
 
 AUDIO_SECONDS = 2.0
 AUDIO_RATE = 16000  # Hz, the default; ``h5batch bench --rate`` picks another
@@ -81,13 +82,13 @@ def _audio_field(folder: str | None, length: int | None, rate: int) -> dict[str,
 
 
 def paired_audio(cache: str | os.PathLike[str], pairs: int, rate: int = AUDIO_RATE) -> Corpus:
-    """``pairs`` noisy/clean pairs of 2 s at ``rate`` Hz (synth.make_paired_audio), fixed
+    """``pairs`` noisy/clean pairs of 2 s at ``rate`` Hz (generate.make_paired_audio), fixed
     length ``2 * rate`` int16 samples. Named ``paired_audio_<pairs>`` at the default 16 kHz,
     ``paired_audio_<pairs>_<rate/1000>k`` otherwise."""
     length = audio_length(rate)
     name = f"paired_audio_{pairs}" if rate == AUDIO_RATE else f"paired_audio_{pairs}_{rate / 1000:g}k"
     root = Path(cache) / name
-    synth.make_paired_audio(root, n_train=pairs, n_test=0, seconds=AUDIO_SECONDS, sample_rate=rate)
+    generate.make_paired_audio(root, n_train=pairs, n_test=0, seconds=AUDIO_SECONDS, sample_rate=rate)
     return Corpus(
         name=name, root=str(root), kind="audio",
         source={"layout": "paired_folders", "splits": ["train"]},
@@ -99,10 +100,10 @@ def paired_audio(cache: str | os.PathLike[str], pairs: int, rate: int = AUDIO_RA
 
 
 def images(cache: str | os.PathLike[str], count: int) -> Corpus:
-    """``count`` textured JPEGs of 160-640 px (synth.make_image_corpus), resized to 224x224."""
+    """``count`` textured JPEGs of 160-640 px (generate.make_image_corpus), resized to 224x224."""
     per_class = max(1, count // 2)
     root = Path(cache) / f"images_{2 * per_class}"
-    synth.make_image_corpus(root, n_per_class=per_class, splits={"train": 1.0})
+    generate.make_image_corpus(root, n_per_class=per_class, splits={"train": 1.0})
     return Corpus(
         name=f"images_{2 * per_class}", root=str(root), kind="image",
         source={"layout": "class_folders", "splits": ["train"]},

@@ -1,7 +1,7 @@
 """Peers: WebDataset and LitData, converting the same files and read back as their docs say.
 
 Both peers are optional (``requirements-peers.txt``); :func:`available` says why one cannot
-run. Every peer decodes each sample's files with :func:`h5batch.decode.decode_field`, the
+run. Every peer decodes each sample's files with :func:`h5batch.fields.decode_field`, the
 decoder h5batch uses, so all layouts hold identical arrays and :func:`verify` can check that
 a peer's output holds every sample exactly once and equal to the decoded source.
 
@@ -34,8 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config import FieldConfig
-from ..decode import decode_field
+from ..fields import FieldConfig, decode_field
 from .baselines import FloatCollate, float_sample
 
 PEERS = ("webdataset", "litdata")

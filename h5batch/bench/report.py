@@ -11,7 +11,8 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-DEFAULT_CODEC = "auto"  # = suite.DEFAULT_CODEC, the job default
+from .records import DEFAULT_CODEC
+
 MB = 1e6
 #: Baselines read again with h5batch's decoder and batch assembly (``FloatCollate``: recycled
 #: shared memory, threaded filling) instead of the way their users read them; h5batch against

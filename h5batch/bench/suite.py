@@ -7,7 +7,7 @@ drift of the machine hits all of them alike):
 2. conversions, per corpus: a warm-up round on a small corpus, then ``reps`` rounds of
    h5batch (every codec, on a LocalCluster started once: start-up excluded), h5batch cold
    (``kind: local``, the cluster started inside ``convert``: start-up included), the
-   decode-only floor (``tasks.decode_only`` on the same cluster), the naive recipe, the
+   decode-only floor (``bench.decode_only`` on the same cluster), the naive recipe, the
    x``scale`` corpus (cold) and the peers;
 3. correctness: every output is compared with the source decoded in this process;
 4. reads through a DataLoader (batch 64, shuffle on), per corpus: for each configuration a
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import gc
 import io
-import json
 import logging
 import os
 import platform
@@ -26,21 +25,22 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import numpy as np
-
 from .. import __version__
-from ..convert.driver import ConvertOptions, convert, make_tasks
-from ..convert.worker import decode_only
+from ..codecs import choices
+from ..conversion import ConvertOptions, convert
+from ..conversion.plan import make_tasks
 from . import baselines, corpus, peers
-from .measure import PeakRss, Sample, drain, summarize, timed
-from .report import STRICT_LITDATA, STRICT_RAW
+from .checks import CheckPhase
+from .decode_only import decode_only
+from .measure import timed
+from .reads import ReadPhase
+from .records import DEFAULT_CODEC, Record
 
-ALL_CODECS = ("auto", "blosc2-lz4", "gzip", "zstd", "none", "lzf")
-DEFAULT_CODEC = "auto"  # the job default (auto.py)
+ALL_CODECS = choices()  # auto first, then every registered codec (h5batch/codecs/)
 
 
 @dataclass
@@ -101,53 +101,7 @@ def _say(log: Any, text: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {text}", file=log, flush=True)
 
 
-def close_loader(loader: Any) -> None:
-    """Stop a DataLoader's persistent workers now (not whenever the GC gets to it)."""
-    it = getattr(loader, "_iterator", None)
-    if it is not None and hasattr(it, "_shutdown_workers"):
-        it._shutdown_workers()
-    try:
-        loader._iterator = None
-    except AttributeError:
-        pass
-    gc.collect()
-
-
-@dataclass
-class Record:
-    """All repetitions of one configuration (one row of a table)."""
-
-    phase: str  # convert | read
-    corpus: str
-    method: str  # h5batch, h5batch-cold, floor, naive, webdataset-1p, ..., raw, memmap
-    codec: str = ""
-    variant: str = ""  # sampler for reads, scale for conversions
-    workers: int | None = None  # DataLoader num_workers (reads)
-    runs: list[Sample] = field(default_factory=list)
-    info: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def key(self) -> str:
-        parts = [self.phase, self.corpus, self.method, self.codec, self.variant,
-                 "" if self.workers is None else f"w{self.workers}"]
-        return "/".join(p for p in parts if p)
-
-    def stat(self, what: str = "rate") -> dict[str, float]:
-        return summarize(getattr(r, what) for r in self.runs)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in asdict(self).items() if k != "runs"}
-        d["key"] = self.key
-        d["runs"] = [r.to_dict() for r in self.runs]
-        d["rate"] = self.stat("rate")
-        d["mb_per_s"] = self.stat("mbps")
-        d["seconds"] = self.stat("seconds")
-        d["peak_rss"] = summarize(float(r.peak_rss) for r in self.runs)
-        d["rss_added"] = summarize(float(r.peak_rss - r.baseline_rss) for r in self.runs)
-        return d
-
-
-class Bench:
+class Bench(CheckPhase, ReadPhase):
     """One benchmark run; :meth:`run` returns the results dict that :mod:`report` renders."""
 
     def __init__(self, cfg: BenchConfig, log: Any = None):
@@ -242,7 +196,7 @@ class Bench:
     def _meta(self, seconds: float) -> dict[str, Any]:
         import psutil
 
-        from ..convert.driver import versions
+        from ..conversion.plan import versions
 
         v = versions()
         for name in ("torch", "webdataset", "litdata"):
@@ -325,7 +279,7 @@ class Bench:
                 cl = {"workers": self.cfg.dask_workers} if cold else addr
                 j = src.job(out, codec, cl)
                 remove_output(out)
-                sample, s = timed(lambda: convert(j, ConvertOptions(overwrite=True, restart=True, progress=False,
+                sample, s = timed(lambda: convert(j, ConvertOptions(overwrite=True, restart=True, progress="none",
                                                                     log=io.StringIO())),
                                   lambda s: s.samples, lambda s: s.bytes_decoded)
                 sample.extra.update(files=s.inputs, output_bytes=s.output_bytes, rejects=s.rejects,
@@ -416,163 +370,6 @@ class Bench:
                 os.sync()
                 fn()
 
-    # ------------------------------------------------------------ correctness
-
-    def _check(self, what: str, ok: bool, detail: str = "") -> None:
-        self.checks.append({"check": what, "ok": bool(ok), "detail": detail})
-        if not ok:
-            self.say(f"CHECK FAILED: {what} {detail}")
-
-    def _check_phase(self, spec: dict[str, Any], peer_ok: dict[str, bool]) -> None:
-        import h5py
-
-        cp = spec["corpus"]
-        self.say(f"check {cp.name}: decoding the source in this process for reference")
-        ref = corpus.decode_items(cp, spec["manifest"])
-        spec["reference"] = ref
-        spec["sample_bytes"] = corpus.sample_nbytes(ref)
-        self.corpora[cp.name]["sample_bytes"] = spec["sample_bytes"]
-        for rec in self.records.values():
-            if rec.phase != "convert" or rec.corpus != cp.name or "path" not in rec.info or rec.variant:
-                continue
-            if rec.method.startswith("h5batch"):
-                with h5py.File(rec.info["path"], "r") as f:
-                    ok = all(_equal_h5(f, m_split_items(spec["manifest"]), name, ref[name])
-                             for name in cp.fields)
-                self._check(f"{cp.name}: h5batch {rec.codec} output equals the decoded source", ok)
-            elif rec.method == "naive":
-                ok = all(_equal_list(baselines.naive_read_all(rec.info["path"], name), ref[name])
-                         for name in cp.fields)
-                self._check(f"{cp.name}: naive output equals the decoded source", ok)
-        if cp.fixed:
-            train = _train_count(spec["manifest"])
-            spec["memmap"] = baselines.write_memmaps({k: v[:train] for k, v in ref.items()},
-                                                     self.folder("memmap", cp.name))
-        names = list(cp.fields)
-        n = len(spec["manifest"].items)
-        for rec in list(self.records.values()):
-            if rec.phase != "convert" or rec.corpus != cp.name or "path" not in rec.info:
-                continue
-            loader = None
-            if rec.method.startswith("webdataset"):
-                loader = peers.wds_loader(rec.info["path"], names, 2, self.cfg.batch_size, keys=True)
-            elif rec.method.startswith("litdata"):
-                loader = peers.litdata_loader(rec.info["path"], names, 2, self.cfg.batch_size, keys=True)
-            if loader is None:
-                continue
-            v = peers.verify(loader, ref, n)
-            close_loader(loader)
-            rec.info["verify"] = v
-            self._check(f"{cp.name}: {rec.method} holds every sample once, equal to the source",
-                        v["ok"], json.dumps(v))
-
-    # ----------------------------------------------------------------- reads
-
-    def _read_plan(self, spec: dict[str, Any], peer_ok: dict[str, bool]) -> list[tuple[Record, Callable[[], Any]]]:
-        from torch.utils.data import DataLoader
-
-        from ..torch import ChunkShuffleSampler, H5Dataset, collate
-
-        cp = spec["corpus"]
-        m = spec["manifest"]
-        bs = self.cfg.batch_size
-        train = _train_count(m)
-        items = corpus.item_paths(m)[:train]
-        job = cp.job(self.path("h5", "x.h5"))
-        fields = tuple(job.fields.items())
-        names = list(cp.fields)
-        plan: list[tuple[Record, Callable[[], Any]]] = []
-
-        def dl(ds: Any, nw: int, **kw: Any) -> Any:
-            return DataLoader(ds, batch_size=bs, num_workers=nw, persistent_workers=nw > 0, **kw)
-
-        for nw in self.cfg.workers:
-            for codec in spec["codecs"]:
-                rec = self.records.get(f"convert/{cp.name}/h5batch/{codec}")
-                if rec is None:
-                    continue
-                path = rec.info["path"]
-
-                def chunked(path: str = path, nw: int = nw) -> Any:
-                    ds = H5Dataset(path, "train", as_float=True)
-                    return dl(ds, nw, sampler=ChunkShuffleSampler(ds, seed=self.cfg.seed), collate_fn=collate)
-
-                def full(path: str = path, nw: int = nw) -> Any:
-                    return dl(H5Dataset(path, "train", as_float=True), nw, shuffle=True, collate_fn=collate)
-
-                plan.append((self.record("read", cp.name, "h5batch", codec, "chunk-shuffle", nw), chunked))
-                if codec == DEFAULT_CODEC or self.cfg.random_all_codecs:
-                    plan.append((self.record("read", cp.name, "h5batch", codec, "random", nw), full))
-            naive = self.records.get(f"convert/{cp.name}/naive/gzip")
-            if naive is not None:
-                plan.append((self.record("read", cp.name, "naive", "gzip", "random", nw),
-                             lambda nw=nw, p=naive.info["path"]: dl(baselines.NaiveDataset(p, names, train), nw,
-                                                                      shuffle=True, collate_fn=baselines.float_collate)))
-            # Raw files as a training script reads them (soundfile / Pillow per file, torch's
-            # default_collate) is the baseline; raw files given h5batch's decoder and batch
-            # assembly isolates what the storage layout alone is worth. Fields the script way
-            # cannot batch (variable length, resampling) get only the second, as the baseline.
-            strict = lambda nw=nw: dl(baselines.RawFileDataset(items, fields), nw, shuffle=True,  # noqa: E731
-                                      collate_fn=baselines.float_collate)
-            if baselines.TypicalRawDataset.supports(fields):
-                plan.append((self.record("read", cp.name, "raw-files", "", "random", nw),
-                             lambda nw=nw: dl(baselines.TypicalRawDataset(items, fields), nw, shuffle=True)))
-                plan.append((self.record("read", cp.name, STRICT_RAW, "", "random", nw), strict))
-            else:
-                plan.append((self.record("read", cp.name, "raw-files", "", "random", nw), strict))
-            if "memmap" in spec:
-                plan.append((self.record("read", cp.name, "memmap", "", "random", nw),
-                             lambda nw=nw: dl(baselines.MemmapDataset(spec["memmap"]), nw, shuffle=True,
-                                              collate_fn=baselines.passthrough)))
-            for prec in list(self.records.values()):
-                if prec.phase != "convert" or prec.corpus != cp.name or not prec.info.get("verify", {}).get("ok"):
-                    continue
-                if prec.method == f"webdataset-{self.cfg.dask_workers}p":
-                    plan.append((self.record("read", cp.name, "webdataset", "", "shard+buffer", nw),
-                                 lambda nw=nw, p=prec.info["path"]: peers.wds_loader(p, names, nw, bs)))
-                elif prec.method == "litdata-fork":
-                    plan.append((self.record("read", cp.name, "litdata", "", "default", nw),
-                                 lambda nw=nw, p=prec.info["path"]: peers.litdata_loader(p, names, nw, bs)))
-                    plan.append((self.record("read", cp.name, "litdata", "", "batch_decode=0", nw),
-                                 lambda nw=nw, p=prec.info["path"]: peers.litdata_loader(p, names, nw, bs,
-                                                                                          batch_decode=0)))
-                    # its fastest configuration again, batched by h5batch's collate
-                    plan.append((self.record("read", cp.name, STRICT_LITDATA, "", "batch_decode=0", nw),
-                                 lambda nw=nw, p=prec.info["path"]: peers.litdata_loader(
-                                     p, names, nw, bs, batch_decode=0, assembly="h5batch")))
-        epochs = max(1, -(-spec["read_samples"] // max(train, 1)))
-        for rec, _ in plan:
-            rec.info.update(samples_per_epoch=train, epochs=epochs)
-        return plan
-
-    def _read_once(self, rec: Record, make: Callable[[], Any], nbytes_per_sample: float) -> None:
-        loader = make()
-        sampler = getattr(loader, "sampler", None)
-        try:
-            warm = drain(loader)  # warm-up epoch: worker start, file opens, caches
-            with PeakRss() as mem:
-                t0 = time.perf_counter()
-                n = 0
-                for epoch in range(rec.info["epochs"]):
-                    if hasattr(sampler, "set_epoch"):  # as a training loop must, for a new order
-                        sampler.set_epoch(epoch + 1)
-                    n += drain(loader, consume=self.cfg.consume)
-                seconds = time.perf_counter() - t0
-        finally:
-            close_loader(loader)
-        rec.runs.append(Sample(seconds, n, n * nbytes_per_sample, mem.peak, mem.baseline,
-                               {"warmup_samples": warm}))
-
-    def _read_phase(self, spec: dict[str, Any], peer_ok: dict[str, bool]) -> None:
-        cp = spec["corpus"]
-        plan = self._read_plan(spec, peer_ok)
-        os.sync()  # the conversions' outputs, written back now rather than during the reads
-        for rep in range(self.cfg.reps):
-            self.say(f"read {cp.name}: round {rep + 1}/{self.cfg.reps} ({len(plan)} configurations)")
-            k = rep % max(1, len(plan))
-            for rec, make in plan[k:] + plan[:k]:
-                self._read_once(rec, make, spec["sample_bytes"])
-
 
 def remove_output(path: str) -> None:
     """Remove the previous round's output before a timed conversion.
@@ -587,38 +384,3 @@ def remove_output(path: str) -> None:
         os.unlink(path)
 
 
-def _train_count(manifest: Any) -> int:
-    return sum(1 for it in manifest.items if it.split == "train")
-
-
-def m_split_items(manifest: Any) -> list[tuple[str, int]]:
-    """``(split, count)`` in output order."""
-    out: list[tuple[str, int]] = []
-    for it in manifest.items:
-        if out and out[-1][0] == it.split:
-            out[-1] = (it.split, out[-1][1] + 1)
-        else:
-            out.append((it.split, 1))
-    return out
-
-
-def _equal_h5(f: Any, splits: list[tuple[str, int]], name: str, ref: Any) -> bool:
-    from .. import format as fmt
-
-    got: list[np.ndarray] = []
-    for split, count in splits:
-        obj = f[split][name]
-        if isinstance(obj, type(f)) or hasattr(obj, "keys"):  # variable-shape group
-            values = obj[fmt.VALUES][...]
-            offsets = obj[fmt.OFFSETS][...]
-            shapes = obj[fmt.SHAPES][...]
-            got += [values[offsets[i]:offsets[i + 1]].reshape(shapes[i]) for i in range(count)]
-        else:
-            got += list(obj[...])
-    return _equal_list(got, ref)
-
-
-def _equal_list(got: list[np.ndarray], ref: Any) -> bool:
-    if len(got) != len(ref):
-        return False
-    return all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(got, ref))

@@ -22,6 +22,14 @@ def _storage(ds: h5py.Dataset) -> dict[str, Any]:
             "raw_bytes": int(ds.size * ds.dtype.itemsize)}
 
 
+def _codec_of(filters: list[int]) -> str:
+    """For a dataset without a ``codec`` attribute: its filter ids and the registered codecs
+    that store that pipeline."""
+    from ..codecs import for_filters
+
+    return f"filters {filters} ({'/'.join(for_filters(filters)) or 'no registered codec'})"
+
+
 def describe(path: str) -> dict[str, Any]:
     """A JSON-able description of an h5batch file."""
     try:
@@ -109,7 +117,7 @@ def render(d: dict[str, Any], max_rejects: int = 20) -> str:
             ratio = st["raw_bytes"] / st["stored_bytes"] if st["stored_bytes"] else 0
             sr = f", {st['sample_rate']} Hz" if st.get("sample_rate") else ""
             lines.append(f"  {name}: {st['modality']} {st['kind']}, {shape}, {st['dtype']}{sr}; chunks {tuple(st['chunks'] or ())}, "
-                         f"codec {st['codec'] or st['filters']}; {_human(st['raw_bytes'])} -> {_human(st['stored_bytes'])} ({ratio:.2f}x)")
+                         f"codec {st['codec'] or _codec_of(st['filters'])}; {_human(st['raw_bytes'])} -> {_human(st['stored_bytes'])} ({ratio:.2f}x)")
             if st.get("codec_choice"):
                 lines.append(f"    why this codec: {st['codec_choice']}")
         if "label_counts" in info:

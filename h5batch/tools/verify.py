@@ -17,8 +17,10 @@ and source file):
   is both a sample's file and a reject, no file is the source of two samples, and
   ``OUT.rejects.jsonl`` (when present beside the file) lists the same rejects;
 * **sources** (``sources=True``): every sample's files are decoded again with
-  :func:`h5batch.decode.decode_field` and the field settings stored in the file, and must
+  :func:`h5batch.fields.decode_field` and the field settings stored in the file, and must
   match the stored arrays exactly (dtype, shape and bytes).
+
+``h5batch verify`` (:mod:`h5batch.commands.verify`) prints the report this module makes.
 """
 
 from __future__ import annotations
@@ -289,8 +291,8 @@ class _Verifier:
                 self.compare_sources(where, name, samples, src[:, k])
 
     def compare_sources(self, where: str, name: str, samples: dict[int, np.ndarray], paths: np.ndarray) -> None:
-        from ..decode import decode_field
         from ..errors import DecodeError
+        from ..fields import decode_field
 
         root, configs, pool = self.decode
         fc = configs[name]
@@ -441,33 +443,3 @@ def verify_file(path: str, sources: bool = False, root: str | None = None,
             if pool is not None:
                 pool.shutdown(wait=True)
     return report
-
-
-# ---------------------------------------------------------------------------
-# Command line (the parser is in h5batch.cli, which imports this lazily)
-# ---------------------------------------------------------------------------
-
-
-def cmd_verify(args) -> int:
-    import sys
-
-    try:
-        report = verify_file(args.path, sources=args.sources, root=args.root)
-    except VerifyError as e:
-        print(f"h5batch verify: {e}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps({"path": report.path, "ok": report.ok, "counts": report.counts,
-                          "rejects": report.rejects, "inputs": report.inputs,
-                          "bytes_checked": report.bytes_checked, "sources_compared": report.sources_compared,
-                          "problems": [vars(p) for p in report.problems]}))
-    if report.ok:
-        print(f"h5batch verify: {args.path}: OK: {report.summary()}", file=sys.stderr)
-        return 0
-    print(f"h5batch verify: {args.path}: {len(report.problems)} problems", file=sys.stderr)
-    for p in report.problems[: args.max_problems]:
-        print(f"  {p}", file=sys.stderr)
-    if len(report.problems) > args.max_problems:
-        print(f"  ... and {len(report.problems) - args.max_problems} more (--max-problems)", file=sys.stderr)
-    print(f"checked: {report.summary()}", file=sys.stderr)
-    return 1

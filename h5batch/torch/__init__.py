@@ -13,7 +13,6 @@ from __future__ import annotations
 from .batch import Batch, Ragged
 from .collate import Collate, collate, pad
 from .dataset import FieldInfo, H5Dataset
-from .memory import RssReport, rss_over_epoch
 from .sampler import ChunkShuffleSampler
 
 __all__ = [
@@ -23,8 +22,6 @@ __all__ = [
     "FieldInfo",
     "H5Dataset",
     "Ragged",
-    "RssReport",
     "collate",
     "pad",
-    "rss_over_epoch",
 ]

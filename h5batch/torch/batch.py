@@ -8,6 +8,7 @@ the columns as they are instead of stacking samples again.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -44,8 +45,8 @@ def to_float_into(dst: np.ndarray, src: np.ndarray) -> None:
     float32 in [-1, 1), uint8 to float32 in [0, 1]; other dtypes are copied as they are.
 
     Cast first, then scale ``dst`` in place: a row is still in cache for the second step,
-    and two plain loops beat numpy's buffered mixed-type one (2.7 vs 3.3 ms per batch of
-    128 rows of 32,000 int16); the values are the same (the cast is exact)."""
+    and two plain loops beat numpy's buffered mixed-type one; the values are the same (the
+    cast is exact)."""
     if src.dtype in (np.int16, np.uint8):
         np.copyto(dst, src, casting="unsafe")
         scale_in_place(dst, src.dtype)
@@ -62,10 +63,37 @@ def scale_in_place(a: np.ndarray, stored: Any) -> None:
         np.divide(a, UINT8_DIV, out=a)
 
 
+def _usual_scale(stored: Any, divisor: float) -> bool:
+    """True for the divisors :func:`to_float_into` applies itself (int16 32768, uint8 255)."""
+    return (stored == np.int16 and divisor == 32768.0) or (stored == np.uint8 and divisor == 255.0)
+
+
+def _cast_divide(dst: np.ndarray, src: np.ndarray, divisor: np.float32) -> None:
+    np.copyto(dst, src, casting="unsafe")
+    np.divide(dst, divisor, out=dst)
+
+
+def float_copy(stored: Any, divisor: float) -> Copy:
+    """The converting copy for ``stored`` values divided by ``divisor`` (a field kind's
+    ``float_scale``): :func:`to_float_into` for the usual int16 / uint8 divisors (its exact,
+    cache-friendly paths), else cast then divide."""
+    if _usual_scale(stored, divisor):
+        return to_float_into
+    return functools.partial(_cast_divide, divisor=np.float32(divisor))
+
+
+def divide_in_place(a: np.ndarray, stored: Any, divisor: float) -> None:
+    """Scale float32 ``a``, already cast from ``stored`` values, as :func:`float_copy` does."""
+    if _usual_scale(stored, divisor):
+        scale_in_place(a, stored)
+    else:
+        np.divide(a, np.float32(divisor), out=a)
+
+
 Copy = Callable[[np.ndarray, np.ndarray], None]
 
 #: bytes each copy thread gets at least: below 2x this a batch is filled by one thread
-#: (handing work over costs ~20 us)
+#: (handing work to a thread costs more than copying a small batch)
 PARALLEL_MIN_BYTES = 1 << 20
 #: threads past this add hand-over cost and no bandwidth (measured only up to 2 cores here)
 MAX_COPY_THREADS = 8
@@ -86,8 +114,8 @@ def copy_all(tasks: Sequence[tuple[np.ndarray, np.ndarray]], copy: Copy | None =
     ``torch.get_num_threads()`` threads (at most 8, and at least 1 MiB each).
 
     Filling a batch is bound by memory bandwidth (16 MB of float32 written per batch of
-    64 x 2 x 32,000 samples), which one core does not saturate: two threads took a batch
-    from 3.3-3.7 to 1.9 ms on the 2-core reference machine. numpy releases the GIL while
+    64 x 2 x 32,000 samples), which one core does not saturate: two threads fill a batch
+    in about half the time. numpy releases the GIL while
     it copies and converts. Inside DataLoader workers torch sets one thread, so workers
     stay single-threaded; in the main process ``torch.set_num_threads`` sets the count.
     """
@@ -136,10 +164,10 @@ def empty_columns(specs: Sequence[tuple[Sequence[int], Any]], shared: bool,
     into it before it is sent to the main process; allocating it there in the first place
     (``shared``) saves that copy. A new shared storage, not ``share_memory_()``: that
     allocates private memory first and then copies it (uninitialised) into shared memory,
-    2.6x slower for an 8 MB batch. In shared memory the columns are views of **one**
+    which is slower. In shared memory the columns are views of **one**
     storage (each 64-byte aligned): a worker then sends the main process one file
-    descriptor per batch instead of one per column, which measured ~15 % more batches per
-    second at 2 workers (3 columns of a 2 x 32,000-sample pair batch). With a ``pool``, a
+    descriptor per batch instead of one per column, and each descriptor costs a
+    round trip. With a ``pool``, a
     worker reuses storages the main process has released (:mod:`h5batch.torch.recycle`).
     """
     sizes = [tuple(int(n) for n in shape) for shape, _ in specs]

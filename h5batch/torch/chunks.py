@@ -108,8 +108,8 @@ class ChunkStore:
             size = self.k * self.row_bytes
             offset = self.addresses.get(c)
             if offset is None:
-                # Looked up once per chunk and process (10 us of HDF5 each time otherwise: a
-                # fifth of a fully shuffled batch); the file is read-only and never rewritten.
+                # Looked up once per chunk and process (an HDF5 call per row otherwise, which
+                # dominates a fully shuffled batch); the file is read-only and never rewritten.
                 info = self.ds.id.get_chunk_info_by_coord((c * self.k, *self.zeros))
                 plain = info.byte_offset is not None and info.size == size and not info.filter_mask
                 offset = self.addresses[c] = info.byte_offset if plain else -1
@@ -135,7 +135,7 @@ class ChunkStore:
         blocks evicted since the last release add up to the cache's size, one
         ``madvise(MADV_DONTNEED)`` drops every page of the mapping from this process (they
         stay in the page cache; blocks still cached fault back in on next use). A fully
-        shuffled batch evicts a block per row, and one call per block cost 13 % of its time;
+        shuffled batch evicts a block per row, and a system call per block would dominate it;
         resident memory stays under about twice the cache either way."""
         if self.offsets.pop(c, None) is None or self.mapping is None or not hasattr(self.mapping, "madvise"):
             return

@@ -24,7 +24,9 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from .. import format as fmt
-from .batch import Batch, Ragged, empty_columns, scale_in_place, to_float_into
+from ..fields import reader_hooks
+from ..tools.index import check_complete, offsets_key, open_file, read_index, shapes_key
+from .batch import Batch, Ragged, divide_in_place, empty_columns, float_copy
 from .chunks import ChunkStore, gather_rows, gather_span
 from .recycle import shared_pool
 
@@ -39,7 +41,8 @@ class FieldInfo:
 
     ``shape`` is the per-sample shape of a fixed field (``()`` for a variable one);
     ``chunk_len`` is rows per chunk (fixed) or elements per ``values`` chunk (variable);
-    ``chunk_nbytes`` the uncompressed size of one chunk.
+    ``chunk_nbytes`` the uncompressed size of one chunk. ``float_scale`` and
+    ``channels_first_axes`` are the field's kind's answers (:func:`h5batch.fields.reader_hooks`).
     """
 
     name: str
@@ -51,14 +54,12 @@ class FieldInfo:
     chunk_len: int
     chunk_nbytes: int
     num_values: int = 0
+    float_scale: float | None = None
+    channels_first_axes: tuple[int, ...] | None = None
 
     @property
     def fixed(self) -> bool:
         return self.kind == fmt.KIND_FIXED
-
-    @property
-    def image(self) -> bool:
-        return self.modality == "image" and self.ndim == 3
 
 
 class H5Dataset(Dataset):
@@ -83,7 +84,8 @@ class H5Dataset(Dataset):
         ``__getitems__`` returns a plain list of transformed dicts.
     as_float : bool
         int16 audio -> float32 ``x / 32768`` (in [-1, 1)), uint8 images -> float32
-        ``x / 255``; other dtypes are returned as stored. ``False`` returns stored values.
+        ``x / 255``, as the field's kind says (a field of an unknown kind: by stored dtype);
+        other dtypes are returned as stored. ``False`` returns stored values.
     with_source : bool
         Add each sample's source path(s), relative to the corpus root.
     cache_bytes : int, optional
@@ -94,7 +96,7 @@ class H5Dataset(Dataset):
         BEWARE: a cache smaller than a window makes a chunk-shuffled epoch decompress chunks
         several times.
     channels_first : bool
-        Images as ``(C, H, W)`` instead of the stored ``(H, W, C)``.
+        Images as ``(C, H, W)`` instead of the stored ``(H, W, C)`` (the kind says which axes).
     locking : bool, optional
         HDF5 file locking; ``False`` for NFS/Lustre, where locking fails (h5py#1082).
         ``None`` leaves HDF5's default (and ``HDF5_USE_FILE_LOCKING``) in charge.
@@ -114,8 +116,10 @@ class H5Dataset(Dataset):
 
     Notes
     -----
-    The constructor opens the file only to read its layout, then closes it; every process
-    opens its own handle on first access. ``label`` values index ``class_names``.
+    The constructor opens the file only to read its layout and check its index (raising
+    ``CorruptFileError``, ``FileNotFoundError`` for a partial, ``BlockingIOError`` for a file
+    being written: :mod:`h5batch.tools.index`), then closes it; every process opens its own
+    handle on first access. ``label`` values index ``class_names``.
     """
 
     def __init__(self, path: str | os.PathLike[str], split: str = "train",
@@ -142,7 +146,6 @@ class H5Dataset(Dataset):
         with self._open(metadata_only=True) as f:
             self._read_layout(f, fields)
         self._clear_process_state()
-        self._index: dict[str, Any] = {}  # labels / offsets / shapes, loaded on first use
 
     # ------------------------------------------------------------------ layout
 
@@ -151,8 +154,7 @@ class H5Dataset(Dataset):
         if version != fmt.FORMAT_VERSION:
             raise ValueError(f"{self.path}: not an h5batch file of format {fmt.FORMAT_VERSION} "
                              f"(root attribute {fmt.ATTR_FORMAT}={version!r})")
-        if not f.attrs.get(fmt.ATTR_COMPLETE, False):
-            raise ValueError(f"{self.path}: the file is not complete (conversion unfinished)")
+        check_complete(f, self.path)
         splits = json.loads(f.attrs[fmt.ATTR_SPLITS])
         if self.split not in splits or self.split not in f:
             raise KeyError(f"{self.path}: no split {self.split!r} (splits: {', '.join(splits)})")
@@ -164,8 +166,9 @@ class H5Dataset(Dataset):
         unknown = [n for n in wanted if n not in stored]
         if unknown or len(set(wanted)) != len(wanted) or not wanted:
             raise KeyError(f"{self.path}: bad fields {list(wanted)!r} (fields: {', '.join(stored)})")
+        # Checked once, here; the arrays are kept (forked workers share them; _index_array).
+        self._n, self._index = read_index(f, self.path, self.split, wanted)
         self.fields: tuple[FieldInfo, ...] = tuple(self._field_info(g, n) for n in wanted)
-        self._n = int(g.attrs.get(fmt.ATTR_NUM_SAMPLES, g[fmt.LABEL].shape[0] if fmt.LABEL in g else 0))
         self.labelled = fmt.LABEL in g
         self.class_names: tuple[str, ...] = (
             tuple(f[fmt.CLASS_NAMES].asstr()[...]) if fmt.CLASS_NAMES in f else ())
@@ -184,12 +187,13 @@ class H5Dataset(Dataset):
             chunk = obj.chunks or obj.shape
             nbytes = int(np.prod(chunk, dtype=np.int64)) * obj.dtype.itemsize
             return FieldInfo(name, kind, modality, obj.dtype, tuple(obj.shape[1:]), obj.ndim - 1,
-                             int(chunk[0]), nbytes)
+                             int(chunk[0]), nbytes, 0, *reader_hooks(modality, obj.dtype, obj.ndim - 1))
         values = obj[fmt.VALUES]
         chunk = values.chunks or values.shape
-        return FieldInfo(name, kind, modality, values.dtype, (), int(obj.attrs.get("ndim", obj[fmt.SHAPES].shape[1])),
+        ndim = int(obj.attrs.get("ndim", obj[fmt.SHAPES].shape[1]))
+        return FieldInfo(name, kind, modality, values.dtype, (), ndim,
                          int(max(chunk[0], 1)), int(max(chunk[0], 1)) * values.dtype.itemsize,
-                         int(values.shape[0]))
+                         int(values.shape[0]), *reader_hooks(modality, values.dtype, ndim))
 
     @property
     def field_names(self) -> tuple[str, ...]:
@@ -241,7 +245,7 @@ class H5Dataset(Dataset):
         kw: dict[str, Any] = {} if metadata_only else dict(self._h5_cache)
         if self.locking is not None:
             kw["locking"] = self.locking
-        return h5py.File(self.path, "r", **kw)
+        return open_file(self.path, **kw)
 
     def _clear_process_state(self) -> None:
         self._pid: int | None = None
@@ -292,18 +296,17 @@ class H5Dataset(Dataset):
                 self.mmap = False  # e.g. a file system without mmap: read chunks instead
         return self._mapping
 
-    def _index_array(self, key: str, load: Callable[[h5py.Group], np.ndarray]) -> np.ndarray:
+    def _index_array(self, key: str) -> np.ndarray:
         # Small per-sample arrays (8 bytes a sample) are kept in memory; they are plain numpy,
-        # valid in any process, so a forked worker shares the parent's copy.
-        arr = self._index.get(key)
-        if arr is None:
+        # valid in any process, so a forked worker shares the parent's checked copy. Pickling
+        # drops them: this process loads and checks them again, once.
+        if not self._index:
             self._ensure_open()
-            arr = self._index[key] = load(self._file[self.split])
-        return arr
+            self._index = read_index(self._file, self.path, self.split, self.field_names)[1]
+        return self._index[key]
 
     def _offsets(self, fi: FieldInfo) -> np.ndarray:
-        return self._index_array(fi.name + "/offsets",
-                                 lambda g: g[fi.name][fmt.OFFSETS][...].astype(np.int64))
+        return self._index_array(offsets_key(fi.name))
 
     def close(self) -> None:
         """Close this process's file handle and drop the caches (reopened on next access)."""
@@ -336,7 +339,7 @@ class H5Dataset(Dataset):
         b = len(idx)
         # Every output shape first, so all columns (and the labels) share one allocation.
         shapes = {fi.name: self._variable_shapes(fi, idx) for fi in self.fields if not fi.fixed}
-        specs = [(self._out_shape(fi, b, shapes.get(fi.name)), self._convert(fi.dtype)[0]) for fi in self.fields]
+        specs = [(self._out_shape(fi, b, shapes.get(fi.name)), self._convert(fi)[0]) for fi in self.fields]
         if self.labelled:
             specs.append(((b,), np.int64))
         outs = empty_columns(specs, shared, self._pool)
@@ -348,7 +351,7 @@ class H5Dataset(Dataset):
                 columns[fi.name] = self._read_variable(fi, idx, order, out, shapes[fi.name])
         label = None
         if self.labelled:
-            labels = self._index_array(fmt.LABEL, lambda g: g[fmt.LABEL][...].astype(np.int64))
+            labels = self._index_array(fmt.LABEL)
             label = outs[-1]
             np.take(labels, idx, out=label.numpy())
         source = self._read_sources(idx) if self.with_source else None
@@ -370,25 +373,23 @@ class H5Dataset(Dataset):
             raise IndexError(f"index {bad} out of range for {self._n} samples of split {self.split!r}")
         return idx
 
-    def _convert(self, dtype: np.dtype) -> tuple[np.dtype, str | None]:
-        """Output dtype and scaling of a stored dtype under ``as_float``."""
-        if self.as_float and dtype == np.int16:
-            return np.dtype(np.float32), "int16"
-        if self.as_float and dtype == np.uint8:
-            return np.dtype(np.float32), "uint8"
-        return dtype, None
+    def _convert(self, fi: FieldInfo) -> tuple[np.dtype, float | None]:
+        """Output dtype and ``as_float`` divisor of a field (None: stored values)."""
+        if self.as_float and fi.float_scale is not None:
+            return np.dtype(np.float32), fi.float_scale
+        return fi.dtype, None
 
     def _variable_shapes(self, fi: FieldInfo, idx: np.ndarray) -> np.ndarray:
         """``(B, ndim)`` stored shapes of a variable field's samples ``idx``."""
         if fi.ndim == 1:
             offsets = self._offsets(fi)
             return (offsets[idx + 1] - offsets[idx])[:, None]
-        return self._index_array(fi.name + "/shapes",
-                                 lambda g: g[fi.name][fmt.SHAPES][...].astype(np.int64))[idx]
+        return self._index_array(shapes_key(fi.name))[idx]
 
     def _axes(self, fi: FieldInfo) -> list[int]:
         """Output axes in stored order: ``(C, H, W)`` from ``(H, W, C)`` with ``channels_first``."""
-        return [2, 0, 1] if self.channels_first and fi.image else list(range(fi.ndim))
+        cf = fi.channels_first_axes if self.channels_first else None
+        return list(cf) if cf is not None else list(range(fi.ndim))
 
     def _out_shape(self, fi: FieldInfo, b: int, shapes: np.ndarray | None) -> tuple[int, ...]:
         """The batch tensor's shape: ``(B, *sample)``, variable fields padded to the largest."""
@@ -398,23 +399,21 @@ class H5Dataset(Dataset):
 
     def _read_fixed(self, fi: FieldInfo, idx: np.ndarray, order: np.ndarray,
                     out: torch.Tensor) -> torch.Tensor:
-        how = self._convert(fi.dtype)[1]
-        view = out.numpy()
-        if self.channels_first and fi.image:
-            view = view.transpose(0, 2, 3, 1)  # (B, H, W, C), as stored
+        how = self._convert(fi)[1]
+        view = _stored_axes(out.numpy(), self._axes(fi))  # e.g. (B, H, W, C) of a (B, C, H, W) batch
         if len(idx):
             # Gathered and converted in one pass per row.
-            gather_rows(self._store(fi), idx[order], order, view, to_float_into if how else None)
+            gather_rows(self._store(fi), idx[order], order, view, float_copy(fi.dtype, how) if how else None)
         return out
 
     def _read_variable(self, fi: FieldInfo, idx: np.ndarray, order: np.ndarray,
                        out: torch.Tensor, shapes: np.ndarray) -> Ragged:
         offsets = self._offsets(fi)
         lo, hi = offsets[idx], offsets[idx + 1]
-        how = self._convert(fi.dtype)[1]
+        how = self._convert(fi)[1]
         perm = self._axes(fi)
         view = out.numpy()
-        stored_view = view.transpose(0, 2, 3, 1) if perm != list(range(fi.ndim)) else view  # (B, *stored axes)
+        stored_view = _stored_axes(view, perm)  # (B, *stored axes)
         store = self._store(fi) if len(idx) and int((hi - lo).sum()) else None
         if fi.ndim != 1:
             view.fill(0)
@@ -430,7 +429,7 @@ class H5Dataset(Dataset):
                 gather_span(store, a, e, tmp)
                 stored_view[(j, *(slice(0, int(n)) for n in shapes[j]))] = tmp.reshape(shapes[j])
         if how:
-            scale_in_place(view, fi.dtype)
+            divide_in_place(view, fi.dtype, how)
         return Ragged(out, shapes[:, perm])
 
     def _read_sources(self, idx: np.ndarray) -> list[Any]:
@@ -445,3 +444,10 @@ class H5Dataset(Dataset):
         else:
             texts = [x.decode() for x in rows]
         return [texts[k] for k in inv.tolist()]
+
+
+def _stored_axes(view: np.ndarray, perm: list[int]) -> np.ndarray:
+    """A ``(B, *output axes)`` batch viewed in the stored axis order of its samples."""
+    if perm == list(range(len(perm))):
+        return view
+    return view.transpose(0, *(1 + int(a) for a in np.argsort(perm)))

@@ -2,9 +2,9 @@
 
 Why: a DataLoader worker hands each batch to the main process in shared memory. With a new
 shared storage per batch, every 4 KiB page of it is faulted in and zeroed by the kernel when
-the worker fills it, and freed again when the main process drops it. Measured on the 2-core
-reference machine, that alone capped ``num_workers=2`` at ~8,000 samples/s of 2 x 64 KB
-rows (~2 GB/s), whatever the dataset did; reusing the storages instead gave ~23,000.
+the worker fills it, and freed again when the main process drops it: that alone caps
+what ``num_workers > 0`` can deliver, whatever the dataset does (the figures are in
+``docs/benchmarks.md``). Reusing the storages removes that cost.
 
 A storage may be reused only when the main process no longer holds any tensor on it, and
 only the main process knows that. So:
@@ -241,8 +241,7 @@ class _Releases:
     block) once nothing but this holds it: every batch tensor on it has died. It stays
     mapped here afterwards: when the worker sends that slot again, torch's rebuild finds it
     in its shared-memory cache, so this process neither maps the storage again nor faults
-    its pages in again (a 16 MB batch is 4,096 page faults, ~2.5 ms of a training loop that
-    reads its batch). A slot's storage replaced in the worker replaces it here; storages of
+    its pages in again (one page fault per 4 KiB of every batch a training loop reads). A slot's storage replaced in the worker replaces it here; storages of
     worker processes that have exited are dropped by a watcher thread within
     :data:`WATCH_INTERVAL`, so nothing outlives its loader's workers by more than that.
     """

@@ -143,7 +143,7 @@ class Attached:
         pos = block.offset
         dt = np.dtype(block.dtype)
         for shape in block.shapes:
-            n = math.prod(shape) * dt.itemsize  # np.prod costs ~3 us a call, per sample
+            n = math.prod(shape) * dt.itemsize  # math.prod: np.prod's call overhead, per sample, is not
             out.append(self.flat[pos:pos + n].view(dt).reshape(shape))
             pos += n
         return out

@@ -1,0 +1,10 @@
+"""The single writer process: the only code that opens the output for writing.
+
+* :mod:`.messages`  what the driver and the writer say to each other (one dataclass each);
+* :mod:`.process`   the process: its entry point, one handler per message, its start-up;
+* :mod:`.output`    the output file: create or resume, append batches, commit, finalize;
+* :mod:`.store`     the HDF5 layout of a split and its fields, with their attributes;
+* :mod:`.append`    the append engine: whole chunks, compressed off the HDF5 lock;
+* :mod:`.commit`    the durable-commit protocol and the typed commit record;
+* :mod:`.resume`    whether a partial file can be continued from its record.
+"""

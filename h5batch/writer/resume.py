@@ -11,13 +11,13 @@ partial file that fails is started over, never continued.
 from __future__ import annotations
 
 import zlib
-from typing import Any
 
 import h5py
 import hdf5plugin  # noqa: F401  (plugin codecs)
 import numpy as np
 
 from .. import format as fmt
+from .commit import CommitRecord, load_tails
 
 TAIL_SAMPLES = 256  # samples re-checked at the end of each split
 
@@ -37,10 +37,8 @@ def _in_file(node, n: int, rows: int) -> int:
     return min(n, rows)
 
 
-def check_partial(path: str, record: dict[str, Any], fields: tuple[str, ...]) -> str | None:
+def check_partial(path: str, record: CommitRecord, fields: tuple[str, ...]) -> str | None:
     """None when ``path`` can be resumed from ``record``, else the reason it cannot."""
-    from .output import load_tails
-
     try:
         tails = load_tails(path, record)
     except (OSError, KeyError, ValueError) as e:
@@ -50,23 +48,23 @@ def check_partial(path: str, record: dict[str, Any], fields: tuple[str, ...]) ->
     except Exception as e:
         return f"cannot open it: {e}"
     try:
-        for split, info in record["splits"].items():
+        for split, info in record.splits.items():
             if split not in f:
                 return f"split {split!r} missing"
             g = f[split]
-            n = info["samples"]
+            n = info.samples
             if g[fmt.SOURCE].shape[0] < n or g[fmt.CHECKSUM].shape[0] < n:
                 return f"split {split!r} holds fewer samples than committed ({n})"
             for k, name in enumerate(fields):
                 if name not in g:
                     return f"field {split}/{name} missing"
                 node = g[name]
-                rows = info["rows_in_file"][name]
+                rows = info.rows_in_file[name]
                 data = node[fmt.VALUES] if isinstance(node, h5py.Group) else node
                 if data.shape[0] < rows:
                     return f"field {split}/{name} holds {data.shape[0]} rows, committed {rows}"
                 tail = tails.get(f"{split}/{name}")
-                expected_tail = (info["elements"][name] if isinstance(node, h5py.Group) else n) - rows
+                expected_tail = (info.elements[name] if isinstance(node, h5py.Group) else n) - rows
                 if (0 if tail is None else len(tail)) != expected_tail:
                     return f"tail of {split}/{name} does not match the commit"
                 last = _in_file(node, n, rows)

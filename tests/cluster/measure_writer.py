@@ -4,13 +4,13 @@
     .venv/bin/python tests/cluster/measure_writer.py [--job jobs/fsdd.yaml] [--workers 2]
         [--set output.codec=gzip ...] [--json]
 
-1. decode only      ``tasks.decode_only`` on a LocalCluster (cluster start-up excluded)
+1. decode only      ``h5batch.bench.decode_only`` on a LocalCluster (cluster start-up excluded)
 2. decode + pack    ``tasks.decode_batch``: decode and put each batch in /dev/shm (the
                     workers' whole share of a conversion); results kept for step 3
 3. writer alone     this process appends those batches with ``writer.OutputWriter`` exactly
                     as the writer process does (compression threads included), then
                     finalizes -- with the machine to itself
-4. full convert     ``h5batch.convert.driver.convert`` of the same job (LocalCluster start-up included)
+4. full convert     ``h5batch.conversion.driver.convert`` of the same job (LocalCluster start-up included)
 
 Prints one line per stage (seconds, samples/s, MB/s of decoded bytes) and the ratio
 writer rate / decode rate: how many such decode workers one writer can keep up with.
@@ -25,18 +25,21 @@ import sys
 import tempfile
 import time
 
+from h5batch import ConvertOptions, convert
+from h5batch.bench.decode_only import decode_only
 from h5batch.config import ClusterConfig, load_job
-from h5batch.convert.auto import AutoSettings, resolve
-from h5batch.convert.cluster import connect
-from h5batch.convert.driver import ConvertOptions, convert, make_tasks, versions
-from h5batch.convert.worker import decode_batch, decode_only
-from h5batch.discover import discover
+from h5batch.conversion.auto import AutoSettings, resolve
+from h5batch.conversion.cluster import connect
+from h5batch.conversion.plan import make_tasks, versions
+from h5batch.conversion.worker import decode_batch
+from h5batch.layouts import discover
 from h5batch.transport.segments import hostname, new_run_id, remove_segments
-from h5batch.writer.output import OutputWriter, WriterSpec
+from h5batch.writer.messages import WriterSpec
+from h5batch.writer.output import OutputWriter
 
 
 def writer_spec(job, manifest, auto: AutoSettings, partial: str, final: str) -> WriterSpec:
-    """The spec :class:`h5batch.convert.driver.Converter` gives its writer process (``auto`` resolved)."""
+    """The spec :class:`h5batch.conversion.driver.Converter` gives its writer process (``auto`` resolved)."""
     num_inputs = sum(len(it.paths) for it in manifest.items) + len(manifest.rejects)
     return WriterSpec(
         partial_path=partial, final_path=final, job_json=json.dumps(job.public_dict(), sort_keys=True),

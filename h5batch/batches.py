@@ -1,0 +1,76 @@
+"""The unit of work: a batch of manifest items going to a worker, and what comes back.
+
+A :class:`BatchTask` is small (paths and settings), and so is its :class:`BatchResult`:
+the decoded samples stay in shared memory and only their :class:`~h5batch.transport.packing.Packed`
+descriptor travels, with per-sample metadata, from the worker through the driver to the
+writer. Nothing here touches HDF5: h5py objects never enter a task (they cannot be
+pickled, dask#6522).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .manifest import Reject
+from .transport.packing import Packed
+
+if TYPE_CHECKING:
+    from .codecs import CodecSpec
+    from .fields import FieldConfig
+
+
+@dataclass(frozen=True)
+class BatchTask:
+    """Items ``[start, stop)`` of the manifest, all of one split.
+
+    ``items`` holds ``(paths, label index)`` per item; ``transport`` is ``shm``,
+    ``network`` or ``auto`` (shm when the worker runs on ``writer_host``).
+    """
+
+    index: int
+    split: str
+    start: int
+    items: tuple[tuple[tuple[str, ...], int], ...]
+    root: str
+    fields: tuple[tuple[str, FieldConfig], ...]
+    run_id: str
+    transport: str = "auto"
+    writer_host: str = ""
+    timeout: float = 120.0  # seconds one file may take to decode
+    # Compression in the worker, per fixed-shape compressed field: (name, predicted
+    # dataset row of this batch's first sample, rows per chunk, codec).
+    align: tuple[tuple[str, int, int, CodecSpec], ...] = ()
+
+    def sub(self, lo: int, hi: int) -> BatchTask:
+        """The task for items ``[lo, hi)`` of this one (used to isolate a crashing file);
+        its rows are not predictable, so it ships them raw."""
+        return dataclasses.replace(self, start=self.start + lo, items=self.items[lo:hi], align=())
+
+
+@dataclass
+class BatchResult:
+    """What a worker returns: the packed samples that decoded, in item order, and the rest
+    as rejects. ``item_ok[i]`` says whether item ``i`` of the task became a sample."""
+
+    index: int
+    split: str
+    start: int
+    packed: Packed
+    labels: np.ndarray  # (n,) int64
+    sources: list[tuple[str, ...]]
+    checksums: np.ndarray  # (n, fields) uint32, crc32 of each sample's stored bytes
+    rejects: list[Reject] = field(default_factory=list)
+    n_items: int = 0
+    decode_seconds: float = 0.0
+    worker: str = ""
+    final_part: bool = True  # False for all but the last part of a split batch
+    stuck: bool = False  # a decode timed out; its thread is still busy in this worker
+    worker_address: str = ""
+
+    @property
+    def n_samples(self) -> int:
+        return len(self.sources)

@@ -1,0 +1,57 @@
+"""One row of the benchmark's tables (all repetitions of one configuration), and loader
+clean-up shared by the phases."""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .measure import Sample, summarize
+
+DEFAULT_CODEC = "auto"  # the job default (h5batch/conversion/auto.py)
+
+
+def close_loader(loader: Any) -> None:
+    """Stop a DataLoader's persistent workers now (not whenever the GC gets to it)."""
+    it = getattr(loader, "_iterator", None)
+    if it is not None and hasattr(it, "_shutdown_workers"):
+        it._shutdown_workers()
+    try:
+        loader._iterator = None
+    except AttributeError:
+        pass
+    gc.collect()
+
+@dataclass
+class Record:
+    """All repetitions of one configuration (one row of a table)."""
+
+    phase: str  # convert | read
+    corpus: str
+    method: str  # h5batch, h5batch-cold, floor, naive, webdataset-1p, ..., raw, memmap
+    codec: str = ""
+    variant: str = ""  # sampler for reads, scale for conversions
+    workers: int | None = None  # DataLoader num_workers (reads)
+    runs: list[Sample] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        parts = [self.phase, self.corpus, self.method, self.codec, self.variant,
+                 "" if self.workers is None else f"w{self.workers}"]
+        return "/".join(p for p in parts if p)
+
+    def stat(self, what: str = "rate") -> dict[str, float]:
+        return summarize(getattr(r, what) for r in self.runs)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in asdict(self).items() if k != "runs"}
+        d["key"] = self.key
+        d["runs"] = [r.to_dict() for r in self.runs]
+        d["rate"] = self.stat("rate")
+        d["mb_per_s"] = self.stat("mbps")
+        d["seconds"] = self.stat("seconds")
+        d["peak_rss"] = summarize(float(r.peak_rss) for r in self.runs)
+        d["rss_added"] = summarize(float(r.peak_rss - r.baseline_rss) for r in self.runs)
+        return d

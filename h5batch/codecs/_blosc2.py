@@ -1,0 +1,88 @@
+"""What the two Blosc2 codecs share: the Blosc2 plugin filter (32026), the frame the filter
+stores per chunk, and its decode step.
+
+Rule: no codec is registered here; ``blosc2_lz4.py`` and ``blosc2_zstd.py`` each define one
+:class:`Blosc2Codec` subclass naming its inner compressor. Reason: both store the same filter
+id (the compressor is a filter parameter), so they must share one decode step, and the
+registry gives each filter id one step.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .base import Codec, DecodeStep, Encoder, uses_shuffle
+
+FILTER_BLOSC2 = 32026  # registered HDF5 filter id of Blosc2
+
+
+class Blosc2Step(DecodeStep):
+    filter_id = FILTER_BLOSC2
+
+    def available(self) -> bool:
+        try:
+            import blosc2  # noqa: F401
+        except ImportError:
+            return False
+        return True
+
+    def decode(self, raw: Any, nbytes: int) -> tuple[Any, str]:
+        import blosc2
+
+        s = blosc2.schunk_from_cframe(raw, copy=False)
+        if "b2nd" in s.meta.keys():
+            # Written by HDF5's own Blosc2 filter: an n-d array frame whose blocks are padded,
+            # so the raw chunk bytes are not in C order. Let blosc2 assemble the array.
+            return np.ascontiguousarray(blosc2.ndarray_from_cframe(raw)[...]), "blosc2-b2nd"
+        if s.nchunks == 1:
+            return s.decompress_chunk(0), "blosc2"
+        return b"".join(s.decompress_chunk(i) for i in range(s.nchunks)), "blosc2"
+
+    def decode_into(self, raw: Any, out: np.ndarray) -> str | None:
+        """Decompress a one-chunk Blosc2 super-chunk frame (what our encoder writes) into
+        ``out``; None for any other frame."""
+        import blosc2
+
+        s = blosc2.schunk_from_cframe(raw, copy=False)
+        if s.nchunks != 1 or s.nbytes != out.nbytes or "b2nd" in s.meta.keys():
+            return None
+        s.decompress_chunk(0, dst=out.reshape(-1).view(np.uint8))
+        return "blosc2"
+
+
+BLOSC2_STEP = Blosc2Step()
+
+
+class Blosc2Codec(Codec):
+    """Blosc2 with byte shuffle done inside Blosc2 (not HDF5's shuffle filter). A subclass
+    sets ``name``, ``default_level``, ``levels`` and ``cname``, the inner compressor as both
+    hdf5plugin and blosc2 spell it (``lz4``, ``zstd``)."""
+
+    cname: ClassVar[str]
+    levels = range(0, 10)  # Blosc2's clevel, whatever the inner compressor
+    filter_ids = (FILTER_BLOSC2,)
+
+    def dataset_kwargs(self, level: int | None, shuffle: bool, itemsize: int) -> dict[str, Any]:
+        import hdf5plugin
+
+        b2_filter = hdf5plugin.Blosc2.SHUFFLE if uses_shuffle(shuffle, itemsize) else hdf5plugin.Blosc2.NOFILTER
+        return dict(hdf5plugin.Blosc2(cname=self.cname, clevel=level, filters=b2_filter))
+
+    def encoder(self, level: int | None, shuffle: bool, dtype: np.dtype) -> Encoder | None:
+        import blosc2
+
+        codec = getattr(blosc2.Codec, self.cname.upper())
+        filt = blosc2.Filter.SHUFFLE if uses_shuffle(shuffle, dtype.itemsize) else blosc2.Filter.NOFILTER
+        itemsize = dtype.itemsize
+
+        def enc(a: np.ndarray) -> bytes:
+            # The Blosc2 HDF5 filter stores each chunk as a Blosc2 super-chunk frame.
+            cparams = {"typesize": itemsize, "clevel": level, "codec": codec, "filters": [filt], "nthreads": 1}
+            return blosc2.SChunk(chunksize=a.nbytes, data=a, cparams=cparams).to_cframe()
+
+        return enc
+
+    def decode_steps(self) -> dict[int, DecodeStep]:
+        return {FILTER_BLOSC2: BLOSC2_STEP}

@@ -1,0 +1,83 @@
+"""``h5batch convert JOB``: run the conversion a job file describes, print its summary.
+
+Command-line flags become job overrides (``--workers`` is ``cluster.workers``, ``--output``
+is ``output.path``, ``--scheduler`` picks ``cluster.kind: address``), so the output records
+the job that made it whatever way the settings were given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+
+NAME = "convert"
+HELP = "convert a corpus to HDF5 as a job file says"
+DESCRIPTION = ("Discover the corpus of JOB, decode it on Dask workers and write one HDF5 file. "
+               "A matching partial output from an interrupted run is resumed.")
+
+
+def add_arguments(p) -> None:
+    p.add_argument("job", help="job file (YAML), e.g. jobs/demo.yaml")
+    p.add_argument("--workers", type=int, help="number of local worker processes (cluster.workers)")
+    p.add_argument("--output", help="output path (output.path)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a job key, e.g. --set output.codec=gzip (repeatable)")
+    p.add_argument("--scheduler", help="address of an existing Dask scheduler (tcp://host:port); "
+                                       "default from DASK_SCHEDULER_ADDRESS")
+    p.add_argument("--scheduler-file", help="Dask scheduler file of an existing cluster")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    p.add_argument("--restart", action="store_true", help="discard any partial output and start over")
+    p.add_argument("--progress", choices=["auto", "bar", "log", "none"], default="auto",
+                   help="progress display (default: bar on a terminal, log lines otherwise)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+
+
+def job_overrides(args) -> list[str]:
+    """The ``--set`` list plus the overrides the other flags stand for."""
+    from ..config import load_job
+
+    over = list(args.overrides)
+    if args.workers is not None:
+        over.append(f"cluster.workers={args.workers}")
+    if args.output:
+        over.append(f"output.path={args.output}")
+    scheduler = args.scheduler
+    if scheduler is None and not args.scheduler_file and os.environ.get("DASK_SCHEDULER_ADDRESS"):
+        # Dask's standard variable picks the scheduler for jobs that would start a LocalCluster;
+        # it must not silently override a job that asks for SLURM or a scheduler of its own.
+        kind = load_job(args.job, over, check_paths=False).cluster.kind
+        if kind == "local":
+            scheduler = os.environ["DASK_SCHEDULER_ADDRESS"]
+    if scheduler:
+        over += ["cluster.kind=address", f"cluster.address={scheduler}"]
+    if args.scheduler_file:
+        over += ["cluster.kind=scheduler_file", f"cluster.scheduler_file={args.scheduler_file}"]
+    return over
+
+
+def run(args) -> int:
+    from ..config import load_job
+    from ..conversion import ConvertOptions, convert
+
+    job = load_job(args.job, job_overrides(args))
+    opts = ConvertOptions(resume=not args.restart, restart=args.restart, overwrite=args.overwrite,
+                          progress=args.progress)
+    s = convert(job, opts)
+    rate = s.samples / s.seconds if s.seconds else 0
+    counts = ", ".join(f"{k} {v}" for k, v in s.counts.items())
+    print(f"wrote {s.path}: {s.samples} samples ({counts}), {s.rejects} rejects "
+          f"(listed in {s.rejects_file}) in {s.seconds:.1f}s = {rate:.0f} samples/s, "
+          f"{s.bytes_decoded / 1e6 / max(s.seconds, 1e-9):.1f} MB/s decoded; "
+          f"{s.output_bytes / 1e6:.1f} MB on disk"
+          + (f"; resumed after {s.resumed_from} batches" if s.resumed_from else ""), file=sys.stderr)
+    if args.json:
+        print(json.dumps({"path": s.path, "counts": s.counts, "rejects": s.rejects, "seconds": s.seconds,
+                          "bytes_decoded": s.bytes_decoded, "output_bytes": s.output_bytes,
+                          "resumed_from": s.resumed_from}))
+    else:
+        rel = os.path.relpath(s.path)  # short when the output is under the current folder
+        shown = s.path if rel.startswith(os.pardir) else rel
+        print(f"inspect it with: h5batch inspect {shlex.quote(shown)}", file=sys.stderr)
+    return 0

@@ -1,0 +1,30 @@
+"""``h5batch inspect OUT.h5``: describe an output (h5batch.tools.inspect does the reading)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+NAME = "inspect"
+HELP = "show splits, fields, shapes, codec, counts and rejects of an output"
+DESCRIPTION = ("Describe an h5batch HDF5 file: splits, fields, shapes, dtypes, chunk "
+               "shape, codec, sample counts, rejects, bytes on disk, compression ratio "
+               "and the job that made it.")
+
+
+def add_arguments(p) -> None:
+    p.add_argument("path", help="an h5batch output file")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--rejects", type=int, default=20, help="how many rejects to list (default 20)")
+
+
+def run(args) -> int:
+    from ..tools.inspect import describe, render
+
+    if not os.path.exists(args.path):
+        print(f"h5batch inspect: {args.path}: no such file", file=sys.stderr)
+        return 2
+    d = describe(args.path)
+    print(json.dumps(d, indent=1) if args.json else render(d, args.rejects))
+    return 0

@@ -1,0 +1,102 @@
+"""One conversion, stage by stage, in the order the data flows.
+
+=====================  ==================================================================
+stage                  where
+=====================  ==================================================================
+generate (optional)    :mod:`h5batch.generate`: a named corpus made when ``source.generate``
+discover               :mod:`h5batch.layouts`: files -> a :class:`~h5batch.manifest.Manifest`
+decide what to do      :mod:`.partial`: done already, refuse, resume, or start afresh
+plan                   :mod:`.plan` (+ :mod:`.auto`): codecs, batches, the writer's spec
+cluster                :mod:`.cluster`: a LocalCluster, a scheduler, or dask-jobqueue
+preflight              :mod:`.preflight`: every worker can read the corpus and the segments
+drive                  :mod:`.driver`: submit, isolate crashes, forward in manifest order
+worker decode          :mod:`.worker` (runs on Dask workers; decoders in :mod:`h5batch.fields`)
+transport              :mod:`h5batch.transport`: shared memory, descriptors through a pipe
+writer                 :mod:`h5batch.writer`: one process appends, commits, finalizes
+=====================  ==================================================================
+
+:func:`convert` below is the whole pipeline; ``docs/architecture.md`` draws it.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from .. import faults  # noqa: F401  (validates H5BATCH_FAULTS early when it is set)
+from ..config import JobConfig
+from ..errors import EXIT_INTERRUPTED, ConvertError
+from ..layouts import discover
+from ..transport.segments import new_run_id, remove_segments, remove_stale_segments
+from ..writer.messages import Start
+from ..writer.process import WriterHandle
+from .driver import Driver, abort
+from .generate import generate_corpus
+from .options import ConvertOptions, ConvertSummary
+from .partial import OutputFiles
+from .plan import make_plan
+
+__all__ = ["ConvertOptions", "ConvertSummary", "convert"]
+
+
+def convert(job: JobConfig, opts: ConvertOptions | None = None) -> ConvertSummary:
+    """Convert the corpus of ``job`` into its HDF5 output.
+
+    Raises :class:`~h5batch.errors.ConvertError` (with the exit code the command line
+    gives it) when the run cannot start or finish; Ctrl-C commits what is stored and raises
+    it with code 130 (the same call resumes).
+    """
+    opts = opts or ConvertOptions()
+    log = opts.log or sys.stderr
+
+    def say(text: str) -> None:
+        print(text, file=log, flush=True)
+
+    t0 = time.perf_counter()
+    stale = remove_stale_segments()
+    if stale:
+        say(f"removed {len(stale)} shared-memory segments left by dead runs")
+    # The writer process starts first: its imports (h5py, the codecs) overlap discovery,
+    # the codec trial and pre-flight. It waits for its spec.
+    writer = WriterHandle.start()
+    started = False
+    try:
+        generate_corpus(job, say)
+        manifest = discover(job)
+        output = OutputFiles(job, opts, say)
+        done = output.already_done(manifest)
+        if done is not None:
+            say(f"{output.final} is already complete for this job and corpus; nothing to do")
+            return _timed(done, t0)
+        output.check_writable()
+        output.require_samples(manifest)
+        record = output.resume_record(manifest)
+        run_id = new_run_id()
+        plan = make_plan(job, manifest, record, output.final, output.partial, run_id, say)
+        # Decoding may begin while the writer is still importing: batches queue in its pipe.
+        writer.inbox.put(Start(plan.spec))
+        started = True
+        if plan.start:
+            say(f"resuming {output.partial}: {plan.start} of {len(plan.tasks)} batches already committed")
+        try:
+            summary = Driver(job, opts, plan, writer, run_id, say).run()
+        except KeyboardInterrupt:
+            abort(writer)
+            raise ConvertError(f"interrupted; progress is committed in {output.partial}. "
+                               f"Run the same command again to resume.", EXIT_INTERRUPTED) from None
+        except BaseException:
+            abort(writer)
+            raise
+        finally:
+            remove_segments(run_id)
+        summary.resumed_from = plan.start
+        return _timed(summary, t0)
+    finally:
+        if not started:  # never got a job: let it go
+            writer.stop()
+        writer.lifeline.close()
+
+
+def _timed(summary: ConvertSummary, t0: float) -> ConvertSummary:
+    summary.seconds = time.perf_counter() - t0
+    return summary

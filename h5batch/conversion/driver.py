@@ -1,0 +1,300 @@
+"""The driver loop: Dask decodes, the writer stores, in manifest order, with backpressure.
+
+The driver never touches pixel or sample data. It submits batches to Dask with a bounded
+number in flight (a batch counts until the writer has stored it, so memory stays flat
+whatever the corpus size), forwards finished batches to the writer process strictly in
+manifest order, isolates files that crash their worker by splitting their batch in two,
+recursively, and reports progress. Everything it waits for arrives on one event queue:
+finished futures (from Dask's callbacks) and writer messages (from a pipe-reading thread),
+each dispatched through a handler.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..batches import BatchResult, BatchTask
+from ..config import JobConfig
+from ..errors import ConvertError
+from ..manifest import Reject
+from ..transport.packing import Packed, to_shm
+from ..writer.messages import (
+    LAST,
+    Abort,
+    Aborted,
+    Committed,
+    Done,
+    Failed,
+    Finish,
+    Ready,
+    Store,
+    Stored,
+    WriterDied,
+)
+from ..writer.process import WriterHandle
+from .cluster import connect
+from .options import ConvertOptions, ConvertSummary
+from .plan import Plan, RowPredictor
+from .preflight import preflight
+from .progress import Progress
+from .worker import decode_batch
+
+WINDOW_BYTES = 1 << 30  # decoded bytes waiting in shared memory, at most (about)
+ABORT_SECONDS = 60  # how long the writer may take to commit after an abort
+
+
+def _empty_result(task: BatchTask, rejects: list[Reject], nfields: int) -> BatchResult:
+    return BatchResult(task.index, task.split, task.start, Packed((), 0), np.zeros(0, np.int64), [],
+                       np.zeros((0, nfields), np.uint32), rejects, len(task.items))
+
+
+@dataclass
+class _Part:
+    """Items ``[lo, hi)`` of a batch and, once decoded, their result."""
+
+    lo: int
+    hi: int
+    result: BatchResult | None = None
+    confirming: bool = False  # a single file that failed once is being tried again
+
+
+class _Slot:
+    """One manifest batch: its parts (a batch whose worker keeps dying is split in two,
+    recursively, down to the crashing file) and their results."""
+
+    def __init__(self, task: BatchTask):
+        self.task = task
+        self.parts: list[_Part] = [_Part(0, len(task.items))]
+        self.acked = 0  # parts the writer has stored
+        self.written = 0  # samples they held
+
+    def complete(self) -> bool:
+        return all(p.result is not None for p in self.parts)
+
+
+class Driver:
+    """Runs a :class:`~.plan.Plan` on a cluster, feeding the writer. Use :meth:`run`."""
+
+    def __init__(self, job: JobConfig, opts: ConvertOptions, plan: Plan, writer: WriterHandle, run_id: str,
+                 say):
+        self.job, self.opts, self.plan, self.writer, self.run_id, self.say = job, opts, plan, writer, run_id, say
+        self.events: queue.Queue = queue.Queue()
+        self.slots: dict[int, _Slot] = {}
+        self.futures: dict[Any, tuple[int, int]] = {}  # future -> (batch index, part position)
+        self.acked = plan.start
+        self.rejects = 0
+        self.bytes_decoded = 0
+        self.client: Any = None
+        self.progress: Progress | None = None
+        # Worker-side compression: where each split's next batch will start, assuming the
+        # batches in flight lose no samples (a wrong guess only costs the writer a decode).
+        self.rows = RowPredictor(job, plan.written, plan.spec.codecs)
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def run(self) -> ConvertSummary:
+        """Decode and store every batch from ``plan.start`` on, then finish the file."""
+        job, tasks = self.job, self.plan.tasks
+        import dask
+        import distributed  # noqa: F401  (its config defaults must exist before dask.config.set)
+
+        # A task whose worker dies is re-run up to policy.retries more times before Dask
+        # gives up (KilledWorker); then the batch is split to isolate the culprit.
+        # worker-saturation 1.0 keeps queued tasks on the scheduler, so a worker that dies
+        # takes only its running task down with it, not innocent tasks queued behind it.
+        settings = {"distributed.scheduler.allowed-failures": job.policy.retries,
+                    "distributed.scheduler.worker-saturation": 1.0}
+        with dask.config.set(settings), connect(job.cluster) as conn:
+            self.client = conn.client
+            self.say(f"cluster: {conn.description}" + (f"; dashboard {conn.dashboard}" if conn.dashboard else ""))
+            preflight(self.client, job, tasks.manifest, self.say)
+            n_workers = max(1, len(self.client.scheduler_info(n_workers=-1)["workers"]))
+            # Batches in flight: enough to keep every worker busy, and not more decoded
+            # samples waiting in shared memory than WINDOW_BYTES.
+            window = job.cluster.max_in_flight or max(4, min(3 * n_workers, WINDOW_BYTES // max(1, self.plan.batch_bytes)))
+            self.progress = Progress(len(tasks.manifest.items), tasks.first_item(self.plan.start),
+                                     mode=self.opts.progress, log=self.opts.log)
+            threading.Thread(target=self._pump_writer, daemon=True).start()
+            next_submit = next_forward = self.plan.start
+            while self.acked < len(tasks):
+                while next_submit < len(tasks) and next_submit - self.acked < window:
+                    self.slots[next_submit] = _Slot(self.rows.place(tasks[next_submit]))
+                    self._submit(next_submit, 0, len(tasks[next_submit].items))
+                    next_submit += 1
+                kind, payload = self.events.get()
+                if kind == "future":
+                    self._on_future(payload)
+                    while next_forward in self.slots and self.slots[next_forward].complete():
+                        slot = self.slots[next_forward]
+                        for k, part in enumerate(slot.parts):
+                            part.result.final_part = k == len(slot.parts) - 1
+                            self.writer.inbox.put(Store(part.result))
+                        next_forward += 1
+                else:
+                    self._on_writer(payload)
+            self.progress.close()
+            # The writer counts every reject (discovery, decode, write, and those of batches
+            # committed by an earlier run) and keeps the file partial when there are too many.
+            self.writer.inbox.put(Finish(job.policy.max_reject_fraction))
+            s = self._wait_for(Done).summary
+            summary = ConvertSummary(
+                path=s.path, counts=s.counts, rejects=s.rejects, inputs=self.plan.num_inputs, seconds=0.0,
+                bytes_decoded=s.bytes_decoded, output_bytes=os.path.getsize(s.path), rejects_file=s.rejects_file,
+                cluster=conn.description, dashboard=conn.dashboard, ok=s.ok, extra={"writer": s.stats})
+            self.writer.process.join(timeout=30)
+            if not s.ok:
+                n = self.plan.num_inputs
+                raise ConvertError(
+                    f"{s.rejects} of {n} input files rejected ({s.rejects / max(1, n):.1%}), above "
+                    f"policy.max_reject_fraction {job.policy.max_reject_fraction:.1%}; output left as "
+                    f"{self.plan.spec.partial_path}, reasons in {s.rejects_file} (raise "
+                    f"policy.max_reject_fraction and run again to accept it)", 1)
+            return summary
+
+    def _submit(self, index: int, lo: int, hi: int) -> None:
+        whole = self.slots[index].task
+        task = whole if (lo, hi) == (0, len(whole.items)) else whole.sub(lo, hi)
+        fut = self.client.submit(decode_batch, task, pure=False, retries=0,
+                                 key=f"h5batch-decode-{self.run_id}-{index}-{lo}-{hi}")
+        self.futures[fut] = (index, lo)
+        fut.add_done_callback(lambda f: self.events.put(("future", f)))
+
+    # -- writer messages -----------------------------------------------------------------
+
+    def _pump_writer(self) -> None:
+        """Forward writer messages to the event queue; report a writer that died."""
+        outbox, process = self.writer.outbox, self.writer.process
+        while True:
+            try:
+                msg = outbox.get(timeout=1.0)
+            except queue.Empty:
+                if not process.is_alive():
+                    self.events.put(("writer", WriterDied(process.exitcode)))
+                    return
+                continue
+            except (EOFError, OSError):
+                return
+            self.events.put(("writer", msg))
+            if isinstance(msg, LAST):
+                return
+
+    def _on_writer(self, msg: Any) -> None:
+        handler = _WRITER_HANDLERS.get(type(msg))
+        if handler is not None:
+            handler(self, msg)
+
+    def _on_stored(self, msg: Stored) -> None:
+        slot = self.slots[msg.index]
+        slot.acked += 1
+        slot.written += msg.samples
+        if slot.acked == len(slot.parts):
+            self.rows.correct(slot.task, slot.written)
+            self.rejects += sum(len(p.result.rejects) for p in slot.parts)
+            self.bytes_decoded += sum(p.result.packed.nbytes for p in slot.parts)
+            self.progress.update(len(slot.task.items), rejects=self.rejects, nbytes=self.bytes_decoded)
+            del self.slots[msg.index]
+            self.acked += 1
+
+    def _on_failed(self, msg: Failed) -> None:
+        raise ConvertError(f"writer failed: {msg.text}")
+
+    def _on_died(self, msg: WriterDied) -> None:
+        raise ConvertError(f"writer process died (exit code {msg.exit_code}); "
+                           f"rerun the same command to resume from the last commit")
+
+    def _wait_for(self, kind: type) -> Any:
+        while True:
+            source, msg = self.events.get()
+            if source != "writer":
+                continue
+            if isinstance(msg, kind):
+                return msg
+            if isinstance(msg, (Failed, WriterDied)):
+                self._on_writer(msg)
+
+    # -- decoded batches -----------------------------------------------------------------
+
+    def _on_future(self, fut) -> None:
+        index, lo = self.futures.pop(fut)
+        slot = self.slots[index]
+        pos = next(i for i, p in enumerate(slot.parts) if p.lo == lo and p.result is None)
+        part = slot.parts[pos]
+        if fut.status == "finished":
+            res: BatchResult = fut.result()
+            if res.packed.shm_name is None and res.packed.payload is not None:
+                res.packed = to_shm(res.packed, self.run_id)  # network transport
+            if res.stuck and res.worker_address:
+                self._restart_worker(res.worker_address)
+            part.result = res
+            return
+        if fut.status == "cancelled":
+            return
+        exc = fut.exception()
+        lo_, hi_ = part.lo, part.hi
+        if hi_ - lo_ > 1:
+            # Isolate the file that takes its worker down: split the batch and retry both halves.
+            mid = (lo_ + hi_) // 2
+            slot.parts[pos:pos + 1] = [_Part(lo_, mid), _Part(mid, hi_)]
+            self._submit(index, lo_, mid)
+            self._submit(index, mid, hi_)
+            return
+        if not part.confirming:
+            # A single file failed: confirm once on its own before blaming it (its worker
+            # may have died of another task).
+            part.confirming = True
+            self._submit(index, lo_, hi_)
+            return
+        paths = slot.task.items[lo_][0]
+        reason = f"worker failed while decoding this file: {type(exc).__name__}: {exc}"
+        sub = slot.task.sub(lo_, hi_)
+        part.result = _empty_result(sub, [Reject(p, "worker", reason) for p in paths], len(sub.fields))
+
+    def _restart_worker(self, address: str) -> None:
+        """Reclaim a worker whose decode thread is stuck on a hung file (in the background;
+        workers without a nanny cannot be restarted and just keep the lost thread)."""
+        self.say(f"restarting worker {address}: a decode there exceeded policy.decode_timeout")
+        client = self.client
+
+        def restart() -> None:
+            try:
+                client.restart_workers([address], timeout=120, raise_for_error=False)
+            except Exception as e:  # noqa: BLE001 - best effort; the job goes on either way
+                self.say(f"could not restart worker {address}: {e}")
+
+        threading.Thread(target=restart, daemon=True).start()
+
+
+_WRITER_HANDLERS = {
+    Stored: Driver._on_stored,
+    Failed: Driver._on_failed,
+    WriterDied: Driver._on_died,
+    Ready: lambda self, msg: None,  # the plan already knows where the file goes on
+    Committed: lambda self, msg: None,  # progress is counted from Stored
+}
+
+
+def abort(writer: WriterHandle) -> None:
+    """Have the writer commit what it stored and stop; the cluster's teardown happens in
+    :func:`~.cluster.connect`."""
+    process = writer.process
+    if not process.is_alive():
+        return
+    writer.inbox.put(Abort())
+    deadline = time.monotonic() + ABORT_SECONDS
+    while time.monotonic() < deadline and process.is_alive():
+        try:
+            msg = writer.outbox.get(timeout=0.5)
+            if isinstance(msg, (Aborted, Failed)):
+                break
+        except queue.Empty:
+            pass
+    process.join(timeout=10)
+    if process.is_alive():
+        process.kill()

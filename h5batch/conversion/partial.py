@@ -1,0 +1,117 @@
+"""The output's life cycle as the driver sees it, before any sample is decoded.
+
+An output ``X.h5`` is written as ``X.h5.partial`` with a commit record and tail files beside
+it (:mod:`h5batch.writer.commit`), and renamed to ``X.h5`` by the writer at the end. Here the
+driver decides, from what is on disk, what this run does: nothing (``X.h5`` is already the
+finished output of this job and corpus), refuse (``X.h5`` exists and overwriting was not
+asked for; the folder is not writable; a partial of another job or corpus), resume from a
+commit record it can trust, or start afresh after removing a partial it cannot trust.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from .. import format as fmt
+from ..config import JobConfig
+from ..errors import EXIT_BAD_INPUT, ConvertError
+from ..manifest import Manifest
+from ..writer.commit import CommitRecord, remove_commit_files
+from ..writer.resume import check_partial
+from .options import ConvertOptions, ConvertSummary
+
+
+class OutputFiles:
+    """The final path of a job's output, its partial, and what may be done with them."""
+
+    def __init__(self, job: JobConfig, opts: ConvertOptions, say: Callable[[str], None]):
+        self.job, self.opts, self.say = job, opts, say
+        self.final = os.path.abspath(job.output.path)
+        self.partial = self.final + fmt.PARTIAL_SUFFIX
+
+    @property
+    def overwrite(self) -> bool:
+        return self.opts.overwrite or self.job.output.overwrite
+
+    def check_writable(self) -> None:
+        """The output folder exists (made if need be) and is writable; the output itself is
+        not there unless overwriting was asked for."""
+        out_dir = os.path.dirname(self.final)
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+        except OSError as e:
+            raise ConvertError(f"output directory {out_dir} cannot be created: {e.strerror}", EXIT_BAD_INPUT) from e
+        if not os.access(out_dir, os.W_OK):
+            raise ConvertError(f"output directory {out_dir} is not writable", EXIT_BAD_INPUT)
+        if os.path.exists(self.final) and not self.overwrite:
+            raise ConvertError(f"{self.final} already exists; pass --overwrite (or output.overwrite: true) "
+                               f"to replace it", EXIT_BAD_INPUT)
+
+    def already_done(self, manifest: Manifest) -> ConvertSummary | None:
+        """The finished output of this very job and corpus, if it exists (e.g. a run killed
+        between the final rename and its last message): nothing left to do."""
+        if not os.path.exists(self.final) or self.overwrite:
+            return None
+        import h5py
+
+        try:
+            with h5py.File(self.final, "r") as f:
+                same = (bool(f.attrs.get(fmt.ATTR_COMPLETE)) and f.attrs.get(fmt.ATTR_JOB_HASH) == self.job.hash()
+                        and f.attrs.get(fmt.ATTR_MANIFEST_HASH) == manifest.hash)
+                counts = {s: int(f[s].attrs.get(fmt.ATTR_NUM_SAMPLES, 0)) for s in manifest.splits if s in f}
+                n_rej = int(f[f"{fmt.REJECTS}/path"].shape[0]) if f"{fmt.REJECTS}/path" in f else 0
+        except OSError:
+            return None
+        if not same:
+            return None
+        self.discard_partial()
+        return ConvertSummary(path=self.final, counts=counts, rejects=n_rej, inputs=0, seconds=0.0,
+                              bytes_decoded=0, output_bytes=os.path.getsize(self.final),
+                              extra={"already_complete": True})
+
+    def require_samples(self, manifest: Manifest) -> None:
+        """A corpus without a single sample is an error; its rejects are listed beside the
+        output, so that every input file is accounted for even then."""
+        if manifest.items:
+            return
+        detail = ""
+        if manifest.rejects:
+            rej_path = fmt.rejects_file(self.final)
+            os.makedirs(os.path.dirname(rej_path), exist_ok=True)
+            fmt.write_rejects(rej_path, manifest.rejects)
+            first = manifest.rejects[0]
+            detail = (f"; {len(manifest.rejects)} files rejected, e.g. {first.path}: {first.reason} "
+                      f"(all listed in {rej_path})")
+        src = self.job.source
+        raise ConvertError(f"no samples found under {src.root} (layout {src.layout}){detail}", EXIT_BAD_INPUT)
+
+    def resume_record(self, manifest: Manifest) -> CommitRecord | None:
+        """The commit record to continue from, or None to start afresh."""
+        if not os.path.exists(self.partial):
+            return None
+        record = CommitRecord.read(self.partial)
+        if self.opts.restart or not self.opts.resume:
+            self.say(f"discarding partial output {self.partial} (--restart)")
+            return self.discard_partial()
+        if record is None:
+            self.say(f"partial output {self.partial} has no valid commit record and cannot be trusted; starting over")
+            return self.discard_partial()
+        if record.job_hash != self.job.hash() or record.manifest_hash != manifest.hash:
+            what = "job file" if record.job_hash != self.job.hash() else "corpus"
+            raise ConvertError(
+                f"{self.partial} was made from a different {what} than now; rerun with --restart to "
+                f"discard it and start over", EXIT_BAD_INPUT)
+        problem = check_partial(self.partial, record, tuple(self.job.fields))
+        if problem:
+            self.say(f"partial output {self.partial} cannot be trusted ({problem}); starting over")
+            return self.discard_partial()
+        return record
+
+    def discard_partial(self) -> None:
+        try:
+            os.unlink(self.partial)
+        except FileNotFoundError:
+            pass
+        remove_commit_files(self.partial)
+        return None

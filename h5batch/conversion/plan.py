@@ -1,0 +1,184 @@
+"""Planning a conversion: everything decided between discovery and the first task.
+
+:func:`make_plan` settles the codec of every field and the items per batch (``auto``, or
+what the interrupted run used, when resuming: its datasets already have their filters and
+its progress is counted in batches), cuts the manifest into :class:`TaskList` batches, and
+fills the writer's :class:`~h5batch.writer.messages.WriterSpec`, with the versions of what
+shapes the output's bytes. :class:`RowPredictor` lets workers compress whole chunks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import __version__
+from ..batches import BatchTask
+from ..codecs import CodecSpec, self_check
+from ..config import JobConfig
+from ..fields import fixed_sample_shape, rows_per_chunk
+from ..manifest import Manifest
+from ..transport.segments import hostname
+from ..writer.commit import CommitRecord
+from ..writer.messages import WriterSpec
+from ..writer.process import current_umask
+from .auto import resolve
+from .cluster import default_workers
+
+
+@dataclass
+class Plan:
+    """What the driver runs: the tasks, where to start, and what the writer is told."""
+
+    tasks: TaskList
+    spec: WriterSpec
+    start: int  # first batch to submit (batches before it are committed)
+    written: dict[str, int]  # samples per split already in the file
+    batch_bytes: int  # decoded bytes of one batch, about
+    num_inputs: int  # input files, rejects included
+
+
+def make_plan(job: JobConfig, manifest: Manifest, record: CommitRecord | None, final: str, partial: str,
+              run_id: str, say: Callable[[str], None]) -> Plan:
+    auto = resolve(job, manifest)
+    for line in auto.describe(job):
+        say(line)
+    codecs = {name: c.codec for name, c in auto.codecs.items()}
+    codec_notes = {name: c.why() for name, c in auto.codecs.items()}
+    batch_size = auto.batch_size
+    if record is not None:
+        # The partial file's datasets already have their filters: keep writing those
+        # (and describe fields created from now on the way the first run did).
+        if record.codecs != codecs:
+            say("resuming with the interrupted run's codecs: "
+                + ", ".join(f"{n} {c.label()}" for n, c in record.codecs.items()))
+        codecs, codec_notes = dict(record.codecs), dict(record.codec_notes)
+        if record.batch_size and record.batch_size != batch_size:
+            # Progress is recorded in batches: the rest must be cut the same way.
+            say(f"resuming with the interrupted run's batch size ({record.batch_size} items, not {batch_size})")
+            batch_size = record.batch_size
+    num_inputs = sum(len(it.paths) for it in manifest.items) + len(manifest.rejects)
+    n_workers = job.cluster.workers or default_workers()
+    spec = WriterSpec(
+        partial_path=partial, final_path=final,
+        job_json=json.dumps(job.public_dict(), sort_keys=True), job_hash=job.hash(),
+        manifest_hash=manifest.hash, splits=manifest.splits, fields=tuple(job.fields.items()),
+        class_names=manifest.class_names, labelled=job.labelled, codecs=codecs,
+        chunk_bytes=job.output.chunk_bytes, cache_bytes=job.output.cache_bytes,
+        discovery_rejects=manifest.rejects, num_inputs=num_inputs,
+        commit_every=job.policy.commit_every, threads=max(2, min(4, n_workers)),
+        resume=record, versions=versions(), batch_size=batch_size,
+        codec_notes=codec_notes, cwd=os.getcwd(), umask=current_umask(),
+    )
+    tasks = make_tasks(job, manifest, run_id, hostname(), batch_size)
+    written = {split: p.samples for split, p in record.splits.items()} if record else {}
+    return Plan(tasks, spec, record.next_batch if record else 0, written, batch_size * auto.item_bytes, num_inputs)
+
+
+def versions() -> dict[str, str]:
+    """Versions of what shapes the bytes of the output (stored in the file)."""
+    import dask
+    import h5py
+    import hdf5plugin
+    import PIL
+    import soundfile
+
+    out = {"h5batch": __version__, "h5py": h5py.__version__, "hdf5": h5py.version.hdf5_version,
+           "numpy": np.__version__, "hdf5plugin": hdf5plugin.version, "soundfile": soundfile.__version__,
+           "pillow": PIL.__version__, "dask": dask.__version__, "python": sys.version.split()[0]}
+    try:
+        import blosc2
+
+        out["blosc2"] = blosc2.__version__
+    except ImportError:
+        pass
+    return out
+
+
+class TaskList(Sequence):
+    """The batches of a job, built on demand: only the batch boundaries are kept, so the
+    driver holds no per-file state beyond the manifest itself."""
+
+    def __init__(self, job: JobConfig, manifest: Manifest, run_id: str, writer_host: str, batch_size: int):
+        self.job, self.manifest, self.run_id, self.writer_host = job, manifest, run_id, writer_host
+        self.fields = tuple(job.fields.items())
+        self.root = os.path.abspath(manifest.root)
+        bs = batch_size
+        starts = []
+        items = manifest.items
+        i = 0
+        while i < len(items):  # batches of batch_size items, never across splits
+            starts.append(i)
+            split = items[i].split
+            j = min(i + bs, len(items))
+            while items[j - 1].split != split:
+                j -= 1
+            i = j
+        self.starts = np.asarray(starts + [len(items)], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.starts) - 1
+
+    def first_item(self, index: int) -> int:
+        """Manifest position of the first item of batch ``index`` (``len`` for the end)."""
+        return int(self.starts[index])
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[k] for k in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        lo, hi = int(self.starts[index]), int(self.starts[index + 1])
+        m = self.manifest
+        chunk = tuple((it.paths, m.label_index(it.label)) for it in m.items[lo:hi])
+        return BatchTask(index, m.items[lo].split, lo, chunk, self.root, self.fields, self.run_id,
+                         self.job.cluster.transport, self.writer_host, self.job.policy.decode_timeout)
+
+
+def make_tasks(job: JobConfig, manifest: Manifest, run_id: str, writer_host: str,
+               batch_size: int | None = None) -> TaskList:
+    """Cut the manifest into batches of ``batch_size`` items (default: ``cluster.batch_size``,
+    or :func:`h5batch.conversion.auto.resolve`'s choice), never across splits."""
+    if batch_size is None:
+        batch_size = resolve(job, manifest).batch_size  # the job's integer, or auto's choice
+    return TaskList(job, manifest, run_id, writer_host, batch_size)
+
+
+class RowPredictor:
+    """Predicts the dataset row at which each batch's first sample will land, so workers
+    can compress whole chunks of fixed-shape fields (see ``transport.ChunkSet``)."""
+
+    def __init__(self, job: JobConfig, written: dict[str, int], codecs: dict[str, CodecSpec]):
+        self.fields: list[tuple[str, int, CodecSpec]] = []
+        where = job.cluster.compress_on
+        if where == "writer" or (where == "auto" and job.cluster.kind == "local"):
+            names: list[str] = []
+        else:
+            names = list(job.fields)
+        for name, fc in ((n, job.fields[n]) for n in names):
+            fixed = fixed_sample_shape(fc)
+            codec = codecs[name]
+            # Uncompressed chunks need no work anywhere: the writer stores the rows as they are.
+            if fixed and codec.name != "none" and self_check(codec, fixed[1].str):
+                self.fields.append((name, rows_per_chunk(fixed[0], fixed[1], job.output.chunk_bytes), codec))
+        self.next_row = dict(written)
+
+    def place(self, task: BatchTask) -> BatchTask:
+        if not self.fields:
+            return task
+        row = self.next_row.get(task.split, 0)
+        self.next_row[task.split] = row + len(task.items)
+        return dataclasses.replace(task, align=tuple((n, row, k, c) for n, k, c in self.fields))
+
+    def correct(self, task: BatchTask, written: int) -> None:
+        """A batch is stored: its rejects shift every later batch of its split."""
+        if self.fields:
+            self.next_row[task.split] -= len(task.items) - written

@@ -1,0 +1,275 @@
+"""What runs on the Dask workers: decode a batch of items, pack the arrays for the writer.
+
+:func:`decode_batch` turns a :class:`~h5batch.batches.BatchTask` into a
+:class:`~h5batch.batches.BatchResult`: files that fail become rejects, never exceptions; a
+file that hangs past ``policy.decode_timeout`` is abandoned with its thread; fixed-shape
+samples are decoded straight into shared memory. Nothing here touches HDF5.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+try:  # ISA-L's crc32: the same checksum as zlib's, faster
+    from isal.isal_zlib import crc32
+except ImportError:  # pragma: no cover
+    from zlib import crc32
+
+from .. import faults
+from ..batches import BatchResult, BatchTask
+from ..codecs import CodecSpec, make_encoder, self_check
+from ..errors import DecodeError
+from ..fields import decode_field, decode_field_into, fixed_sample_shape
+from ..manifest import Reject
+from ..transport.packing import Block, ChunkSet, Packed, pack
+from ..transport.segments import FREE, abandon_segment, hostname, take_segment
+
+
+def choose_mode(transport: str, writer_host: str) -> str:
+    """``auto`` -> shared memory when this process runs on the writer's host."""
+    if transport == "auto":
+        return "shm" if writer_host in ("", hostname()) and os.path.isdir("/dev/shm") else "network"
+    return transport
+
+
+class _Watched:
+    """Decodes items ``start..`` of a task in a background thread while the caller watches
+    the clock. A file that hangs past its budget is abandoned with its thread (which may
+    keep running: the result says so and the driver restarts the worker); the caller goes
+    on with the next item in a fresh thread. The caller wakes only on completion or once
+    per poll interval, so the watch costs nothing per item."""
+
+    def __init__(self, task: BatchTask, start: int, direct: _DirectRows | None = None):
+        self.task, self.direct = task, direct
+        self.outcomes: dict[int, Any] = {}  # item index -> list of arrays, or the exception
+        self.current: tuple[int, float] | None = None  # (item index, start time)
+        self.done = threading.Event()
+        self.abandoned = False
+        threading.Thread(target=self._run, args=(start,), name="h5batch-decode", daemon=True).start()
+
+    def _run(self, start: int) -> None:
+        for i in range(start, len(self.task.items)):
+            self.current = (i, time.monotonic())
+            try:
+                rows = self.direct.rows(i) if self.direct is not None else None
+                out: Any = _decode_item(self.task, self.task.items[i][0], rows)
+            except (DecodeError, MemoryError) as e:
+                out = e
+            if self.abandoned:
+                return
+            self.outcomes[i] = out
+        self.current = None
+        self.done.set()
+
+
+def _decode_item(task: BatchTask, paths: tuple[str, ...],
+                 rows: list[np.ndarray] | None = None) -> list[np.ndarray]:
+    """The item's array per field; with ``rows``, decoded into those rows and returned."""
+    out = []
+    for k, ((_, fc), rel) in enumerate(zip(task.fields, paths)):
+        faults.before_decode(rel)
+        try:
+            if rows is None:
+                out.append(decode_field(os.path.join(task.root, rel), fc))
+            else:
+                decode_field_into(os.path.join(task.root, rel), fc, rows[k])
+                out.append(rows[k])
+        except DecodeError as e:
+            raise DecodeError(rel, e.reason) from None
+    return out
+
+
+class _DirectRows:
+    """A batch decoded straight into shared memory: when every field has a fixed shape,
+    item ``i``'s sample of field ``f`` gets row ``i`` of block ``f`` in a segment before
+    decoding starts, so the decoder writes into it (a PCM16 WAV is read into it by one
+    ``readinto``) and nothing is allocated or copied per sample. Rejected items leave
+    holes that :meth:`packed` closes by moving the later rows down."""
+
+    def __init__(self, task: BatchTask, layouts: list[tuple[tuple[int, ...], np.dtype]]):
+        n = len(task.items)
+        sizes = [n * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize for shape, dtype in layouts]
+        self.names = [name for name, _ in task.fields]
+        self.seg = take_segment(task.run_id, max(1, sum(sizes)))
+        self.offsets = [int(o) for o in np.cumsum([0] + sizes[:-1])]
+        self.views = [self.seg.data[off: off + size].view(dtype).reshape(n, *shape)
+                      for off, size, (shape, dtype) in zip(self.offsets, sizes, layouts)]
+
+    @classmethod
+    def maybe(cls, task: BatchTask, mode: str) -> _DirectRows | None:
+        if mode != "shm" or task.align or not task.items:
+            return None  # worker-side compression needs the samples before packing
+        layouts = [fixed_sample_shape(fc) for _, fc in task.fields]
+        if any(lay is None for lay in layouts):
+            return None
+        return cls(task, layouts)  # type: ignore[arg-type]
+
+    def rows(self, i: int) -> list[np.ndarray]:
+        return [v[i] for v in self.views]
+
+    def packed(self, kept: list[int]) -> Packed:
+        m = len(kept)
+        for v in self.views:
+            for new, old in enumerate(kept):
+                if new != old:
+                    v[new] = v[old]
+        blocks = tuple(Block(name, v.dtype.str, (v.shape[1:],) * m, off, m * v[0].nbytes)
+                       for name, v, off in zip(self.names, self.views, self.offsets))
+        return Packed(blocks, sum(b.nbytes for b in blocks), shm_name=self.seg.name, host=hostname())
+
+    def free(self) -> None:
+        self.seg.mark(FREE)
+
+    def abandon(self) -> None:
+        abandon_segment(self.seg)
+
+
+def _worker_address() -> str:
+    try:
+        from distributed import get_worker
+
+        return get_worker().address
+    except (ImportError, ValueError):
+        return ""
+
+
+def decode_batch(task: BatchTask) -> BatchResult:
+    """Decode every item of ``task``; failures become rejects, never exceptions."""
+    t0 = time.perf_counter()
+    faults.before_batch(task.index)
+    names = [n for n, _ in task.fields]
+    outcomes: dict[int, Any] = {}
+    mode = choose_mode(task.transport, task.writer_host)
+    direct = _DirectRows.maybe(task, mode)
+    try:
+        stuck = _decode_all(task, direct, outcomes)
+        arrays, labels, sources, sums, rejects, kept = _collect(task, outcomes, names)
+        if direct is not None and not stuck:
+            packed = direct.packed(kept)
+        else:
+            chunks = _compress_chunks(task, arrays) if task.align else ()
+            packed = pack(arrays, mode, task.run_id, chunks)
+    except BaseException:
+        if direct is not None:
+            direct.free()
+        raise
+    return BatchResult(
+        index=task.index,
+        split=task.split,
+        start=task.start,
+        packed=packed,
+        labels=np.asarray(labels, dtype=np.int64),
+        sources=sources,
+        checksums=np.asarray(sums, dtype=np.uint32).reshape(len(sums), len(names)),
+        rejects=rejects,
+        n_items=len(task.items),
+        decode_seconds=time.perf_counter() - t0,
+        worker=hostname(),
+        stuck=stuck,
+        worker_address=_worker_address() if stuck else "",
+    )
+
+
+def _decode_all(task: BatchTask, direct: _DirectRows | None,
+                outcomes: dict[int, Any]) -> bool:
+    """Decode every item into ``outcomes`` (its arrays, or the exception). Returns True
+    when a decode hung past its budget: its thread may still write, so the results are
+    copied out of ``direct``'s segment and the segment is abandoned."""
+    stuck = False
+    i = 0
+    while i < len(task.items):
+        run = _Watched(task, i, direct)
+        while not run.done.wait(timeout=min(1.0, task.timeout / 4)):
+            cur = run.current
+            if cur and time.monotonic() - cur[1] > task.timeout * len(task.items[cur[0]][0]):
+                run.abandoned = True
+                break
+        if run.done.is_set():
+            outcomes.update(run.outcomes)
+            break
+        hung = run.current[0]  # type: ignore[index]
+        outcomes.update({k: v for k, v in run.outcomes.items() if k < hung})
+        outcomes[hung] = TimeoutError()
+        stuck = True
+        i = hung + 1
+    if stuck and direct is not None:
+        for k, out in outcomes.items():
+            if isinstance(out, list):
+                outcomes[k] = [a.copy() for a in out]
+        direct.abandon()
+    return stuck
+
+
+def _collect(task: BatchTask, outcomes: dict[int, Any], names: list[str]):
+    """Sort outcomes into per-field sample lists, labels, sources, checksums, rejects and
+    the indices of the items kept."""
+    arrays: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    labels: list[int] = []
+    sources: list[tuple[str, ...]] = []
+    sums: list[list[int]] = []
+    rejects: list[Reject] = []
+    kept: list[int] = []
+    for k, (paths, label) in enumerate(task.items):
+        out = outcomes[k]
+        if isinstance(out, TimeoutError):
+            budget = task.timeout * len(paths)
+            for rel in paths:
+                rejects.append(Reject(rel, "timeout", f"decoding took longer than {budget:g} s (policy.decode_timeout)"))
+            continue
+        if isinstance(out, DecodeError):
+            # A paired sample with one bad file rejects every file of the pair.
+            for rel in paths:
+                reason = out.reason if rel == out.path else f"paired file {out.path} was rejected: {out.reason}"
+                rejects.append(Reject(rel, "decode", reason))
+            continue
+        if isinstance(out, MemoryError):
+            for rel in paths:
+                rejects.append(Reject(rel, "decode", "out of memory while decoding"))
+            continue
+        for name, a in zip(names, out):
+            arrays[name].append(a)
+        labels.append(label)
+        sources.append(paths)
+        sums.append([crc32(a.reshape(-1).view(np.uint8)) for a in out])
+        kept.append(k)
+    return arrays, labels, sources, sums, rejects, kept
+
+
+@cache
+def _encoder(codec: CodecSpec, dtype: str):
+    if codec.name.startswith("blosc2"):
+        import blosc2
+
+        # One compression thread per worker process: the workers already fill the cores.
+        blosc2.set_nthreads(1)
+    return make_encoder(codec, np.dtype(dtype)) if self_check(codec, dtype) else None
+
+
+def _compress_chunks(task: BatchTask, arrays: dict[str, list[np.ndarray]]) -> tuple[ChunkSet, ...]:
+    """Compress the whole chunks of each aligned field here, in parallel across workers,
+    so the writer only stores bytes (HDF5 runs filters in one thread, and so does the
+    Blosc2 frame encoder). Replaces those samples in ``arrays`` by the head and tail rows
+    and adds a ``<field>#chunks`` entry."""
+    out = []
+    for name, pred, k, codec in task.align:
+        samples = arrays[name]
+        n = len(samples)
+        head = min((-pred) % k, n)
+        n_chunks = (n - head) // k
+        if n_chunks == 0 or any(a.shape != samples[0].shape or a.dtype != samples[0].dtype for a in samples):
+            continue
+        enc = _encoder(codec, samples[0].dtype.str)
+        if enc is None:
+            continue
+        rows = np.stack(samples[head: head + n_chunks * k])
+        encoded = [np.frombuffer(enc(rows[i * k:(i + 1) * k]), dtype=np.uint8) for i in range(n_chunks)]
+        arrays[name] = samples[:head] + samples[head + n_chunks * k:]
+        arrays[f"{name}#chunks"] = encoded
+        out.append(ChunkSet(name, pred, head, n_chunks, k, tuple(samples[0].shape), samples[0].dtype.str))
+    return tuple(out)

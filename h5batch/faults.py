@@ -1,0 +1,82 @@
+"""The one fault-injection hook, for the failure tests; off unless ``H5BATCH_FAULTS`` is set.
+
+The failure tests must kill a worker in the middle of a batch, hang a decoder or stop the
+writer between two commits, in real processes. Rather than thread a test-only argument
+through every product signature, each process reads the same environment variable
+(Dask workers and the writer process inherit the driver's environment), and the product
+calls :func:`before_decode`, :func:`before_batch` and :func:`pause` at the three places
+where a fault can be injected. With the variable unset each call is one dictionary lookup.
+
+``H5BATCH_FAULTS`` is a comma-separated list of ``mode=value``:
+
+=====================  =================================================================
+``crash_on=NAME``      the process decoding a file named NAME kills itself with SIGKILL,
+                       every time (like a decoder that segfaults)
+``hang_on=NAME``       decoding a file named NAME never returns
+``kill_once=B:MARKER`` the worker that runs batch B kills itself, the first time only
+                       (MARKER is a file it creates to remember that it did)
+``pause_at=POINT``     the writer stops for good at POINT: ``commit:N`` right after its
+                       N-th commit, ``finalize`` just before the final rename; it first
+                       writes ``<partial>.paused`` so a test knows it is there
+=====================  =================================================================
+
+An unknown mode is an error (a typo must not silently test nothing).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from functools import cache
+
+ENV = "H5BATCH_FAULTS"
+MODES = ("crash_on", "hang_on", "kill_once", "pause_at")
+
+
+@cache
+def parse(text: str) -> dict[str, str]:
+    """``mode -> value`` of a ``H5BATCH_FAULTS`` value; ValueError for an unknown mode."""
+    out: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        mode, sep, value = part.partition("=")
+        if not sep or mode not in MODES:
+            raise ValueError(f"{ENV}: {part!r} is not one of {', '.join(m + '=...' for m in MODES)}")
+        out[mode] = value
+    return out
+
+
+def active() -> dict[str, str]:
+    """The faults this process was asked to inject (usually none)."""
+    text = os.environ.get(ENV)
+    return parse(text) if text else {}
+
+
+def before_decode(path: str) -> None:
+    """Called before a file is decoded (on a worker, or in the driver's codec trial)."""
+    faults = active()
+    if not faults:
+        return
+    name = os.path.basename(path)
+    if faults.get("crash_on") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if faults.get("hang_on") == name:
+        time.sleep(3600)
+
+
+def before_batch(index: int) -> None:
+    """Called on a worker before it decodes batch ``index``."""
+    spec = active().get("kill_once")
+    if spec:
+        at, marker = spec.split(":", 1)
+        if int(at) == index and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def pause(point: str, partial_path: str) -> None:
+    """Called by the writer at ``commit:N`` and ``finalize``: stops there when asked."""
+    if active().get("pause_at") == point:
+        with open(partial_path + ".paused", "w") as fh:
+            fh.write(point)
+        time.sleep(3600)

@@ -1,0 +1,349 @@
+"""The ``audio`` field kind: settings, decoders and what the output and the reader say.
+
+Arrays are ``(frames,)`` (``channels: mono`` or ``first``) or ``(frames, channels)``
+(``keep``), dtype int16 (16-bit PCM kept exact) or float32 in [-1, 1].
+
+Rules, and why:
+
+* A plain little-endian 16-bit PCM WAV is read straight from its data chunk
+  (:func:`pcm16_layout`); anything else goes through libsndfile. Reason: for such a file
+  the samples *are* the data chunk's bytes, so the direct read gives exactly what
+  ``soundfile.read(path, dtype="int16")`` gives, without a second open and libsndfile's
+  per-call cost (``tests/test_decode_audio.py`` holds the two paths equal).
+* A WAV whose data chunk declares more bytes than the file holds is a reject
+  (:func:`wav_header`), not a short sample: libsndfile quietly shortens it.
+* A file at another sample rate is a reject unless ``resample: true``; ``length`` keeps
+  the start and crops or zero-pads the end (recorded in the ``length_rule`` attribute).
+* Every failure raises :class:`~h5batch.errors.DecodeError` naming the cause as
+  specifically as the bytes allow (codec tag, truncation, sample rate); the job puts the
+  file in the rejects list and goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from ..errors import ConfigError, DecodeError
+from .base import FieldKind, copy_into
+from .files import open_checked, read_head, sniff
+
+
+@dataclass(frozen=True)
+class AudioField:
+    """Decode with soundfile. Arrays are ``(frames,)`` for mono, ``(frames, channels)``
+    otherwise; ``dtype`` int16 keeps 16-bit PCM exact, float32 is in [-1, 1]."""
+
+    type: Literal["audio"] = "audio"
+    extensions: list[str] = field(default_factory=lambda: [".wav", ".flac", ".ogg"])
+    sample_rate: int | None = None
+    resample: bool = False
+    channels: Literal["mono", "keep", "first"] = "mono"
+    length: int | None = None  # frames after resampling; None = variable length
+    dtype: Literal["int16", "float32"] = "int16"
+    folder: str | None = None  # paired_folders: folder name in the corpus (default: field name)
+    column: str | None = None  # manifest: column holding the path (default: field name)
+
+
+# WAV format tags libsndfile decodes (wav.c); any other tag is a codec it does not have.
+_SNDFILE_WAV_TAGS = {0x0001, 0x0002, 0x0003, 0x0006, 0x0007, 0x0011, 0x0031, 0x0040, 0x0055, 0xFFFE}
+_WAV_TAG_NAMES = {
+    0x0050: "MPEG-1 Layer I/II", 0x0092: "Dolby AC-3 SPDIF", 0x00FF: "AAC", 0x0160: "WMA v1",
+    0x0161: "WMA v2", 0x0162: "WMA Pro", 0x0163: "WMA Lossless", 0x1610: "HE-AAC",
+    0x2000: "Dolby AC-3", 0x2001: "DTS", 0x0022: "DSP Group TrueSpeech", 0x0270: "Sony ATRAC3",
+}
+
+
+@dataclass(frozen=True)
+class WavHeader:
+    """What the RIFF chunks of a WAV file say (``None`` fields: chunk not found)."""
+
+    format_tag: int | None
+    data_offset: int | None
+    data_size: int | None
+    file_size: int
+
+
+def wav_header(path: str, head: bytes = b"", size: int | None = None) -> WavHeader | None:
+    """Walk the RIFF chunks of a WAV file; None when it is not RIFF/WAVE.
+
+    libsndfile quietly shortens a file whose data chunk is cut off, so the declared
+    size has to be checked here to notice truncation. ``head`` (the file's first bytes,
+    with ``size``) saves opening the file again when the chunks lie within it.
+    """
+    if head and size is not None:
+        parsed = _wav_header_in(head, size)
+        if parsed is not None:
+            return parsed
+        if head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+            return None
+    size = os.path.getsize(path)
+    tag = data_offset = data_size = None
+    with open(path, "rb") as fh:
+        head = fh.read(12)
+        if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+            return None
+        pos = 12
+        while pos + 8 <= size and data_offset is None:
+            fh.seek(pos)
+            cid, clen = struct.unpack("<4sI", fh.read(8))
+            if cid == b"fmt ":
+                body = fh.read(2)
+                tag = struct.unpack("<H", body)[0] if len(body) == 2 else None
+            elif cid == b"data":
+                data_offset, data_size = pos + 8, clen
+            pos += 8 + clen + (clen & 1)
+    return WavHeader(tag, data_offset, data_size, size)
+
+
+def _riff_chunks(head: bytes, size: int):
+    """``(chunk id, header position, declared length)`` of the RIFF/WAVE chunks whose
+    8-byte header lies within ``head`` (the first bytes of a file of ``size`` bytes)."""
+    if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+        return
+    pos = 12
+    while pos + 8 <= min(size, len(head)):
+        cid, clen = struct.unpack_from("<4sI", head, pos)
+        yield cid, pos, clen
+        pos += 8 + clen + (clen & 1)
+
+
+def _wav_header_in(head: bytes, size: int) -> WavHeader | None:
+    """Like :func:`wav_header` from the first bytes only; None unless the data chunk
+    header lies within them."""
+    tag = None
+    for cid, pos, clen in _riff_chunks(head, size):
+        if cid == b"fmt " and pos + 10 <= len(head):
+            tag = struct.unpack_from("<H", head, pos + 8)[0]
+        elif cid == b"data":
+            return WavHeader(tag, pos + 8, clen, size)
+    return None
+
+
+@dataclass(frozen=True)
+class Pcm16:
+    """Where the samples of a plain 16-bit PCM WAV lie (all parsed from its first bytes)."""
+
+    channels: int
+    sample_rate: int
+    data_offset: int
+    frames: int
+
+
+def pcm16_layout(head: bytes, size: int) -> Pcm16 | None:
+    """The layout of a little-endian 16-bit PCM WAV whose ``fmt`` and ``data`` chunk
+    headers lie within ``head``, and whose data is all present; None for anything else
+    (other codecs, RIFX, truncated or streaming files: libsndfile handles those and
+    their errors).
+
+    For such a file the samples are the data chunk's bytes, so reading them straight into
+    an array gives exactly what ``soundfile.read(path, dtype="int16")`` returns, without
+    a second open and libsndfile's per-call cost.
+    """
+    fmt = None
+    for cid, pos, clen in _riff_chunks(head, size):
+        if cid == b"fmt ":
+            if pos + 8 + min(clen, 26) > len(head) or clen < 16:
+                return None
+            tag, channels, rate, _, align, bits = struct.unpack_from("<HHIIHH", head, pos + 8)
+            if tag == 0xFFFE:  # WAVE_FORMAT_EXTENSIBLE: the sub-format GUID starts with the tag
+                if clen < 26:
+                    return None
+                tag = struct.unpack_from("<H", head, pos + 8 + 24)[0]
+            fmt = (tag, channels, rate, align, bits)
+        elif cid == b"data":
+            if fmt is None:
+                return None
+            tag, channels, rate, align, bits = fmt
+            if tag != 1 or bits != 16 or channels < 1 or rate < 1 or align != 2 * channels:
+                return None
+            if clen in (0, 0xFFFFFFFF) or pos + 8 + clen > size:
+                return None
+            frames = clen // align
+            return Pcm16(channels, rate, pos + 8, frames) if frames else None
+    return None
+
+
+def _readinto(path: str, fh, offset: int, out: np.ndarray) -> None:
+    """Fill the C-contiguous ``out`` with the file's bytes from ``offset`` on."""
+    try:
+        fh.seek(offset)
+        got = fh.readinto(memoryview(out).cast("B"))
+    except OSError as e:
+        raise DecodeError(path, f"cannot read file: {e.strerror or e}") from e
+    if got != out.nbytes:
+        raise DecodeError(path, f"truncated audio: expected {out.nbytes} data bytes, read {got}")
+
+
+def _read_pcm16(path: str, fh, layout: Pcm16, max_frames: int | None) -> np.ndarray:
+    """``(frames, channels)`` int16 read straight from the data chunk of an open file."""
+    frames = layout.frames if max_frames is None else min(layout.frames, max_frames)
+    x = np.empty((frames, layout.channels), dtype=np.int16)
+    _readinto(path, fh, layout.data_offset, x)
+    return x
+
+
+def _audio_open_reason(path: str, err: Exception) -> str:
+    """Why libsndfile could not open ``path``, as specifically as the bytes allow."""
+    kind = sniff(path)
+    err = str(err).replace(f"Error opening {path!r}: ", "")  # the reject names the file already
+    if kind == "WAV (RIFF)":
+        h = wav_header(path)
+        if h is None or h.format_tag is None or h.data_offset is None:
+            return f"truncated or malformed WAV header (no complete fmt/data chunk): {err}"
+        if h.format_tag not in _SNDFILE_WAV_TAGS:
+            name = _WAV_TAG_NAMES.get(h.format_tag, "unknown codec")
+            return (f"unsupported audio codec: WAV format tag 0x{h.format_tag:04X} ({name}), "
+                    f"which libsndfile cannot decode")
+        return f"corrupt WAV file: {err}"
+    if kind in ("FLAC", "Ogg", "MP3"):
+        return f"corrupt or unsupported {kind} file: {err}"
+    return f"not a readable audio file (content looks like {kind}): {err}"
+
+
+def _check_wav_complete(path: str, frames: int, head: bytes = b"", size: int | None = None) -> None:
+    """Raise when a WAV's data chunk declares more bytes than the file holds."""
+    h = wav_header(path, head, size)
+    if h is None or h.data_offset is None or h.data_size in (None, 0, 0xFFFFFFFF):
+        return  # not WAV, or a streaming writer's "size unknown" header
+    present = h.file_size - h.data_offset
+    if h.data_size > present:
+        raise DecodeError(path, f"truncated audio: the WAV data chunk declares {h.data_size} bytes "
+                                f"but the file holds {max(present, 0)} ({frames} whole frames)")
+
+
+def _to_int16(x: np.ndarray) -> np.ndarray:
+    """float32 in [-1, 1] -> int16 with rounding and clipping (as PCM writers do)."""
+    return np.clip(np.rint(x * 32768.0), -32768, 32767).astype(np.int16)
+
+
+def _read_with_soundfile(path: str, fc: AudioField, head: bytes, size: int) -> tuple[np.ndarray, int]:
+    """Any format libsndfile reads: ``((frames, channels) int16 or float32, sample rate)``."""
+    import soundfile as sf
+
+    try:
+        f = sf.SoundFile(path)
+    except Exception as e:  # libsndfile's message alone ("Malformed 'fmt ' chunk") is too vague
+        raise DecodeError(path, _audio_open_reason(path, e)) from e
+    with f:
+        sr, frames, channels = f.samplerate, f.frames, f.channels
+        _check_wav_complete(path, frames, head, size)
+        if frames <= 0:
+            raise DecodeError(path, "audio has zero frames")
+        target_sr = fc.sample_rate or sr
+        if sr != target_sr and not fc.resample:
+            raise DecodeError(path, f"sample rate {sr} Hz, job expects {target_sr} Hz (set resample: true to convert)")
+        exact_int = fc.dtype == "int16" and sr == target_sr and (channels == 1 or fc.channels != "mono")
+        is_float_src = f.subtype in ("FLOAT", "DOUBLE")
+        try:
+            if exact_int and not is_float_src:
+                x = f.read(dtype="int16", always_2d=True)
+            else:
+                x = f.read(dtype="float32", always_2d=True)
+        except Exception as e:
+            raise DecodeError(path, f"truncated or corrupt audio data: {e}") from e
+    if x.shape[0] == 0:
+        raise DecodeError(path, "audio has zero frames")
+    if x.shape[0] < frames:
+        raise DecodeError(path, f"truncated audio: header says {frames} frames, read {x.shape[0]}")
+    return x, sr
+
+
+def decode_audio(path: str, fc: AudioField, out: np.ndarray | None = None) -> np.ndarray:
+    """Read one audio file and apply the field's preprocessing.
+
+    Returns ``(frames,)`` or ``(frames, channels)`` of ``fc.dtype``. 16-bit PCM read as
+    int16 without resampling or mixing is bit-exact with ``soundfile.read(path, dtype='int16')``.
+    ``out`` (a fixed-length mono field's ``(length,)`` int16 row, e.g. in shared memory)
+    lets a plain PCM16 file be read straight into place; the result is then ``out``.
+    Other files ignore it.
+    """
+    with open_checked(path) as fh:
+        head, size = read_head(path, fh, 4096)
+        layout = pcm16_layout(head, size)
+        if layout is not None:
+            sr = layout.sample_rate
+            target_sr = fc.sample_rate or sr
+            if sr != target_sr and not fc.resample:
+                raise DecodeError(path, f"sample rate {sr} Hz, job expects {target_sr} Hz (set resample: true to convert)")
+            if (out is not None and sr == target_sr and layout.channels == 1 and fc.dtype == "int16"
+                    and fc.length is not None and out.shape == (fc.length,) and out.dtype == np.int16):
+                n = min(layout.frames, fc.length)
+                _readinto(path, fh, layout.data_offset, out[:n])
+                out[n:] = 0  # the field's rule: zero-pad the end
+                return out
+            # Without resampling, frames past the field's length are cropped anyway.
+            x = _read_pcm16(path, fh, layout, fc.length if sr == target_sr else None)
+        else:
+            x, sr = _read_with_soundfile(path, fc, head, size)
+            target_sr = fc.sample_rate or sr
+    if x.dtype == np.float32 and not np.isfinite(x).all():
+        raise DecodeError(path, "audio contains NaN or Inf samples")
+    # Channels: (frames, channels) -> what the field asks for.
+    if fc.channels == "mono" and x.shape[1] > 1:
+        x = x.astype(np.float32).mean(axis=1, keepdims=True) / (32768.0 if x.dtype == np.int16 else 1.0)
+    elif fc.channels == "first":
+        x = x[:, :1]
+    if sr != target_sr:
+        import soxr
+
+        x = soxr.resample(x.astype(np.float32) / (32768.0 if x.dtype == np.int16 else 1.0), sr, target_sr, quality="HQ")
+        x = np.asarray(x, dtype=np.float32).reshape(-1, x.shape[1] if x.ndim == 2 else 1)
+    if fc.dtype == "int16" and x.dtype != np.int16:
+        x = _to_int16(x)
+    elif fc.dtype == "float32" and x.dtype == np.int16:
+        x = x.astype(np.float32) / 32768.0
+    if fc.length is not None:
+        # Rule (recorded in the output's field attrs): keep the start, crop or zero-pad the end.
+        n = x.shape[0]
+        if n >= fc.length:
+            x = x[: fc.length]
+        else:
+            x = np.concatenate([x, np.zeros((fc.length - n, x.shape[1]), dtype=x.dtype)])
+    if fc.channels != "keep":
+        x = x[:, 0]
+    return np.ascontiguousarray(x)
+
+
+class AudioKind(FieldKind):
+    """``type: audio``: decoded with soundfile (and soxr to resample)."""
+
+    name = "audio"
+    config_class = AudioField
+
+    def validate(self, fc: AudioField, file: str, key: str) -> None:
+        if fc.sample_rate is not None and not 100 <= fc.sample_rate <= 768_000:
+            raise ConfigError(file, f"{key}.sample_rate", f"must be 100..768000 Hz, got {fc.sample_rate}")
+        if fc.resample and fc.sample_rate is None:
+            raise ConfigError(file, f"{key}.resample", "needs sample_rate (the target rate)")
+        if fc.length is not None and fc.length <= 0:
+            raise ConfigError(file, f"{key}.length", f"must be a positive number of frames, got {fc.length}")
+
+    def decode(self, path: str, fc: AudioField) -> np.ndarray:
+        return decode_audio(path, fc)
+
+    def decode_into(self, path: str, fc: AudioField, out: np.ndarray) -> None:
+        a = decode_audio(path, fc, out)  # a plain PCM16 file is read straight into ``out``
+        if a is not out:
+            copy_into(path, a, out)
+
+    def fixed_shape(self, fc: AudioField) -> tuple[tuple[int, ...], np.dtype] | None:
+        if fc.length is None or fc.channels == "keep":
+            return None
+        return (int(fc.length),), np.dtype(fc.dtype)
+
+    def attrs(self, fc: AudioField) -> dict[str, Any]:
+        return {"dtype": fc.dtype, "channels": fc.channels, "sample_rate": fc.sample_rate or 0,
+                "length_rule": "keep start; crop or zero-pad the end" if fc.length else "variable",
+                "axes": "time,channel" if fc.channels == "keep" else "time"}
+
+    def packages(self, fc: AudioField) -> set[str]:
+        return {"soundfile", "libsndfile", "soxr"} if fc.resample else {"soundfile", "libsndfile"}
+
+    def float_scale(self, dtype: np.dtype) -> float | None:
+        # int16 PCM -> [-1, 1) (x * 2**-15 is exact); float32 is in [-1, 1] already.
+        return 32768.0 if np.dtype(dtype) == np.int16 else None

@@ -1,0 +1,316 @@
+"""What every layout shares: the :class:`Layout` base class and its registry, the file
+walker, the manifest builder and the path helpers.
+
+Rule: this module names no layout; each layout is one module of this package. The config
+classes are imported for type checking only. Reason: :mod:`h5batch.config` builds its
+``Layout`` type from this registry, so importing config here at run time would be a cycle.
+
+Invariants every layout keeps (the builder enforces the last two): hidden files and folders
+(``.name``) are skipped; every other file met ends up either in an item or among the rejects
+with its reason, never silently dropped; the manifest's order and hash depend only on the
+corpus, not on the file system's listing order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, ClassVar
+
+from ..manifest import Item, Manifest, Reject, natural_key
+
+if TYPE_CHECKING:
+    from ..config import JobConfig, SourceConfig
+
+
+class Layout:
+    """One value of ``source.layout``. A subclass sets ``name`` (the job-file name) and
+    defines :meth:`collect`; its module registers an instance with :func:`register` and is
+    imported by ``h5batch/layouts/__init__.py``."""
+
+    name: ClassVar[str]
+
+    def collect(self, root: Path, src: SourceConfig, b: Builder) -> list[str]:
+        """Walk the corpus at ``root``: append each sample to ``b.items`` (its files' size and
+        mtime to ``b.stats``) and each unusable file to ``b.rejects``. Returns the split
+        order (the builder sorts items by it, then by a natural sort of the key)."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<layout {self.name}>"
+
+
+LAYOUTS: dict[str, Layout] = {}  # name -> layout, in registration order
+
+
+def register(layout: Layout) -> Layout:
+    """Add ``layout`` to :data:`LAYOUTS` under its name (a second one of a name is a bug)."""
+    if not getattr(layout, "name", ""):
+        raise ValueError(f"{type(layout).__name__} has no name")
+    if layout.name in LAYOUTS and LAYOUTS[layout.name] is not layout:
+        raise ValueError(f"layout {layout.name!r} is registered twice")
+    LAYOUTS[layout.name] = layout
+    return layout
+
+
+def names() -> tuple[str, ...]:
+    """The registered layout names, in registration order."""
+    return tuple(LAYOUTS)
+
+
+def get(name: str) -> Layout:
+    """The layout called ``name``; ``ValueError`` listing the registered names otherwise."""
+    try:
+        return LAYOUTS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown layout {name!r} (registered: {', '.join(LAYOUTS)})") from None
+
+
+# ---------------------------------------------------------------------------
+# Walking and paths
+# ---------------------------------------------------------------------------
+
+
+class Walker:
+    """Lists regular files under a root, following symlinks only when they stay inside it.
+
+    :meth:`walk` returns ``(relative posix path, size, mtime_ns)`` per file; problems go to
+    ``rejects``, and ``ids`` maps each file's path to the ``(st_dev, st_ino)`` of the file it
+    resolves to (from the same ``stat`` that gave its size: no extra system call), which
+    :meth:`Builder.finish` uses to find one file reached through several symlinks. A layout
+    hands both to the builder with :meth:`Builder.walked`.
+    """
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.real_root = os.path.realpath(root)
+        self.rejects: list[Reject] = []
+        self.ids: dict[str, tuple[int, int]] = {}
+
+    def inside(self, path: str) -> bool:
+        real = os.path.realpath(path)
+        return real == self.real_root or real.startswith(self.real_root + os.sep)
+
+    def walk(self, rel: str = "", _stack: frozenset[str] = frozenset()) -> list[tuple[str, int, int]]:
+        out: list[tuple[str, int, int]] = []
+        base = self.root / rel if rel else self.root
+        _stack = _stack | {os.path.realpath(base)}  # real paths of the folders being walked
+        try:
+            entries = sorted(os.scandir(base), key=lambda e: e.name)
+        except OSError as e:
+            self.rejects.append(Reject(rel or ".", "discover", f"cannot list folder: {e.strerror}"))
+            return out
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            relpath = f"{rel}/{entry.name}" if rel else entry.name
+            if entry.is_symlink():
+                if not os.path.exists(entry.path):
+                    self.rejects.append(Reject(relpath, "discover", "broken symlink"))
+                    continue
+                if not self.inside(entry.path):
+                    self.rejects.append(Reject(relpath, "discover", "symlink points outside the corpus root"))
+                    continue
+            try:
+                if entry.is_dir():
+                    if entry.is_symlink() and os.path.realpath(entry.path) in _stack:
+                        self.rejects.append(Reject(relpath, "discover", "symlink loop: points to a folder that contains it"))
+                        continue
+                    out.extend(self.walk(relpath, _stack))
+                    continue
+                st = entry.stat()
+            except OSError as e:
+                self.rejects.append(Reject(relpath, "discover", f"cannot stat: {e.strerror}"))
+                continue
+            if not entry.is_file():
+                self.rejects.append(Reject(relpath, "discover", "not a regular file"))
+                continue
+            self.ids[relpath] = (st.st_dev, st.st_ino)
+            out.append((relpath, st.st_size, st.st_mtime_ns))
+        return out
+
+
+def _suffix_at(name: str) -> int:
+    """Where the suffix of a file name starts (``len(name)`` for none), as pathlib says:
+    the last dot, not leading and not trailing. String work, not ``PurePosixPath``: this
+    runs for every file of the corpus, and pathlib builds an object per call."""
+    i = name.rfind(".")
+    return i if 0 < i < len(name) - 1 else len(name)
+
+
+def ext(path: str) -> str:
+    """The lower-cased suffix of a relative path's file name (``""`` for none)."""
+    name = path.rpartition("/")[2]
+    return name[_suffix_at(name):].lower()
+
+
+def stem(path: str) -> str:
+    """A relative path without its file name's suffix."""
+    name = path.rpartition("/")[2]
+    return path[: len(path) - len(name) + _suffix_at(name)]
+
+
+def not_accepted(path: str, accepted: str, field_name: str | None = None) -> str:
+    """The reject reason for a file whose extension no (or not this) field takes."""
+    where = f" for field {field_name!r}" if field_name else ""
+    return f"extension {ext(path) or '(none)'!r} is not accepted{where} (accepted: {accepted})"
+
+
+# ---------------------------------------------------------------------------
+# Building the manifest
+# ---------------------------------------------------------------------------
+
+
+class Builder:
+    """Collects items and rejects for one job and turns them into a Manifest."""
+
+    def __init__(self, job: JobConfig):
+        self.job = job
+        self.fields = tuple(job.fields)
+        self.ext_to_field: dict[str, str] = {}
+        for name, fc in job.fields.items():
+            for e in fc.extensions:
+                self.ext_to_field.setdefault(e.lower(), name)
+        self.items: list[Item] = []
+        self.rejects: list[Reject] = []
+        self.stats: dict[str, tuple[int, int]] = {}
+        self.ids: dict[str, tuple[int, int]] = {}  # path -> (st_dev, st_ino), see Walker
+
+    def walked(self, walker: Walker) -> None:
+        """Take a finished walk's rejects and file identities (call once per walker)."""
+        self.rejects.extend(walker.rejects)
+        self.ids.update(walker.ids)
+
+    def accepted(self, field_name: str) -> str:
+        return ", ".join(self.job.fields[field_name].extensions)
+
+    def takes(self, field_name: str, path: str) -> bool:
+        """Whether ``path``'s extension is one of the field's (case-insensitive)."""
+        return ext(path) in [e.lower() for e in self.job.fields[field_name].extensions]
+
+    def group_by_stem(self, split: str, files: list[str], label: str | None, key_prefix: str,
+                      field_of: dict[str, str]) -> None:
+        """Group ``files`` (relative paths) by stem; ``field_of[path]`` says its field."""
+        groups: dict[str, dict[str, str]] = {}
+        for path in files:
+            s = stem(path)
+            fname = field_of[path]
+            slot = groups.setdefault(s, {})
+            if fname in slot:
+                self.rejects.append(Reject(path, "discover", f"duplicate key: {slot[fname]} has the same stem and field"))
+                continue
+            slot[fname] = path
+        for s, slot in groups.items():
+            missing = [f for f in self.fields if f not in slot]
+            if missing:
+                for path in slot.values():
+                    self.rejects.append(Reject(path, "discover",
+                                               f"paired sample incomplete: no {'/'.join(missing)} file for stem {PurePosixPath(s).name!r}"))
+                continue
+            key = f"{key_prefix}{PurePosixPath(s).name}" if key_prefix else s
+            self.items.append(Item(key, split, tuple(slot[f] for f in self.fields), label))
+
+    def _drop_aliases(self, root: str, items: list[Item]) -> list[Item]:
+        """One sample per file reached through several symlinks inside the root.
+
+        An item is an alias of another when each of its files is, field by field, the same
+        directory entry reached by another path (a file symlink, or a folder symlink above
+        it). The item kept is the one whose paths are the files' own (no symlink on the way),
+        else the first in manifest order; each path of the others becomes a reject naming the
+        kept path. Items sharing only some files (one clean file symlinked beside several
+        noisy ones) are distinct samples. Hard links are distinct directory entries, so
+        distinct samples too, like copies (docs/jobs.md says why).
+
+        Cost: the ``(st_dev, st_ino)`` the walk already has finds the candidates; only those
+        (none in a corpus without symlinks or hard links) have their paths resolved, which keeps the
+        result right where a file system reports unreliable inode numbers.
+        """
+        by_inode: dict[tuple, list[int]] = {}
+        for i, it in enumerate(items):
+            ids = tuple(self.ids.get(p) for p in it.paths)
+            if None not in ids:  # a layout that reports no identities is not checked
+                by_inode.setdefault(ids, []).append(i)
+        real_root = os.path.realpath(root)
+        dropped: set[int] = set()
+        for group in by_inode.values():
+            if len(group) < 2:
+                continue
+            by_entry: dict[tuple[str, ...], list[int]] = {}
+            for i in group:
+                real = tuple(os.path.relpath(os.path.realpath(os.path.join(root, p)), real_root).replace(os.sep, "/")
+                             for p in items[i].paths)
+                by_entry.setdefault(real, []).append(i)
+            for real, same in by_entry.items():
+                if len(same) < 2:
+                    continue  # hard links: one inode, different entries
+                keep = next((i for i in same if items[i].paths == real), same[0])
+                for i in same:
+                    if i != keep:
+                        dropped.add(i)
+                        self.rejects.extend(Reject(p, "discover", f"same file as {k}, through a symlink")
+                                            for p, k in zip(items[i].paths, items[keep].paths))
+        return [it for i, it in enumerate(items) if i not in dropped] if dropped else items
+
+    def finish(self, root: str, splits: list[str]) -> Manifest:
+        order = {s: i for i, s in enumerate(splits)}
+        seen: dict[tuple[str, str], Item] = {}
+        unique: list[Item] = []
+        for it in sorted(self.items, key=lambda it: (order.get(it.split, len(order)), it.split, natural_key(it.key))):
+            if (it.split, it.key) in seen:
+                other = seen[(it.split, it.key)].paths[0]
+                self.rejects.extend(Reject(p, "discover", f"duplicate key {it.key!r} in split {it.split!r} "
+                                                          f"(already taken by {other})") for p in it.paths)
+                continue
+            seen[(it.split, it.key)] = it
+            unique.append(it)
+        unique = self._drop_aliases(root, unique)
+        all_splits = list(splits) + sorted({it.split for it in unique} - set(splits))
+        labels = sorted({it.label for it in unique if it.label is not None}, key=natural_key)
+        h = hashlib.sha256()
+        for it in unique:
+            h.update(json.dumps([it.split, it.key, it.paths, it.label]).encode())
+            for p in it.paths:
+                h.update(repr(self.stats.get(p)).encode())
+        rejects = sorted(self.rejects, key=lambda r: natural_key(r.path))
+        for r in rejects:
+            h.update(json.dumps([r.path, r.stage, r.reason]).encode())
+        return Manifest(root=root, fields=self.fields, splits=tuple(s for s in all_splits if any(it.split == s for it in unique)) or tuple(splits),
+                        items=unique, rejects=rejects, class_names=tuple(labels), hash=h.hexdigest())
+
+
+def split_dirs(root: Path, src: SourceConfig, b: Builder) -> list[str]:
+    """The split folders to walk (for the layouts whose corpus is ``root/<split>/...``).
+    Entries at the top of the corpus that cannot be a split are rejected when they matter:
+    broken or escaping symlinks, and media files (of an accepted extension) lying outside any
+    split folder. Other top-level files (README, LICENSE) and, when ``source.splits`` is
+    given, unlisted folders are not part of the corpus."""
+    walker = Walker(root)
+    found: list[str] = []
+    for e in sorted(os.scandir(root), key=lambda e: e.name):
+        if e.name.startswith("."):
+            continue
+        if src.splits and e.name not in src.splits and (e.is_symlink() or e.is_dir()):
+            continue  # not one of the listed splits: not part of this job
+        if e.is_symlink() and not os.path.exists(e.path):
+            b.rejects.append(Reject(e.name, "discover", "broken symlink"))
+        elif e.is_symlink() and not walker.inside(e.path):
+            b.rejects.append(Reject(e.name, "discover", "symlink points outside the corpus root"))
+        elif e.is_dir():
+            found.append(e.name)
+        elif ext(e.name) in b.ext_to_field:
+            b.rejects.append(Reject(e.name, "discover", "media file is not inside a split folder (<split>/...)"))
+    if src.splits:
+        for s in src.splits:
+            if s not in found and not any(r.path == s for r in b.rejects):
+                b.rejects.append(Reject(s, "discover", f"split folder {s!r} listed in source.splits is missing"))
+        return [s for s in src.splits if s in found]
+    return sorted(found, key=natural_key)
+
+
+def declared_then_found(src: SourceConfig, b: Builder) -> list[str]:
+    """Split order for layouts that read the split from each file or row: the splits listed
+    in ``source.splits`` first, then the others met, in natural order."""
+    declared = list(src.splits or [])
+    return declared + sorted({it.split for it in b.items} - set(declared), key=natural_key)

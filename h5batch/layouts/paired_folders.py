@@ -1,0 +1,68 @@
+"""Layout ``paired_folders``: ``root/<split>/<field folder>/<name>``.
+
+One folder per field in each split (``fields.<name>.folder``, default the field name); the
+files with the same path inside their field folder, suffix aside, form one sample
+(``train/data/a/7.wav`` + ``train/label/a/7.wav``). Samples carry no class label. A file
+with no partner in every other field folder is rejected, naming what is missing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..manifest import Item, Reject
+from .base import Builder, Layout, Walker, not_accepted, register, split_dirs, stem
+
+if TYPE_CHECKING:
+    from ..config import SourceConfig
+
+
+class PairedFolders(Layout):
+    name = "paired_folders"
+
+    def collect(self, root: Path, src: SourceConfig, b: Builder) -> list[str]:
+        splits = split_dirs(root, src, b)
+        folder_to_field = {(fc.folder or name): name for name, fc in b.job.fields.items()}
+        walker = Walker(root)
+        for split in splits:
+            files: list[str] = []
+            field_of: dict[str, str] = {}
+            for rel, size, mtime in walker.walk(split):
+                parts = rel.split("/")
+                fname = folder_to_field.get(parts[1]) if len(parts) >= 3 else None
+                if fname is None:
+                    b.rejects.append(Reject(rel, "discover", f"not inside a field folder ({', '.join(folder_to_field)}) of split {split!r}"))
+                    continue
+                if not b.takes(fname, rel):
+                    b.rejects.append(Reject(rel, "discover", not_accepted(rel, b.accepted(fname), fname)))
+                    continue
+                b.stats[rel] = (size, mtime)
+                field_of[rel] = fname
+                files.append(rel)
+            self._pair(b, split, files, field_of)
+        b.walked(walker)
+        return splits
+
+    @staticmethod
+    def _pair(b: Builder, split: str, files: list[str], field_of: dict[str, str]) -> None:
+        """Group by the path inside the field folder, so data/a/1.wav pairs with label/a/1.wav."""
+        inner = {rel: "/".join(rel.split("/")[2:]) for rel in files}
+        groups: dict[str, dict[str, str]] = {}
+        for rel in files:
+            slot = groups.setdefault(stem(inner[rel]), {})
+            fname = field_of[rel]
+            if fname in slot:
+                b.rejects.append(Reject(rel, "discover", f"duplicate key: {slot[fname]} has the same name in field {fname!r}"))
+                continue
+            slot[fname] = rel
+        for key, slot in groups.items():
+            missing = [f for f in b.fields if f not in slot]
+            if missing:
+                for rel in slot.values():
+                    b.rejects.append(Reject(rel, "discover", f"paired sample incomplete: no {'/'.join(missing)} file named {key!r}"))
+                continue
+            b.items.append(Item(key, split, tuple(slot[f] for f in b.fields), None))
+
+
+register(PairedFolders())

@@ -1,0 +1,73 @@
+"""The manifest: what discovery hands to every later stage (the auto trial, pre-flight, the
+Dask tasks, the writer, ``verify``).
+
+Rule: plain data and the sort key only; no file-system walking, no job-file knowledge, no
+imports from the rest of the package. Reason: the writer and the Dask workers import these
+classes (a :class:`Reject` travels in every batch), so they must stay cheap to import and
+free of cycles; discovery itself lives in :mod:`h5batch.layouts`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One sample to decode: ``paths`` holds one path per field (relative to the corpus
+    root, POSIX separators), in the job's field order."""
+
+    key: str
+    split: str
+    paths: tuple[str, ...]
+    label: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """An input that did not become a sample. ``stage`` is where it failed
+    (``discover``, ``decode``, ``worker``, ``timeout``)."""
+
+    path: str
+    stage: str
+    reason: str
+
+
+@dataclass
+class Manifest:
+    """The items of a job in output order, the rejects of discovery, the class names
+    (index = integer label) and a hash identifying this exact corpus state."""
+
+    root: str
+    fields: tuple[str, ...]
+    splits: tuple[str, ...]
+    items: list[Item]
+    rejects: list[Reject] = field(default_factory=list)
+    class_names: tuple[str, ...] = ()
+    hash: str = ""
+
+    def label_index(self, label: str | None) -> int:
+        """Integer label of a class name (-1 when the corpus has no labels)."""
+        if label is None:
+            return -1
+        return self._index[label]
+
+    def __post_init__(self) -> None:
+        self._index = {name: i for i, name in enumerate(self.class_names)}
+
+    def counts(self) -> dict[str, int]:
+        """Number of items per split."""
+        out = {s: 0 for s in self.splits}
+        for it in self.items:
+            out[it.split] += 1
+        return out
+
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural_key(text: str) -> tuple:
+    """Sort key that orders ``2`` before ``10`` (digit runs compared as numbers)."""
+    # isdecimal, not isdigit: '²' is a digit to str.isdigit but neither \d nor int() takes it.
+    return tuple((0, int(t), "") if t.isdecimal() else (1, 0, t) for t in _DIGITS.split(text) if t)

@@ -1,0 +1,164 @@
+"""The durable-commit protocol: what a commit record says, and how it reaches the disk.
+
+A commit makes everything written so far durable. Order matters for a crash at any
+moment: the HDF5 file is flushed and fsync'ed, the rows of each partial last chunk go to a
+new tail file ``<partial>.tail-<N>.npz`` (fsync'ed), and only then the commit record
+``<partial>.commit.json``, naming that tail file, atomically replaces the previous one
+(write a temporary file, fsync, rename, fsync the folder). A crash before the rename leaves
+the previous commit in force; after it, the new one. Data covered by a commit is never
+rewritten: the writer only appends, and the file is created with a free-space strategy
+that never reuses freed space.
+
+A later run with the same job and manifest resumes from the record: it cuts every dataset
+back to the committed counts and takes the tail rows back (see :mod:`.resume` for the
+checks that decide whether the partial file can be trusted at all).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..codecs import CodecSpec
+
+
+@dataclass(frozen=True)
+class SplitProgress:
+    """What is durable of one split: ``samples`` stored; per variable-length field the
+    ``elements`` of its values; per field the data ``rows_in_file`` (the rest of the last
+    chunk's rows live in the tail file)."""
+
+    samples: int
+    elements: dict[str, int] = field(default_factory=dict)
+    rows_in_file: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CommitRecord:
+    """The content of ``<partial>.commit.json``; :meth:`to_dict` is its JSON form."""
+
+    job_hash: str
+    manifest_hash: str
+    next_batch: int  # batches [0, next_batch) are stored
+    batch_size: int  # items per batch: a resume must cut the rest the same way
+    codecs: dict[str, CodecSpec]  # per field, as the datasets were created
+    codec_notes: dict[str, str]  # why auto chose each codec
+    rejects: int  # rows of the rejects table that are durable
+    bytes: int  # decoded bytes stored
+    splits: dict[str, SplitProgress]
+    tail_file: str  # name (in the partial's folder) of this commit's tail file
+    number: int  # 1 for a run's first commit; a resumed run goes on counting
+    time: float = field(default_factory=time.time)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_hash": self.job_hash, "manifest_hash": self.manifest_hash, "next_batch": self.next_batch,
+            "batch_size": self.batch_size,
+            "codecs": {n: [c.name, c.level, c.shuffle] for n, c in self.codecs.items()},
+            "codec_notes": self.codec_notes, "rejects": self.rejects, "bytes": self.bytes,
+            "splits": {s: {"samples": p.samples, "elements": p.elements, "rows_in_file": p.rows_in_file}
+                       for s, p in self.splits.items()},
+            "tail_file": self.tail_file, "number": self.number, "time": self.time,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CommitRecord:
+        """The record of a JSON object; ``ValueError`` when a key is missing or mistyped."""
+        try:
+            return cls(
+                job_hash=str(d["job_hash"]), manifest_hash=str(d["manifest_hash"]),
+                next_batch=int(d["next_batch"]), batch_size=int(d["batch_size"]),
+                codecs={str(n): CodecSpec(str(v[0]), None if v[1] is None else int(v[1]), bool(v[2]))
+                        for n, v in d["codecs"].items()},
+                codec_notes={str(k): str(v) for k, v in d.get("codec_notes", {}).items()},
+                rejects=int(d["rejects"]), bytes=int(d.get("bytes", 0)),
+                splits={str(s): SplitProgress(int(p["samples"]), {k: int(v) for k, v in p["elements"].items()},
+                                              {k: int(v) for k, v in p["rows_in_file"].items()})
+                        for s, p in d["splits"].items()},
+                tail_file=str(d["tail_file"]), number=int(d["number"]), time=float(d.get("time", 0.0)),
+            )
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+            raise ValueError(f"not a commit record: {type(e).__name__}: {e}") from None
+
+    def write(self, partial_path: str) -> None:
+        """Replace the partial's commit record by this one, atomically and durably."""
+        _write_json_atomic(commit_path(partial_path), self.to_dict())
+
+    @classmethod
+    def read(cls, partial_path: str) -> CommitRecord | None:
+        """The partial's commit record; None when there is none or it cannot be parsed."""
+        try:
+            with open(commit_path(partial_path)) as fh:
+                return cls.from_dict(json.load(fh))
+        except (OSError, ValueError):
+            return None
+
+
+def tail_name(partial_path: str, number: int) -> str:
+    return f"{os.path.basename(partial_path)}.tail-{number}.npz"
+
+
+def save_tails(partial_path: str, number: int, tails: dict[str, np.ndarray]) -> str:
+    """Write commit ``number``'s tail file durably; return its name."""
+    name = tail_name(partial_path, number)
+    _write_npz_atomic(os.path.join(os.path.dirname(partial_path), name), tails)
+    return name
+
+
+def remove_commit_files(partial_path: str) -> None:
+    """The partial's commit record and every tail file (the partial itself is not touched)."""
+    try:
+        os.unlink(commit_path(partial_path))
+    except FileNotFoundError:
+        pass
+    remove_tail_files(partial_path)
+
+
+def commit_path(partial_path: str) -> str:
+    return partial_path + ".commit.json"
+
+
+def _write_npz_atomic(path: str, arrays: dict[str, np.ndarray]) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as fh:
+        np.savez(fh, **arrays)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def load_tails(partial_path: str, record: CommitRecord) -> dict[str, np.ndarray]:
+    """The partial-chunk rows saved with a commit (``{"split/field": rows}``)."""
+    path = os.path.join(os.path.dirname(partial_path), record.tail_file)
+    with np.load(path) as z:
+        return {k: z[k] for k in z.files}
+
+
+def remove_tail_files(partial_path: str, keep: str | None = None) -> None:
+    """Delete tail files of older commits (or all of them)."""
+    folder, base = os.path.split(partial_path)
+    for name in os.listdir(folder or "."):
+        if name.startswith(base + ".tail-") and name != keep:
+            try:
+                os.unlink(os.path.join(folder, name))
+            except FileNotFoundError:
+                pass
+
+
+def _write_json_atomic(path: str, obj: Any) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(obj, fh, sort_keys=True, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)

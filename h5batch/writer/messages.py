@@ -1,0 +1,167 @@
+"""The messages between the driver and the writer process, one dataclass each.
+
+Both directions travel through a :class:`~h5batch.transport.pipe.PipeQueue` (pickled), so
+every message is small: decoded samples stay in shared memory and only their descriptor
+(:class:`~h5batch.batches.BatchResult`) crosses. Each side dispatches on the message's
+type through a handler table (``writer.process.HANDLERS``, the driver's
+``Driver._on_writer``), so a new message is a new class here plus one handler.
+
+Driver -> writer, in this order: one :class:`Start` (or :class:`Quit` when no job came of
+it), then :class:`Store` for every batch part in manifest order, :class:`Commit` when
+asked, and :class:`Finish` or :class:`Abort` last.
+
+Writer -> driver: :class:`Ready` once the file is open, :class:`Stored` per batch part,
+:class:`Committed` per commit, then :class:`Done`, :class:`Aborted` or :class:`Failed`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # annotations only: the writer's imports stay what its work needs
+    from ..batches import BatchResult
+    from ..codecs import CodecSpec
+    from ..fields import FieldConfig
+    from ..manifest import Reject
+    from .commit import CommitRecord
+
+
+@dataclass
+class WriterSpec:
+    """Everything the writer process needs to create or resume the output (picklable, no
+    open handles)."""
+
+    partial_path: str
+    final_path: str
+    job_json: str
+    job_hash: str
+    manifest_hash: str
+    splits: tuple[str, ...]
+    fields: tuple[tuple[str, FieldConfig], ...]
+    class_names: tuple[str, ...]
+    labelled: bool
+    codecs: dict[str, CodecSpec]  # per field (``auto`` already resolved)
+    chunk_bytes: int
+    cache_bytes: int | None
+    discovery_rejects: list[Reject]
+    num_inputs: int
+    commit_every: float = 10.0
+    threads: int = 2
+    batch_size: int = 0  # items per batch; recorded so a resume cuts the same batches
+    codec_notes: dict[str, str] = field(default_factory=dict)  # why auto chose each codec
+    resume: CommitRecord | None = None  # a commit record to continue from
+    versions: dict[str, str] = field(default_factory=dict)
+    # The driver's working directory and umask: a writer forked from a fork server would
+    # otherwise have the server's (relative paths, output file permissions).
+    cwd: str = ""
+    umask: int | None = None
+
+
+# -- driver -> writer ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Start:
+    """The job: create (or resume) the partial output."""
+
+    spec: WriterSpec
+
+
+@dataclass(frozen=True)
+class Store:
+    """Append one decoded batch part (its samples are in shared memory)."""
+
+    result: BatchResult
+
+
+@dataclass(frozen=True)
+class Commit:
+    """Make everything stored so far durable now."""
+
+
+@dataclass(frozen=True)
+class Finish:
+    """Write the last chunks and the rejects, then rename the partial to the final path
+    unless more than ``max_reject_fraction`` of the inputs were rejected."""
+
+    max_reject_fraction: float
+
+
+@dataclass(frozen=True)
+class Abort:
+    """Commit what is stored and stop (the partial stays, to be resumed)."""
+
+
+@dataclass(frozen=True)
+class Quit:
+    """Stop without having started: the driver found nothing to write."""
+
+
+# -- writer -> driver ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The output is open; ``next_batch`` is where a resumed file goes on."""
+
+    next_batch: int
+    samples: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Stored:
+    """Batch part of batch ``index`` is appended: ``samples`` of it kept."""
+
+    index: int
+    samples: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Committed:
+    record: CommitRecord
+
+
+@dataclass(frozen=True)
+class FinalSummary:
+    """What :class:`Finish` produced. ``ok`` False: too many rejects, the file stays partial
+    (``path`` is then the partial's)."""
+
+    path: str
+    counts: dict[str, int]
+    rejects: int
+    bytes_decoded: int
+    rejects_file: str
+    ok: bool
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Done:
+    summary: FinalSummary
+
+
+@dataclass(frozen=True)
+class Aborted:
+    """The writer committed and stopped after :class:`Abort`."""
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The writer hit an error; ``text`` is one clear line for storage errors, else the
+    traceback."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class WriterDied:
+    """Not sent by the writer: the driver's pipe reader reports a writer process that is
+    gone without a word (killed, or crashed in native code)."""
+
+    exit_code: int | None
+
+
+#: Messages after which the writer sends nothing more.
+LAST = (Done, Aborted, Failed)

@@ -1,0 +1,239 @@
+"""The writer process: its entry point and the handler of each driver message.
+
+The driver starts this process first (importing h5py and the codecs overlaps discovery),
+sends :class:`~.messages.Start` once it knows the job, then the decoded batches in
+manifest order. Every message type has one handler in :data:`HANDLERS`; a handler returns
+True when the process is to end.
+
+Signals and the driver's death: Ctrl-C reaches the whole process group, so the writer
+ignores SIGINT and lets the driver decide (it sends :class:`~.messages.Abort`). When the
+driver dies (``kill -9``), the writer commits what it has and exits, so the next run
+resumes from there. It learns of the death through ``lifeline``, the read end of a pipe
+whose only write end the driver holds and never writes to: it turns readable (EOF) exactly
+when the driver is gone. The parent pid does not tell, as the writer's parent is the fork
+server, which lives as long as anyone (this writer too) holds its own liveness pipe.
+"""
+
+from __future__ import annotations
+
+import errno
+import multiprocessing as mp
+import os
+import queue
+import re
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .. import faults
+from ..transport.pipe import PipeQueue
+from .messages import (
+    Abort,
+    Aborted,
+    Commit,
+    Committed,
+    Done,
+    Failed,
+    Finish,
+    Quit,
+    Ready,
+    Start,
+    Store,
+    Stored,
+    WriterSpec,
+)
+from .output import OutputWriter
+
+POLL_SECONDS = 1.0  # how often an idle writer checks that the driver is still there
+
+# Storage errors that get one clear line (the cause is outside h5batch), not a traceback.
+_STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EACCES, errno.EFBIG)
+
+
+def _error_text(e: BaseException, spec: WriterSpec) -> str:
+    """One clear line for storage errors (disk full, read-only, I/O error), else the
+    traceback. HDF5 buries the OS error in its message ("errno = 28")."""
+    if isinstance(e, OSError):
+        m = re.search(r"errno = (\d+)", str(e))
+        code = e.errno or (int(m.group(1)) if m else None)
+        if code in _STORAGE_ERRNOS:
+            return (f"cannot write {spec.partial_path}: {os.strerror(code)}. The last commit is kept; "
+                    f"fix the cause and run the same command again to resume.")
+    return traceback.format_exc()
+
+
+class _Session:
+    """One job in the writer process: the open output and when it last committed."""
+
+    def __init__(self, spec: WriterSpec, outbox):
+        self.spec, self.outbox = spec, outbox
+        self.out = OutputWriter(spec)
+        self.last_commit = time.monotonic()
+        self.commits = 0  # made by this process (the pause points count these)
+
+    def commit(self) -> None:
+        self.outbox.put(Committed(self.out.commit()))
+        self.commits += 1
+        self.last_commit = time.monotonic()
+
+    # -- handlers: one per driver message; True ends the process -------------------------
+
+    def on_store(self, msg: Store) -> bool:
+        r = msg.result
+        n, _ = self.out.write_batch(r)
+        self.outbox.put(Stored(r.index, n, r.packed.nbytes))
+        # Commit between whole batches only: a commit inside a split batch would record a
+        # next_batch that the parts still to come belong to.
+        if r.final_part and time.monotonic() - self.last_commit >= self.spec.commit_every:
+            self.commit()
+            faults.pause(f"commit:{self.commits}", self.spec.partial_path)
+        return False
+
+    def on_commit(self, msg: Commit) -> bool:
+        self.commit()
+        return False
+
+    def on_finish(self, msg: Finish) -> bool:
+        self.outbox.put(Done(self.out.finalize(max_reject_fraction=msg.max_reject_fraction)))
+        # Everything is closed and renamed: skip the interpreter's teardown, which the
+        # driver would otherwise wait for in join().
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+    def on_abort(self, msg: Abort) -> bool:
+        self.commit()
+        self.out.close()
+        self.outbox.put(Aborted())
+        return True
+
+    def on_driver_gone(self) -> None:
+        self.out.commit()
+        self.out.close()
+
+
+HANDLERS: dict[type, Callable[[_Session, Any], bool]] = {
+    Store: _Session.on_store,
+    Commit: _Session.on_commit,
+    Finish: _Session.on_finish,
+    Abort: _Session.on_abort,
+}
+
+
+def _wait_for_start(inbox, driver_gone: Callable[[], bool]) -> WriterSpec | None:
+    """The job, sent once the driver has discovered the corpus (None: not needed after all)."""
+    while True:
+        try:
+            msg = inbox.get(timeout=POLL_SECONDS)
+        except queue.Empty:
+            if driver_gone():
+                return None
+            continue
+        except (EOFError, OSError):
+            return None
+        if isinstance(msg, Start):
+            return msg.spec
+        if isinstance(msg, (Quit, Abort)):
+            return None
+
+
+def writer_main(inbox, outbox, lifeline) -> None:
+    """Writer process loop (see the module docstring and :mod:`.messages`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def driver_gone() -> bool:
+        return lifeline.poll()
+
+    spec = _wait_for_start(inbox, driver_gone)
+    if spec is None:
+        return
+    if spec.cwd:
+        os.chdir(spec.cwd)
+    if spec.umask is not None:
+        os.umask(spec.umask)
+    session = None
+    try:
+        session = _Session(spec, outbox)
+        outbox.put(Ready(session.out.next_batch, {name: st.n for name, st in session.out.splits.items()}))
+        while True:
+            try:
+                msg = inbox.get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                if driver_gone():
+                    session.on_driver_gone()
+                    return
+                continue
+            if HANDLERS[type(msg)](session, msg):
+                return
+    except BaseException as e:
+        outbox.put(Failed(_error_text(e, spec)))
+        if session is not None:
+            try:
+                session.out.close()
+            except Exception:  # noqa: BLE001 - the error above is the one to report
+                pass
+
+
+# -- starting the process (driver side) ----------------------------------------------------
+
+
+def writer_context() -> Any:
+    """The multiprocessing context the writer process is started with.
+
+    ``forkserver`` with this module preloaded where the platform has it: the first
+    conversion in a process starts the fork server (as slow as a spawn), and every later one
+    forks the writer from it with h5py already imported. Forking the driver itself is not
+    safe: it runs Dask's threads. The fork server is single-threaded; it fixes its working
+    directory, umask and environment when it starts, so the writer is sent the driver's
+    current ones (:attr:`WriterSpec.cwd`, :attr:`WriterSpec.umask`). Elsewhere: ``spawn``.
+    """
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    # Only effective before the (process-wide) fork server starts; '__main__' is the default.
+    ctx.set_forkserver_preload(["__main__", __name__])
+    return ctx
+
+
+def current_umask() -> int | None:
+    """This process's umask, read without changing it (Linux), else None."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return None
+
+
+@dataclass
+class WriterHandle:
+    """The driver's side of a running writer process."""
+
+    process: Any
+    inbox: PipeQueue  # driver -> writer
+    outbox: PipeQueue  # writer -> driver
+    lifeline: Any  # write end the driver holds open; closing it tells the writer we are gone
+
+    @classmethod
+    def start(cls) -> WriterHandle:
+        """Start the writer process; it waits for :class:`~.messages.Start`."""
+        ctx = writer_context()
+        inbox, outbox = PipeQueue.create(ctx), PipeQueue.create(ctx)
+        theirs, ours = ctx.Pipe(duplex=False)
+        process = ctx.Process(target=writer_main, args=(inbox, outbox, theirs), name="h5batch-writer", daemon=True)
+        process.start()
+        theirs.close()
+        return cls(process, inbox, outbox, ours)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Ask a writer that never got a job to go, and make sure it does."""
+        self.inbox.put(Quit())
+        self.process.join(timeout=timeout)
+        if self.process.is_alive():
+            self.process.kill()

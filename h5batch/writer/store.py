@@ -1,0 +1,213 @@
+"""The HDF5 layout of a split: one dataset per fixed-shape field, a ``values`` +
+``offsets`` + ``shapes`` group per variable-shape field, and the per-sample ``source``,
+``checksum`` and ``label`` datasets, with their attributes (docs/FORMAT.md)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import h5py
+import numpy as np
+
+from .. import format as fmt
+from ..codecs import ChunkDecoder, CodecSpec, make_encoder, self_check
+from ..fields import FieldConfig, field_attrs, is_fixed_shape, rows_per_chunk
+from .append import ChunkAppender, SmallAppender, small_dataset
+from .messages import WriterSpec
+
+STR = h5py.string_dtype("utf-8")
+
+
+def _field_attrs(fc: FieldConfig, codec: CodecSpec) -> dict[str, Any]:
+    attrs: dict[str, Any] = {"codec": codec.label(), "config": fmt.dumps(vars(fc))}
+    attrs.update(field_attrs(fc))  # modality, then the kind's own (h5batch.fields)
+    return attrs
+
+
+# The writer process's counters (chunks stored as workers made them / redone here).
+STATS: Counter = Counter()
+
+
+class FieldStore:
+    """Storage of one field in one split: fixed ``(N, *shape)`` or variable
+    (``values`` flat + ``offsets`` (N+1,) + ``shapes`` (N, ndim))."""
+
+    def __init__(self, group: h5py.Group, name: str, fc: FieldConfig, spec: WriterSpec, pool: ThreadPoolExecutor,
+                 tail: np.ndarray | None = None):
+        self.group, self.name, self.fc, self.spec, self.pool = group, name, fc, spec, pool
+        self.fixed = is_fixed_shape(fc)
+        self.data: ChunkAppender | None = None
+        self.offsets: SmallAppender | None = None
+        self.shapes: SmallAppender | None = None
+        self.shape: tuple[int, ...] | None = None
+        self.dtype: np.dtype | None = None
+        self.end = 0  # variable: element offset after the last sample
+        self.stats = STATS
+        if name in group:
+            self._open_existing(tail)
+
+    @property
+    def codec(self) -> CodecSpec:
+        return self.spec.codecs[self.name]
+
+    @property
+    def _raw(self) -> bool:
+        return self.codec.name == "none"
+
+    def _encoder(self, dtype: np.dtype):
+        return make_encoder(self.codec, dtype) if self_check(self.codec, dtype.str) else None
+
+    def _open_existing(self, tail: np.ndarray | None = None) -> None:
+        node = self.group[self.name]
+        if self.fixed:
+            self.shape, self.dtype = node.shape[1:], node.dtype
+            self.data = ChunkAppender(node, self._encoder(node.dtype), self.pool, tail=tail, raw=self._raw)
+        else:
+            values = node[fmt.VALUES]
+            self.dtype = values.dtype
+            self.data = ChunkAppender(values, self._encoder(values.dtype), self.pool, tail=tail, raw=self._raw)
+            self.offsets = SmallAppender(node[fmt.OFFSETS])
+            self.shapes = SmallAppender(node[fmt.SHAPES])
+            self.end = int(node[fmt.OFFSETS][-1])
+
+    def _create(self, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+        self.dtype = np.dtype(dtype)
+        kw = self.codec.dataset_kwargs(self.dtype.itemsize)
+        attrs = _field_attrs(self.fc, self.codec)
+        if self.spec.codec_notes.get(self.name):
+            attrs["codec_choice"] = self.spec.codec_notes[self.name]
+        if self.fixed:
+            self.shape = shape
+            k = rows_per_chunk(shape, self.dtype, self.spec.chunk_bytes)
+            ds = self.group.create_dataset(self.name, shape=(0, *shape), maxshape=(None, *shape),
+                                           dtype=self.dtype, chunks=(k, *shape), **kw)
+            ds.attrs["kind"] = fmt.KIND_FIXED
+            ds.attrs.update(attrs)
+            self.data = ChunkAppender(ds, self._encoder(self.dtype), self.pool, raw=self._raw)
+        else:
+            g = self.group.create_group(self.name)
+            g.attrs["kind"] = fmt.KIND_VARIABLE
+            g.attrs["ndim"] = len(shape)
+            g.attrs.update(attrs)
+            k = max(1024, self.spec.chunk_bytes // self.dtype.itemsize)
+            values = g.create_dataset(fmt.VALUES, shape=(0,), maxshape=(None,), dtype=self.dtype, chunks=(k,), **kw)
+            offs = small_dataset(g, fmt.OFFSETS, (), np.int64, 8192)
+            offs.resize(1, axis=0)
+            offs[0] = 0
+            self.data = ChunkAppender(values, self._encoder(self.dtype), self.pool, raw=self._raw)
+            self.offsets = SmallAppender(offs)
+            self.shapes = SmallAppender(small_dataset(g, fmt.SHAPES, (len(shape),), np.int64, 4096))
+
+    def check(self, sample: np.ndarray) -> str | None:
+        """Why ``sample`` cannot be stored in this field (None when it can)."""
+        if self.dtype is not None and sample.dtype != self.dtype:
+            return f"dtype {sample.dtype} differs from the field's {self.dtype}"
+        if self.fixed and self.shape is not None and tuple(sample.shape) != tuple(self.shape):
+            return f"shape {tuple(sample.shape)} differs from the field's {tuple(self.shape)}"
+        return None
+
+    def append(self, samples: list[np.ndarray], flat: np.ndarray | None) -> None:
+        """Append samples (all passed :meth:`check`). ``flat`` is their bytes back to back
+        when every sample is kept (saves a concatenation)."""
+        if not samples:
+            return
+        if self.data is None:
+            self._create(samples[0].dtype, tuple(samples[0].shape))
+        assert self.data is not None and self.dtype is not None
+        if self.fixed:
+            rows = flat.view(self.dtype).reshape(len(samples), *self.shape) if flat is not None else np.stack(samples)
+            self.data.append(rows)
+            return
+        values = flat.view(self.dtype) if flat is not None else np.concatenate([s.reshape(-1) for s in samples])
+        sizes = np.fromiter((s.size for s in samples), dtype=np.int64, count=len(samples))
+        self.data.append(values)
+        self.offsets.append(self.end + np.cumsum(sizes))
+        self.end += int(sizes.sum())
+        self.shapes.append(np.asarray([s.shape for s in samples], dtype=np.int64))
+
+    def append_chunked(self, raw: list[np.ndarray], cs, encoded: list[np.ndarray],
+                       keep: list[int] | None) -> None:
+        """Append a batch whose middle rows arrive as chunks compressed by the worker.
+
+        When the worker's guess of where the batch starts holds (the usual case), the
+        head rows complete the chunk in progress, the chunks are stored as they are, and the
+        tail rows start the next one. Otherwise (an earlier batch had rejects, or some rows
+        of this one were dropped) the chunks are decoded and the rows appended."""
+        if self.data is None:
+            self._create(np.dtype(cs.dtype), tuple(cs.row_shape))
+        app = self.data
+        assert app is not None
+        head, tail = raw[: cs.head], raw[cs.head:]
+        if keep is None and app.encoder is not None and app.n == cs.pred:
+            app._grow((app.next_chunk + (app.fill + len(raw) + len(encoded) * cs.k) // cs.k) * cs.k)
+            if head:
+                app.append(np.stack(head))
+            for data in encoded:
+                app.store_encoded(data)
+            if tail:
+                app.append(np.stack(tail))
+            self.stats["worker_chunks_stored"] += len(encoded)
+            return
+        self.stats["worker_chunks_redone"] += len(encoded)
+        decoder = ChunkDecoder.for_dataset(app.ds)
+        rows = np.empty((cs.n_chunks * cs.k, *cs.row_shape), dtype=np.dtype(cs.dtype))
+        for i, data in enumerate(encoded):
+            decoder.decode(data.tobytes(), 0, rows[i * cs.k:(i + 1) * cs.k])
+        samples = head + list(rows) + tail
+        if keep is not None:
+            samples = [samples[i] for i in keep]
+        if samples:
+            app.append(np.stack(samples))
+
+    def checkpoint(self) -> tuple[int, np.ndarray | None]:
+        """(rows of the data dataset in the file, rows held back in the tail)."""
+        if self.data is None:
+            return 0, None
+        tail = self.data.checkpoint()
+        return self.data.ds.shape[0], tail
+
+    def finish(self) -> None:
+        if self.data is not None:
+            self.data.finish()
+
+    @staticmethod
+    def truncate(node: h5py.Dataset | h5py.Group, n: int, rows_in_file: int) -> None:
+        """Cut a field back to its first ``n`` samples, keeping ``rows_in_file`` data rows
+        (the rest of the last committed chunk comes from the commit's tail file)."""
+        if isinstance(node, h5py.Dataset):
+            node.resize(rows_in_file, axis=0)
+        else:
+            node[fmt.OFFSETS].resize(n + 1, axis=0)
+            node[fmt.SHAPES].resize(n, axis=0)
+            node[fmt.VALUES].resize(rows_in_file, axis=0)
+
+
+class SplitStore:
+    """All datasets of one split."""
+
+    def __init__(self, f: h5py.File, split: str, spec: WriterSpec, pool: ThreadPoolExecutor,
+                 tails: dict[str, np.ndarray] | None = None):
+        self.group = f.require_group(split)
+        self.names = [n for n, _ in spec.fields]
+        tails = tails or {}
+        self.fields = {n: FieldStore(self.group, n, fc, spec, pool, tails.get(f"{split}/{n}"))
+                       for n, fc in spec.fields}
+        nf = len(spec.fields)
+        self.source = SmallAppender(small_dataset(self.group, fmt.SOURCE, (nf,) if nf > 1 else (), STR, 1024))
+        self.checksum = SmallAppender(small_dataset(self.group, fmt.CHECKSUM, (nf,), np.uint32, 8192))
+        self.source.ds.attrs["fields"] = fmt.dumps(self.names)
+        self.checksum.ds.attrs["fields"] = fmt.dumps(self.names)
+        self.checksum.ds.attrs["algorithm"] = "crc32"
+        self.label = SmallAppender(small_dataset(self.group, fmt.LABEL, (), np.int64, 8192)) if spec.labelled else None
+        self.n = self.source.n
+
+    def checkpoint(self) -> dict[str, tuple[int, np.ndarray | None]]:
+        self.group.attrs[fmt.ATTR_NUM_SAMPLES] = self.n
+        return {name: fs.checkpoint() for name, fs in self.fields.items()}
+
+    def finish(self) -> None:
+        for fs in self.fields.values():
+            fs.finish()
+        self.group.attrs[fmt.ATTR_NUM_SAMPLES] = self.n
