@@ -11,7 +11,10 @@ Exit codes, as ``h5batch`` returns them (documented in README.md):
 0     done
 1     failed (too many rejects, a worker or writer failure, a broken file found by verify)
 2     bad job file or arguments, or an output that cannot be used as asked
-130   interrupted (progress is kept: the same command resumes)
+75    busy: another run is writing the same output (``EX_TEMPFAIL``: try again later)
+129   hung up (SIGHUP), progress kept
+130   interrupted (Ctrl-C), progress kept: the same command resumes
+143   terminated (SIGTERM), progress kept
 ====  ==========================================================================
 """
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 __all__ = [
     "EXIT_BAD_INPUT",
+    "EXIT_BUSY",
     "EXIT_FAILED",
     "EXIT_INTERRUPTED",
     "ConfigError",
@@ -32,6 +36,7 @@ __all__ = [
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
+EXIT_BUSY = 75
 EXIT_INTERRUPTED = 130
 
 

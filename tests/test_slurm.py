@@ -169,10 +169,11 @@ def test_interrupted_driver_cancels_its_jobs(slurm, corpus, tmp_path, sig):
         run.wait_line("preflight: 2 workers")
         assert len(squeue(slurm, name)) == 2
         run.proc.send_signal(sig)
-        assert run.wait(timeout=120) == 130, run.stderr
+        assert run.wait(timeout=120) == 128 + sig, run.stderr  # 130, 143, 129 (docs/faults.md)
     finally:
         run.kill()
-    assert "interrupted; progress is committed" in run.stderr
+    said = "interrupted" if sig == signal.SIGINT else f"stopped by {signal.Signals(sig).name}"
+    assert f"{said}; progress is committed" in run.stderr
     wait_queue_empty(slurm, name, timeout=30)
     if sig == signal.SIGINT:  # the same command again resumes from the commit and finishes
         res, _ = convert(job, env=slurm)

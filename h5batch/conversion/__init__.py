@@ -5,6 +5,7 @@ stage                  where
 =====================  ==================================================================
 generate (optional)    :mod:`h5batch.generate`: a named corpus made when ``source.generate``
 discover               :mod:`h5batch.layouts`: files -> a :class:`~h5batch.manifest.Manifest`
+own the output         :mod:`.lock`: one run per output; :mod:`.signals`: SIGTERM = Ctrl-C
 decide what to do      :mod:`.partial`: done already, refuse, resume, or start afresh
 plan                   :mod:`.plan` (+ :mod:`.auto`): codecs, batches, the writer's spec
 cluster                :mod:`.cluster`: a LocalCluster, a scheduler, or dask-jobqueue
@@ -25,13 +26,15 @@ import time
 
 from .. import faults  # noqa: F401  (validates H5BATCH_FAULTS early when it is set)
 from ..config import JobConfig
-from ..errors import EXIT_INTERRUPTED, ConvertError
+from ..errors import ConvertError
 from ..layouts import discover
 from ..transport.segments import new_run_id, remove_segments, remove_stale_segments
 from ..writer.messages import Start
 from ..writer.process import WriterHandle
+from . import signals
 from .driver import Driver, abort
 from .generate import generate_corpus
+from .lock import OutputLock
 from .options import ConvertOptions, ConvertSummary
 from .partial import OutputFiles
 from .plan import make_plan
@@ -43,8 +46,8 @@ def convert(job: JobConfig, opts: ConvertOptions | None = None) -> ConvertSummar
     """Convert the corpus of ``job`` into its HDF5 output.
 
     Raises :class:`~h5batch.errors.ConvertError` (with the exit code the command line
-    gives it) when the run cannot start or finish; Ctrl-C commits what is stored and raises
-    it with code 130 (the same call resumes).
+    gives it) when the run cannot start or finish. Ctrl-C, SIGTERM and SIGHUP commit what
+    is stored and raise it with code 130, 143 or 129: the same call resumes.
     """
     opts = opts or ConvertOptions()
     log = opts.log or sys.stderr
@@ -53,25 +56,37 @@ def convert(job: JobConfig, opts: ConvertOptions | None = None) -> ConvertSummar
         print(text, file=log, flush=True)
 
     t0 = time.perf_counter()
-    stale = remove_stale_segments()
-    if stale:
-        say(f"removed {len(stale)} shared-memory segments left by dead runs")
+    with signals.graceful():
+        output = OutputFiles(job, opts, say)
+        output.check_directory()
+        run_id = new_run_id()
+        # Nothing of the output is created, resumed or removed without its lock.
+        lock = OutputLock.acquire(output.final, run_id, say)
+        try:
+            stale = remove_stale_segments()
+            if stale:
+                say(f"removed {len(stale)} shared-memory segments left by dead runs")
+            return _timed(_convert(job, opts, output, lock, run_id, say), t0)
+        finally:
+            lock.release()
+
+
+def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: OutputLock, run_id: str,
+             say) -> ConvertSummary:
     # The writer process starts first: its imports (h5py, the codecs) overlap discovery,
-    # the codec trial and pre-flight. It waits for its spec.
-    writer = WriterHandle.start()
+    # the codec trial and pre-flight. It waits for its spec, holding the lock with us.
+    writer = WriterHandle.start(lock.inheritable())
     started = False
     try:
         generate_corpus(job, say)
         manifest = discover(job)
-        output = OutputFiles(job, opts, say)
         done = output.already_done(manifest)
         if done is not None:
             say(f"{output.final} is already complete for this job and corpus; nothing to do")
-            return _timed(done, t0)
-        output.check_writable()
+            return done
+        output.check_not_there()
         output.require_samples(manifest)
         record = output.resume_record(manifest)
-        run_id = new_run_id()
         plan = make_plan(job, manifest, record, output.final, output.partial, run_id, say)
         # Decoding may begin while the writer is still importing: batches queue in its pipe.
         writer.inbox.put(Start(plan.spec))
@@ -80,17 +95,19 @@ def convert(job: JobConfig, opts: ConvertOptions | None = None) -> ConvertSummar
             say(f"resuming {output.partial}: {plan.start} of {len(plan.tasks)} batches already committed")
         try:
             summary = Driver(job, opts, plan, writer, run_id, say).run()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
             abort(writer)
-            raise ConvertError(f"interrupted; progress is committed in {output.partial}. "
-                               f"Run the same command again to resume.", EXIT_INTERRUPTED) from None
+            why = "interrupted" if signals.signal_name(e) == "SIGINT" else f"stopped by {signals.signal_name(e)}"
+            raise ConvertError(f"{why}; progress is committed in {output.partial}. "
+                               f"Run the same command again to resume.", signals.exit_code(e)) from None
         except BaseException:
             abort(writer)
             raise
         finally:
             remove_segments(run_id)
+        output.check_finished(summary)
         summary.resumed_from = plan.start
-        return _timed(summary, t0)
+        return summary
     finally:
         if not started:  # never got a job: let it go
             writer.stop()

@@ -40,6 +40,7 @@ from typing import Any
 from ..config import ClusterConfig
 from ..errors import ConfigError, ConvertError
 from ..transport.segments import hostname
+from .signals import graceful
 
 JOBQUEUE_KINDS = {"slurm": "SLURMCluster", "pbs": "PBSCluster", "sge": "SGECluster", "lsf": "LSFCluster"}
 SUBMIT_COMMANDS = {"slurm": "sbatch", "pbs": "qsub", "sge": "qsub", "lsf": "bsub"}
@@ -246,23 +247,12 @@ def _quiet(logger: str, level: int = logging.ERROR) -> Iterator[None]:
 
 @contextmanager
 def _teardown_on_signals() -> Iterator[None]:
-    """Turn SIGINT, SIGTERM and SIGHUP into KeyboardInterrupt while batch jobs run, so the
-    clean-up Ctrl-C gets (commit, cancel every job) also happens when the login shell goes
-    away or SLURM stops the driver -- and when something (dask_jobqueue does, see
-    :func:`_jobqueue_module`) replaced the SIGINT handler."""
-    if threading.current_thread() is not threading.main_thread():
+    """The driver's signal handling (:func:`.signals.graceful`) again while batch jobs run:
+    importing dask_jobqueue replaced the SIGINT handler (see :func:`_jobqueue_module`), and
+    the clean-up a signal gets (commit, cancel every job) must happen when the login shell
+    goes away or SLURM stops the driver."""
+    with graceful():
         yield
-        return
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
-
-    old = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 @contextmanager
@@ -373,6 +363,7 @@ def connect(cfg: ClusterConfig, wait_timeout: float = 300.0) -> Iterator[Connect
             dashboard_address="127.0.0.1:0" if cfg.dashboard else None,
             silence_logs=logging.ERROR, security=security,
             protocol="tls://" if security is not None else None,
+            preload=["h5batch.conversion.worker_setup"],
         )
         client = None
         try:

@@ -10,6 +10,7 @@ commit record it can trust, or start afresh after removing a partial it cannot t
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 
@@ -34,9 +35,8 @@ class OutputFiles:
     def overwrite(self) -> bool:
         return self.opts.overwrite or self.job.output.overwrite
 
-    def check_writable(self) -> None:
-        """The output folder exists (made if need be) and is writable; the output itself is
-        not there unless overwriting was asked for."""
+    def check_directory(self) -> None:
+        """The output folder exists (made if need be) and is writable."""
         out_dir = os.path.dirname(self.final)
         try:
             os.makedirs(out_dir, exist_ok=True)
@@ -44,9 +44,32 @@ class OutputFiles:
             raise ConvertError(f"output directory {out_dir} cannot be created: {e.strerror}", EXIT_BAD_INPUT) from e
         if not os.access(out_dir, os.W_OK):
             raise ConvertError(f"output directory {out_dir} is not writable", EXIT_BAD_INPUT)
+
+    def check_not_there(self) -> None:
+        """The output is not there yet, unless overwriting was asked for."""
         if os.path.exists(self.final) and not self.overwrite:
             raise ConvertError(f"{self.final} already exists; pass --overwrite (or output.overwrite: true) "
                                f"to replace it", EXIT_BAD_INPUT)
+
+    def check_finished(self, summary: ConvertSummary) -> None:
+        """After the writer's rename, before any success line: the file is there, complete,
+        holds what the writer said, and its index passes the reader's checks
+        (:mod:`h5batch.tools.index`: offsets, shapes, labels, row counts; no sample data is
+        read). An exit code of 0 promises all of that."""
+        from ..errors import CorruptFileError
+        from ..tools.index import check_complete, open_file, read_index
+
+        try:
+            with open_file(summary.path) as f:
+                check_complete(f, summary.path)
+                fields = json.loads(f.attrs[fmt.ATTR_FIELDS])
+                counts = {s: read_index(f, summary.path, s, fields)[0] for s in summary.counts}
+        except (OSError, KeyError, ValueError, CorruptFileError) as e:
+            raise ConvertError(f"{summary.path}: the finished output does not pass its checks ({e}); "
+                               f"the run did not succeed") from e
+        if counts != summary.counts:
+            raise ConvertError(f"{summary.path}: the finished output holds {counts} samples, the writer "
+                               f"stored {summary.counts}; the run did not succeed")
 
     def already_done(self, manifest: Manifest) -> ConvertSummary | None:
         """The finished output of this very job and corpus, if it exists (e.g. a run killed

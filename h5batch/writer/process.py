@@ -6,7 +6,7 @@ manifest order. Every message type has one handler in :data:`HANDLERS`; a handle
 True when the process is to end.
 
 Signals and the driver's death: Ctrl-C reaches the whole process group, so the writer
-ignores SIGINT and lets the driver decide (it sends :class:`~.messages.Abort`). When the
+ignores SIGINT (and SIGTERM, SIGHUP) and lets the driver decide (it sends :class:`~.messages.Abort`). When the
 driver dies (``kill -9``), the writer commits what it has and exits, so the next run
 resumes from there. It learns of the death through ``lifeline``, the read end of a pipe
 whose only write end the driver holds and never writes to: it turns readable (EOF) exactly
@@ -141,9 +141,11 @@ def _wait_for_start(inbox, driver_gone: Callable[[], bool]) -> WriterSpec | None
             return None
 
 
-def writer_main(inbox, outbox, lifeline) -> None:
-    """Writer process loop (see the module docstring and :mod:`.messages`)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def writer_main(inbox, outbox, lifeline, lock: SharedFd | None = None) -> None:
+    """Writer process loop (see the module docstring and :mod:`.messages`). ``lock`` is the
+    output's lock file, held open (and so locked) until this process exits."""
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_IGN)
 
     def driver_gone() -> bool:
         return lifeline.poll()
@@ -179,6 +181,23 @@ def writer_main(inbox, outbox, lifeline) -> None:
 
 
 # -- starting the process (driver side) ----------------------------------------------------
+
+
+class SharedFd:
+    """A file descriptor the writer process receives a duplicate of when it starts (the
+    same open file, so an ``flock`` on it is held by both processes)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self):
+        from multiprocessing import reduction
+
+        return (_rebuild_fd, (reduction.DupFd(self.fd),))
+
+
+def _rebuild_fd(dup) -> SharedFd:
+    return SharedFd(dup.detach())
 
 
 def writer_context() -> Any:
@@ -221,12 +240,15 @@ class WriterHandle:
     lifeline: Any  # write end the driver holds open; closing it tells the writer we are gone
 
     @classmethod
-    def start(cls) -> WriterHandle:
-        """Start the writer process; it waits for :class:`~.messages.Start`."""
+    def start(cls, lock_fd: int | None = None) -> WriterHandle:
+        """Start the writer process; it waits for :class:`~.messages.Start`. ``lock_fd``:
+        the output's lock, which the writer then holds too."""
         ctx = writer_context()
         inbox, outbox = PipeQueue.create(ctx), PipeQueue.create(ctx)
         theirs, ours = ctx.Pipe(duplex=False)
-        process = ctx.Process(target=writer_main, args=(inbox, outbox, theirs), name="h5batch-writer", daemon=True)
+        lock = SharedFd(lock_fd) if lock_fd is not None else None
+        process = ctx.Process(target=writer_main, args=(inbox, outbox, theirs, lock), name="h5batch-writer",
+                              daemon=True)
         process.start()
         theirs.close()
         return cls(process, inbox, outbox, ours)
