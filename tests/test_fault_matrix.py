@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
-import psutil
 import pytest
 
 from h5batch import generate
 from h5batch.transport.segments import list_segments, owner_pid
 from tests.conftest import REPO
 from tests.support.h5compare import assert_same_h5
+from tests.support.processes import group_members, holder_of, wait_for
 from tests.support.run import convert_cmd, run, start
 
 JOB = REPO / "jobs" / "paired_audio.yaml"
@@ -48,37 +48,6 @@ def reference(corpus, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ref") / "ref.h5"
     res = run(cmd(corpus, out))
     assert res.returncode == 0, res.stderr
-    return out
-
-
-def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert proc.poll() is None, f"run ended before {path.name} appeared: {proc.stderr.read()}"
-        assert time.monotonic() < deadline, f"{path} did not appear in {timeout}s"
-        time.sleep(0.05)
-
-
-def holder_of(path: Path) -> int | None:
-    """The process that has ``path`` open (the writer has the partial open)."""
-    target = str(path.resolve())
-    for p in psutil.process_iter():
-        try:
-            if any(f.path == target for f in p.open_files()):
-                return p.pid
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return None
-
-
-def group_members(pgid: int) -> list[int]:
-    out = []
-    for p in psutil.process_iter():
-        try:
-            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p.pid)
-        except (ProcessLookupError, psutil.NoSuchProcess):
-            continue
     return out
 
 
@@ -111,7 +80,7 @@ def _paused(corpus, out, point="commit:3") -> Run:
 
 def _running(corpus, out, *settings: str) -> Run:
     # One file hangs its worker for a while: the run is surely still going when hit.
-    r = Run(start(cmd(corpus, out, "policy.decode_timeout=6", *settings), {"H5BATCH_FAULTS": "hang_on=30.wav"},
+    r = Run(start(cmd(corpus, out, "policy.decode_timeout=3", *settings), {"H5BATCH_FAULTS": "hang_on=30.wav"},
                   new_session=True), out)
     wait_for(Path(str(out) + ".partial.commit.json"), r.proc)
     time.sleep(0.3)

@@ -21,6 +21,7 @@ from h5batch import generate
 from h5batch.transport.segments import stale_segments
 from tests.conftest import REPO
 from tests.support.h5compare import assert_same_h5
+from tests.support.processes import group_members, holder_of, wait_for
 from tests.support.run import convert_cmd, run
 from tests.support.run import start as start_process
 
@@ -42,16 +43,6 @@ def cmd(root: Path, out: Path, *extra: str) -> list[str]:
 def start(args: list[str], env_extra: dict[str, str] | None = None) -> subprocess.Popen:
     """In a process group of its own, so that a signal reaches the whole run."""
     return start_process(args, env_extra, new_session=True)
-
-
-def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if proc.poll() is not None:
-            raise AssertionError(f"run ended before {path.name} appeared: {proc.stderr.read()}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{path} did not appear in {timeout}s")
-        time.sleep(0.05)
 
 
 def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
@@ -127,15 +118,15 @@ def test_kill_9_driver_only_writer_commits_and_exits(corpus, reference, tmp_path
     proc = start(cmd(corpus, out), {"H5BATCH_FAULTS": "hang_on=150.wav"})
     wait_for(Path(str(out) + ".partial.commit.json"), proc)
     time.sleep(0.5)
-    assert _holder_of(Path(str(out) + ".partial")), "the writer should still be writing"
+    assert holder_of(Path(str(out) + ".partial")), "the writer should still be writing"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     # The orphaned writer notices, commits and exits on its own within a few seconds, and
     # so does the fork server it came from (each kept the other alive once).
     deadline = time.monotonic() + 20
-    while (_holder_of(Path(str(out) + ".partial")) or _fork_servers(proc.pid)) and time.monotonic() < deadline:
+    while (holder_of(Path(str(out) + ".partial")) or _fork_servers(proc.pid)) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _holder_of(Path(str(out) + ".partial")), "orphaned writer did not exit"
+    assert not holder_of(Path(str(out) + ".partial")), "orphaned writer did not exit"
     assert not _fork_servers(proc.pid), "the killed driver's fork server did not exit"
     reap_group(proc.pid)
     res = run(cmd(corpus, out))
@@ -177,32 +168,6 @@ def test_finished_output_rerun_is_a_no_op(corpus, reference, tmp_path):
 
 
 # -- process helpers (psutil) -----------------------------------------------------
-
-
-def _holder_of(path: Path) -> int | None:
-    import psutil
-
-    target = str(path.resolve())
-    for p in psutil.process_iter():
-        try:
-            if any(f.path == target for f in p.open_files()):
-                return p.pid
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return None
-
-
-def _group_members(pgid: int) -> list[int]:
-    import psutil
-
-    out = []
-    for p in psutil.process_iter():
-        try:
-            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p.pid)
-        except (ProcessLookupError, psutil.NoSuchProcess):
-            continue
-    return out
 
 
 def test_resume_keeps_the_recorded_codecs_when_a_new_trial_disagrees(tmp_path):
@@ -247,7 +212,7 @@ def _fork_servers(pgid: int) -> list[int]:
     import psutil
 
     out = []
-    for pid in _group_members(pgid):
+    for pid in group_members(pgid):
         try:
             if "multiprocessing.forkserver" in " ".join(psutil.Process(pid).cmdline()):
                 out.append(pid)

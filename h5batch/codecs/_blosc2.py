@@ -21,12 +21,7 @@ FILTER_BLOSC2 = 32026  # registered HDF5 filter id of Blosc2
 class Blosc2Step(DecodeStep):
     filter_id = FILTER_BLOSC2
 
-    def available(self) -> bool:
-        try:
-            import blosc2  # noqa: F401
-        except ImportError:
-            return False
-        return True
+    library = "blosc2"
 
     def decode(self, raw: Any, nbytes: int) -> tuple[Any, str]:
         import blosc2

@@ -22,6 +22,7 @@ library upgrade can slow a run down but never corrupt a file.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -62,15 +63,22 @@ class DecodeStep:
     :class:`~h5batch.codecs.chunks.ChunkDecoder` (the reader's fast path and the writer's
     re-chunking of a stored tail).
 
-    A subclass sets ``filter_id`` and defines :meth:`decode`; :meth:`available` says whether
-    the library it needs is importable (when not, datasets using the filter are read through
-    HDF5), and :meth:`decode_into` may decompress straight into the chunk buffer when this is
+    A subclass sets ``filter_id`` (and ``library``, the module its decoder imports) and
+    defines :meth:`decode`; :meth:`available` says whether that library is importable (when
+    not, datasets using the filter are read through HDF5), and :meth:`decode_into` may decompress straight into the chunk buffer when this is
     the only filter a chunk went through.
     """
 
     filter_id: ClassVar[int]
+    library: ClassVar[str | None] = None  # a module the decoder needs beyond the standard library
 
     def available(self) -> bool:
+        if self.library is None:
+            return True
+        try:
+            importlib.import_module(self.library)
+        except ImportError:
+            return False
         return True
 
     def decode(self, raw: Any, nbytes: int) -> tuple[Any, str]:

@@ -18,12 +18,7 @@ FILTER_ZSTD = 32015  # registered HDF5 filter id of Zstandard
 class UnzstdStep(DecodeStep):
     filter_id = FILTER_ZSTD
 
-    def available(self) -> bool:
-        try:
-            import zstandard  # noqa: F401
-        except ImportError:
-            return False
-        return True
+    library = "zstandard"
 
     def decode(self, raw: Any, nbytes: int) -> tuple[Any, str]:
         import zstandard

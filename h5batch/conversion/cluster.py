@@ -349,32 +349,17 @@ def connect(cfg: ClusterConfig, wait_timeout: float = 300.0) -> Iterator[Connect
         Seconds to wait for the first worker (``cluster.workers`` workers for an existing
         scheduler when set) before giving up with a :class:`~h5batch.errors.ConvertError`.
     """
-    from distributed import Client, LocalCluster
 
     if cfg.kind in JOBQUEUE_KINDS:
         with _jobqueue(cfg, wait_timeout) as conn:
             yield conn
         return
     if cfg.kind == "local":
-        security = make_security(cfg, own_cluster=True)
-        n = cfg.workers or default_workers()
-        cluster = LocalCluster(
-            n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
-            dashboard_address="127.0.0.1:0" if cfg.dashboard else None,
-            silence_logs=logging.ERROR, security=security,
-            protocol="tls://" if security is not None else None,
-            preload=["h5batch.conversion.worker_setup"],
-        )
-        client = None
-        try:
-            client = Client(cluster, security=security)
-            yield Connection(client, f"LocalCluster, {n} worker processes x 1 thread on 127.0.0.1"
-                                     + (" (TLS)" if security is not None else ""),
-                             client.dashboard_link if cfg.dashboard else None, cluster)
-        finally:
-            if client is not None:
-                client.close()
-            cluster.close()
+        # Errors only from Dask's own logging, through the cluster's close too: LocalCluster
+        # restores the log level when it closes, just as the connections to its stopping
+        # workers report their end with tracebacks at INFO level.
+        with _quiet("distributed"):
+            yield from _local(cfg)
         return
     security = make_security(cfg)
     client, where = _open_client(cfg, security)
@@ -390,3 +375,28 @@ def connect(cfg: ClusterConfig, wait_timeout: float = 300.0) -> Iterator[Connect
                          client.dashboard_link if cfg.dashboard else None)
     finally:
         client.close()
+
+
+def _local(cfg: ClusterConfig) -> Iterator[Connection]:
+    """A LocalCluster of ``cfg.workers`` single-threaded processes on 127.0.0.1."""
+    from distributed import Client, LocalCluster
+
+    security = make_security(cfg, own_cluster=True)
+    n = cfg.workers or default_workers()
+    cluster = LocalCluster(
+        n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
+        dashboard_address="127.0.0.1:0" if cfg.dashboard else None,
+        silence_logs=logging.ERROR, security=security,
+        protocol="tls://" if security is not None else None,
+        preload=["h5batch.conversion.worker_setup"],
+    )
+    client = None
+    try:
+        client = Client(cluster, security=security)
+        yield Connection(client, f"LocalCluster, {n} worker processes x 1 thread on 127.0.0.1"
+                                 + (" (TLS)" if security is not None else ""),
+                         client.dashboard_link if cfg.dashboard else None, cluster)
+    finally:
+        if client is not None:
+            client.close()
+        cluster.close()
