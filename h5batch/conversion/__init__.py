@@ -24,7 +24,6 @@ from __future__ import annotations
 import sys
 import time
 
-from .. import faults  # noqa: F401  (validates H5BATCH_FAULTS early when it is set)
 from ..config import JobConfig
 from ..errors import ConvertError
 from ..layouts import discover

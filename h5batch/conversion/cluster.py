@@ -246,16 +246,6 @@ def _quiet(logger: str, level: int = logging.ERROR) -> Iterator[None]:
 
 
 @contextmanager
-def _teardown_on_signals() -> Iterator[None]:
-    """The driver's signal handling (:func:`.signals.graceful`) again while batch jobs run:
-    importing dask_jobqueue replaced the SIGINT handler (see :func:`_jobqueue_module`), and
-    the clean-up a signal gets (commit, cancel every job) must happen when the login shell
-    goes away or SLURM stops the driver."""
-    with graceful():
-        yield
-
-
-@contextmanager
 def _jobqueue(cfg: ClusterConfig, wait_timeout: float) -> Iterator[Connection]:
     from distributed import Client
 
@@ -264,7 +254,10 @@ def _jobqueue(cfg: ClusterConfig, wait_timeout: float) -> Iterator[Connection]:
     _check_submission(cfg, job_script(cfg))
     security = make_security(cfg, own_cluster=True)
     cls = getattr(mod, JOBQUEUE_KINDS[cfg.kind])
-    with _teardown_on_signals():
+    # The driver's signal handling again: importing dask_jobqueue replaced the SIGINT
+    # handler (_jobqueue_module), and the clean-up a signal gets (commit, cancel every
+    # job) must also happen when the login shell goes away or SLURM stops the driver.
+    with graceful():
         try:
             kwargs = jobqueue_kwargs(cfg, security)
             cluster = cls(**kwargs)  # starts the scheduler in this process

@@ -35,8 +35,6 @@ import numpy as np
 from .. import format as fmt
 from ..errors import CorruptFileError
 
-PARTIAL_SUFFIX = fmt.PARTIAL_SUFFIX
-
 
 def offsets_key(field: str) -> str:
     """Key of a field's offsets in the dict :func:`read_index` returns."""
@@ -52,7 +50,7 @@ def shapes_key(field: str) -> str:
 
 
 def partial_message(path: str) -> str:
-    final = path[: -len(PARTIAL_SUFFIX)]
+    final = path[: -len(fmt.PARTIAL_SUFFIX)]
     return f"{path} is still being written (or was interrupted); the finished file will be {final}"
 
 
@@ -72,15 +70,15 @@ def open_file(path: str, **kw: Any) -> h5py.File:
         that retries on it, or catches ``OSError`` as it did h5py's error, keeps working;
         only the message is ours.
     """
-    partial = path.endswith(PARTIAL_SUFFIX)
+    partial = path.endswith(fmt.PARTIAL_SUFFIX)
     if partial and os.path.exists(path):
         raise FileNotFoundError(errno.ENOENT, partial_message(path))
     try:
         return h5py.File(path, "r", **kw)
     except FileNotFoundError:
-        if not partial and os.path.exists(path + PARTIAL_SUFFIX):
+        if not partial and os.path.exists(path + fmt.PARTIAL_SUFFIX):
             raise FileNotFoundError(errno.ENOENT, f"{path} does not exist yet: "
-                                    f"{partial_message(path + PARTIAL_SUFFIX)}") from None
+                                    f"{partial_message(path + fmt.PARTIAL_SUFFIX)}") from None
         raise
     except OSError as exc:
         if not _locked(exc):
@@ -102,7 +100,7 @@ def check_complete(f: h5py.File, path: str) -> None:
         raise CorruptFileError(
             path, f"root attribute {fmt.ATTR_COMPLETE}",
             "the file is not complete: its conversion did not finish (when too many inputs are "
-            f"rejected the writer keeps the output as {path}{PARTIAL_SUFFIX}, not renamed; this "
+            f"rejected the writer keeps the output as {path}{fmt.PARTIAL_SUFFIX}, not renamed; this "
             "file is such a one, renamed or copied)")
 
 
