@@ -23,7 +23,7 @@ _API = {
     "load_job": "h5batch.config",
     "job_from_dict": "h5batch.config",
     "JobConfig": "h5batch.config",
-    "convert": "h5batch.conversion",
+    "convert": "h5batch.conversion.pipeline",
     "ConvertOptions": "h5batch.conversion.options",
     "ConvertSummary": "h5batch.conversion.options",
     "ConvertError": "h5batch.errors",

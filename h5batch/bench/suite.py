@@ -31,7 +31,8 @@ from typing import Any
 
 from .. import __version__
 from ..codecs import choices
-from ..conversion import ConvertOptions, convert
+from ..conversion.options import ConvertOptions
+from ..conversion.pipeline import convert
 from ..conversion.plan import make_tasks
 from . import baselines, corpus, peers
 from .checks import CheckPhase

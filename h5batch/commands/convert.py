@@ -59,7 +59,8 @@ def job_overrides(args) -> list[str]:
 
 def run(args) -> int:
     from ..config import load_job
-    from ..conversion import ConvertOptions, convert
+    from ..conversion.options import ConvertOptions
+    from ..conversion.pipeline import convert
 
     job = load_job(args.job, job_overrides(args))
     opts = ConvertOptions(resume=not args.restart, restart=args.restart, overwrite=args.overwrite,

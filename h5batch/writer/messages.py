@@ -7,8 +7,8 @@ type through a handler table (``writer.process.HANDLERS``, the driver's
 ``Driver._on_writer``), so a new message is a new class here plus one handler.
 
 Driver -> writer, in this order: one :class:`Start` (or :class:`Quit` when no job came of
-it), then :class:`Store` for every batch part in manifest order, :class:`Commit` when
-asked, and :class:`Finish` or :class:`Abort` last.
+it), then :class:`Store` for every batch part in manifest order, and :class:`Finish` or
+:class:`Abort` last. The writer commits on its own, every ``policy.commit_every`` seconds.
 
 Writer -> driver: :class:`Ready` once the file is open, :class:`Stored` per batch part,
 :class:`Committed` per commit, then :class:`Done`, :class:`Aborted` or :class:`Failed`.
@@ -73,11 +73,6 @@ class Store:
     """Append one decoded batch part (its samples are in shared memory)."""
 
     result: BatchResult
-
-
-@dataclass(frozen=True)
-class Commit:
-    """Make everything stored so far durable now."""
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,6 @@ from ..transport.pipe import PipeQueue
 from .messages import (
     Abort,
     Aborted,
-    Commit,
     Committed,
     Done,
     Failed,
@@ -93,10 +92,6 @@ class _Session:
             faults.pause(f"commit:{self.commits}", self.spec.partial_path)
         return False
 
-    def on_commit(self, msg: Commit) -> bool:
-        self.commit()
-        return False
-
     def on_finish(self, msg: Finish) -> bool:
         self.outbox.put(Done(self.out.finalize(max_reject_fraction=msg.max_reject_fraction)))
         # Everything is closed and renamed: skip the interpreter's teardown, which the
@@ -118,7 +113,6 @@ class _Session:
 
 HANDLERS: dict[type, Callable[[_Session, Any], bool]] = {
     Store: _Session.on_store,
-    Commit: _Session.on_commit,
     Finish: _Session.on_finish,
     Abort: _Session.on_abort,
 }

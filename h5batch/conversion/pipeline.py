@@ -1,0 +1,100 @@
+"""The whole pipeline of one conversion: :func:`convert` (the stages are listed in
+:mod:`h5batch.conversion`; ``docs/architecture.md`` draws them)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from ..config import JobConfig
+from ..errors import ConvertError
+from ..layouts import discover
+from ..transport.segments import new_run_id, remove_segments, remove_stale_segments
+from ..writer.messages import Start
+from ..writer.process import WriterHandle
+from . import signals
+from .driver import Driver, abort
+from .generate import generate_corpus
+from .lock import OutputLock
+from .options import ConvertOptions, ConvertSummary
+from .partial import OutputFiles
+from .plan import make_plan
+
+__all__ = ["convert"]
+
+
+def convert(job: JobConfig, opts: ConvertOptions | None = None) -> ConvertSummary:
+    """Convert the corpus of ``job`` into its HDF5 output.
+
+    Raises :class:`~h5batch.errors.ConvertError` (with the exit code the command line
+    gives it) when the run cannot start or finish. Ctrl-C, SIGTERM and SIGHUP commit what
+    is stored and raise it with code 130, 143 or 129: the same call resumes.
+    """
+    opts = opts or ConvertOptions()
+    log = opts.log or sys.stderr
+
+    def say(text: str) -> None:
+        print(text, file=log, flush=True)
+
+    t0 = time.perf_counter()
+    with signals.graceful():
+        output = OutputFiles(job, opts, say)
+        output.check_directory()
+        run_id = new_run_id()
+        # Nothing of the output is created, resumed or removed without its lock.
+        lock = OutputLock.acquire(output.final, run_id, say)
+        try:
+            stale = remove_stale_segments()
+            if stale:
+                say(f"removed {len(stale)} shared-memory segments left by dead runs")
+            return _timed(_convert(job, opts, output, lock, run_id, say), t0)
+        finally:
+            lock.release()
+
+
+def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: OutputLock, run_id: str,
+             say) -> ConvertSummary:
+    # The writer process starts first: its imports (h5py, the codecs) overlap discovery,
+    # the codec trial and pre-flight. It waits for its spec, holding the lock with us.
+    writer = WriterHandle.start(lock.inheritable())
+    started = False
+    try:
+        generate_corpus(job, say)
+        manifest = discover(job)
+        done = output.already_done(manifest)
+        if done is not None:
+            say(f"{output.final} is already complete for this job and corpus; nothing to do")
+            return done
+        output.check_not_there()
+        output.require_samples(manifest)
+        record = output.resume_record(manifest)
+        plan = make_plan(job, manifest, record, output.final, output.partial, run_id, say)
+        # Decoding may begin while the writer is still importing: batches queue in its pipe.
+        writer.inbox.put(Start(plan.spec))
+        started = True
+        if plan.start:
+            say(f"resuming {output.partial}: {plan.start} of {len(plan.tasks)} batches already committed")
+        try:
+            summary = Driver(job, opts, plan, writer, run_id, say).run()
+        except KeyboardInterrupt as e:
+            abort(writer)
+            why = "interrupted" if signals.signal_name(e) == "SIGINT" else f"stopped by {signals.signal_name(e)}"
+            raise ConvertError(f"{why}; progress is committed in {output.partial}. "
+                               f"Run the same command again to resume.", signals.exit_code(e)) from None
+        except BaseException:
+            abort(writer)
+            raise
+        finally:
+            remove_segments(run_id)
+        output.check_finished(summary)
+        summary.resumed_from = plan.start
+        return summary
+    finally:
+        if not started:  # never got a job: let it go
+            writer.stop()
+        writer.lifeline.close()
+
+
+def _timed(summary: ConvertSummary, t0: float) -> ConvertSummary:
+    summary.seconds = time.perf_counter() - t0
+    return summary
