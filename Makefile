@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[torch,bench,cluster,dev]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[torch,bench,cluster,audio,features,dev]'
 	@touch $(STAMP)
 
 venv: $(STAMP)
