@@ -27,14 +27,15 @@ if TYPE_CHECKING:
 class BatchTask:
     """Items ``[start, stop)`` of the manifest, all of one split.
 
-    ``items`` holds ``(paths, label index)`` per item; ``transport`` is ``shm``,
+    ``items`` holds ``(paths, label index, values)`` per item (a path per field of files,
+    a value per field of annotation values: :func:`h5batch.fields.reads_files`); ``transport`` is ``shm``,
     ``network`` or ``auto`` (shm when the worker runs on ``writer_host``).
     """
 
     index: int
     split: str
     start: int
-    items: tuple[tuple[tuple[str, ...], int], ...]
+    items: tuple[tuple[tuple[str, ...], int, tuple], ...]
     root: str
     fields: tuple[tuple[str, FieldConfig], ...]
     run_id: str
@@ -70,6 +71,8 @@ class BatchResult:
     final_part: bool = True  # False for all but the last part of a split batch
     stuck: bool = False  # a decode timed out; its thread is still busy in this worker
     worker_address: str = ""
+    # (path, messages) per file whose decoder warned (conversion/decoder_warnings.py)
+    warnings: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def n_samples(self) -> int:

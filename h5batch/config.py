@@ -28,8 +28,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from . import codecs, layouts
+from .config_checks import validate
 from .errors import ConfigError
-from .fields import KINDS, FieldConfig, kind_of
+from .fields import KINDS, FieldConfig, content_settings
+from .fields.base import late, settings
 
 # ---------------------------------------------------------------------------
 # Sections
@@ -50,16 +52,53 @@ class CodecName(str):
 
 @dataclass(frozen=True)
 class SplitRule:
-    """How the ``pattern`` layout assigns a split to a file.
+    """How samples get their split, when the layout's own rule (a split folder, the
+    ``pattern`` layout's regex group) is not the one (h5batch/layouts/splits.py).
 
-    ``group`` names a regex group. Without ``ranges`` its text *is* the split name;
-    with ``ranges`` it must hold an integer and the split is the first range
-    (inclusive ``[lo, hi]``) containing it, else ``default``.
+    ``group`` names a regex group of the ``pattern`` layout. Without ``ranges`` its text
+    *is* the split name; with ``ranges`` it must hold an integer and the split is the
+    first range (inclusive ``[lo, hi]``) containing it, else ``default``.
+
+    At most one of these replaces the layout's split: ``lists`` (split -> a list file of
+    root-relative paths, one per line, as Speech Commands ships them; unlisted samples get
+    ``default``), ``column`` (an annotation column; ``values`` maps its values to split
+    names) or ``hash`` (split -> fraction, by a hash of ``hash_key``: the sample key or an
+    annotation column such as a speaker, so a file keeps its split when the corpus grows).
     """
 
     group: str = "split"
     ranges: dict[str, list[int]] = field(default_factory=dict)
     default: str = "train"
+    lists: dict[str, str] = late(factory=dict)
+    column: str | None = late()
+    values: dict[str, str] = late(factory=dict)
+    hash: dict[str, float] = late(factory=dict)
+    hash_key: str | None = late()
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """An annotation table joined to the samples (h5batch/layouts/annotate.py): its
+    columns feed value/text/multilabel fields, ``source.label_column`` and split rules.
+
+    ``path`` is root-relative: a file, a glob (``**/*.trans.txt``) or a list of them; each
+    row also has the column ``_table``, the stem of its file (``train`` for train.tsv).
+    ``key`` is the column matched against each sample's root-relative path, file name,
+    stem or key (default: the first column). ``format`` ``auto`` goes by suffix (.csv
+    comma, .tsv tab, .jsonl, .txt white space); ``transcript`` reads ``<id> <text>``
+    lines (columns ``id``, ``text``). ``skip`` lines come before the header; without a
+    header, ``columns`` names the columns. ``unlisted``: what happens to a sample the
+    table has no row for (a reject, or excluded: listed with stage ``excluded``, which
+    ``policy.max_reject_fraction`` does not count).
+    """
+
+    path: str | list[str]
+    key: str | None = None
+    format: Literal["auto", "csv", "tsv", "whitespace", "jsonl", "transcript"] = "auto"
+    header: bool = True
+    skip: int = 0
+    columns: list[str] = field(default_factory=list)
+    unlisted: Literal["reject", "exclude"] = "reject"
 
 
 @dataclass(frozen=True)
@@ -74,6 +113,9 @@ class SourceConfig:
     split: SplitRule = field(default_factory=SplitRule)
     manifest: str | None = None
     generate: str | None = None  # a corpus of h5batch.generate.CORPORA to make when root is missing
+    tables: list[TableSpec] = late(factory=list)  # annotation tables joined by key
+    label_column: str | None = late()  # the class label from an annotation column
+    exclude: list[str] = late(factory=list)  # root-relative globs: not part of the corpus
 
 
 @dataclass(frozen=True)
@@ -149,8 +191,11 @@ class JobConfig:
         return d
 
     def hash(self) -> str:
-        """sha256 of what decides the output's content (not where or how fast it runs)."""
-        d = self.to_dict()
+        """sha256 of what decides the output's content (not where or how fast it runs).
+        Late settings at their default are left out (:data:`h5batch.fields.base.LATE`)."""
+        d = settings(self)
+        d["fields"] = {name: content_settings(fc) for name, fc in self.fields.items()}  # transform: + its source
+        d.pop("file")
         d.pop("cluster")
         d["output"] = {k: v for k, v in d["output"].items() if k not in ("path", "overwrite", "cache_bytes")}
         d.pop("policy")
@@ -160,6 +205,8 @@ class JobConfig:
     def labelled(self) -> bool:
         """True when samples carry a class label."""
         if self.source.layout == "class_folders":
+            return True
+        if self.source.label_column:
             return True
         if self.source.layout == "pattern":
             return self.source.label_group in re.compile(self.source.pattern or "").groupindex
@@ -265,77 +312,6 @@ def _build_fields(data: Any, file: str) -> dict[str, FieldConfig]:
 
 
 # ---------------------------------------------------------------------------
-# Semantic checks (values that type-check but cannot work)
-# ---------------------------------------------------------------------------
-
-
-def _validate(job: JobConfig, check_paths: bool) -> None:
-    f = job.file
-    s = job.source
-    if s.layout == "pattern":
-        if not s.pattern:
-            raise ConfigError(f, "source.pattern", "is required for layout 'pattern'")
-        try:
-            rx = re.compile(s.pattern)
-        except re.error as e:
-            raise ConfigError(f, "source.pattern", f"is not a valid regex: {e}") from e
-        if s.split.group not in rx.groupindex and s.split.ranges:
-            raise ConfigError(f, "source.split.group", f"group {s.split.group!r} is not in source.pattern")
-        for split, rng in s.split.ranges.items():
-            if len(rng) != 2 or rng[0] > rng[1]:
-                raise ConfigError(f, f"source.split.ranges.{split}", f"must be [lo, hi] with lo <= hi, got {rng}")
-        if len(job.fields) != 1:
-            raise ConfigError(f, "fields", "layout 'pattern' takes exactly one field")
-    if s.layout == "manifest" and not s.manifest:
-        raise ConfigError(f, "source.manifest", "is required for layout 'manifest'")
-    if s.layout == "paired_folders" and len(job.fields) < 2:
-        raise ConfigError(f, "fields", "layout 'paired_folders' needs at least two fields")
-    if s.layout == "class_folders" and len(job.fields) > 1:
-        exts = [set(e.lower() for e in fc.extensions) for fc in job.fields.values()]
-        for i, a in enumerate(exts):
-            for b in exts[i + 1:]:
-                if a & b:
-                    raise ConfigError(f, "fields", "with several fields in class_folders, each field needs its own extensions (files are grouped by stem)")
-    for name, fc in job.fields.items():
-        key = f"fields.{name}"
-        for ext in fc.extensions:
-            if not ext.startswith("."):
-                raise ConfigError(f, f"{key}.extensions", f"extensions start with '.', got {ext!r}")
-        kind_of(fc).validate(fc, f, key)
-    o = job.output
-    if o.level is not None:  # the codec's own range (auto: the codec it compresses with)
-        by = codecs.AUTO_CODEC if o.codec == codecs.AUTO else o.codec
-        try:
-            codecs.get(by).parse_level(o.level)
-        except ValueError as e:
-            raise ConfigError(f, "output.level", str(e) + (f" (codec auto uses {by})" if by != o.codec else "")) from None
-    if o.chunk_bytes < 4096:
-        raise ConfigError(f, "output.chunk_bytes", f"must be at least 4096, got {o.chunk_bytes}")
-    if not o.path.endswith((".h5", ".hdf5")):
-        raise ConfigError(f, "output.path", f"must end in .h5 or .hdf5, got {o.path!r}")
-    c = job.cluster
-    if c.workers is not None and c.workers < 1:
-        raise ConfigError(f, "cluster.workers", f"must be >= 1, got {c.workers}")
-    if c.batch_size != "auto" and c.batch_size < 1:
-        raise ConfigError(f, "cluster.batch_size", f"must be >= 1, got {c.batch_size}")
-    if c.kind == "address" and not c.address:
-        raise ConfigError(f, "cluster.address", "is required for kind 'address'")
-    if c.kind == "scheduler_file" and not c.scheduler_file:
-        raise ConfigError(f, "cluster.scheduler_file", "is required for kind 'scheduler_file'")
-    p = job.policy
-    if not 0.0 <= p.max_reject_fraction <= 1.0:
-        raise ConfigError(f, "policy.max_reject_fraction", f"must be within 0..1, got {p.max_reject_fraction}")
-    if p.decode_timeout <= 0:
-        raise ConfigError(f, "policy.decode_timeout", "must be > 0 seconds")
-    if check_paths:
-        root = Path(s.root)
-        if not root.is_dir() and not s.generate:
-            raise ConfigError(f, "source.root", f"corpus root {s.root!r} does not exist or is not a directory")
-        if s.layout == "manifest" and s.manifest and not Path(s.manifest).is_file() and not s.generate:
-            raise ConfigError(f, "source.manifest", f"manifest file {s.manifest!r} does not exist")
-
-
-# ---------------------------------------------------------------------------
 # Loading
 # ---------------------------------------------------------------------------
 
@@ -396,7 +372,7 @@ def job_from_dict(data: Any, file: str = "<job>", check_paths: bool = True) -> J
         policy=_build(PolicyConfig, data.get("policy") or {}, file, "policy"),
         file=file,
     )
-    _validate(job, check_paths)
+    validate(job, check_paths)
     return job
 
 

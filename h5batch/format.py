@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # a file without encoded fields; 2 with one (h5batch.fields.format_version)
+READABLE_FORMATS = (1, 2)  # what the reader, inspect and verify accept
 
 # Root attributes
 ATTR_FORMAT = "h5batch_format"
@@ -21,6 +22,8 @@ ATTR_SPLITS = "splits"
 ATTR_FIELDS = "fields"
 ATTR_COMPLETE = "complete"
 ATTR_INPUTS = "num_inputs"  # files discovered (samples x files per sample + rejects)
+ATTR_ANNOTATIONS = "annotations"  # annotation files read (tables, split lists), root-relative
+STAGE_EXCLUDED = "excluded"  # the reject stage of files set aside by source.exclude (not failures)
 
 PARTIAL_SUFFIX = ".partial"  # X.h5 is written as X.h5.partial, renamed when finished
 
@@ -32,6 +35,7 @@ LABEL = "label"
 SOURCE = "source"
 CHECKSUM = "checksum"
 ATTR_NUM_SAMPLES = "num_samples"
+VIEWS = "views"  # group of named row subsets: /<split>/views/<name> (N_view,) int64, sorted unique
 
 # Variable-length field group members
 VALUES = "values"
@@ -41,7 +45,7 @@ SHAPES = "shapes"
 KIND_FIXED = "fixed"
 KIND_VARIABLE = "variable"
 
-RESERVED = {LABEL, SOURCE, CHECKSUM}
+RESERVED = {LABEL, SOURCE, CHECKSUM, VIEWS}
 
 
 def dumps(obj: Any) -> str:
@@ -84,6 +88,12 @@ def cache_settings(chunk_bytes: int, smallest_chunk: int, cache_bytes: int | Non
 def rejects_file(final_path: str) -> str:
     """The rejects list written beside an output: ``out/x.h5`` -> ``out/x.rejects.jsonl``."""
     return final_path.rsplit(".", 1)[0] + ".rejects.jsonl"
+
+
+def warnings_file(final_path: str) -> str:
+    """The decoder warnings log beside an output: ``out/x.h5`` -> ``out/x.warnings.txt``
+    (one line per file whose decoder warned: ``path<TAB>messages``)."""
+    return final_path.rsplit(".", 1)[0] + ".warnings.txt"
 
 
 def write_rejects(path: str, rejects: Any) -> None:

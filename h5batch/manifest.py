@@ -22,6 +22,12 @@ class Item:
     split: str
     paths: tuple[str, ...]
     label: str | None = None
+    # One annotation value per field that reads no files (h5batch.fields.value_fields),
+    # in field order: a table cell, or a tuple of cells for a vector field.
+    values: tuple = ()
+    # The layout's own columns for this sample (a manifest row, a pattern's named groups),
+    # read by the annotation stage of discovery and then dropped.
+    columns: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +52,11 @@ class Manifest:
     rejects: list[Reject] = field(default_factory=list)
     class_names: tuple[str, ...] = ()
     hash: str = ""
+    # Field configs that discovery completed (category and target names), by field name;
+    # h5batch.layouts.resolved_job puts them into the job.
+    resolved: dict = field(default_factory=dict)
+    # Root-relative annotation files read (tables, split lists): inputs, not samples.
+    annotations: tuple[str, ...] = ()
 
     def label_index(self, label: str | None) -> int:
         """Integer label of a class name (-1 when the corpus has no labels)."""

@@ -297,15 +297,16 @@ def test_manifest_two_fields_reject_the_whole_row(tmp_path) -> None:
     assert not set(files) & set(got)  # a file is never both a sample's and a reject
 
 
-def test_duplicate_key_rejects_every_file_of_the_item(tmp_path) -> None:
-    """Two files with one stem in a one-field pattern job: the later one is rejected."""
-    _make(tmp_path / "p", ["a/1.wav", "a/1.flac"], 0)
+def test_same_stem_in_a_one_field_job_is_two_samples(tmp_path) -> None:
+    """Two files with one stem in a one-field pattern job are two files: both are samples,
+    their keys keep the extension; the other keys stay stems."""
+    _make(tmp_path / "p", ["a/1.wav", "a/1.flac", "a/2.wav"], 0)
     job = _job(tmp_path / "p", {"layout": "pattern", "pattern": r"(?P<label>[a-z])/\d+\.(wav|flac)"},
                {"audio": {**AUDIO, "extensions": [".wav", ".flac"]}})
     m = discover(job)
-    assert [it.paths for it in m.items] == [("a/1.flac",)]
-    assert [(r.path, r.reason) for r in m.rejects] == [
-        ("a/1.wav", "duplicate key 'a/1' in split 'train' (already taken by a/1.flac)")]
+    assert [(it.key, it.paths) for it in m.items] == [
+        ("a/1.flac", ("a/1.flac",)), ("a/1.wav", ("a/1.wav",)), ("a/2", ("a/2.wav",))]
+    assert m.rejects == []
 
 
 def test_natural_key() -> None:

@@ -42,25 +42,25 @@ from h5batch.torch.batch import divide_in_place, float_copy, to_float_into
 
 
 @dataclass(frozen=True)
-class TextField:
+class MemoField:
     """UTF-8 text as its bytes, cropped or zero-padded to ``length``."""
 
-    type: Literal["text"] = "text"
-    extensions: list[str] = field(default_factory=lambda: [".txt"])
+    type: Literal["memo"] = "memo"
+    extensions: list[str] = field(default_factory=lambda: [".memo"])
     length: int | None = None
     folder: str | None = None
     column: str | None = None
 
 
-class TextKind(FieldKind):
-    name = "text"
-    config_class = TextField
+class MemoKind(FieldKind):
+    name = "memo"
+    config_class = MemoField
 
-    def validate(self, fc: TextField, file: str, key: str) -> None:
+    def validate(self, fc: MemoField, file: str, key: str) -> None:
         if fc.length is not None and fc.length <= 0:
             raise ConfigError(file, f"{key}.length", f"must be positive, got {fc.length}")
 
-    def decode(self, path: str, fc: TextField) -> np.ndarray:
+    def decode(self, path: str, fc: MemoField) -> np.ndarray:
         head, _ = check_readable(path, 1 << 20)
         try:
             head.decode("utf-8")
@@ -71,10 +71,10 @@ class TextKind(FieldKind):
             a = np.concatenate([a[: fc.length], np.zeros(max(0, fc.length - len(a)), np.uint8)])
         return np.ascontiguousarray(a)
 
-    def fixed_shape(self, fc: TextField):
+    def fixed_shape(self, fc: MemoField):
         return None if fc.length is None else ((fc.length,), np.dtype(np.uint8))
 
-    def attrs(self, fc: TextField) -> dict[str, Any]:
+    def attrs(self, fc: MemoField) -> dict[str, Any]:
         return {"encoding": "utf-8"}
 
     def float_scale(self, dtype: np.dtype) -> float | None:
@@ -83,11 +83,11 @@ class TextKind(FieldKind):
 
 @pytest.fixture
 def text_kind():
-    kind = fields.register(TextKind())
+    kind = fields.register(MemoKind())
     try:
         yield kind
     finally:
-        fields.unregister("text")
+        fields.unregister("memo")
 
 
 def _job(flds: dict[str, Any], root) -> dict[str, Any]:
@@ -101,7 +101,7 @@ def _job(flds: dict[str, Any], root) -> dict[str, Any]:
 
 
 def test_registry_lists_audio_and_image():
-    assert list(KINDS)[:2] == ["audio", "image"]
+    assert list(KINDS) == ["audio", "image", "text", "value", "multilabel"]
     assert KINDS["audio"].config_class is AudioField and KINDS["image"].config_class is ImageField
     assert kind_of(AudioField()) is KINDS["audio"] and kind_of(ImageField()) is KINDS["image"]
     assert [k.modality for k in KINDS.values()][:2] == ["audio", "image"]
@@ -111,14 +111,14 @@ def test_registry_lists_audio_and_image():
         fields.register(type(KINDS["audio"])())
 
     class Nameless(FieldKind):
-        config_class = TextField
+        config_class = MemoField
 
         def decode(self, path, fc):
             raise AssertionError
 
     with pytest.raises(TypeError, match="'type' field defaults to that name"):
         fields.register(Nameless())
-    assert list(KINDS) == ["audio", "image"]
+    assert list(KINDS) == ["audio", "image", "text", "value", "multilabel"]
 
 
 def test_audio_kind_from_a_real_wav(tmp_path):
@@ -174,9 +174,9 @@ def test_kind_checks_run_from_the_job_file(tmp_path):
 
 
 def test_unknown_type_names_the_registered_kinds(tmp_path):
-    with pytest.raises(ConfigError, match=r"fields\.v\.type: must be one of 'audio', 'image', got 'video'"):
+    with pytest.raises(ConfigError, match=r"fields\.v\.type: must be one of 'audio', 'image', 'text', 'value', 'multilabel', got 'video'"):
         job_from_dict(_job({"v": {"type": "video"}}, tmp_path), check_paths=False)
-    with pytest.raises(ConfigError, match=r"fields\.v\.type: is required \(audio or image\)"):
+    with pytest.raises(ConfigError, match=r"fields\.v\.type: is required \(audio or image or text or value or multilabel\)"):
         job_from_dict(_job({"v": {"extensions": [".mp4"]}}, tmp_path), check_paths=False)
     with pytest.raises(ConfigError, match="must be one of"):
         job_from_dict(_job({"v": {"type": ["audio"]}}, tmp_path), check_paths=False)
@@ -194,46 +194,46 @@ def test_unknown_modality_falls_back_to_the_stored_dtype():
 
 
 def test_a_registered_kind_is_accepted_and_decoded(text_kind, tmp_path):
-    assert "text" in KINDS and kind_of(TextField()) is text_kind
-    job = job_from_dict(_job({"note": {"type": "text", "length": 8}}, tmp_path), check_paths=False)
+    assert "memo" in KINDS and kind_of(MemoField()) is text_kind
+    job = job_from_dict(_job({"note": {"type": "memo", "length": 8}}, tmp_path), check_paths=False)
     fc = job.fields["note"]
-    assert isinstance(fc, TextField) and fc.length == 8 and fc.extensions == [".txt"]
-    assert len(job.hash()) == 64 and job.to_dict()["fields"]["note"]["type"] == "text"
-    (tmp_path / "a.txt").write_text("héllo")
+    assert isinstance(fc, MemoField) and fc.length == 8 and fc.extensions == [".memo"]
+    assert len(job.hash()) == 64 and job.to_dict()["fields"]["note"]["type"] == "memo"
+    (tmp_path / "a.memo").write_text("héllo")
     want = np.frombuffer("héllo".encode() + b"\0\0", dtype=np.uint8)
-    assert np.array_equal(decode_field(str(tmp_path / "a.txt"), fc), want)
+    assert np.array_equal(decode_field(str(tmp_path / "a.memo"), fc), want)
     row = np.empty(8, dtype=np.uint8)
-    decode_field_into(str(tmp_path / "a.txt"), fc, row)  # the base class's decode-then-copy
+    decode_field_into(str(tmp_path / "a.memo"), fc, row)  # the base class's decode-then-copy
     assert np.array_equal(row, want)
     assert fixed_sample_shape(fc) == ((8,), np.dtype(np.uint8)) and is_fixed_shape(fc)
-    assert field_attrs(fc) == {"modality": "text", "encoding": "utf-8"}
+    assert field_attrs(fc) == {"modality": "memo", "encoding": "utf-8"}
     assert needed_packages(fc) == set()
-    assert reader_hooks("text", np.uint8, 1) == (None, None)  # the kind says: no scaling
-    (tmp_path / "b.txt").write_bytes(b"\xff\xfe")
+    assert reader_hooks("memo", np.uint8, 1) == (None, None)  # the kind says: no scaling
+    (tmp_path / "b.memo").write_bytes(b"\xff\xfe")
     with pytest.raises(DecodeError, match="not UTF-8 text"):
-        decode_field(str(tmp_path / "b.txt"), fc)
-    (tmp_path / "c.txt").write_bytes(b"")
+        decode_field(str(tmp_path / "b.memo"), fc)
+    (tmp_path / "c.memo").write_bytes(b"")
     with pytest.raises(DecodeError, match=r"empty file \(0 bytes\)"):
-        decode_field(str(tmp_path / "c.txt"), fc)
+        decode_field(str(tmp_path / "c.memo"), fc)
 
 
 def test_a_registered_kind_validates_and_is_listed_in_errors(text_kind, tmp_path):
     with pytest.raises(ConfigError, match=r"fields\.note\.length: must be positive, got 0"):
-        job_from_dict(_job({"note": {"type": "text", "length": 0}}, tmp_path), check_paths=False)
+        job_from_dict(_job({"note": {"type": "memo", "length": 0}}, tmp_path), check_paths=False)
     with pytest.raises(ConfigError, match=r"fields\.note\.size: unknown key"):
-        job_from_dict(_job({"note": {"type": "text", "size": 3}}, tmp_path), check_paths=False)
-    with pytest.raises(ConfigError, match=r"must be one of 'audio', 'image', 'text', got 'video'"):
+        job_from_dict(_job({"note": {"type": "memo", "size": 3}}, tmp_path), check_paths=False)
+    with pytest.raises(ConfigError, match=r"must be one of 'audio', 'image', 'text', 'value', 'multilabel', 'memo', got 'video'"):
         job_from_dict(_job({"v": {"type": "video"}}, tmp_path), check_paths=False)
-    with pytest.raises(ConfigError, match=r"is required \(audio or image or text\)"):
+    with pytest.raises(ConfigError, match=r"is required \(audio or image or text or value or multilabel or memo\)"):
         job_from_dict(_job({"v": {}}, tmp_path), check_paths=False)
 
 
 def test_unregistered_kind_is_gone(tmp_path):
-    assert "text" not in KINDS
-    with pytest.raises(ConfigError, match="must be one of 'audio', 'image', got 'text'"):
-        job_from_dict(_job({"note": {"type": "text"}}, tmp_path), check_paths=False)
+    assert "memo" not in KINDS
+    with pytest.raises(ConfigError, match="must be one of 'audio', 'image', 'text', 'value', 'multilabel', got 'memo'"):
+        job_from_dict(_job({"note": {"type": "memo"}}, tmp_path), check_paths=False)
     with pytest.raises(TypeError):
-        decode_field(str(tmp_path), TextField())
+        decode_field(str(tmp_path), MemoField())
 
 
 def test_reader_scaling_by_the_kinds_divisor():

@@ -13,7 +13,7 @@ import os
 from typing import TYPE_CHECKING
 
 from ..errors import DecodeError
-from ..fields import decode_field
+from ..fields import decode_field, reads_files
 
 if TYPE_CHECKING:
     from ..batches import BatchTask
@@ -25,9 +25,10 @@ def decode_only(task: BatchTask) -> tuple[int, int]:
     A file that does not decode is skipped, as the conversion would reject it.
     """
     n = nbytes = 0
-    for paths, _ in task.items:
+    files = [fc for _, fc in task.fields if reads_files(fc)]  # annotation values cost nothing
+    for paths, _label, _values in task.items:
         try:
-            for (_, fc), rel in zip(task.fields, paths):
+            for fc, rel in zip(files, paths):
                 nbytes += decode_field(os.path.join(task.root, rel), fc).nbytes
             n += 1
         except DecodeError:

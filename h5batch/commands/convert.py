@@ -68,7 +68,8 @@ def run(args) -> int:
     s = convert(job, opts)
     rate = s.samples / s.seconds if s.seconds else 0
     counts = ", ".join(f"{k} {v}" for k, v in s.counts.items())
-    print(f"wrote {s.path}: {s.samples} samples ({counts}), {s.rejects} rejects "
+    rejected = f"{s.rejects - s.excluded} rejects" + (f" + {s.excluded} excluded" if s.excluded else "")
+    print(f"wrote {s.path}: {s.samples} samples ({counts}), {rejected} "
           f"(listed in {s.rejects_file}) in {s.seconds:.1f}s = {rate:.0f} samples/s, "
           f"{s.bytes_decoded / 1e6 / max(s.seconds, 1e-9):.1f} MB/s decoded; "
           f"{s.output_bytes / 1e6:.1f} MB on disk"

@@ -44,8 +44,9 @@ from .. import faults
 from ..codecs import AUTO_CODEC, CodecSpec
 from ..config import JobConfig
 from ..errors import DecodeError
-from ..fields import decode_field, fixed_sample_shape
+from ..fields import decode_field, file_fields, fixed_sample_shape, value_array, value_fields
 from ..manifest import Manifest
+from .decoder_warnings import silenced
 
 MIN_RATIO = 1.15  # keep compression when it saves at least ~13 % of the bytes
 TRIAL_ITEMS = 32  # items decoded at most, spread over the manifest
@@ -91,7 +92,6 @@ class Trial:
         rejects it later with its reason."""
         root = os.path.abspath(manifest.root)
         guard = _Deadline(job.policy.decode_timeout)
-        names = list(job.fields)
         out: dict[str, list[np.ndarray]] = {}
         n = len(manifest.items)
         picks = sorted({i * n // TRIAL_ITEMS for i in range(TRIAL_ITEMS)}) if n else []
@@ -100,8 +100,14 @@ class Trial:
         # The arrays kept are exactly those a serial loop would keep; a wave may decode a
         # few items past TRIAL_BYTES, which are dropped.
         wave = max(1, min(TRIAL_WAVE, os.cpu_count() or 1))
+        files, vals = file_fields(job.fields), value_fields(job.fields)
         for name in fields:
-            k, fc = names.index(name), job.fields[name]
+            fc = job.fields[name]
+            if name in vals:  # annotation values: nothing to decode (discovery checked them)
+                j = vals.index(name)
+                out[name] = [value_array(manifest.items[i].values[j], fc) for i in picks]
+                continue
+            k = files.index(name)
             paths = [os.path.join(root, manifest.items[i].paths[k]) for i in picks]
             arrays: list[np.ndarray] = []
             nbytes = 0
@@ -234,7 +240,8 @@ def resolve(job: JobConfig, manifest: Manifest) -> AutoSettings:
         need = list(job.fields)
     elif job.cluster.batch_size == "auto":
         need = [name for name, f in fixed.items() if f is None]
-    trial = Trial.run(job, manifest, need)
+    with silenced():  # the workers decode these files again and log their warnings
+        trial = Trial.run(job, manifest, need)
 
     item_bytes = 0
     for name in job.fields:

@@ -25,16 +25,19 @@ class ConvertSummary:
 
     path: str
     counts: dict[str, int]
-    rejects: int
+    rejects: int  # every input listed in the rejects file, ``excluded`` ones included
     inputs: int
     seconds: float
     bytes_decoded: int
     output_bytes: int
     resumed_from: int = 0
     rejects_file: str = ""
+    warnings: int = 0  # input files whose decoder warned (their messages are in warnings_file)
+    warnings_file: str = ""
     cluster: str = ""
     dashboard: str | None = None
     ok: bool = True
+    excluded: int = 0  # rejects of stage "excluded" (source.exclude, unlisted samples): not failures
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -8,7 +8,8 @@ import time
 
 from ..config import JobConfig
 from ..errors import ConvertError
-from ..layouts import discover
+from ..layouts import discover, resolved_job
+from ..transport import semaphores
 from ..transport.segments import new_run_id, remove_segments, remove_stale_segments
 from ..writer.messages import Start
 from ..writer.process import WriterHandle
@@ -47,7 +48,11 @@ def convert(job: JobConfig, opts: ConvertOptions | None = None) -> ConvertSummar
             stale = remove_stale_segments()
             if stale:
                 say(f"removed {len(stale)} shared-memory segments left by dead runs")
-            return _timed(_convert(job, opts, output, lock, run_id, say), t0)
+            sems = semaphores.remove_stale()
+            if sems:
+                say(f"removed {len(sems)} semaphores left in /dev/shm by dead runs")
+            with semaphores.tagged():
+                return _timed(_convert(job, opts, output, lock, run_id, say), t0)
         finally:
             lock.release()
 
@@ -61,6 +66,7 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
     try:
         generate_corpus(job, say)
         manifest = discover(job)
+        job = output.job = resolved_job(job, manifest)  # category / target names now known
         done = output.already_done(manifest)
         if done is not None:
             say(f"{output.final} is already complete for this job and corpus; nothing to do")

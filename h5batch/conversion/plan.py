@@ -74,7 +74,7 @@ def make_plan(job: JobConfig, manifest: Manifest, record: CommitRecord | None, f
         discovery_rejects=manifest.rejects, num_inputs=num_inputs,
         commit_every=job.policy.commit_every, threads=max(2, min(4, n_workers)),
         resume=record, versions=versions(), batch_size=batch_size,
-        codec_notes=codec_notes, cwd=os.getcwd(), umask=current_umask(),
+        codec_notes=codec_notes, cwd=os.getcwd(), umask=current_umask(), annotations=manifest.annotations,
     )
     tasks = make_tasks(job, manifest, run_id, hostname(), batch_size)
     written = {split: p.samples for split, p in record.splits.items()} if record else {}
@@ -138,7 +138,7 @@ class TaskList(Sequence):
             raise IndexError(index)
         lo, hi = int(self.starts[index]), int(self.starts[index + 1])
         m = self.manifest
-        chunk = tuple((it.paths, m.label_index(it.label)) for it in m.items[lo:hi])
+        chunk = tuple((it.paths, m.label_index(it.label), it.values) for it in m.items[lo:hi])
         return BatchTask(index, m.items[lo].split, lo, chunk, self.root, self.fields, self.run_id,
                          self.job.cluster.transport, self.writer_host, self.job.policy.decode_timeout)
 

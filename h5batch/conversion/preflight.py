@@ -11,7 +11,8 @@ What is checked, per worker present when the run starts:
 
 * the corpus root is a directory there, and a few sample files of the manifest (first,
   middle, last item) can be opened and read;
-* the decoders' packages import (numpy, soundfile + libsndfile, Pillow, soxr, h5batch);
+* the decoders' packages import (numpy, soundfile + libsndfile, Pillow, soxr, librosa for
+  ``features``, PyAV (``av``) for the audio formats libsndfile lacks, h5batch);
   versions that shape the decoded bytes must equal the driver's (h5batch is compared by
   version *and* a digest of its source, so two checkouts with one version string differ);
   the Dask stack is compared like ``client.get_versions(check=True)``, as a warning;
@@ -42,7 +43,7 @@ import numpy as np
 from ..errors import PreflightError
 
 # Packages whose versions decide the decoded bytes (must equal the driver's).
-DECISIVE = ("python", "h5batch", "numpy", "soundfile", "libsndfile", "pillow", "soxr")
+DECISIVE = ("python", "h5batch", "numpy", "soundfile", "libsndfile", "pillow", "soxr", "librosa", "av")
 # Packages Dask itself compares (distributed.versions.required_packages): a warning.
 DASK_STACK = ("dask", "distributed", "cloudpickle", "msgpack", "tornado", "toolz")
 
@@ -59,9 +60,9 @@ def source_digest() -> str:
     """sha256 (12 hex) of h5batch's Python sources: the same version string from two
     different checkouts still differs here."""
     h = hashlib.sha256()
-    pkg = Path(__file__).resolve().parent
-    for p in sorted(pkg.glob("*.py")):
-        h.update(p.name.encode())
+    pkg = Path(__file__).resolve().parents[1]  # the whole package: fields/ decodes, not conversion/
+    for p in sorted(pkg.rglob("*.py")):
+        h.update(p.relative_to(pkg).as_posix().encode())
         h.update(p.read_bytes())
     return h.hexdigest()[:12]
 

@@ -25,10 +25,12 @@ from .. import faults
 from ..batches import BatchResult, BatchTask
 from ..codecs import CodecSpec, make_encoder, self_check
 from ..errors import DecodeError
-from ..fields import decode_field, decode_field_into, fixed_sample_shape
+from ..fields import decode_field, decode_field_into, fixed_sample_shape, reads_files, value_array
+from ..fields.base import copy_into
 from ..manifest import Reject
 from ..transport.packing import Block, ChunkSet, Packed, pack
 from ..transport.segments import FREE, abandon_segment, hostname, take_segment
+from . import decoder_warnings
 
 
 def choose_mode(transport: str, writer_host: str) -> str:
@@ -58,9 +60,11 @@ class _Watched:
             self.current = (i, time.monotonic())
             try:
                 rows = self.direct.rows(i) if self.direct is not None else None
-                out: Any = _decode_item(self.task, self.task.items[i][0], rows)
+                out: Any = _decode_item(self.task, self.task.items[i], rows)
             except (DecodeError, MemoryError) as e:
                 out = e
+            except Exception as e:  # a decoder's bug: the item's reject, not a silent dead thread
+                out = DecodeError(self.task.items[i][0][0], f"decoding failed: {type(e).__name__}: {e}")
             if self.abandoned:
                 return
             self.outcomes[i] = out
@@ -68,18 +72,33 @@ class _Watched:
         self.done.set()
 
 
-def _decode_item(task: BatchTask, paths: tuple[str, ...],
-                 rows: list[np.ndarray] | None = None) -> list[np.ndarray]:
-    """The item's array per field; with ``rows``, decoded into those rows and returned."""
+def _decode_item(task: BatchTask, item: tuple, rows: list[np.ndarray] | None = None) -> list[np.ndarray]:
+    """The item's array per field; with ``rows``, decoded into those rows and returned.
+    A field of files decodes its next path, a field of annotation values its next value
+    (``item`` is ``(paths, label, values)``)."""
+    paths, values = item[0], item[2]
     out = []
-    for k, ((_, fc), rel) in enumerate(zip(task.fields, paths)):
+    files, vals = iter(paths), iter(values)
+    for k, (name, fc) in enumerate(task.fields):
+        if not reads_files(fc):
+            try:
+                a = value_array(next(vals), fc)
+            except DecodeError as e:
+                raise DecodeError(paths[0], f"field {name!r}: {e.reason}") from None
+            if rows is not None:
+                copy_into(paths[0], a, rows[k])
+                a = rows[k]
+            out.append(a)
+            continue
+        rel = next(files)
         faults.before_decode(rel)
         try:
-            if rows is None:
-                out.append(decode_field(os.path.join(task.root, rel), fc))
-            else:
-                decode_field_into(os.path.join(task.root, rel), fc, rows[k])
-                out.append(rows[k])
+            with decoder_warnings.watch(rel):  # its warnings go to the log, not the console
+                if rows is None:
+                    out.append(decode_field(os.path.join(task.root, rel), fc))
+                else:
+                    decode_field_into(os.path.join(task.root, rel), fc, rows[k])
+                    out.append(rows[k])
         except DecodeError as e:
             raise DecodeError(rel, e.reason) from None
     return out
@@ -111,7 +130,7 @@ class _DirectRows:
         return cls(task, layouts)  # type: ignore[arg-type]
 
     def rows(self, i: int) -> list[np.ndarray]:
-        return [v[i] for v in self.views]
+        return [v[i, ...] for v in self.views]  # a view even for a scalar field's row
 
     def packed(self, kept: list[int]) -> Packed:
         m = len(kept)
@@ -148,7 +167,9 @@ def decode_batch(task: BatchTask) -> BatchResult:
     mode = choose_mode(task.transport, task.writer_host)
     direct = _DirectRows.maybe(task, mode)
     try:
-        stuck = _decode_all(task, direct, outcomes)
+        with decoder_warnings.batch():
+            stuck = _decode_all(task, direct, outcomes)
+            warned = decoder_warnings.take(p for item in task.items for p in item[0])
         arrays, labels, sources, sums, rejects, kept = _collect(task, outcomes, names)
         if direct is not None and not stuck:
             packed = direct.packed(kept)
@@ -173,6 +194,7 @@ def decode_batch(task: BatchTask) -> BatchResult:
         worker=hostname(),
         stuck=stuck,
         worker_address=_worker_address() if stuck else "",
+        warnings=warned,
     )
 
 
@@ -215,7 +237,7 @@ def _collect(task: BatchTask, outcomes: dict[int, Any], names: list[str]):
     sums: list[list[int]] = []
     rejects: list[Reject] = []
     kept: list[int] = []
-    for k, (paths, label) in enumerate(task.items):
+    for k, (paths, label, _values) in enumerate(task.items):
         out = outcomes[k]
         if isinstance(out, TimeoutError):
             budget = task.timeout * len(paths)

@@ -30,19 +30,26 @@ never the other way round.
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import numpy as np
 
+from . import encoded, features, transform
 from .audio import AudioField, AudioKind
-from .base import FieldKind, default_float_scale
+from .base import FieldKind, copy_into, default_float_scale, settings
+from .encoded import StoredDecoder, is_encoded
 from .image import ImageField, ImageKind
+from .multilabel import MultiLabelField, MultiLabelKind
+from .text import TextField, TextKind
+from .transform import has_transform
+from .value import ValueField, ValueKind
 
 #: Registered kinds by name (the job file's ``type``), in registration order.
 KINDS: dict[str, FieldKind] = {}
 
 #: The config classes of the kinds shipped with h5batch (for annotations).
-FieldConfig = AudioField | ImageField
+FieldConfig = AudioField | ImageField | TextField | ValueField | MultiLabelField
 
 
 def register(kind: FieldKind) -> FieldKind:
@@ -68,6 +75,9 @@ def unregister(name: str) -> None:
 
 register(AudioKind())
 register(ImageKind())
+register(TextKind())
+register(ValueKind())
+register(MultiLabelKind())
 
 
 def kind_of(fc: Any) -> FieldKind:
@@ -87,18 +97,63 @@ def kind_by_modality(modality: str) -> FieldKind | None:
     return None
 
 
+def reads_files(fc: Any) -> bool:
+    """True when the field's samples are files (False: annotation values, no ``source``)."""
+    return kind_of(fc).reads_files(fc)
+
+
+def file_fields(fields: dict[str, Any]) -> list[str]:
+    """Names of the fields whose samples are files, in field order (one ``source`` path each)."""
+    return [name for name, fc in fields.items() if reads_files(fc)]
+
+
+def value_fields(fields: dict[str, Any]) -> list[str]:
+    """Names of the fields whose samples are annotation values, in field order."""
+    return [name for name, fc in fields.items() if not reads_files(fc)]
+
+
+def value_array(value: Any, fc: Any) -> np.ndarray:
+    """The stored array of one annotation value (raises :class:`~h5batch.errors.DecodeError`)."""
+    return kind_of(fc).from_value(value, fc)
+
+
+def resolve_field(fc: Any, values: list[Any]) -> Any:
+    """The field's config completed from every sample's value (see :meth:`FieldKind.resolve`)."""
+    return kind_of(fc).resolve(fc, values)
+
+
+def _runs_after_decode(fc: Any) -> bool:
+    return getattr(fc, "features", None) is not None or has_transform(fc)
+
+
 def decode_field(path: str, fc: Any) -> np.ndarray:
-    """Decode one file of the field (raises :class:`~h5batch.errors.DecodeError`)."""
-    return kind_of(fc).decode(path, fc)
+    """The stored sample of one file of the field (raises :class:`~h5batch.errors.DecodeError`):
+    the kind's decode, then ``features`` and ``transform`` (:mod:`.transform`); with
+    ``store: encoded`` the file's (or the transcode's) bytes, once the file decoded (:mod:`.encoded`)."""
+    kind = kind_of(fc)
+    if is_encoded(fc):
+        return encoded.stored_bytes(kind, path, fc)
+    if not _runs_after_decode(fc):
+        return kind.decode(path, fc)
+    return transform.after_decode(path, fc, kind.decode(path, fc), fixed_sample_shape(fc))
 
 
 def decode_field_into(path: str, fc: Any, out: np.ndarray) -> None:
     """Decode into ``out``, a row of a fixed-shape field (:func:`fixed_sample_shape`)."""
-    kind_of(fc).decode_into(path, fc, out)
+    if _runs_after_decode(fc):
+        copy_into(path, decode_field(path, fc), out)
+    else:
+        kind_of(fc).decode_into(path, fc, out)
 
 
 def fixed_sample_shape(fc: Any) -> tuple[tuple[int, ...], np.dtype] | None:
-    """Shape and dtype every sample of a fixed-shape field has (None if variable)."""
+    """Shape and dtype every sample of a fixed-shape field has (None if variable). A field
+    stored encoded is variable (its bytes); one with ``features`` has theirs; a transform
+    keeps the kind's (:func:`h5batch.fields.transform.apply` checks it)."""
+    if is_encoded(fc):
+        return None
+    if getattr(fc, "features", None) is not None:
+        return features.fixed_shape(fc)
     return kind_of(fc).fixed_shape(fc)
 
 
@@ -114,14 +169,58 @@ def rows_per_chunk(shape: tuple[int, ...], dtype: np.dtype, chunk_bytes: int) ->
 
 
 def field_attrs(fc: Any) -> dict[str, Any]:
-    """The kind's HDF5 attributes of a field: ``modality`` first, then the kind's own."""
+    """The kind's HDF5 attributes of a field: ``modality`` first, then the kind's own, then
+    what ``store: encoded``, ``features`` and ``transform`` add (docs/FORMAT.md)."""
     kind = kind_of(fc)
-    return {"modality": kind.modality, **kind.attrs(fc)}
+    attrs = {"modality": kind.modality, **kind.attrs(fc)}
+    if is_encoded(fc):
+        attrs.update(encoded.attrs(fc))
+    if getattr(fc, "features", None) is not None:
+        attrs.update(features=json.dumps(settings(features.settings(fc)), sort_keys=True), axes="frame,mel")
+    if has_transform(fc):
+        attrs["transform"] = fc.transform  # its source's hash is in the root's job_hash
+    return attrs
+
+
+def validate_field(fc: Any, file: str, key: str) -> None:
+    """The kind's semantic checks, then those of ``store``/``transcode``, ``features`` and
+    ``transform`` (the function must import now); raises :class:`~h5batch.errors.ConfigError`."""
+    kind_of(fc).validate(fc, file, key)
+    encoded.validate(fc, file, key)
+    if getattr(fc, "features", None) is not None:
+        features.validate(fc, file, key)
+    transform.check_importable(fc, file, key)
+
+
+def content_settings(fc: Any) -> dict[str, Any]:
+    """The field's settings as the job hash counts them: :func:`~h5batch.fields.base.settings`,
+    with a transform named by its source's hash too (a changed function is another job)."""
+    out = settings(fc)
+    if has_transform(fc):
+        out["transform"] = transform.identity(fc.transform)
+    return out
+
+
+def format_version(fields: Any) -> int:
+    """The ``h5batch_format`` a file of these field configs is written as: 1, or 2 when a
+    field is stored encoded (a format-1 reader would hand its bytes back as pixels)."""
+    return max([1, *(encoded.FORMAT_VERSION for fc in fields if is_encoded(fc))])
+
+
+def stored_decoder(modality: str, attrs: Any) -> StoredDecoder | None:
+    """For a field whose attributes say ``store: encoded``: what turns one sample's bytes
+    into the array decoded storage holds (the reader calls it per sample); else None."""
+    if attrs.get("store") != "encoded":
+        return None
+    kind = kind_by_modality(modality)
+    if kind is None:
+        raise ValueError(f"field stored encoded by a field kind this h5batch lacks (modality {modality!r})")
+    return StoredDecoder(kind, encoded.reader_config(kind, attrs))
 
 
 def needed_packages(fc: Any) -> set[str]:
     """Decoder packages the field needs on every worker."""
-    return set(kind_of(fc).packages(fc))
+    return set(kind_of(fc).packages(fc)) | features.packages(fc)
 
 
 def reader_hooks(modality: str, dtype: Any, ndim: int) -> tuple[float | None, tuple[int, ...] | None]:
@@ -135,8 +234,9 @@ def reader_hooks(modality: str, dtype: Any, ndim: int) -> tuple[float | None, tu
 
 
 __all__ = [
-    "KINDS", "AudioField", "FieldConfig", "FieldKind", "ImageField", "decode_field", "decode_field_into",
-    "default_float_scale",
-    "field_attrs", "fixed_sample_shape", "is_fixed_shape", "kind_by_modality", "kind_of", "needed_packages",
-    "reader_hooks", "register", "rows_per_chunk", "unregister",
+    "KINDS", "AudioField", "FieldConfig", "FieldKind", "ImageField", "MultiLabelField", "TextField",
+    "ValueField", "content_settings", "decode_field", "decode_field_into", "default_float_scale",
+    "field_attrs", "file_fields", "fixed_sample_shape", "format_version", "stored_decoder", "validate_field", "is_fixed_shape", "kind_by_modality", "kind_of",
+    "needed_packages", "reads_files", "reader_hooks", "register", "resolve_field", "rows_per_chunk",
+    "unregister", "value_array", "value_fields",
 ]

@@ -12,6 +12,14 @@ Rules, and why:
   per-call cost (``tests/test_decode_audio.py`` holds the two paths equal).
 * A WAV whose data chunk declares more bytes than the file holds is a reject
   (:func:`wav_header`), not a short sample: libsndfile quietly shortens it.
+* An MP3 or Ogg (Vorbis, Opus) file is judged truncated from its own frames or pages
+  (:mod:`h5batch.fields.truncation`), not from libsndfile's frame count, which for MP3 is
+  an estimate (a valid file can read hundreds of frames fewer) and for Ogg shrinks with a
+  cut file. Other formats keep the rule that reading fewer frames than the header says
+  is truncation (FLAC's STREAMINFO count is exact).
+* m4a/AAC, WebM/Matroska, WMA (:data:`h5batch.fields.ffmpeg.EXTENSIONS`) are decoded by
+  FFmpeg through PyAV (the ``audio`` extra), by extension; everything after reading
+  (channels, rate, resampling, dtype, length) is the same code for both decoders.
 * A file at another sample rate is a reject unless ``resample: true``; ``length`` keeps
   the start and crops or zero-pads the end (recorded in the ``length_rule`` attribute).
 * Every failure raises :class:`~h5batch.errors.DecodeError` naming the cause as
@@ -29,8 +37,14 @@ from typing import Any, Literal
 import numpy as np
 
 from ..errors import ConfigError, DecodeError
-from .base import FieldKind, copy_into
+from .base import FieldKind, copy_into, late
+from .features import LogMel
+from .ffmpeg import EXTENSIONS as FFMPEG_EXTENSIONS
+from .ffmpeg import available as ffmpeg_available
+from .ffmpeg import read_with_ffmpeg, wants_ffmpeg
 from .files import open_checked, read_head, sniff
+from .transcode import AudioTranscode
+from .truncation import truncation
 
 
 @dataclass(frozen=True)
@@ -47,6 +61,11 @@ class AudioField:
     dtype: Literal["int16", "float32"] = "int16"
     folder: str | None = None  # paired_folders: folder name in the corpus (default: field name)
     column: str | None = None  # manifest: column holding the path (default: field name)
+    # Late settings (h5batch.fields.base.late): what is stored, run after decoding.
+    store: Literal["decoded", "encoded"] = late("decoded")  # encoded: keep the file's bytes
+    transcode: AudioTranscode | None = late()  # with store: encoded, re-encode the decoded audio (flac)
+    transform: str | None = late()  # "package.module:function" run on the decoded array
+    features: Literal["log_mel"] | LogMel | None = late()  # stored instead of the samples (features.py)
 
 
 # WAV format tags libsndfile decodes (wav.c); any other tag is a codec it does not have.
@@ -201,7 +220,7 @@ def _audio_open_reason(path: str, err: Exception) -> str:
                     f"which libsndfile cannot decode")
         return f"corrupt WAV file: {err}"
     if kind in ("FLAC", "Ogg", "MP3"):
-        return f"corrupt or unsupported {kind} file: {err}"
+        return truncation(path, kind.upper()) or f"corrupt or unsupported {kind} file: {err}"
     return f"not a readable audio file (content looks like {kind}): {err}"
 
 
@@ -230,8 +249,11 @@ def _read_with_soundfile(path: str, fc: AudioField, head: bytes, size: int) -> t
     except Exception as e:  # libsndfile's message alone ("Malformed 'fmt ' chunk") is too vague
         raise DecodeError(path, _audio_open_reason(path, e)) from e
     with f:
-        sr, frames, channels = f.samplerate, f.frames, f.channels
+        sr, frames, channels, container = f.samplerate, f.frames, f.channels, f.format
         _check_wav_complete(path, frames, head, size)
+        cut = truncation(path, container)  # MP3 and Ogg: judged by their frames or pages
+        if cut:
+            raise DecodeError(path, cut)
         if frames <= 0:
             raise DecodeError(path, "audio has zero frames")
         target_sr = fc.sample_rate or sr
@@ -248,7 +270,7 @@ def _read_with_soundfile(path: str, fc: AudioField, head: bytes, size: int) -> t
             raise DecodeError(path, f"truncated or corrupt audio data: {e}") from e
     if x.shape[0] == 0:
         raise DecodeError(path, "audio has zero frames")
-    if x.shape[0] < frames:
+    if x.shape[0] < frames and container != "MP3":  # MP3: the count is an estimate (see above)
         raise DecodeError(path, f"truncated audio: header says {frames} frames, read {x.shape[0]}")
     return x, sr
 
@@ -264,8 +286,14 @@ def decode_audio(path: str, fc: AudioField, out: np.ndarray | None = None) -> np
     """
     with open_checked(path) as fh:
         head, size = read_head(path, fh, 4096)
-        layout = pcm16_layout(head, size)
-        if layout is not None:
+        ffmpeg = wants_ffmpeg(path)
+        layout = None if ffmpeg else pcm16_layout(head, size)
+        if ffmpeg:
+            x, sr = read_with_ffmpeg(path, want_int16=fc.dtype == "int16")
+            target_sr = fc.sample_rate or sr
+            if sr != target_sr and not fc.resample:
+                raise DecodeError(path, f"sample rate {sr} Hz, job expects {target_sr} Hz (set resample: true to convert)")
+        elif layout is not None:
             sr = layout.sample_rate
             target_sr = fc.sample_rate or sr
             if sr != target_sr and not fc.resample:
@@ -310,7 +338,8 @@ def decode_audio(path: str, fc: AudioField, out: np.ndarray | None = None) -> np
 
 
 class AudioKind(FieldKind):
-    """``type: audio``: decoded with soundfile (and soxr to resample)."""
+    """``type: audio``: decoded with soundfile, or PyAV for the formats libsndfile lacks
+    (and soxr to resample)."""
 
     name = "audio"
     config_class = AudioField
@@ -331,6 +360,17 @@ class AudioKind(FieldKind):
         if a is not out:
             copy_into(path, a, out)
 
+    def transcode(self, path: str, fc: AudioField) -> bytes:
+        from .transcode import encode_audio
+
+        a = decode_audio(path, fc)  # resampled, mixed, cropped: the reader decodes it as it is
+        rate = fc.sample_rate
+        if rate is None:
+            import soundfile as sf
+
+            rate = sf.info(path).samplerate
+        return encode_audio(path, a, rate, fc.transcode)
+
     def fixed_shape(self, fc: AudioField) -> tuple[tuple[int, ...], np.dtype] | None:
         if fc.length is None or fc.channels == "keep":
             return None
@@ -342,7 +382,12 @@ class AudioKind(FieldKind):
                 "axes": "time,channel" if fc.channels == "keep" else "time"}
 
     def packages(self, fc: AudioField) -> set[str]:
-        return {"soundfile", "libsndfile", "soxr"} if fc.resample else {"soundfile", "libsndfile"}
+        need = {"soundfile", "libsndfile", "soxr"} if fc.resample else {"soundfile", "libsndfile"}
+        # PyAV decides the samples of its formats, so the workers must have the driver's; a
+        # driver without it makes those files rejects naming the extra (ffmpeg.py), not an error.
+        if any(e.lower() in FFMPEG_EXTENSIONS for e in fc.extensions) and ffmpeg_available():
+            need.add("av")
+        return need
 
     def float_scale(self, dtype: np.dtype) -> float | None:
         # int16 PCM -> [-1, 1) (x * 2**-15 is exact); float32 is in [-1, 1] already.

@@ -13,6 +13,7 @@ writer import the registry like the driver does).
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
@@ -28,6 +29,40 @@ DEFAULT_FLOAT_SCALE: dict[np.dtype, float] = {np.dtype(np.int16): 32768.0, np.dt
 def default_float_scale(dtype: Any) -> float | None:
     """The divisor ``as_float`` applies to ``dtype`` by the stored dtype alone (None: as stored)."""
     return DEFAULT_FLOAT_SCALE.get(np.dtype(dtype))
+
+
+#: Metadata flag of a setting added to a shipped config class after outputs existed:
+#: :func:`settings` leaves it out while it has its default, so the job hash and the
+#: ``config`` attribute of jobs that do not use it stay what they were (resume of an
+#: older partial output keeps working, tests/golden/ keeps matching). Every setting added
+#: to a shipped section or kind from now on is declared with :func:`late`.
+LATE = "h5batch_late"
+
+
+def late(default: Any = None, *, factory: Any = None) -> Any:
+    """A dataclass field for a late setting (see :data:`LATE`)."""
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata={LATE: True})
+    return dataclasses.field(default=default, metadata={LATE: True})
+
+
+def settings(obj: Any) -> Any:
+    """A config dataclass as plain data, late settings at their default left out."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out = {}
+        for f in dataclasses.fields(obj):
+            v = getattr(obj, f.name)
+            if f.metadata.get(LATE):
+                default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+                if v == default:
+                    continue
+            out[f.name] = settings(v)
+        return out
+    if isinstance(obj, dict):
+        return {k: settings(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [settings(v) for v in obj]
+    return obj
 
 
 def copy_into(path: str, a: np.ndarray, out: np.ndarray) -> None:
@@ -56,8 +91,11 @@ class FieldKind(ABC):
       with a reason a person can act on for every bad file.
 
     and may override (the defaults are said at each method): :meth:`validate`,
-    :meth:`decode_into`, :meth:`fixed_shape`, :meth:`attrs`, :meth:`packages`, and the
-    reader's hooks ``modality``, :meth:`float_scale`, :meth:`channels_first_axes`.
+    :meth:`decode_into`, :meth:`fixed_shape`, :meth:`attrs`, :meth:`packages`, the
+    reader's hooks ``modality``, :meth:`float_scale`, :meth:`channels_first_axes`, and for
+    ``store: encoded`` (:mod:`h5batch.fields.encoded`) :meth:`transcode` and
+    :meth:`decode_stored`. ``transform`` and ``features`` settings, where a config class has
+    them, are applied by the registry after :meth:`decode` (:mod:`h5batch.fields.transform`).
     """
 
     name: ClassVar[str]
@@ -77,6 +115,27 @@ class FieldKind(ABC):
         Default: nothing beyond the type checks and the common ``extensions`` check."""
         return None
 
+    # ------------------------------------------------------------------ values
+
+    def reads_files(self, fc: Any) -> bool:
+        """True when each sample of the field is a file the layout finds (and ``decode``
+        reads); False when it is a value from an annotation (a table column, a
+        transcript line), given to :meth:`from_value`. A field that reads no files has no
+        entry in the split's ``source`` dataset. Default: True."""
+        return True
+
+    def resolve(self, fc: Any, values: list[Any]) -> Any:
+        """The field's config with what discovery learnt filled in (category names, target
+        names), given every sample's value; it replaces the job's, so the output's stored
+        job and hash say it. Default: ``fc`` unchanged."""
+        return fc
+
+    def from_value(self, value: Any, fc: Any) -> np.ndarray:
+        """The stored array of one annotation value (only for fields that do not
+        :meth:`reads_files`); raise :class:`~h5batch.errors.DecodeError` (path ``""``: the
+        caller names the sample) for a value that does not fit."""
+        raise NotImplementedError(f"field kind {self.name!r} reads files, not values")
+
     # ------------------------------------------------------------------ decoding
 
     @abstractmethod
@@ -92,6 +151,22 @@ class FieldKind(ABC):
         """``(shape, dtype)`` every sample of the field has, stored as ``(N, *shape)``; None
         when samples differ in shape (stored flat with offsets). Default: None."""
         return None
+
+    # ------------------------------------------------------------------ encoded storage
+
+    def transcode(self, path: str, fc: Any) -> bytes:
+        """The bytes ``store: encoded`` keeps for ``path`` with ``fc.transcode`` set: the file
+        decoded (a :class:`~h5batch.errors.DecodeError` for a bad one) and re-encoded
+        (:mod:`h5batch.fields.transcode`). Default: the kind has no ``transcode`` setting."""
+        raise NotImplementedError(f"field kind {self.name!r} cannot transcode")
+
+    def decode_stored(self, data: Any, fc: Any) -> np.ndarray:
+        """The reader's decode of a sample stored encoded (``data``: its bytes, ``fc``: the
+        field's ``decode`` settings): what decoded storage would hold. Default: :meth:`decode`
+        of the bytes as an in-memory file (:func:`h5batch.fields.encoded.decode_bytes`)."""
+        from .encoded import decode_bytes
+
+        return decode_bytes(self, fc, data)
 
     # ------------------------------------------------------------------ output and workers
 

@@ -16,7 +16,9 @@ from ..errors import DecodeError
 _MAGIC = [
     (b"RIFF", "WAV (RIFF)"), (b"fLaC", "FLAC"), (b"OggS", "Ogg"), (b"\xff\xd8\xff", "JPEG"),
     (b"\x89PNG", "PNG"), (b"GIF8", "GIF"), (b"BM", "BMP"), (b"ID3", "MP3"), (b"\xff\xfb", "MP3"),
-    (b"PK\x03\x04", "ZIP"), (b"%PDF", "PDF"),
+    (b"PK\x03\x04", "ZIP"), (b"%PDF", "PDF"), (b"\xff\xf3", "MP3"), (b"\xff\xf1", "AAC (ADTS)"),
+    (b"\xff\xf9", "AAC (ADTS)"), (b"\x1a\x45\xdf\xa3", "Matroska/WebM"),
+    (b"\x30\x26\xb2\x75\x8e\x66\xcf\x11", "ASF/WMA"),
 ]
 
 
@@ -29,6 +31,8 @@ def sniff(path: str) -> str:
     for magic, name in _MAGIC:
         if head.startswith(magic):
             return name
+    if head[4:8] == b"ftyp":  # ISO base media: the box type follows the box size
+        return "MP4/M4A"
     if all(32 <= b < 127 or b in (9, 10, 13) for b in head):
         return "text"
     return "unknown binary"

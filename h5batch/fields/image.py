@@ -14,10 +14,15 @@ Rules, and why:
 * Every failure raises :class:`~h5batch.errors.DecodeError` naming the cause (corrupt
   header, truncated data, an unsupported JPEG process or bit depth, what the content looks
   like); the job puts the file in the rejects list and goes on.
+* ``store: encoded`` keeps the file's bytes (or, with ``transcode``, a JPEG/PNG/WebP of the
+  decoded picture at most ``max_size`` on its longer side) and the reader decodes them with
+  the settings above (:mod:`h5batch.fields.encoded`, :mod:`h5batch.fields.transcode`);
+  ``transform`` runs a user function on the decoded array (:mod:`h5batch.fields.transform`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -26,8 +31,9 @@ from typing import Any, Literal
 import numpy as np
 
 from ..errors import ConfigError, DecodeError
-from .base import FieldKind
+from .base import FieldKind, late
 from .files import check_readable, sniff
+from .transcode import ImageTranscode, encode_image, validate_image
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,9 @@ class ImageField:
     draft: bool = True  # let the JPEG decoder downscale while decoding when resizing
     folder: str | None = None
     column: str | None = None
+    store: Literal["decoded", "encoded"] = late("decoded")  # encoded: keep the file's bytes
+    transcode: ImageTranscode | None = late()  # with store: encoded, re-encode (jpeg, png, webp)
+    transform: str | None = late()  # "package.module:function" run on the decoded array
 
 
 def _resize_cover_crop(im, size_hw: tuple[int, int]):
@@ -188,9 +197,15 @@ class ImageKind(FieldKind):
             raise ConfigError(file, f"{key}.size", f"must be [height, width] > 0, got {fc.size}")
         if fc.max_pixels <= 0:
             raise ConfigError(file, f"{key}.max_pixels", "must be positive")
+        if fc.transcode is not None:
+            validate_image(fc.transcode, file, key)
 
     def decode(self, path: str, fc: ImageField) -> np.ndarray:
         return decode_image(path, fc)
+
+    def transcode(self, path: str, fc: ImageField) -> bytes:
+        # The picture at its own size (EXIF, mode, alpha applied); the reader resizes.
+        return encode_image(path, decode_image(path, dataclasses.replace(fc, size=None)), fc.transcode)
 
     def fixed_shape(self, fc: ImageField) -> tuple[tuple[int, ...], np.dtype] | None:
         if fc.size is None:

@@ -31,6 +31,7 @@ the module below. Details and the config side in docs/jobs.md ("Adding a layout"
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,17 +40,34 @@ from typing import TYPE_CHECKING
 from . import class_folders, paired_folders, pattern, table  # noqa: F401
 # isort: on
 from ..manifest import Manifest
+from . import annotate, exclude
+from . import splits as split_rules
 from .base import LAYOUTS, Builder, Layout, get, names, register
 
 if TYPE_CHECKING:
     from ..config import JobConfig
 
-__all__ = ["LAYOUTS", "Builder", "Layout", "discover", "get", "names", "register"]
+__all__ = ["LAYOUTS", "Builder", "Layout", "discover", "get", "names", "register", "resolved_job"]
 
 
 def discover(job: JobConfig) -> Manifest:
-    """Walk the corpus of ``job`` and return its manifest (items in output order)."""
+    """Walk the corpus of ``job`` and return its manifest (items in output order).
+
+    Stages: the layout collects items; ``source.exclude`` sets excluded files aside;
+    annotation tables are joined (values, ``label_column``); split rules apply; the builder
+    sorts, drops duplicates and hashes."""
     root = Path(job.source.root)
     b = Builder(job)
     splits = get(job.source.layout).collect(root, job.source, b)
+    exclude.apply(job.source, b)
+    cols = annotate.join(root, job, b)
+    splits = split_rules.apply(root, job, b, cols) or splits
     return b.finish(str(root), splits)
+
+
+def resolved_job(job: JobConfig, manifest: Manifest) -> JobConfig:
+    """``job`` with the field configs discovery completed (category and target names):
+    the job every later stage, the stored job and the job hash use."""
+    if not manifest.resolved:
+        return job
+    return dataclasses.replace(job, fields={n: manifest.resolved.get(n, fc) for n, fc in job.fields.items()})

@@ -8,17 +8,22 @@ classes are imported for type checking only. Reason: :mod:`h5batch.config` build
 Invariants every layout keeps (the builder enforces the last two): hidden files and folders
 (``.name``) are skipped; every other file met ends up either in an item or among the rejects
 with its reason, never silently dropped; the manifest's order and hash depend only on the
-corpus, not on the file system's listing order.
+corpus, not on the file system's listing order. In a job of one field of files, two files
+that share a stem (``song.mp3`` beside ``song.flac``) are two samples whose keys keep the
+extension (:func:`keys_with_extensions`); with several fields the stem pairs the files, so
+a second file of one stem and field is a duplicate.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, ClassVar
 
+from ..fields import file_fields
 from ..manifest import Item, Manifest, Reject, natural_key
 
 if TYPE_CHECKING:
@@ -168,7 +173,7 @@ class Builder:
 
     def __init__(self, job: JobConfig):
         self.job = job
-        self.fields = tuple(job.fields)
+        self.fields = tuple(file_fields(job.fields))  # the fields of files (one path each)
         self.ext_to_field: dict[str, str] = {}
         for name, fc in job.fields.items():
             for e in fc.extensions:
@@ -177,6 +182,8 @@ class Builder:
         self.rejects: list[Reject] = []
         self.stats: dict[str, tuple[int, int]] = {}
         self.ids: dict[str, tuple[int, int]] = {}  # path -> (st_dev, st_ino), see Walker
+        self.annotations: list[str] = []  # annotation files read (root-relative)
+        self.resolved: dict = {}  # field configs completed by the annotation stage
 
     def walked(self, walker: Walker) -> None:
         """Take a finished walk's rejects and file identities (call once per walker)."""
@@ -192,12 +199,17 @@ class Builder:
 
     def group_by_stem(self, split: str, files: list[str], label: str | None, key_prefix: str,
                       field_of: dict[str, str]) -> None:
-        """Group ``files`` (relative paths) by stem; ``field_of[path]`` says its field."""
+        """Group ``files`` (relative paths) by stem; ``field_of[path]`` says its field. With
+        one field, two files of a stem are two samples (:meth:`finish` keys them apart)."""
         groups: dict[str, dict[str, str]] = {}
         for path in files:
             s = stem(path)
             fname = field_of[path]
             slot = groups.setdefault(s, {})
+            if fname in slot and len(self.fields) == 1:
+                key = f"{key_prefix}{PurePosixPath(s).name}" if key_prefix else s
+                self.items.append(Item(key, split, (path,), label))
+                continue
             if fname in slot:
                 self.rejects.append(Reject(path, "discover", f"duplicate key: {slot[fname]} has the same stem and field"))
                 continue
@@ -254,6 +266,8 @@ class Builder:
         return [it for i, it in enumerate(items) if i not in dropped] if dropped else items
 
     def finish(self, root: str, splits: list[str]) -> Manifest:
+        if len(self.fields) == 1:
+            self.items = keys_with_extensions(self.items)
         order = {s: i for i, s in enumerate(splits)}
         seen: dict[tuple[str, str], Item] = {}
         unique: list[Item] = []
@@ -271,13 +285,45 @@ class Builder:
         h = hashlib.sha256()
         for it in unique:
             h.update(json.dumps([it.split, it.key, it.paths, it.label]).encode())
+            if it.values:  # (absent before value fields: older hashes stay the same)
+                h.update(json.dumps(it.values, default=str).encode())
             for p in it.paths:
                 h.update(repr(self.stats.get(p)).encode())
-        rejects = sorted(self.rejects, key=lambda r: natural_key(r.path))
+        for rel in self.annotations:
+            try:
+                st = os.stat(os.path.join(root, rel))
+                h.update(json.dumps([rel, st.st_size, st.st_mtime_ns]).encode())
+            except OSError:
+                h.update(rel.encode())
+        # Annotation files (tables, split lists) lying in the corpus were rejected by the
+        # layout as files of no field: they are inputs of another kind, listed in the output.
+        taken = set(self.annotations)
+        rejects = sorted((r for r in self.rejects if r.path not in taken), key=lambda r: natural_key(r.path))
         for r in rejects:
             h.update(json.dumps([r.path, r.stage, r.reason]).encode())
         return Manifest(root=root, fields=self.fields, splits=tuple(s for s in all_splits if any(it.split == s for it in unique)) or tuple(splits),
-                        items=unique, rejects=rejects, class_names=tuple(labels), hash=h.hexdigest())
+                        items=unique, rejects=rejects, class_names=tuple(labels), hash=h.hexdigest(),
+                        resolved=dict(self.resolved), annotations=tuple(self.annotations))
+
+
+def keys_with_extensions(items: list[Item]) -> list[Item]:
+    """The keys of a one-field job's items, with the file's extension kept where two
+    items of a split would otherwise share one (``song.mp3`` beside ``song.flac``: keys
+    ``song.mp3`` and ``song.flac``, two samples). Keys that do not clash stay as they are,
+    so a corpus without such pairs keeps its keys (and its output) unchanged."""
+    seen: dict[tuple[str, str], int] = {}
+    for it in items:
+        seen[(it.split, it.key)] = seen.get((it.split, it.key), 0) + 1
+    if all(n == 1 for n in seen.values()):
+        return items
+    out = []
+    for it in items:
+        name = it.paths[0].rpartition("/")[2]
+        suffix = name[_suffix_at(name):]
+        if seen[(it.split, it.key)] > 1 and suffix and not it.key.endswith(suffix):
+            it = dataclasses.replace(it, key=it.key + suffix)
+        out.append(it)
+    return out
 
 
 def split_dirs(root: Path, src: SourceConfig, b: Builder) -> list[str]:

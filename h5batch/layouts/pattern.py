@@ -50,7 +50,8 @@ class Pattern(Layout):
             else:
                 split = groups.get(rule.group) or rule.default
             b.stats[rel] = (size, mtime)
-            b.items.append(Item(stem(rel), split, (rel,), label))
+            columns = tuple((k, v) for k, v in groups.items() if v is not None)  # for value fields
+            b.items.append(Item(stem(rel), split, (rel,), label, columns=columns))
         b.walked(walker)
         return declared_then_found(src, b)
 

@@ -56,7 +56,9 @@ class Table(Layout):
 
     def collect(self, root: Path, src: SourceConfig, b: Builder) -> list[str]:
         mpath = Path(src.manifest or "")
-        columns = {name: (fc.column or name) for name, fc in b.job.fields.items()}
+        # The path column of each field of files; the other fields read their row's cells
+        # in the annotation stage (the row travels as the item's columns).
+        columns = {name: (fc.column or name) for name, fc in b.job.fields.items() if name in b.fields}
         claimed: dict[str, int] = {}  # path already named (sample or reject) -> its table line
         for line, row in read_rows(mpath):
             where = f"{mpath.name}:{line}"
@@ -123,7 +125,9 @@ def _row(root: Path, b: Builder, columns: dict[str, str], claimed: dict[str, int
         claimed[rel] = line
     label = row.get("label")
     split = row.get("split") or "train"
-    b.items.append(Item(stem(paths[0]), str(split), tuple(paths), None if label in (None, "") else str(label)))
+    cells = tuple((str(k), v) for k, v in row.items() if k is not None)
+    b.items.append(Item(stem(paths[0]), str(split), tuple(paths), None if label in (None, "") else str(label),
+                        columns=cells))
 
 
 register(Table())

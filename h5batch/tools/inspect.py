@@ -66,11 +66,20 @@ def describe(path: str) -> dict[str, Any]:
                     st.update(kind="variable", modality=node.attrs.get("modality", ""),
                               min_shape=shapes.min(axis=0).tolist() if len(shapes) else None,
                               max_shape=shapes.max(axis=0).tolist() if len(shapes) else None)
+                    if node.attrs.get("store") == "encoded":  # bytes the reader decodes (fields/encoded.py)
+                        st["encoded"] = str(node.attrs.get("encoded_format", "source"))
                 else:
                     st = _storage(node)
                     st.update(kind="fixed", modality=node.attrs.get("modality", ""), sample_shape=list(node.shape[1:]))
                 if "sample_rate" in node.attrs:
                     st["sample_rate"] = int(node.attrs["sample_rate"])
+                for key in ("categories", "names"):  # value / multilabel fields (fields/value.py)
+                    if key in node.attrs:
+                        st[key] = [str(v) for v in np.atleast_1d(node.attrs[key])]
+                if st["modality"] == "text" and info["samples"]:  # the first string, as a taste
+                    offs = node[fmt.OFFSETS]
+                    first = bytes(node[fmt.VALUES][int(offs[0]):int(offs[1])]).decode("utf-8", "replace")
+                    st["first"] = first if len(first) <= 60 else first[:57] + "..."
                 raw_total += st["raw_bytes"]
                 stored_total += st["stored_bytes"]
                 info["fields"][name] = st
@@ -116,8 +125,16 @@ def render(d: dict[str, Any], max_rejects: int = 20) -> str:
                      else f"variable shape {tuple(st['min_shape'] or ())}..{tuple(st['max_shape'] or ())}")
             ratio = st["raw_bytes"] / st["stored_bytes"] if st["stored_bytes"] else 0
             sr = f", {st['sample_rate']} Hz" if st.get("sample_rate") else ""
+            if st.get("encoded"):
+                shape = f"stored encoded ({st['encoded']} bytes, decoded when read), {shape} bytes"
             lines.append(f"  {name}: {st['modality']} {st['kind']}, {shape}, {st['dtype']}{sr}; chunks {tuple(st['chunks'] or ())}, "
                          f"codec {st['codec'] or _codec_of(st['filters'])}; {_human(st['raw_bytes'])} -> {_human(st['stored_bytes'])} ({ratio:.2f}x)")
+            for key in ("categories", "names"):
+                if st.get(key):
+                    more = " ..." if len(st[key]) > 12 else ""
+                    lines.append(f"    {key} ({len(st[key])}): {', '.join(st[key][:12])}{more}")
+            if "first" in st:
+                lines.append(f"    first: {st['first']!r}")
             if st.get("codec_choice"):
                 lines.append(f"    why this codec: {st['codec_choice']}")
         if "label_counts" in info:

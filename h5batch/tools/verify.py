@@ -12,7 +12,8 @@ and source file):
 * **structure**: offsets start at 0, never decrease and end at ``len(values)``; the
   product of each stored shape equals its offset difference; every per-sample dataset
   of a split has the same length; labels index ``/class_names`` (``-1`` = no label);
-  the ``complete`` attribute is true;
+  the ``complete`` attribute is true; every view (``/<split>/views/<name>``) holds rows in
+  range, sorted, each once;
 * **nothing lost**: source paths + rejects = the ``num_inputs`` root attribute, no path
   is both a sample's file and a reject, no file is the source of two samples, and
   ``OUT.rejects.jsonl`` (when present beside the file) lists the same rejects;
@@ -21,6 +22,9 @@ and source file):
   match the stored arrays exactly (dtype, shape and bytes).
 
 ``h5batch verify`` (:mod:`h5batch.commands.verify`) prints the report this module makes.
+
+Size: one verifier whose checks share its open file, its report and the sources it has
+read; split into modules they would pass all three around.
 """
 
 from __future__ import annotations
@@ -39,8 +43,9 @@ import numpy as np
 
 from .. import format as fmt
 from ..errors import VerifyError
+from . import views
 
-STAGES = {"discover", "decode", "worker", "timeout", "write"}
+STAGES = {"discover", "decode", "worker", "timeout", "write", fmt.STAGE_EXCLUDED}
 MAX_NAMED = 8  # samples named in one corrupt-chunk problem before "... and N more"
 
 
@@ -179,8 +184,9 @@ class _Verifier:
 
     def check_root(self) -> tuple[list[str], list[str], int]:
         a = self.f.attrs
-        if int(a.get(fmt.ATTR_FORMAT, 0)) != fmt.FORMAT_VERSION:
-            self.problem("/", f"attribute {fmt.ATTR_FORMAT} is {a.get(fmt.ATTR_FORMAT)!r}, expected {fmt.FORMAT_VERSION}")
+        if int(a.get(fmt.ATTR_FORMAT, 0)) not in fmt.READABLE_FORMATS:
+            self.problem("/", f"attribute {fmt.ATTR_FORMAT} is {a.get(fmt.ATTR_FORMAT)!r}, expected one of "
+                              f"{fmt.READABLE_FORMATS}")
         if not bool(a.get(fmt.ATTR_COMPLETE, False)):
             self.problem("/", "attribute complete is not true: the conversion did not finish")
         splits = json.loads(a.get(fmt.ATTR_SPLITS, "[]"))
@@ -201,8 +207,10 @@ class _Verifier:
         n = src.shape[0]
         src = src.reshape(n, int(np.prod(src.shape[1:], dtype=np.int64)))  # (N, F)
         self.report.counts[split] = n
-        if src.shape[1] != len(fields):
-            self.problem(f"{split}/{fmt.SOURCE}", f"has {src.shape[1]} paths per sample, expected {len(fields)} (one per field)")
+        files = self.file_fields(split, fields)
+        if src.shape[1] != len(files):
+            self.problem(f"{split}/{fmt.SOURCE}", f"has {src.shape[1]} paths per sample, expected {len(files)} "
+                                                  f"(one per field of files: {', '.join(files)})")
         if int(g.attrs.get(fmt.ATTR_NUM_SAMPLES, n)) != n:
             self.problem(split, f"attribute num_samples is {g.attrs[fmt.ATTR_NUM_SAMPLES]}, source has {n} rows")
         if g[fmt.CHECKSUM].shape != (n, len(fields)):
@@ -217,7 +225,19 @@ class _Verifier:
                                  f"(/class_names has {n_classes} names)", _join(src[i]))
         elif n_classes:
             self.problem(split, "labelled file (it has /class_names) but the split has no label dataset")
+        for name in views.names(g):  # rows in range, sorted, each once (tools/views.py)
+            if why := views.check_rows(np.asarray(g[fmt.VIEWS][name][...]), n):
+                self.problem(f"{split}/{fmt.VIEWS}/{name}", f"view {why}")
         return src
+
+    def file_fields(self, split: str, fields: list[str]) -> list[str]:
+        """The fields with a source path, as the split's ``source`` attribute lists them
+        (fields of annotation values have none; files before them list every field)."""
+        try:
+            listed = json.loads(self.f[split][fmt.SOURCE].attrs.get("fields", "null"))
+        except (ValueError, TypeError):
+            listed = None
+        return [f for f in listed if f in fields] if isinstance(listed, list) else list(fields)
 
     def field_data(self, split: str, name: str, n: int, src: np.ndarray) -> _FieldData | None:
         """Open one field of a split, checking its offsets and shapes."""
@@ -265,8 +285,10 @@ class _Verifier:
 
     # -- data -------------------------------------------------------------------
 
-    def check_data(self, split: str, k: int, name: str, fd: _FieldData, sums: np.ndarray, src: np.ndarray) -> None:
-        """crc32 of every sample (and, with sources, its re-decoded array)."""
+    def check_data(self, split: str, k: int, name: str, fd: _FieldData, sums: np.ndarray, src: np.ndarray,
+                   col: int | None = None) -> None:
+        """crc32 of every sample (and, with sources, its re-decoded array: fields of files,
+        ``col`` being the field's column of ``src``)."""
         where = f"{split}/{name}"
         budget = max(1, self.read_bytes // max(1, fd.unit_bytes))
         for i, j in _windows(fd.offsets, fd.chunk, budget):
@@ -286,9 +308,9 @@ class _Verifier:
                 crc = zlib.crc32(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
                 if crc != int(sums[s, k]):
                     self.problem(f"{where}[{s}]", f"checksum mismatch: stored crc32 {int(sums[s, k]):08x}, "
-                                                  f"data has {crc:08x}", src[s, k])
-            if self.decode is not None:
-                self.compare_sources(where, name, samples, src[:, k])
+                                                  f"data has {crc:08x}", src[s, 0 if col is None else col])
+            if self.decode is not None and col is not None:
+                self.compare_sources(where, name, samples, src[:, col])
 
     def compare_sources(self, where: str, name: str, samples: dict[int, np.ndarray], paths: np.ndarray) -> None:
         from ..errors import DecodeError
@@ -434,10 +456,13 @@ def verify_file(path: str, sources: bool = False, root: str | None = None,
                 n = src.shape[0]
                 ds = f[split][fmt.CHECKSUM]
                 sums = ds[...] if ds.shape == (n, len(fields)) else None  # else reported above
+                files = v.file_fields(split, fields)
                 for k, name in enumerate(fields):
                     fd = v.field_data(split, name, n, src)
-                    if fd is not None and sums is not None and src.shape[1] == len(fields):
-                        v.check_data(split, k, name, fd, sums, src)
+                    if fd is not None and sums is not None and src.shape[1] == len(files):
+                        # A value field's samples are named by their sample's first file.
+                        col = files.index(name) if name in files else None
+                        v.check_data(split, k, name, fd, sums, src, col)
             v.check_accounting(all_sources, path)
         finally:
             if pool is not None:

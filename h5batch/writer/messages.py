@@ -50,6 +50,7 @@ class WriterSpec:
     threads: int = 2
     batch_size: int = 0  # items per batch; recorded so a resume cuts the same batches
     codec_notes: dict[str, str] = field(default_factory=dict)  # why auto chose each codec
+    annotations: tuple[str, ...] = ()  # annotation files read by discovery (root-relative)
     resume: CommitRecord | None = None  # a commit record to continue from
     versions: dict[str, str] = field(default_factory=dict)
     # The driver's working directory and umask: a writer forked from a fork server would

@@ -19,6 +19,7 @@ import numpy as np
 from .. import faults
 from .. import format as fmt
 from ..batches import BatchResult
+from ..fields import format_version
 from ..manifest import Reject
 from ..transport.packing import Attached
 from .append import SmallAppender, small_dataset
@@ -63,7 +64,7 @@ class OutputWriter:
 
     def _init_root(self) -> None:
         a = self.f.attrs
-        a[fmt.ATTR_FORMAT] = fmt.FORMAT_VERSION
+        a[fmt.ATTR_FORMAT] = format_version(fc for _, fc in self.spec.fields)  # 2 with an encoded field
         a[fmt.ATTR_JOB] = self.spec.job_json
         a[fmt.ATTR_JOB_HASH] = self.spec.job_hash
         a[fmt.ATTR_MANIFEST_HASH] = self.spec.manifest_hash
@@ -73,6 +74,8 @@ class OutputWriter:
         a[fmt.ATTR_FIELDS] = fmt.dumps([n for n, _ in self.spec.fields])
         a[fmt.ATTR_COMPLETE] = False
         a[fmt.ATTR_INPUTS] = self.spec.num_inputs
+        if self.spec.annotations:
+            a[fmt.ATTR_ANNOTATIONS] = fmt.dumps(list(self.spec.annotations))
         if self.spec.labelled:
             self.f.create_dataset(fmt.CLASS_NAMES, data=np.array(self.spec.class_names, dtype=object), dtype=STR)
 
@@ -180,7 +183,11 @@ class OutputWriter:
             if s not in self.splits:
                 self.splits[s] = SplitStore(self.f, s, self.spec, self.pool)
         self.add_rejects(self.spec.discovery_rejects)
-        rename = self.rej_ds["path"].n <= max_reject_fraction * max(1, self.spec.num_inputs)
+        # Files set aside by source.exclude (or an unlisted: exclude table) are listed with
+        # the rejects but are not failures: the bound counts the others.
+        excluded = sum(1 for r in self.spec.discovery_rejects if r.stage == fmt.STAGE_EXCLUDED)
+        failed = self.rej_ds["path"].n - excluded
+        rename = failed <= max_reject_fraction * max(1, self.spec.num_inputs - excluded)
         for s in self.splits.values():
             s.finish()
         counts = {name: s.n for name, s in self.splits.items()}

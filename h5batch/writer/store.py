@@ -13,7 +13,8 @@ import numpy as np
 
 from .. import format as fmt
 from ..codecs import ChunkDecoder, CodecSpec, make_encoder, self_check
-from ..fields import FieldConfig, field_attrs, is_fixed_shape, rows_per_chunk
+from ..fields import FieldConfig, field_attrs, file_fields, is_fixed_shape, rows_per_chunk
+from ..fields.base import settings
 from .append import ChunkAppender, SmallAppender, small_dataset
 from .messages import WriterSpec
 
@@ -21,7 +22,7 @@ STR = h5py.string_dtype("utf-8")
 
 
 def _field_attrs(fc: FieldConfig, codec: CodecSpec) -> dict[str, Any]:
-    attrs: dict[str, Any] = {"codec": codec.label(), "config": fmt.dumps(vars(fc))}
+    attrs: dict[str, Any] = {"codec": codec.label(), "config": fmt.dumps(settings(fc))}
     attrs.update(field_attrs(fc))  # modality, then the kind's own (h5batch.fields)
     return attrs
 
@@ -194,10 +195,12 @@ class SplitStore:
         tails = tails or {}
         self.fields = {n: FieldStore(self.group, n, fc, spec, pool, tails.get(f"{split}/{n}"))
                        for n, fc in spec.fields}
-        nf = len(spec.fields)
-        self.source = SmallAppender(small_dataset(self.group, fmt.SOURCE, (nf,) if nf > 1 else (), STR, 1024))
+        # One source path per field of files; fields of annotation values have none.
+        files = file_fields(dict(spec.fields))
+        nf, ns = len(spec.fields), len(files)
+        self.source = SmallAppender(small_dataset(self.group, fmt.SOURCE, (ns,) if ns > 1 else (), STR, 1024))
         self.checksum = SmallAppender(small_dataset(self.group, fmt.CHECKSUM, (nf,), np.uint32, 8192))
-        self.source.ds.attrs["fields"] = fmt.dumps(self.names)
+        self.source.ds.attrs["fields"] = fmt.dumps(files)
         self.checksum.ds.attrs["fields"] = fmt.dumps(self.names)
         self.checksum.ds.attrs["algorithm"] = "crc32"
         self.label = SmallAppender(small_dataset(self.group, fmt.LABEL, (), np.int64, 8192)) if spec.labelled else None

@@ -191,9 +191,9 @@ def _audio(m: _Maker) -> None:
     m.write(c, "test/cat/inf.wav", _wav(inf, subtype="FLOAT"), "NaN or Inf")
     m.write(c, "test/dog/cd.wav", _wav(_tone(m.rng, 2205), sr=22050), "sample rate 22050 Hz, job expects 16000 Hz")
     m.write(c, "train/dog/readme.md", b"# notes\n", "extension '.md' is not accepted")
-    # Same stem and field twice: dup.flac is kept (sorted first), dup.wav is the duplicate.
+    # Same stem twice in a one-field job: two files, two samples (keys dog/dup.flac, dog/dup.wav).
     m.write(c, "train/dog/dup.flac", _wav(_tone(m.rng, 1200), fmt="FLAC"))
-    m.write(c, "train/dog/dup.wav", _wav(_tone(m.rng, 1200)), "duplicate key")
+    m.write(c, "train/dog/dup.wav", _wav(_tone(m.rng, 1200)))
     m.link(c, "train/dog/gone.wav", "does_not_exist.wav", "broken symlink")
     m.link(c, "train/cat/escape.wav", "../../../outside/secret.wav", "symlink points outside the corpus root")
     # a second path to a file already in the corpus: one sample, and this path a reject

@@ -1,0 +1,246 @@
+"""Warnings from decoders: caught per file on the workers, counted in the summary, and
+written to a log beside the output (``OUT.warnings.txt``), never onto the console.
+
+Two kinds reach a console otherwise: Python warnings (Pillow's ``UserWarning: Tag data
+larger than file``, ``Palette images with Transparency ...``) and what native libraries
+write straight to file descriptor 2 (libmpg123's ``Warning: Xing stream size off by more
+than 1%``, libtiff's messages). On a corpus of odd files they are hundreds of raw lines
+that drown the progress output and name no file.
+
+Worker side (:func:`batch`, :func:`watch`, :func:`take`):
+
+* while a batch decodes, fd 2 of the worker process points at an unlinked temporary file
+  (one ``dup2`` per batch, reference-counted for workers running several batches at once);
+* each file's decode is wrapped by :func:`watch`: Python warnings are recorded with
+  ``warnings.catch_warnings(record=True)`` (every occurrence: ``always``, except the
+  deprecation kinds, which are about code, not files), and the bytes fd 2 received between
+  the file's start and end (two ``lseek`` calls) are that file's native messages. Lines
+  that are Dask's or Tornado's own log records go on to the real stderr, and so does
+  anything written between files, when the batch ends;
+* :func:`take` hands the batch's messages, per file, to the
+  :class:`~h5batch.batches.BatchResult`.
+
+BEWARE: fd 2 and Python's warning filters are per process, not per thread (Python < 3.14
+has no thread-local ``catch_warnings``). A worker decodes one file at a time (the decode
+thread of ``worker._Watched``, one thread per worker process in h5batch's own clusters);
+with several worker threads, or a hung decode that was abandoned and keeps running, a
+message can be attributed to a file that was decoding at the same moment. Dask's log
+records are recognised and passed on; any other output of another thread during a decode
+lands in that file's line.
+
+The driver's trial decode of a few files (``conversion/auto.py``) runs inside
+:func:`silenced`: the workers decode those files again and report them.
+
+Driver side: :class:`WarningLog` appends each stored batch's lines to the log, one line
+per file (``path<TAB>messages``, several joined by `` | ``), and counts the files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import tempfile
+import threading
+import warnings
+from collections.abc import Iterable, Iterator
+
+_QUIET = (DeprecationWarning, PendingDeprecationWarning, ImportWarning)
+# Inside a decode: every occurrence of a warning is recorded, except the deprecation kinds.
+_FILTERS = [("ignore", None, c, None, 0) for c in _QUIET] + [("always", None, Warning, None, 0)]
+# Log records of the worker's own machinery (Dask's default format, or a bare logger name).
+_FOREIGN = re.compile(rb"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ - )?(distributed|dask|tornado|asyncio|bokeh)[.: -]")
+_MAX_BYTES = 1 << 16  # of one file's native output kept in the log
+
+_lock = threading.Lock()
+_found: dict[str, list[str]] = {}  # relative path -> messages, until its batch takes them
+
+
+class _Redirect:
+    """fd 2 of this process pointed at a temporary file while batches decode."""
+
+    def __init__(self) -> None:
+        self.users = 0
+        self.generation = 0  # bumped at every redirect, so a late reader sees it is stale
+        self.saved: int | None = None  # the real stderr
+        self.file = None
+        self.claimed: list[tuple[int, int]] = []  # byte ranges attributed to files
+
+    def acquire(self) -> None:
+        with _lock:
+            if self.users == 0:
+                _flush_stderr()
+                _found.clear()  # left over from a decode abandoned in an earlier batch
+                self.file = tempfile.TemporaryFile(prefix="h5batch-stderr-")
+                self.saved = os.dup(2)
+                os.dup2(self.file.fileno(), 2)
+                self.generation += 1
+                self.claimed = []
+            self.users += 1
+
+    def release(self) -> None:
+        with _lock:
+            self.users -= 1
+            if self.users:
+                return
+            _flush_stderr()
+            os.dup2(self.saved, 2)  # type: ignore[arg-type]
+            os.close(self.saved)  # type: ignore[arg-type]
+            self.saved = None
+            self.generation += 1
+            try:
+                self._forward_unclaimed()
+            finally:
+                self.file.close()  # type: ignore[union-attr]
+                self.file = None
+
+    def _forward_unclaimed(self) -> None:
+        """Write what fd 2 received outside any file's decode to the real stderr."""
+        size = os.fstat(self.file.fileno()).st_size  # type: ignore[union-attr]
+        pos = 0
+        for lo, hi in sorted(self.claimed) + [(size, size)]:
+            if lo > pos:
+                _write_all(2, os.pread(self.file.fileno(), lo - pos, pos))  # type: ignore[union-attr]
+            pos = max(pos, hi)
+
+    def mark(self) -> tuple[int, int] | None:
+        """``(generation, offset)`` of fd 2 now, or None when it is not redirected."""
+        with _lock:
+            if self.users == 0:
+                return None
+            return self.generation, os.lseek(2, 0, os.SEEK_CUR)
+
+    def since(self, mark: tuple[int, int] | None) -> list[str]:
+        """The lines fd 2 received since ``mark`` (claimed for the file decoded meanwhile);
+        Dask's own log records among them go to the real stderr."""
+        if mark is None:
+            return []
+        _flush_stderr()
+        with _lock:
+            if self.users == 0 or self.generation != mark[0]:
+                return []  # the batch ended meanwhile (an abandoned decode finishing late)
+            start, end = mark[1], os.lseek(2, 0, os.SEEK_CUR)
+            if end <= start:
+                return []
+            self.claimed.append((start, end))
+            data = os.pread(self.file.fileno(), min(end - start, _MAX_BYTES), start)  # type: ignore[union-attr]
+            lines = []
+            for line in data.splitlines():
+                if _FOREIGN.match(line):
+                    _write_all(self.saved, line + b"\n")  # type: ignore[arg-type]
+                elif line.strip():
+                    lines.append(line.decode("utf-8", "replace").strip())
+        return lines
+
+
+_fd2 = _Redirect()
+
+
+def _flush_stderr() -> None:
+    with contextlib.suppress(Exception):  # a replaced or closed sys.stderr
+        sys.stderr.flush()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    with contextlib.suppress(OSError):
+        while data:
+            data = data[os.write(fd, data):]
+
+
+@contextlib.contextmanager
+def batch() -> Iterator[None]:
+    """While a batch decodes: fd 2 of this process goes to a temporary file, from which
+    :func:`watch` takes each file's lines."""
+    _fd2.acquire()
+    try:
+        yield
+    finally:
+        _fd2.release()
+
+
+@contextlib.contextmanager
+def watch(rel: str) -> Iterator[None]:
+    """Around the decode of one file (``rel``, the path a reject or the log names): its
+    Python warnings and native stderr lines are kept for :func:`take`, even when the
+    decode fails."""
+    mark = _fd2.mark()
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:  # type: ignore[assignment]
+            warnings.filters[:] = _FILTERS  # the copy catch_warnings restores (3x cheaper than simplefilter)
+            yield
+    finally:
+        messages = [f"{w.category.__name__}: {w.message}" for w in caught] + _fd2.since(mark)
+        if messages:
+            with _lock:
+                _found.setdefault(rel, []).extend(messages)
+
+
+@contextlib.contextmanager
+def silenced() -> Iterator[None]:
+    """Around decodes whose warnings are dropped: the driver's trial of a few files
+    (``conversion/auto.py``), which the workers decode again, and warn about, in the job.
+    One window for the whole trial, whose threads decode in parallel: ``catch_warnings``
+    nested in parallel threads would restore each other's filters in the wrong order."""
+    with batch():
+        mark = _fd2.mark()
+        try:
+            with warnings.catch_warnings(record=True):
+                warnings.filters[:] = _FILTERS
+                yield
+        finally:
+            _fd2.since(mark)  # claimed, so not passed on; Dask's records still are
+
+
+def take(paths: Iterable[str]) -> list[tuple[str, str]]:
+    """``(path, messages)`` for each of ``paths`` whose decode warned, in their order;
+    a message repeated is written once, with its count."""
+    out = []
+    with _lock:
+        for rel in paths:
+            got = _found.pop(rel, None)
+            if got:
+                out.append((rel, _join(got)))
+    return out
+
+
+def _join(messages: list[str]) -> str:
+    counts: dict[str, int] = {}
+    for m in messages:
+        counts[m] = counts.get(m, 0) + 1
+    return " | ".join(m if n == 1 else f"{m} (x{n})" for m, n in counts.items())
+
+
+class WarningLog:
+    """The driver's log of decoder warnings beside the output: ``path<TAB>messages`` per
+    file, appended as batches are stored. A fresh run starts it empty; a resumed run keeps
+    the earlier run's lines and skips a file already listed (a batch stored but not
+    committed before a crash is decoded again)."""
+
+    def __init__(self, path: str, resume: bool):
+        self.path = path
+        self.listed: set[str] = set()
+        if resume and os.path.exists(path):
+            with open(path, encoding="utf-8") as fh:
+                self.listed = {line.split("\t", 1)[0] for line in fh if line.strip()}
+        elif os.path.exists(path):
+            os.unlink(path)  # an earlier run's list says nothing about this one
+
+    def add(self, found: Iterable[tuple[str, str]]) -> None:
+        """Append the lines of one stored batch (opened per batch: nothing stays open when
+        the run stops on an error)."""
+        lines = []
+        for rel, text in found:
+            if rel not in self.listed:
+                lines.append(f"{rel}\t{' '.join(text.split())}\n")
+                self.listed.add(rel)
+        if lines:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+            with open(self.path, "a", encoding="utf-8") as fh:
+                fh.writelines(lines)
+
+    @property
+    def files(self) -> int:
+        """Files listed (this run's and, when resumed, the earlier run's)."""
+        return len(self.listed)
