@@ -278,14 +278,23 @@ def many_small(tmp_path_factory):
 
 
 def test_worker_rss_is_flat_over_an_epoch(many_small):
+    """No growth from one epoch to the next. Within an epoch the decoded-chunk cache's
+    content (and so the RSS) moves with the chunks of the current window: measured with
+    the stratified order, +21 MiB from batch ~100 on, the same in every epoch. So the
+    baseline is the end of a first epoch, and the second must end where it did."""
     ds = H5Dataset(many_small, "train")
     assert len(ds) == 3000
     loader = DataLoader(ds, batch_size=16, sampler=ChunkShuffleSampler(ds, seed=1),
-                        num_workers=2, collate_fn=collate)
-    report = rss_over_epoch(loader, warmup=10)
-    assert report.batches == 188 and len(report.workers) == 2
+                        num_workers=2, collate_fn=collate, persistent_workers=True)
+
+    def two_epochs():
+        for _ in range(2):
+            yield from loader
+
+    report = rss_over_epoch(two_epochs(), warmup=188)
+    assert report.batches == 2 * 188 and len(report.workers) == 2
     for pid, (warm, end) in report.workers.items():
-        assert end <= 1.1 * warm, f"worker {pid}: RSS {warm >> 20} MiB -> {end >> 20} MiB"
+        assert end <= 1.05 * warm, f"worker {pid}: RSS {warm >> 20} MiB after epoch 1 -> {end >> 20} MiB after epoch 2"
 
 
 # -------------------------------------------------------------------------------- errors

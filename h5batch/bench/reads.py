@@ -11,7 +11,7 @@ from typing import Any
 from . import baselines, corpus, peers
 from .checks import train_count
 from .measure import PeakRss, Sample, drain
-from .records import DEFAULT_CODEC, Record, close_loader
+from .records import DEFAULT_CODEC, LOADER, PLAIN, Record, close_loader
 from .report import STRICT_LITDATA, STRICT_RAW
 
 
@@ -53,6 +53,14 @@ class ReadPhase:
                 plan.append((self.record("read", cp.name, "h5batch", codec, "chunk-shuffle", nw), chunked))
                 if codec == DEFAULT_CODEC or self.cfg.random_all_codecs:
                     plan.append((self.record("read", cp.name, "h5batch", codec, "random", nw), full))
+                if codec == DEFAULT_CODEC:
+                    # The plain path: how most training scripts build a loader (torch's default
+                    # collate, shuffle=True), and the one-call fast path, ds.loader().
+                    plan.append((self.record("read", cp.name, "h5batch", codec, PLAIN, nw),
+                                 lambda path=path, nw=nw: dl(H5Dataset(path, "train"), nw, shuffle=True)))
+                    plan.append((self.record("read", cp.name, "h5batch", codec, LOADER, nw),
+                                 lambda path=path, nw=nw: H5Dataset(path, "train").loader(
+                                     batch_size=bs, num_workers=nw, seed=self.cfg.seed)))
             naive = self.records.get(f"convert/{cp.name}/naive/gzip")
             if naive is not None:
                 plan.append((self.record("read", cp.name, "naive", "gzip", "random", nw),

@@ -10,6 +10,10 @@ from typing import Any
 from .measure import Sample, summarize
 
 DEFAULT_CODEC = "auto"  # the job default (h5batch/conversion/auto.py)
+#: h5batch read variants: ``DataLoader(ds, batch_size, shuffle=True)`` with torch's default
+#: collate (the plain path most scripts write), and ``ds.loader(...)`` (the one-call fast path)
+PLAIN = "plain-dataloader"
+LOADER = "ds.loader"
 
 
 def close_loader(loader: Any) -> None:

@@ -1,8 +1,8 @@
 """Render a benchmark run: ``results.json``, ``results.md`` (tables + targets), PNG plots.
 
 Everything here works from the results dict of :class:`~h5batch.bench.suite.Bench` (or the
-JSON file it was saved to), so a report can be re-rendered without re-running.
-"""
+JSON file it was saved to), so a report can be re-rendered without re-running. Size: one
+renderer of one results dict (tables, targets, plots), kept together so they agree."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from .records import DEFAULT_CODEC
+from .records import DEFAULT_CODEC, PLAIN
 
 MB = 1e6
 #: Baselines read again with h5batch's decoder and batch assembly (``FloatCollate``: recycled
@@ -94,6 +94,9 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                                   ("memmap", "memmap", 0.5)):
             b = _find(results, phase="read", corpus=c, method=method, workers=nw)
             out.append(judged(f"read >= {thr:g}x {base} (num_workers={nw})", h, b, thr))
+            if method == "raw-files":  # the plain path (DataLoader(ds, shuffle=True)) too
+                out.append(judged(f"plain DataLoader >= 2x raw files (num_workers={nw})", _find(
+                    results, phase="read", corpus=c, variant=PLAIN, workers=nw), b, 2.0))
     hc = _find(results, phase="convert", corpus=c, method="h5batch", codec=DEFAULT_CODEC, variant="")
     gz = _find(results, phase="convert", corpus=c, method="h5batch", codec="gzip", variant="")
     naive = _find(results, phase="convert", corpus=c, method="naive")
@@ -318,6 +321,7 @@ def markdown(results: dict[str, Any]) -> str:
                   f"| {sc['peak_rss_ratio']:.2f} |",
                   f"| RSS added over idle (MB) | {sc['rss_added'][0] / MB:,.0f} | {sc['rss_added'][1] / MB:,.0f} "
                   f"| {_fmt(sc['rss_added_ratio'], 2)} |", ""]
+    lines += (results.get("sampling") or {}).get("markdown", [])  # bench/sampling.py renders it
     checks = results.get("checks") or []
     if checks:
         bad = [c for c in checks if not c["ok"]]

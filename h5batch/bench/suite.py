@@ -34,7 +34,7 @@ from ..codecs import choices
 from ..conversion.options import ConvertOptions
 from ..conversion.pipeline import convert
 from ..conversion.plan import make_tasks
-from . import baselines, corpus, peers
+from . import baselines, corpus, peers, sampling
 from .checks import CheckPhase
 from .decode_only import decode_only
 from .measure import timed
@@ -178,6 +178,7 @@ class Bench(CheckPhase, ReadPhase):
         gc.collect()
         for spec in jobs:
             self._read_phase(spec, peer_ok if spec["peers"] else {})
+        sampling_results = sampling.phase(self.folder("sampling"), self.say, self.skipped, self.cfg.pairs < 512)
         self.load["end"] = os.getloadavg()
         results = {
             "meta": self._meta(time.perf_counter() - t0),
@@ -189,6 +190,7 @@ class Bench(CheckPhase, ReadPhase):
             "checks": self.checks,
             "skipped": self.skipped,
             "out_dir": self.out_dir,
+            "sampling": sampling_results,
         }
         if not self.cfg.keep:
             shutil.rmtree(self.work, ignore_errors=True)

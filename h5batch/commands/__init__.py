@@ -34,9 +34,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import bench, cluster_script, convert, inspect, verify
+from . import bench, cluster_script, convert, inspect, verify, view
 
-COMMANDS: tuple[ModuleType, ...] = (convert, inspect, verify, cluster_script, bench)
+COMMANDS: tuple[ModuleType, ...] = (convert, inspect, verify, view, cluster_script, bench)
 
 
 def by_name() -> dict[str, ModuleType]:

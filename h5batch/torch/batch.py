@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from .recycle import SharedBatchPool
+from .rows import rows, variable_rows
 
 _TORCH_DTYPES = {
     np.dtype(np.uint8): torch.uint8, np.dtype(np.int8): torch.int8,
@@ -231,28 +232,43 @@ class Batch(Sequence):
         self.label = label
         self.source = source
         self.size = size
-        self._samples: dict[int, dict[str, Any]] = {}
+        self._rows: dict[str, tuple[torch.Tensor, ...]] | None = None
 
     def __len__(self) -> int:
         return self.size
 
     def __getitem__(self, j: int) -> dict[str, Any]:  # type: ignore[override]
+        """Sample ``j`` as a dict of :class:`~h5batch.torch.rows.BatchRow` views (which
+        torch's ``default_collate`` stacks back into the columns without a copy)."""
         if not -self.size <= j < self.size:
             raise IndexError(f"sample {j} of a batch of {self.size}")
         j %= self.size
-        sample = self._samples.get(j)
-        if sample is None:
-            sample = {}
-            for name, col in self.columns.items():
-                sample[name] = col.item(j) if isinstance(col, Ragged) else col[j]
+        if self._rows is None:
+            # Every sample's views at once: one unbind per column, not B indexing calls.
+            self._rows = {name: variable_rows(col.items()) if isinstance(col, Ragged)
+                          else col if isinstance(col, list) else rows(col)  # a list: text (torch/text.py)
+                          for name, col in self.columns.items()}
             if self.label is not None:
-                sample["label"] = self.label[j]
-            if self.source is not None:
-                sample["source"] = self.source[j]
-            self._samples[j] = sample
+                self._rows["label"] = rows(self.label)
+        sample = {name: r[j] for name, r in self._rows.items()}
+        if self.source is not None:
+            sample["source"] = self.source[j]
         return sample
 
+    def sample(self, j: int) -> dict[str, Any]:
+        """Sample ``j`` as a dict of plain tensor views (what ``ds[i]`` and a ``transform``
+        get)."""
+        if not -self.size <= j < self.size:
+            raise IndexError(f"sample {j} of a batch of {self.size}")
+        out: dict[str, Any] = {name: col.item(j) if isinstance(col, Ragged) else col[j]
+                               for name, col in self.columns.items()}
+        if self.label is not None:
+            out["label"] = self.label[j]
+        if self.source is not None:
+            out["source"] = self.source[j]
+        return out
+
     def __repr__(self) -> str:
-        cols = ", ".join(f"{k}={'ragged' if isinstance(v, Ragged) else tuple(v.shape)}"
+        cols = ", ".join(f"{k}={'ragged' if isinstance(v, Ragged) else 'str' if isinstance(v, list) else tuple(v.shape)}"
                          for k, v in self.columns.items())
         return f"Batch({self.size} samples: {cols})"

@@ -14,7 +14,6 @@ import mmap
 import operator
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import h5py
@@ -24,42 +23,19 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from .. import format as fmt
-from ..fields import reader_hooks
 from ..tools.index import check_complete, offsets_key, open_file, read_index, shapes_key
+from ..tools.views import read_view
 from .batch import Batch, Ragged, divide_in_place, empty_columns, float_copy
 from .chunks import ChunkStore, gather_rows, gather_span
+from .encoded import decode_columns, encoded_fields
+from .fieldinfo import FieldInfo, field_info
 from .recycle import shared_pool
+from .single import read_one
+from .text import text_fields, to_strings
 
-DEFAULT_WINDOW = 8  # chunk groups the default cache holds: one ChunkShuffleSampler window
+DEFAULT_WINDOW = 12  # chunk groups the default cache holds: one ChunkShuffleSampler window
 CACHE_SLACK = 2  # extra chunks for samples that straddle a chunk boundary
 DEFAULT_SAMPLER_CHUNK = 64  # rows per "chunk" when a file has no chunked field to go by
-
-
-@dataclass(frozen=True)
-class FieldInfo:
-    """What the reader needs to know about one field (read once, at construction).
-
-    ``shape`` is the per-sample shape of a fixed field (``()`` for a variable one);
-    ``chunk_len`` is rows per chunk (fixed) or elements per ``values`` chunk (variable);
-    ``chunk_nbytes`` the uncompressed size of one chunk. ``float_scale`` and
-    ``channels_first_axes`` are the field's kind's answers (:func:`h5batch.fields.reader_hooks`).
-    """
-
-    name: str
-    kind: str
-    modality: str
-    dtype: np.dtype
-    shape: tuple[int, ...]
-    ndim: int
-    chunk_len: int
-    chunk_nbytes: int
-    num_values: int = 0
-    float_scale: float | None = None
-    channels_first_axes: tuple[int, ...] | None = None
-
-    @property
-    def fixed(self) -> bool:
-        return self.kind == fmt.KIND_FIXED
 
 
 class H5Dataset(Dataset):
@@ -90,7 +66,7 @@ class H5Dataset(Dataset):
         Add each sample's source path(s), relative to the corpus root.
     cache_bytes : int, optional
         Decoded-chunk cache per field and per process. Default: enough chunks to hold a
-        :class:`~h5batch.torch.ChunkShuffleSampler` window of 8 chunk groups (8 chunks of the
+        :class:`~h5batch.torch.ChunkShuffleSampler` window of 12 chunk groups (12 chunks of the
         grouping field, proportionally more of a field with fewer samples per chunk, twice
         as many for variable fields, whose samples straddle chunk boundaries) plus 2.
         BEWARE: a cache smaller than a window makes a chunk-shuffled epoch decompress chunks
@@ -113,6 +89,10 @@ class H5Dataset(Dataset):
         every tensor on it, instead of faulting in fresh pages per batch (see
         :mod:`h5batch.torch.recycle`). Turn it off if the main process hands batch tensors
         on to yet another process without copying them.
+    view : str, optional
+        Read only the rows of the split's view ``name`` (``h5batch view add``; stored as
+        ``/<split>/views/<name>``): ``len(ds)`` is the view's size, index ``i`` its ``i``-th
+        row (in file order), and :meth:`chunk_starts` groups those rows by the file's chunks.
 
     Notes
     -----
@@ -128,7 +108,8 @@ class H5Dataset(Dataset):
                  as_float: bool = True, with_source: bool = False,
                  cache_bytes: int | None = None, *, channels_first: bool = False,
                  locking: bool | None = None, direct_chunks: bool = True,
-                 shared_memory: bool | None = None, mmap: bool = True, recycle: bool = True):
+                 shared_memory: bool | None = None, mmap: bool = True, recycle: bool = True,
+                 view: str | None = None):
         self.path = os.fspath(path)
         self.split = split
         self.transform = transform
@@ -139,6 +120,7 @@ class H5Dataset(Dataset):
         self.direct_chunks = bool(direct_chunks)
         self.mmap = bool(mmap)
         self.shared_memory = shared_memory
+        self.view = view
         self._pool = shared_pool() if recycle else None
         if cache_bytes is not None and int(cache_bytes) < 0:
             raise ValueError(f"cache_bytes must be >= 0, got {cache_bytes}")
@@ -151,8 +133,8 @@ class H5Dataset(Dataset):
 
     def _read_layout(self, f: h5py.File, fields: Sequence[str] | None) -> None:
         version = f.attrs.get(fmt.ATTR_FORMAT)
-        if version != fmt.FORMAT_VERSION:
-            raise ValueError(f"{self.path}: not an h5batch file of format {fmt.FORMAT_VERSION} "
+        if version not in fmt.READABLE_FORMATS:
+            raise ValueError(f"{self.path}: not an h5batch file of format {fmt.READABLE_FORMATS} "
                              f"(root attribute {fmt.ATTR_FORMAT}={version!r})")
         check_complete(f, self.path)
         splits = json.loads(f.attrs[fmt.ATTR_SPLITS])
@@ -168,32 +150,20 @@ class H5Dataset(Dataset):
             raise KeyError(f"{self.path}: bad fields {list(wanted)!r} (fields: {', '.join(stored)})")
         # Checked once, here; the arrays are kept (forked workers share them; _index_array).
         self._n, self._index = read_index(f, self.path, self.split, wanted)
-        self.fields: tuple[FieldInfo, ...] = tuple(self._field_info(g, n) for n in wanted)
+        self.fields: tuple[FieldInfo, ...] = tuple(field_info(g, n) for n in wanted)
+        # store: encoded fields are read as bytes and decoded per sample (torch/encoded.py).
+        self.fields, self._encoded = encoded_fields(g, self.fields, self.path)
+        self._text = text_fields(self.fields)  # returned as str (torch/text.py)
         self.labelled = fmt.LABEL in g
         self.class_names: tuple[str, ...] = (
             tuple(f[fmt.CLASS_NAMES].asstr()[...]) if fmt.CLASS_NAMES in f else ())
         if self.with_source and fmt.SOURCE not in g:
             raise KeyError(f"{self.path}: split {self.split!r} has no {fmt.SOURCE} dataset")
         self._source_tuple = fmt.SOURCE in g and g[fmt.SOURCE].ndim == 2
+        # A view's file rows (checked: sorted, unique, in range), or None: every row.
+        self._rows = None if self.view is None else read_view(f, self.path, self.split, self.view, self._n)
         nbytes = [fi.chunk_nbytes for fi in self.fields] or [1 << 20]
         self._h5_cache = fmt.cache_settings(max(nbytes), min(nbytes))
-
-    @staticmethod
-    def _field_info(g: h5py.Group, name: str) -> FieldInfo:
-        obj = g[name]
-        kind = obj.attrs.get("kind", fmt.KIND_VARIABLE if isinstance(obj, h5py.Group) else fmt.KIND_FIXED)
-        modality = str(obj.attrs.get("modality", ""))
-        if kind == fmt.KIND_FIXED:
-            chunk = obj.chunks or obj.shape
-            nbytes = int(np.prod(chunk, dtype=np.int64)) * obj.dtype.itemsize
-            return FieldInfo(name, kind, modality, obj.dtype, tuple(obj.shape[1:]), obj.ndim - 1,
-                             int(chunk[0]), nbytes, 0, *reader_hooks(modality, obj.dtype, obj.ndim - 1))
-        values = obj[fmt.VALUES]
-        chunk = values.chunks or values.shape
-        ndim = int(obj.attrs.get("ndim", obj[fmt.SHAPES].shape[1]))
-        return FieldInfo(name, kind, modality, values.dtype, (), ndim,
-                         int(max(chunk[0], 1)), int(max(chunk[0], 1)) * values.dtype.itemsize,
-                         int(values.shape[0]), *reader_hooks(modality, values.dtype, ndim))
 
     @property
     def field_names(self) -> tuple[str, ...]:
@@ -222,8 +192,17 @@ class H5Dataset(Dataset):
 
         Groups follow the chunks of the field with the most samples per chunk: ``k`` rows
         of a fixed field, or for a variable field the samples whose values start in the same
-        ``values`` chunk. Loads that field's offsets (8 bytes a sample) when variable.
+        ``values`` chunk. Loads that field's offsets (8 bytes a sample) when variable. With a
+        ``view``: the positions in the view where its rows enter a new file chunk group.
         """
+        starts = self._file_chunk_starts()
+        if self._rows is None or not len(self._rows):
+            return starts if self._rows is None else np.zeros(0, dtype=np.int64)
+        # A view: its rows (sorted) grouped by the file chunk group each falls in.
+        group = np.searchsorted(starts, self._rows, side="right")
+        return np.concatenate([[0], np.flatnonzero(np.diff(group)) + 1]).astype(np.int64)
+
+    def _file_chunk_starts(self) -> np.ndarray:
         fi = self._grouping_field()
         if fi is None:
             return np.zeros(0, dtype=np.int64)
@@ -233,11 +212,27 @@ class H5Dataset(Dataset):
         return np.concatenate([[0], np.flatnonzero(first[1:] != first[:-1]) + 1]).astype(np.int64)
 
     def __len__(self) -> int:
-        return self._n
+        return self._n if self._rows is None else len(self._rows)
 
     def __repr__(self) -> str:
-        return (f"H5Dataset({self.path!r}, split={self.split!r}, fields={list(self.field_names)}, "
-                f"{self._n} samples)")
+        view = "" if self.view is None else f", view={self.view!r}"
+        return (f"H5Dataset({self.path!r}, split={self.split!r}{view}, fields={list(self.field_names)}, "
+                f"{len(self)} samples)")
+
+    def loader(self, batch_size: int = 64, shuffle: bool = True, num_workers: int = 0,
+               **kwargs: Any) -> Any:
+        """A ``DataLoader`` over this dataset set up for speed: with ``shuffle`` a
+        :class:`ChunkShuffleSampler` (``seed=``, ``window=``, ``rank=``, ``world_size=``)
+        whose epoch advances at every ``iter()``, h5batch's ``collate``, persistent workers,
+        ``pin_memory`` where torch has an accelerator; other keywords go to ``DataLoader``.
+        Details: :mod:`h5batch.torch.loader`.
+
+        >>> for batch in H5Dataset("out/demo.h5").loader(batch_size=64, num_workers=2):  # doctest: +SKIP
+        ...     audio, lengths = batch["audio"], batch["audio_lengths"]
+        """
+        from .loader import make_loader
+
+        return make_loader(self, batch_size, shuffle, num_workers, **kwargs)
 
     # ------------------------------------------------------- per-process state
 
@@ -328,7 +323,11 @@ class H5Dataset(Dataset):
     # ----------------------------------------------------------------- reading
 
     def __getitem__(self, i: int) -> Any:
-        return self.__getitems__([operator.index(i)])[0]
+        one = read_one(self, i)  # fixed fields: straight from the cached chunk (torch/single.py)
+        if one is not None:
+            return one
+        batch = self.__getitems__([operator.index(i)])
+        return batch.sample(0) if isinstance(batch, Batch) else batch[0]
 
     def __getitems__(self, indices: Sequence[int]) -> Any:
         """Read a whole batch; returns a :class:`Batch` (or a list when ``transform``)."""
@@ -349,6 +348,8 @@ class H5Dataset(Dataset):
                 columns[fi.name] = self._read_fixed(fi, idx, order, out)
             else:
                 columns[fi.name] = self._read_variable(fi, idx, order, out, shapes[fi.name])
+        decode_columns(self._encoded, columns, idx, self.as_float, self.channels_first, shared, self._pool)
+        to_strings(columns, self._text)
         label = None
         if self.labelled:
             labels = self._index_array(fmt.LABEL)
@@ -357,7 +358,7 @@ class H5Dataset(Dataset):
         source = self._read_sources(idx) if self.with_source else None
         batch = Batch(columns, label, source, len(idx))
         if self.transform is not None:
-            return [self.transform(batch[j]) for j in range(len(batch))]
+            return [self.transform(batch.sample(j)) for j in range(len(batch))]
         return batch
 
     def _check(self, indices: Sequence[int]) -> np.ndarray:
@@ -367,11 +368,13 @@ class H5Dataset(Dataset):
         if idx.ndim != 1 or not (idx.size == 0 or np.issubdtype(idx.dtype, np.integer)):
             raise TypeError(f"indices must be a 1-D sequence of integers, got {indices!r:.80}")
         given = idx.astype(np.int64)
-        idx = np.where(given < 0, given + self._n, given)
-        if idx.size and (idx.min() < 0 or idx.max() >= self._n):
-            bad = given[(idx < 0) | (idx >= self._n)][0]
-            raise IndexError(f"index {bad} out of range for {self._n} samples of split {self.split!r}")
-        return idx
+        n = len(self)
+        idx = np.where(given < 0, given + n, given)
+        if idx.size and (idx.min() < 0 or idx.max() >= n):
+            bad = given[(idx < 0) | (idx >= n)][0]
+            where = f"split {self.split!r}" + ("" if self._rows is None else f", view {self.view!r}")
+            raise IndexError(f"index {bad} out of range for {n} samples of {where}")
+        return idx if self._rows is None else self._rows[idx]  # file rows
 
     def _convert(self, fi: FieldInfo) -> tuple[np.dtype, float | None]:
         """Output dtype and ``as_float`` divisor of a field (None: stored values)."""

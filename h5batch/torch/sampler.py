@@ -1,17 +1,22 @@
 """``ChunkShuffleSampler``: a random order that decompresses each chunk about once an epoch.
 
 A full random permutation touches a different compressed chunk for nearly every sample, so
-every sample costs a whole chunk's decompression. This sampler shuffles the *order of
-chunks*, then shuffles samples only within windows of ``window`` consecutive chunks of that
-order. A reader whose chunk cache holds ``window`` chunks (``H5Dataset``'s default) then
-decodes each chunk once per epoch.
+every sample costs a whole chunk's decompression. This sampler emits the epoch window by
+window, a window being at most ``window`` chunk groups (:mod:`h5batch.torch.order`). A reader
+whose chunk cache holds ``window`` chunks (``H5Dataset``'s default) then decodes each chunk
+once per epoch.
 
 The trade-off is shuffle quality: two samples of one chunk are never more than a window
-apart, and a batch draws from at most ``window`` chunks (``window * chunk_size`` samples)
-instead of the whole split. Samples are stored in manifest order (by split, then naturally
-sorted key: for class-folder corpora, class by class), so with small windows a batch can be
-dominated by one class. A larger window mixes better and costs ``window`` decoded chunks of
-cache per field per worker.
+apart, and a batch draws from at most ``window`` chunks instead of the whole split. Samples
+are stored in manifest order (for class-folder corpora, class by class), so the default
+``mixing="stratified"`` fills each window with chunks from all over the file and spreads each
+chunk's samples evenly over its window: with ``window=12`` a batch of 64 on a class-sorted
+corpus of 10 classes is as close to the corpus' label histogram as a full random permutation
+(``docs/reader.md`` has the figures). A larger window mixes better and costs ``window``
+decoded chunks of cache per field per worker.
+
+Its state (:mod:`h5batch.torch.state`) is ``(seed, epoch, position)``: resumable in O(1), and
+an exhausted epoch rolls on to the next by itself.
 """
 
 from __future__ import annotations
@@ -23,11 +28,33 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from ..argcheck import integer
+from .order import check_mixing, chunk_order, epoch_rng
+from .state import EpochState
 
-_SEED_TAG = 0x43485546  # mixed into the seed so this stream is not shared with other users
+DEFAULT_WINDOW = 12  # chunk groups per window; H5Dataset's default cache holds one window
 
 
-class ChunkShuffleSampler(Sampler[int]):
+def chunk_groups(data: Any, chunk_size: int | None) -> tuple[int, np.ndarray, int]:
+    """``(n, starts, chunk_size)``: sample count and chunk groups of ``data`` (see the samplers)."""
+    if isinstance(data, Sized):
+        n = len(data)
+    else:
+        n = integer("data", data, 0)
+    n = int(n)
+    starts = None
+    if chunk_size is None and callable(getattr(data, "chunk_starts", None)):
+        starts = np.asarray(data.chunk_starts(), dtype=np.int64)
+        if n and (starts.ndim != 1 or not len(starts) or starts[0] != 0
+                  or np.any(np.diff(starts) <= 0) or starts[-1] >= n):
+            raise ValueError(f"bad chunk_starts from {type(data).__name__}: must rise from 0 "
+                             f"and stay below its {n} samples")
+    if starts is None:
+        size = integer("chunk_size", 64 if chunk_size is None else chunk_size, 1)
+        return n, np.arange(0, n, size, dtype=np.int64), size
+    return n, starts, max(1, round(n / max(len(starts), 1)))  # the average group size
+
+
+class ChunkShuffleSampler(EpochState, Sampler[int]):
     """Chunk-aware shuffling of ``range(n)``, optionally split across distributed ranks.
 
     Parameters
@@ -41,8 +68,8 @@ class ChunkShuffleSampler(Sampler[int]):
         of a fixed field, or the samples whose values start in one chunk of a variable
         field), else 64.
     window : int
-        Chunks whose samples are shuffled together (>= 1). ``window >= number of chunks`` is
-        a full random permutation.
+        Chunk groups whose samples are mixed together (>= 1). ``window >= number of chunks``
+        is a full random permutation.
     seed : int
         Base seed (>= 0). The order is a pure function of ``(seed, epoch)``.
     rank, world_size : int
@@ -51,38 +78,30 @@ class ChunkShuffleSampler(Sampler[int]):
         With ``world_size > 1`` and ``n`` not divisible by it: ``False`` pads the epoch by
         repeating its first samples so every rank gets ``ceil(n / world_size)``; ``True``
         drops the epoch's last samples so every rank gets ``n // world_size``.
+    mixing : {"stratified", "random"}
+        How windows are made and ordered (:mod:`h5batch.torch.order`); ``"random"`` is the
+        order of earlier versions.
 
     Notes
     -----
-    BEWARE: like ``DistributedSampler``, the order only changes when you call
-    :meth:`set_epoch` before each epoch; without it every epoch repeats epoch 0's order.
+    Epochs roll on by themselves: each ``iter()`` after a fully drawn epoch yields the next
+    epoch's order. :meth:`set_epoch` still chooses an epoch explicitly. ``state_dict()`` /
+    ``load_state_dict()`` save and restore ``(seed, epoch, position)``; torchdata's
+    ``StatefulDataLoader`` calls them.
 
     Ranks get *contiguous* slices of the epoch's order (``DistributedSampler`` deals them
-    out round robin), so each rank touches about ``1 / world_size`` of the chunks.
+    out round robin), so each rank touches about ``1 / world_size`` of the chunks. A state
+    loads only into the same world size; for an order and a state that do not depend on it,
+    use :class:`~h5batch.torch.GlobalBatchSampler`.
 
     Works as ``sampler=`` of a ``DataLoader`` with ``batch_size`` (torch wraps it in a
     ``BatchSampler``) or inside your own ``BatchSampler``.
     """
 
-    def __init__(self, data: Any, chunk_size: int | None = None, window: int = 8,
-                 seed: int = 0, rank: int = 0, world_size: int = 1, drop_last: bool = False):
-        if isinstance(data, Sized):
-            n = len(data)
-        else:
-            n = integer("data", data, 0)
-        self.n = int(n)
-        starts = None
-        if chunk_size is None and callable(getattr(data, "chunk_starts", None)):
-            starts = np.asarray(data.chunk_starts(), dtype=np.int64)
-            if self.n and (starts.ndim != 1 or not len(starts) or starts[0] != 0
-                           or np.any(np.diff(starts) <= 0) or starts[-1] >= self.n):
-                raise ValueError(f"bad chunk_starts from {type(data).__name__}")
-        if starts is None:
-            self.chunk_size = integer("chunk_size", 64 if chunk_size is None else chunk_size, 1)
-            starts = np.arange(0, self.n, self.chunk_size, dtype=np.int64)
-        else:  # informative only: the average group size
-            self.chunk_size = max(1, round(self.n / max(len(starts), 1)))
-        self.chunk_starts = starts
+    def __init__(self, data: Any, chunk_size: int | None = None, window: int = DEFAULT_WINDOW,
+                 seed: int = 0, rank: int = 0, world_size: int = 1, drop_last: bool = False,
+                 mixing: str = "stratified"):
+        self.n, self.chunk_starts, self.chunk_size = chunk_groups(data, chunk_size)
         self.window = integer("window", window, 1)
         self.seed = integer("seed", seed, 0)
         self.world_size = integer("world_size", world_size, 1)
@@ -90,39 +109,24 @@ class ChunkShuffleSampler(Sampler[int]):
         if self.rank >= self.world_size:
             raise ValueError(f"rank must be in [0, world_size={self.world_size}), got {self.rank}")
         self.drop_last = bool(drop_last)
-        self.epoch = 0
+        self.mixing = check_mixing(mixing)
         if self.drop_last:
             self.num_samples = self.n // self.world_size
         else:
             self.num_samples = -(-self.n // self.world_size)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch whose order the next ``iter()`` yields."""
-        self.epoch = integer("epoch", epoch, 0)
+        self._init_state()
 
     def __len__(self) -> int:
         return self.num_samples
 
-    def epoch_order(self) -> np.ndarray:
-        """The whole epoch's order (all ranks, before padding or dropping), int64."""
-        n = self.n
-        if n == 0:
-            return np.zeros(0, dtype=np.int64)
-        rng = np.random.default_rng([_SEED_TAG, self.epoch, self.seed])
-        starts = self.chunk_starts
-        sizes = np.diff(np.append(starts, n))
-        chunks = rng.permutation(len(starts))
-        size = sizes[chunks]
-        # Indices of the chunks in shuffled order, back to back.
-        first = np.repeat(starts[chunks] - (np.cumsum(size) - size), size)
-        order = first + np.arange(n)
-        # Shuffle within each window of `window` consecutive chunks: sort by (window, key).
-        win = np.repeat(np.arange(len(chunks)) // self.window, size)
-        return order[np.lexsort((rng.random(n), win))].astype(np.int64)
+    def epoch_order(self, epoch: int | None = None) -> np.ndarray:
+        """The whole order of ``epoch`` (default: the current one), all ranks, int64."""
+        e = self.epoch if epoch is None else integer("epoch", epoch, 0)
+        return chunk_order(self.chunk_starts, self.n, self.window, epoch_rng(self.seed, e), self.mixing)
 
-    def indices(self) -> np.ndarray:
-        """This rank's indices for the current epoch."""
-        order = self.epoch_order()
+    def indices(self, epoch: int | None = None) -> np.ndarray:
+        """This rank's indices for ``epoch`` (default: the current one)."""
+        order = self.epoch_order(epoch)
         total = self.num_samples * self.world_size
         if total > len(order):  # pad by repeating the start (may wrap for tiny n)
             reps = -(-total // max(len(order), 1))
@@ -133,10 +137,20 @@ class ChunkShuffleSampler(Sampler[int]):
         return order[lo: lo + self.num_samples]
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self.indices().tolist())
+        return self._iterate()
+
+    # EpochState
+    def _units(self) -> int:
+        return self.num_samples
+
+    def _state_checks(self) -> dict[str, Any]:
+        return {"samples": self.n, "chunks": len(self.chunk_starts), "window": self.window,
+                "mixing": self.mixing, "world_size": self.world_size, "drop_last": self.drop_last}
+
+    def _units_of(self, epoch: int, start: int) -> Iterator[int]:
+        return iter(self.indices(epoch)[start:].tolist())
 
     def __repr__(self) -> str:
         return (f"ChunkShuffleSampler(n={self.n}, chunks={len(self.chunk_starts)}, window={self.window}, "
-                f"seed={self.seed}, epoch={self.epoch}, rank={self.rank}/{self.world_size})")
-
-
+                f"mixing={self.mixing!r}, seed={self.seed}, epoch={self.epoch}, position={self.position}, "
+                f"rank={self.rank}/{self.world_size})")

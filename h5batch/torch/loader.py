@@ -1,0 +1,89 @@
+"""``H5Dataset.loader(...)``: a ``DataLoader`` set up the way the h5batch reader is fastest.
+
+Why: the fast configuration has parts a new user would not guess (the chunk-aware
+sampler instead of ``shuffle=True``, h5batch's collate, persistent workers so that the
+recycled shared memory of :mod:`h5batch.torch.recycle` and each worker's decoded-chunk cache
+survive between epochs). One call sets all of them; what it
+returns is a plain ``torch.utils.data.DataLoader`` (a subclass adding :meth:`set_epoch`), so
+anything written for a DataLoader works with it.
+
+The rules:
+
+* ``shuffle=True`` -> :class:`~h5batch.torch.ChunkShuffleSampler` (``seed``, ``window``,
+  ``rank``, ``world_size``, ``drop_last``), else file order; ``sampler=`` / ``batch_sampler=``
+  replace it.
+* Every ``iter(loader)`` after a full epoch starts the next one (0, 1, 2, ...), like
+  ``shuffle=True`` of a plain DataLoader (the sampler rolls on by itself, and its
+  ``state_dict()`` resumes it: :mod:`h5batch.torch.state`); ``loader.set_epoch(e)`` makes the
+  next one epoch ``e``. The order of epoch ``e`` is a pure function of ``(seed, e)``.
+* ``collate_fn`` defaults to :data:`h5batch.torch.collate`; ``persistent_workers`` to
+  ``num_workers > 0``.
+* ``pin_memory=None`` pins where torch has an accelerator. Where it has none (CPU builds),
+  pinning is a no-op: ``DataLoader`` itself then turns it off with a warning; here it is
+  off without one. With recycled batches, pinning copies each batch once into pinned memory
+  (torch's caching host allocator) in the main process's pin thread, which then drops the
+  shared batch, so its storage goes back to its worker as without pinning.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from .collate import collate
+from .sampler import ChunkShuffleSampler
+
+
+def accelerator_available() -> bool:
+    """Whether ``pin_memory=True`` would pin (torch >= 2.6 ``torch.accelerator``; else CUDA)."""
+    acc = getattr(torch, "accelerator", None)
+    if acc is not None and hasattr(acc, "is_available"):
+        return bool(acc.is_available())
+    return torch.cuda.is_available()
+
+
+class H5DataLoader(DataLoader):
+    """A ``DataLoader`` with :meth:`set_epoch` (forwarded to its sampler and batch sampler).
+
+    The h5batch samplers move on to the next epoch by themselves when one is fully drawn
+    (:mod:`h5batch.torch.state`), so a loop over epochs needs no call; build it with
+    :meth:`H5Dataset.loader <h5batch.torch.H5Dataset.loader>`.
+    """
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next ``iter()`` yield epoch ``epoch`` from its start (as
+        ``DistributedSampler.set_epoch``)."""
+        seen = [s for s in (self.sampler, getattr(self.batch_sampler, "sampler", None), self.batch_sampler)
+                if callable(getattr(s, "set_epoch", None))]
+        for s in dict.fromkeys(seen):  # a sampler reached twice is set once
+            s.set_epoch(epoch)
+
+
+def make_loader(dataset: Any, batch_size: int = 64, shuffle: bool = True, num_workers: int = 0, *,
+                seed: int = 0, window: int = 8, drop_last: bool = False, rank: int = 0,
+                world_size: int = 1, pin_memory: bool | None = None,
+                persistent_workers: bool | None = None, collate_fn: Any = None,
+                sampler: Any = None, batch_sampler: Any = None, **kwargs: Any) -> H5DataLoader:
+    """The loader of :meth:`H5Dataset.loader <h5batch.torch.H5Dataset.loader>` (see there)."""
+    if sampler is not None and batch_sampler is not None:
+        raise ValueError("pass sampler= or batch_sampler=, not both")
+    if (sampler is not None or batch_sampler is not None) and shuffle:
+        shuffle = False  # the given sampler decides the order
+    if shuffle:
+        sampler = ChunkShuffleSampler(dataset, window=window, seed=seed, rank=rank,
+                                      world_size=world_size, drop_last=drop_last)
+    elif world_size != 1 or rank != 0:
+        raise ValueError("rank/world_size split the shuffled order: pass shuffle=True, or your own sampler")
+    if pin_memory is None:
+        pin_memory = accelerator_available()
+    if persistent_workers is None:
+        persistent_workers = num_workers > 0
+    loader_kw: dict[str, Any] = dict(
+        num_workers=num_workers, collate_fn=collate if collate_fn is None else collate_fn,
+        pin_memory=bool(pin_memory) and accelerator_available(),
+        persistent_workers=bool(persistent_workers) and num_workers > 0, **kwargs)
+    if batch_sampler is not None:
+        return H5DataLoader(dataset, batch_sampler=batch_sampler, **loader_kw)
+    return H5DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last, **loader_kw)
