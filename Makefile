@@ -9,6 +9,8 @@ JOB    ?= jobs/demo.yaml
 ARGS   ?=
 BENCH  ?= --quick
 PYTEST_ARGS ?=
+# Test files run on TEST_JOBS xdist workers (0: in this process, one after another)
+TEST_JOBS ?= 2
 
 .PHONY: venv convert test bench lint clean distclean
 
@@ -24,7 +26,7 @@ convert: $(STAMP)
 	$(BIN)/h5batch convert $(JOB) $(ARGS)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/h5batch bench $(BENCH)

@@ -20,6 +20,7 @@ import h5py
 import pytest
 
 from h5batch import generate
+from h5batch.transport import semaphores
 from h5batch.transport.segments import list_segments, owner_pid
 from tests.conftest import REPO
 from tests.support.h5compare import assert_same_h5
@@ -205,6 +206,10 @@ def test_fault_then_rerun_gives_the_uninterrupted_file(fault, corpus, reference,
     assert not left, f"{fault}: processes of the run still alive: {left}"
     mine = [s for s in list_segments() if owner_pid(s) == r.proc.pid]
     assert not mine, f"{fault}: shared-memory segments of the run left: {mine}"
+    # The multiprocessing semaphores of the faulted run: released by a run that ends, and
+    # unlinked by the rerun when the fault killed their owner (issue 19: they piled up).
+    sems = semaphores.list_tagged(r.proc.pid)
+    assert not sems, f"{fault}: semaphores of the run left in /dev/shm: {sems}"
     assert not Path(str(out) + ".lock").exists(), "the lock file outlived the rerun"
     with h5py.File(out, "r") as f:
         assert f.attrs["complete"]

@@ -176,7 +176,8 @@ def jobqueue_kwargs(cfg: ClusterConfig, security=None, file: str = "<job>") -> d
     kwargs.setdefault("memory", "2GB")
     kwargs.setdefault("job_name", "h5batch-worker")
     sched = dict(kwargs.get("scheduler_options") or {})
-    sched.setdefault("dashboard_address", "127.0.0.1:0" if cfg.dashboard else None)
+    sched.setdefault("dashboard_address", "127.0.0.1:0")  # port 0 even without one (see _local)
+    sched.setdefault("dashboard", bool(cfg.dashboard))
     kwargs["scheduler_options"] = sched
     if security is not None:
         kwargs["security"] = security
@@ -378,7 +379,10 @@ def _local(cfg: ClusterConfig) -> Iterator[Connection]:
     n = cfg.workers or default_workers()
     cluster = LocalCluster(
         n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
-        dashboard_address="127.0.0.1:0" if cfg.dashboard else None,
+        # Port 0 even without a dashboard: the scheduler's HTTP server starts anyway, on
+        # 8787 by default, and a second run beside the first printed Dask's "Port 8787 is
+        # already in use" on the console.
+        dashboard_address="127.0.0.1:0", scheduler_kwargs={"dashboard": bool(cfg.dashboard)},
         silence_logs=logging.ERROR, security=security,
         protocol="tls://" if security is not None else None,
         preload=["h5batch.conversion.worker_setup"],
