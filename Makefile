@@ -9,8 +9,9 @@ JOB    ?= jobs/demo.yaml
 ARGS   ?=
 BENCH  ?= --quick
 PYTEST_ARGS ?=
-# Test files run on TEST_JOBS xdist workers (0: in this process, one after another)
-TEST_JOBS ?= 2
+# TEST_JOBS=2 runs the test files on 2 xdist workers (about 1.7x faster here; two fault tests then
+# race on a shared-memory check, see the closing note of 2026-12-01); 0: one after another
+TEST_JOBS ?= 0
 
 .PHONY: venv convert test bench lint clean distclean
 
