@@ -16,7 +16,8 @@ where a fault can be injected. With the variable unset each call is one dictiona
 ``kill_once=B:MARKER`` the worker that runs batch B kills itself, the first time only
                        (MARKER is a file it creates to remember that it did)
 ``pause_at=POINT``     the writer stops for good at POINT: ``commit:N`` right after its
-                       N-th commit, ``finalize`` just before the final rename; it first
+                       N-th commit, ``store:N`` right after its N-th stored batch part,
+                       ``finalize`` just before the final rename; it first
                        writes ``<partial>.paused`` so a test knows it is there
 =====================  =================================================================
 

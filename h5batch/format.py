@@ -36,6 +36,9 @@ SOURCE = "source"
 CHECKSUM = "checksum"
 ATTR_NUM_SAMPLES = "num_samples"
 VIEWS = "views"  # group of named row subsets: /<split>/views/<name> (N_view,) int64, sorted unique
+# Rows that `h5batch sync` removed (their file was removed or changed): (T,) int64, sorted,
+# unique. Readers skip them; the rows stay in the file so that row numbers never move.
+TOMBSTONES = "tombstones"
 
 # Variable-length field group members
 VALUES = "values"
@@ -45,7 +48,7 @@ SHAPES = "shapes"
 KIND_FIXED = "fixed"
 KIND_VARIABLE = "variable"
 
-RESERVED = {LABEL, SOURCE, CHECKSUM, VIEWS}
+RESERVED = {LABEL, SOURCE, CHECKSUM, VIEWS, TOMBSTONES}
 
 
 def dumps(obj: Any) -> str:

@@ -57,6 +57,8 @@ class Manifest:
     resolved: dict = field(default_factory=dict)
     # Root-relative annotation files read (tables, split lists): inputs, not samples.
     annotations: tuple[str, ...] = ()
+    # (size, mtime_ns) of every file of an item, by path (h5batch.inventory stamps items with it).
+    stats: dict = field(default_factory=dict, repr=False)
 
     def label_index(self, label: str | None) -> int:
         """Integer label of a class name (-1 when the corpus has no labels)."""

@@ -15,6 +15,7 @@ import os
 from collections.abc import Callable
 
 from .. import format as fmt
+from .. import inventory
 from ..config import JobConfig
 from ..errors import EXIT_BAD_INPUT, ConvertError
 from ..manifest import Manifest
@@ -46,9 +47,21 @@ class OutputFiles:
             raise ConvertError(f"output directory {out_dir} is not writable", EXIT_BAD_INPUT)
 
     def check_not_there(self) -> None:
-        """The output is not there yet, unless overwriting was asked for."""
+        """The output is not there yet, unless overwriting was asked for. When it is the
+        output of this very job and only the corpus changed, the message says that
+        ``h5batch sync`` converts just the change."""
         if os.path.exists(self.final) and not self.overwrite:
-            raise ConvertError(f"{self.final} already exists; pass --overwrite (or output.overwrite: true) "
+            hint = ""
+            try:
+                import h5py
+
+                with h5py.File(self.final, "r") as f:
+                    if f.attrs.get(fmt.ATTR_JOB_HASH) == self.job.hash():
+                        hint = (f"; it was made by this job from an earlier state of the corpus: "
+                                f"`h5batch sync {self.job.file or 'JOB'}` converts only what changed")
+            except OSError:
+                pass
+            raise ConvertError(f"{self.final} already exists{hint}; pass --overwrite (or output.overwrite: true) "
                                f"to replace it", EXIT_BAD_INPUT)
 
     def check_finished(self, summary: ConvertSummary) -> None:
@@ -137,4 +150,5 @@ class OutputFiles:
         except FileNotFoundError:
             pass
         remove_commit_files(self.partial)
+        inventory.remove_sidecar(self.partial)
         return None

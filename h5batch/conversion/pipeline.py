@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import time
 
+from .. import inventory
 from ..config import JobConfig
 from ..errors import ConvertError
 from ..layouts import discover, resolved_job
@@ -20,6 +21,7 @@ from .lock import OutputLock
 from .options import ConvertOptions, ConvertSummary
 from .partial import OutputFiles
 from .plan import make_plan
+from .sync import recover
 
 __all__ = ["convert"]
 
@@ -45,6 +47,7 @@ def convert(job: JobConfig, opts: ConvertOptions | None = None) -> ConvertSummar
         # Nothing of the output is created, resumed or removed without its lock.
         lock = OutputLock.acquire(output.final, run_id, say)
         try:
+            recover(output.final, say)  # an interrupted sync is undone first
             stale = remove_stale_segments()
             if stale:
                 say(f"removed {len(stale)} shared-memory segments left by dead runs")
@@ -75,6 +78,7 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
         output.require_samples(manifest)
         record = output.resume_record(manifest)
         plan = make_plan(job, manifest, record, output.final, output.partial, run_id, say)
+        plan.spec.inventory = inventory.write_sidecar(output.partial, manifest)
         # Decoding may begin while the writer is still importing: batches queue in its pipe.
         writer.inbox.put(Start(plan.spec))
         started = True

@@ -45,12 +45,15 @@ class Plan:
 
 
 def make_plan(job: JobConfig, manifest: Manifest, record: CommitRecord | None, final: str, partial: str,
-              run_id: str, say: Callable[[str], None]) -> Plan:
+              run_id: str, say: Callable[[str], None], keep_codecs: dict[str, CodecSpec] | None = None) -> Plan:
+    """``keep_codecs``: fields whose datasets exist already (a sync) keep these codecs."""
     auto = resolve(job, manifest)
     for line in auto.describe(job):
         say(line)
     codecs = {name: c.codec for name, c in auto.codecs.items()}
     codec_notes = {name: c.why() for name, c in auto.codecs.items()}
+    for name, codec in (keep_codecs or {}).items():
+        codecs[name], codec_notes[name] = codec, ""
     batch_size = auto.batch_size
     if record is not None:
         # The partial file's datasets already have their filters: keep writing those

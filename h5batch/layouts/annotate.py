@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConfigError, DecodeError
 from ..fields import reads_files, resolve_field, value_array
 from ..fields.multilabel import ALL
-from ..manifest import Reject
+from ..manifest import Item, Reject
 from . import exclude
 from .base import stem
 
@@ -265,7 +265,8 @@ def _fill(job: JobConfig, fields: dict[str, Any], b: Builder, cols: list[dict[st
         if why is not None:
             b.rejects.extend(Reject(p, "discover", why) for p in it.paths)
             continue
-        kept.append(dataclasses.replace(it, values=tuple(vals), label=label, columns=()))
+        # The constructor, not dataclasses.replace: this runs once per file of the corpus.
+        kept.append(Item(it.key, it.split, it.paths, label, tuple(vals), ()))
         kept_cols.append(c)
     b.items = kept
     cols[:] = kept_cols

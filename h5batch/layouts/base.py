@@ -303,7 +303,7 @@ class Builder:
             h.update(json.dumps([r.path, r.stage, r.reason]).encode())
         return Manifest(root=root, fields=self.fields, splits=tuple(s for s in all_splits if any(it.split == s for it in unique)) or tuple(splits),
                         items=unique, rejects=rejects, class_names=tuple(labels), hash=h.hexdigest(),
-                        resolved=dict(self.resolved), annotations=tuple(self.annotations))
+                        resolved=dict(self.resolved), annotations=tuple(self.annotations), stats=self.stats)
 
 
 def keys_with_extensions(items: list[Item]) -> list[Item]:

@@ -34,6 +34,7 @@ import numpy as np
 
 from .. import format as fmt
 from ..errors import CorruptFileError
+from ..writer.journal import has_journal
 
 
 def offsets_key(field: str) -> str:
@@ -73,6 +74,10 @@ def open_file(path: str, **kw: Any) -> h5py.File:
     partial = path.endswith(fmt.PARTIAL_SUFFIX)
     if partial and os.path.exists(path):
         raise FileNotFoundError(errno.ENOENT, partial_message(path))
+    if has_journal(path):  # a sync changes it in place (h5batch/writer/journal.py)
+        raise BlockingIOError(
+            errno.EAGAIN, f"{path} is being synced, or a sync of it was interrupted; open it once the sync "
+            f"has finished (an interrupted one is undone by running `h5batch sync` again)")
     try:
         return h5py.File(path, "r", **kw)
     except FileNotFoundError:
@@ -170,6 +175,34 @@ def read_index(f: h5py.File, path: str, split: str, fields: Sequence[str]) -> tu
             check_labels(path, f"/{split}/{fmt.LABEL}", labels, int(f[fmt.CLASS_NAMES].shape[0]))
         out[fmt.LABEL] = labels
     return n, out
+
+
+def tombstones(f: h5py.File, path: str, split: str, n: int) -> np.ndarray:
+    """The split's rows removed by ``h5batch sync`` (sorted int64; empty when none), checked:
+    sorted, unique, each in ``[0, n)``."""
+    g = f[split]
+    if fmt.TOMBSTONES not in g:
+        return np.zeros(0, dtype=np.int64)
+    rows = np.asarray(g[fmt.TOMBSTONES][...], dtype=np.int64)
+    where = f"{split}/{fmt.TOMBSTONES}"
+    bad = _first(np.diff(rows) <= 0) if len(rows) > 1 else None
+    if bad is not None:
+        raise CorruptFileError(path, where, "rows are not sorted and unique", bad + 1)
+    if len(rows) and (rows[0] < 0 or rows[-1] >= n):
+        bad = 0 if rows[0] < 0 else len(rows) - 1
+        raise CorruptFileError(path, where, f"row {int(rows[bad])} is outside [0, {n})", bad)
+    return rows
+
+
+def live_rows(f: h5py.File, path: str, split: str, n: int) -> np.ndarray | None:
+    """The rows of a split that readers yield, in file order: None when every row is (no
+    tombstones), else the sorted rows that are not tombstoned."""
+    dead = tombstones(f, path, split, n)
+    if not len(dead):
+        return None
+    keep = np.ones(n, dtype=bool)
+    keep[dead] = False
+    return np.flatnonzero(keep).astype(np.int64)
 
 
 def _num_samples(g: h5py.Group) -> tuple[int, str]:

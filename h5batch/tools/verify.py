@@ -42,8 +42,9 @@ import h5py
 import numpy as np
 
 from .. import format as fmt
-from ..errors import VerifyError
+from ..errors import CorruptFileError, VerifyError
 from . import views
+from .index import tombstones
 
 STAGES = {"discover", "decode", "worker", "timeout", "write", fmt.STAGE_EXCLUDED}
 MAX_NAMED = 8  # samples named in one corrupt-chunk problem before "... and N more"
@@ -176,6 +177,7 @@ class _Verifier:
         self.report = report
         self.read_bytes = read_bytes
         self.decode = decode  # None, or (root, {field: FieldConfig}, thread pool)
+        self.dead: dict[str, np.ndarray] = {}  # split -> tombstoned rows
 
     def problem(self, where: str, what: str, source: str = "") -> None:
         self.report.problems.append(Problem(where, what, source))
@@ -228,7 +230,24 @@ class _Verifier:
         for name in views.names(g):  # rows in range, sorted, each once (tools/views.py)
             if why := views.check_rows(np.asarray(g[fmt.VIEWS][name][...]), n):
                 self.problem(f"{split}/{fmt.VIEWS}/{name}", f"view {why}")
+        # Rows a sync removed (sorted, unique, in range): no longer samples, so their
+        # files are not counted as inputs and their sources are not compared.
+        try:
+            self.dead[split] = tombstones(self.f, "", split, n)
+        except CorruptFileError as e:
+            self.problem(e.where, e.what if e.row is None else f"row {e.row}: {e.what}")
+            self.dead[split] = np.zeros(0, dtype=np.int64)
+        self.report.counts[split] = n - len(self.dead[split])
         return src
+
+    def live(self, split: str, src: np.ndarray) -> np.ndarray:
+        """The rows of ``src`` that are samples (not tombstoned)."""
+        dead = self.dead.get(split)
+        if dead is None or not len(dead):
+            return src
+        keep = np.ones(src.shape[0], dtype=bool)
+        keep[dead] = False
+        return src[keep]
 
     def file_fields(self, split: str, fields: list[str]) -> list[str]:
         """The fields with a source path, as the split's ``source`` attribute lists them
@@ -333,7 +352,8 @@ class _Verifier:
                 return f"differs from its source: {n_diff} of {fresh.size} values differ"
             return None
 
-        order = sorted(samples)
+        dead = set(self.dead.get(where.split("/")[0], np.zeros(0)).tolist())
+        order = [s for s in sorted(samples) if s not in dead]  # a removed row's file is gone or changed
         for s, why in zip(order, pool.map(one, order), strict=True):
             self.report.sources_compared += 1
             if why:
@@ -452,7 +472,7 @@ def verify_file(path: str, sources: bool = False, root: str | None = None,
                 src = v.check_split(split, fields, n_classes)
                 if src is None:
                     continue
-                all_sources[split] = src
+                all_sources[split] = v.live(split, src)
                 n = src.shape[0]
                 ds = f[split][fmt.CHECKSUM]
                 sums = ds[...] if ds.shape == (n, len(fields)) else None  # else reported above

@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from .. import format as fmt
-from ..tools.index import check_complete, offsets_key, open_file, read_index, shapes_key
+from ..tools.index import check_complete, live_rows, offsets_key, open_file, read_index, shapes_key
 from ..tools.views import read_view
 from .batch import Batch, Ragged, divide_in_place, empty_columns, float_copy
 from .chunks import ChunkStore, gather_rows, gather_span
@@ -160,8 +160,12 @@ class H5Dataset(Dataset):
         if self.with_source and fmt.SOURCE not in g:
             raise KeyError(f"{self.path}: split {self.split!r} has no {fmt.SOURCE} dataset")
         self._source_tuple = fmt.SOURCE in g and g[fmt.SOURCE].ndim == 2
-        # A view's file rows (checked: sorted, unique, in range), or None: every row.
+        # The file rows read, or None: every row. A view selects rows (checked: sorted,
+        # unique, in range); rows `h5batch sync` tombstoned are never yielded.
         self._rows = None if self.view is None else read_view(f, self.path, self.split, self.view, self._n)
+        live = live_rows(f, self.path, self.split, self._n)
+        if live is not None:
+            self._rows = live if self._rows is None else np.intersect1d(self._rows, live, assume_unique=True)
         nbytes = [fi.chunk_nbytes for fi in self.fields] or [1 << 20]
         self._h5_cache = fmt.cache_settings(max(nbytes), min(nbytes))
 

@@ -57,6 +57,18 @@ class WriterSpec:
     # otherwise have the server's (relative paths, output file permissions).
     cwd: str = ""
     umask: int | None = None
+    inventory: str = ""  # the driver's inventory sidecar (h5batch.inventory), stored at finalize
+    sync: SyncSpec | None = None  # set for `h5batch sync`: the finished output is extended
+
+
+@dataclass
+class SyncSpec:
+    """What a sync does to a finished output besides appending the new samples (the writer
+    side of :mod:`h5batch.conversion.sync`)."""
+
+    in_place: bool  # True: write the output itself through the undo journal; False: a copy at partial_path
+    tombstones: dict[str, list[int]]  # split -> rows that stop being samples (added to the old ones)
+    kept_rejects: list[Reject]  # rejects of unchanged files, carried over (the discovery ones are redone)
 
 
 # -- driver -> writer ---------------------------------------------------------------------

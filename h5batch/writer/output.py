@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 import h5py
 import numpy as np
 
-from .. import faults
+from .. import faults, inventory
 from .. import format as fmt
 from ..batches import BatchResult
 from ..fields import format_version
@@ -46,21 +46,24 @@ class OutputWriter:
         self.commits = 0
         self.next_batch = 0
         self.bytes_written = 0
-        tails: dict[str, np.ndarray] = {}
-        if spec.resume is not None:
-            self.f = h5py.File(spec.partial_path, "r+", **cache)
-            tails = self._resume(spec.resume)
-        else:
-            # fs_strategy "none": space freed by a rewritten chunk is never reused, so data
-            # covered by an earlier commit is never overwritten by later writes.
-            self.f = h5py.File(spec.partial_path, "w", libver=("earliest", "v110"), fs_strategy="none", **cache)
-            self._init_root()
+        tails = self._open(cache)
         self.splits: dict[str, SplitStore] = {}
         for s in spec.splits:
             if s in self.f:
                 self.splits[s] = SplitStore(self.f, s, spec, self.pool, tails)
         self.rej_ds = {k: SmallAppender(small_dataset(self.f.require_group(fmt.REJECTS), k, (), STR, 256))
                        for k in ("path", "stage", "reason")}
+
+    def _open(self, cache: dict) -> dict[str, np.ndarray]:
+        """Open (create or resume) the partial file as ``self.f``; the tail rows to resume with."""
+        if self.spec.resume is not None:
+            self.f = h5py.File(self.spec.partial_path, "r+", **cache)
+            return self._resume(self.spec.resume)
+        # fs_strategy "none": space freed by a rewritten chunk is never reused, so data
+        # covered by an earlier commit is never overwritten by later writes.
+        self.f = h5py.File(self.spec.partial_path, "w", libver=("earliest", "v110"), fs_strategy="none", **cache)
+        self._init_root()
+        return {}
 
     def _init_root(self) -> None:
         a = self.f.attrs
@@ -191,6 +194,7 @@ class OutputWriter:
         for s in self.splits.values():
             s.finish()
         counts = {name: s.n for name, s in self.splits.items()}
+        self.store_inventory()
         self.f.attrs[fmt.ATTR_COMPLETE] = bool(rename)
         self.f.flush()
         faults.pause("finalize", self.spec.partial_path)
@@ -208,9 +212,21 @@ class OutputWriter:
                 pass
             os.replace(self.spec.partial_path, self.spec.final_path)
             remove_commit_files(self.spec.partial_path)
+            inventory.remove_sidecar(self.spec.partial_path)
         return FinalSummary(path=self.spec.final_path if rename else self.spec.partial_path, counts=counts,
                             rejects=len(rejects), bytes_decoded=self.bytes_written, rejects_file=rejects_file,
                             ok=rename, stats=dict(STATS))
+
+    def store_inventory(self) -> None:
+        """``/inventory`` from the driver's sidecar (h5batch.inventory), when it wrote one."""
+        if self.spec.inventory and os.path.exists(self.spec.inventory):
+            inventory.store(self.f, *inventory.read_sidecar(self.spec.inventory))
+
+    def abort(self) -> CommitRecord | None:
+        """Stop early (Ctrl-C, the driver gone): commit what is stored, close."""
+        record = self.commit()
+        self.close()
+        return record
 
     def read_rejects(self) -> list[Reject]:
         g = self.f[fmt.REJECTS]

@@ -46,6 +46,7 @@ from .messages import (
     WriterSpec,
 )
 from .output import OutputWriter
+from .sync import SyncWriter
 
 POLL_SECONDS = 1.0  # how often an idle writer checks that the driver is still there
 
@@ -70,9 +71,10 @@ class _Session:
 
     def __init__(self, spec: WriterSpec, outbox):
         self.spec, self.outbox = spec, outbox
-        self.out = OutputWriter(spec)
+        self.out = (SyncWriter if spec.sync is not None else OutputWriter)(spec)
         self.last_commit = time.monotonic()
         self.commits = 0  # made by this process (the pause points count these)
+        self.stored = 0  # batch parts stored by this process (likewise)
 
     def commit(self) -> None:
         self.outbox.put(Committed(self.out.commit()))
@@ -85,6 +87,8 @@ class _Session:
         r = msg.result
         n, _ = self.out.write_batch(r)
         self.outbox.put(Stored(r.index, n, r.packed.nbytes))
+        self.stored += 1
+        faults.pause(f"store:{self.stored}", self.spec.partial_path)
         # Commit between whole batches only: a commit inside a split batch would record a
         # next_batch that the parts still to come belong to.
         if r.final_part and time.monotonic() - self.last_commit >= self.spec.commit_every:
@@ -101,14 +105,14 @@ class _Session:
         os._exit(0)
 
     def on_abort(self, msg: Abort) -> bool:
-        self.commit()
-        self.out.close()
+        record = self.out.abort()
+        if record is not None:
+            self.outbox.put(Committed(record))
         self.outbox.put(Aborted())
         return True
 
     def on_driver_gone(self) -> None:
-        self.out.commit()
-        self.out.close()
+        self.out.abort()
 
 
 HANDLERS: dict[type, Callable[[_Session, Any], bool]] = {

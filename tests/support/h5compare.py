@@ -8,7 +8,7 @@ import h5py
 import hdf5plugin  # noqa: F401  (plugin filters for reading)
 import numpy as np
 
-VOLATILE_ROOT_ATTRS = {"created", "versions", "job"}
+VOLATILE_ROOT_ATTRS = {"created", "versions", "job", "synced"}
 
 
 def _attrs(obj) -> dict[str, Any]:

@@ -1,0 +1,57 @@
+"""``h5batch sync JOB``: bring the finished output of JOB up to date with its corpus,
+converting only the files that are new or changed (docs/sync.md).
+
+Takes the same job-override flags as ``convert`` (``--output``, ``--set``, ``--workers``,
+``--scheduler``), so a job is synced the way it was converted.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from . import convert as _convert
+
+NAME = "sync"
+HELP = "update a finished output with the corpus's new, changed and removed files"
+DESCRIPTION = ("Discover the corpus of JOB again and compare it with the output's inventory: new files are "
+               "decoded and appended, changed files reconverted, removed files stop being yielded by the "
+               "reader. All or nothing: an interrupted sync is undone and the same command does it again.")
+
+
+def add_arguments(p) -> None:
+    p.add_argument("job", help="job file (YAML) that made the output")
+    p.add_argument("--workers", type=int, help="number of local worker processes (cluster.workers)")
+    p.add_argument("--output", help="output path (output.path)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a job key, as for convert (repeatable)")
+    p.add_argument("--scheduler", help="address of an existing Dask scheduler (tcp://host:port)")
+    p.add_argument("--scheduler-file", help="Dask scheduler file of an existing cluster")
+    p.add_argument("--progress", choices=["auto", "bar", "log", "none"], default="auto",
+                   help="progress display (default: bar on a terminal, log lines otherwise)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+
+
+def run(args) -> int:
+    from ..config import load_job
+    from ..conversion.options import ConvertOptions
+    from ..conversion.sync import sync
+
+    job = load_job(args.job, _convert.job_overrides(args))
+    s = sync(job, ConvertOptions(progress=args.progress))
+    counts = ", ".join(f"{k} {v}" for k, v in s.counts.items())
+    if s.up_to_date:
+        print(f"{s.path} is up to date with its corpus ({counts}); nothing to do "
+              f"({s.seconds:.1f}s)", file=sys.stderr)
+    else:
+        how = "" if s.in_place else " (on a copy: a reader had it open)"
+        print(f"synced {s.path}{how}: {s.new} new, {s.changed} changed, {s.removed} removed, "
+              f"{s.unchanged} unchanged; now {counts}, {s.rejects} rejects; {s.seconds:.1f}s "
+              f"(discovery {s.discover_seconds:.1f}s)", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"path": s.path, "new": s.new, "changed": s.changed, "removed": s.removed,
+                          "unchanged": s.unchanged, "counts": s.counts, "rejects": s.rejects,
+                          "seconds": s.seconds, "discover_seconds": s.discover_seconds,
+                          "convert_seconds": s.convert_seconds, "in_place": s.in_place,
+                          "up_to_date": s.up_to_date}))
+    return 0

@@ -1,0 +1,162 @@
+"""What ``h5batch sync`` has to do: the difference between a finished output and the corpus
+as discovery sees it now. Pure bookkeeping over small arrays; no sample is read.
+
+An item of the corpus is matched to the output by its *key*, its first path (one file
+belongs to one item), and compared by its *stamp* (:mod:`h5batch.inventory`: sizes, mtimes,
+label name, annotation values):
+
+==============================================  ====================================================
+the item now                                    what the sync does
+==============================================  ====================================================
+not in the inventory                            new: decoded and appended
+in it with another stamp                        changed: decoded and appended, its old row tombstoned
+in it with the same stamp, a live row           nothing
+in it with the same stamp, no row (a reject)    nothing: its rejects are carried over
+a live row whose key discovery no longer has    removed: the row is tombstoned
+==============================================  ====================================================
+
+A file keeps the split it was first converted into (a changed file goes back into it); new
+class names are appended after the old ones, which keep their numbers; discovery's own
+rejects are redone from this discovery.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import format as fmt
+from ..inventory import stamps
+from ..manifest import Item, Manifest, Reject
+
+#: Reject stages found by workers or the writer (carried over when the file is unchanged);
+#: the others (discover, excluded) are found again by every discovery.
+DECODE_STAGES = ("decode", "worker", "timeout", "write")
+
+
+@dataclass
+class OldOutput:
+    """What a sync needs to know of the finished output (read by :func:`read_output`)."""
+
+    path: str
+    job_hash: str
+    manifest_hash: str
+    splits: list[str]
+    class_names: tuple[str, ...]
+    rows: dict[str, list[str]]  # split -> key (first source path) of each row
+    dead: dict[str, np.ndarray]  # split -> tombstoned rows
+    rejects: list[Reject]
+    inventory: dict[str, int] | None  # key -> stamp; None: written before inventories existed
+    fields: dict[str, dict]  # field name -> its attributes (codec, categories, ...)
+
+
+@dataclass
+class Delta:
+    items: list[Item]  # to decode and append, in manifest order, splits fixed
+    tombstones: dict[str, list[int]]  # split -> rows that stop being samples
+    kept_rejects: list[Reject]
+    class_names: tuple[str, ...]
+    new: int = 0
+    changed: int = 0
+    removed: int = 0
+    unchanged: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.items and not any(self.tombstones.values())
+
+
+def read_output(path: str) -> OldOutput:
+    """The finished output's inventory, rows and rejects (one pass over small datasets)."""
+    import json
+
+    from ..inventory import load
+    from ..tools.index import check_complete, open_file, tombstones
+
+    with open_file(path) as f:
+        check_complete(f, path)
+        splits = json.loads(f.attrs[fmt.ATTR_SPLITS])
+        rows, dead = {}, {}
+        for s in splits:
+            if s not in f or fmt.SOURCE not in f[s]:
+                continue
+            src = f[s][fmt.SOURCE]
+            keys = src.asstr()[...] if src.shape[0] else np.zeros((0,), dtype=object)
+            if keys.ndim == 2:
+                keys = keys[:, 0]
+            rows[s] = [str(k) for k in keys]
+            dead[s] = tombstones(f, path, s, len(keys))
+        names = tuple(f[fmt.CLASS_NAMES].asstr()[...]) if fmt.CLASS_NAMES in f else ()
+        rej = []
+        if fmt.REJECTS in f and "path" in f[fmt.REJECTS] and f[fmt.REJECTS]["path"].shape[0]:
+            g = f[fmt.REJECTS]
+            rej = [Reject(str(p), str(st), str(r)) for p, st, r in
+                   zip(g["path"].asstr()[...], g["stage"].asstr()[...], g["reason"].asstr()[...])]
+        fields = {}
+        for name in json.loads(f.attrs[fmt.ATTR_FIELDS]):
+            for s in splits:
+                if s in f and name in f[s]:
+                    fields[name] = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f[s][name].attrs.items()}
+                    break
+        return OldOutput(path, str(f.attrs[fmt.ATTR_JOB_HASH]), str(f.attrs[fmt.ATTR_MANIFEST_HASH]), splits, names,
+                         rows, dead, rej, load(f), fields)
+
+
+def compute(old: OldOutput, m: Manifest) -> Delta:
+    """The sync of ``old`` to the corpus of ``m`` (see the module docstring)."""
+    assert old.inventory is not None
+    live: dict[str, tuple[str, int]] = {}  # key -> (split, row) of each live row
+    for split, keys in old.rows.items():
+        dead = set(old.dead.get(split, np.zeros(0)).tolist())
+        for row, key in enumerate(keys):
+            if row not in dead:
+                live[key] = (split, row)
+    labels = [it.label for it in m.items if it.label is not None]
+    new_names = sorted({lb for lb in labels} - set(old.class_names), key=_natural)
+    class_names = tuple(old.class_names) + tuple(new_names)
+    rejected_paths: dict[str, list[Reject]] = {}
+    for r in old.rejects:
+        if r.stage in DECODE_STAGES:
+            rejected_paths.setdefault(r.path, []).append(r)
+    d = Delta([], {s: [] for s in old.rows}, [], class_names)
+    seen: set[str] = set()
+    for it, now in zip(m.items, stamps(m)):
+        key = it.paths[0]
+        seen.add(key)
+        was = old.inventory.get(key)
+        at = live.get(key)
+        if was == now:
+            if at is not None:
+                d.unchanged += 1
+                continue
+            carried = [r for p in it.paths for r in rejected_paths.get(p, [])]
+            if carried:
+                d.kept_rejects.extend(carried)
+                d.unchanged += 1
+                continue
+        if at is not None:  # changed: back into the split it had, its old row goes
+            d.tombstones.setdefault(at[0], []).append(at[1])
+            if it.split != at[0]:
+                it = dataclasses.replace(it, split=at[0])
+            d.changed += 1
+        else:
+            d.new += 1
+        d.items.append(it)
+    for key, (split, row) in live.items():
+        if key not in seen:
+            d.tombstones.setdefault(split, []).append(row)
+            d.removed += 1
+    order = {s: i for i, s in enumerate(list(old.splits) + [s for s in m.splits if s not in old.splits])}
+    d.items.sort(key=lambda it: order.get(it.split, len(order)))  # stable: manifest order within a split
+    for rows in d.tombstones.values():
+        rows.sort()
+    return d
+
+
+def _natural(text: str):
+    from ..manifest import natural_key
+
+    return natural_key(text)

@@ -1,0 +1,235 @@
+"""``h5batch sync``: bring a finished output up to date with its corpus, converting only
+what changed (docs/sync.md).
+
+The stages are those of :func:`h5batch.conversion.pipeline.convert`, with the difference
+of :mod:`.delta` between discovery and planning: discover the corpus as it is now, read the
+output's inventory, decide what is new, changed and removed, and hand only the new and
+changed items to the workers. The writer (:class:`h5batch.writer.sync.SyncWriter`) appends
+them to the output itself, through an undo journal, or to a copy when a reader has the
+output open; removed and changed rows become tombstones. All or nothing: an interrupted
+sync (Ctrl-C, ``kill -9``, power loss) is undone the next time anything takes the output's
+lock (:func:`recover`), and the same command then does the whole sync again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+
+from .. import format as fmt
+from .. import inventory
+from ..config import JobConfig
+from ..errors import EXIT_BAD_INPUT, ConvertError
+from ..layouts import discover, resolved_job
+from ..manifest import Manifest
+from ..transport import semaphores
+from ..transport.segments import new_run_id, remove_segments, remove_stale_segments
+from ..writer.journal import has_journal, readers_present, rollback
+from ..writer.messages import Done, Finish, Start, SyncSpec
+from ..writer.process import WriterHandle
+from . import delta as deltas
+from . import signals
+from .driver import Driver, abort
+from .generate import generate_corpus
+from .lock import OutputLock
+from .options import ConvertOptions
+from .plan import make_plan
+
+__all__ = ["sync", "SyncSummary", "recover", "COPY_SUFFIX"]
+
+COPY_SUFFIX = ".sync-copy"  # the copy a sync works on while a reader has the output open
+
+
+@dataclass
+class SyncSummary:
+    path: str
+    new: int
+    changed: int
+    removed: int
+    unchanged: int
+    counts: dict[str, int]  # live samples per split after the sync
+    rejects: int
+    seconds: float
+    in_place: bool = True
+    up_to_date: bool = False
+    discover_seconds: float = 0.0
+    convert_seconds: float = 0.0
+    output_bytes: int = 0
+
+
+def recover(final: str, say) -> None:
+    """Undo what an interrupted sync left (call with the output's lock held)."""
+    if has_journal(final):
+        rollback(final)
+        say(f"{final}: undid an interrupted sync (the file is as it was before it)")
+    copy = final + COPY_SUFFIX
+    if os.path.exists(copy):
+        os.unlink(copy)
+        say(f"removed {copy}, left by an interrupted sync")
+
+
+def sync(job: JobConfig, opts: ConvertOptions | None = None) -> SyncSummary:
+    """Sync the output of ``job`` with its corpus (see the module docstring). Raises
+    :class:`~h5batch.errors.ConvertError` with the command line's exit code."""
+    opts = opts or ConvertOptions()
+    log = opts.log or sys.stderr
+
+    def say(text: str) -> None:
+        print(text, file=log, flush=True)
+
+    t0 = time.perf_counter()
+    final = os.path.abspath(job.output.path)
+    if not os.path.exists(final) and not has_journal(final):
+        raise ConvertError(f"{final} does not exist: there is nothing to sync; run `h5batch convert` first",
+                           EXIT_BAD_INPUT)
+    with signals.graceful():
+        run_id = new_run_id()
+        lock = OutputLock.acquire(final, run_id, say)
+        try:
+            recover(final, say)
+            remove_stale_segments()
+            semaphores.remove_stale()
+            with semaphores.tagged():
+                s = _sync(job, opts, final, lock, run_id, say)
+        finally:
+            lock.release()
+    s.seconds = time.perf_counter() - t0
+    return s
+
+
+def _sync(job: JobConfig, opts: ConvertOptions, final: str, lock: OutputLock, run_id: str, say) -> SyncSummary:
+    t0 = time.perf_counter()
+    generate_corpus(job, say)
+    manifest = discover(job)
+    old = deltas.read_output(final)
+    if old.inventory is None:
+        raise ConvertError(f"{final} was written by an h5batch that kept no inventory of its inputs, so a sync "
+                           f"cannot tell what changed; convert it once more (--overwrite), later syncs are "
+                           f"incremental", EXIT_BAD_INPUT)
+    job = _job_for(job, manifest, old)
+    t_discover = time.perf_counter() - t0
+    if manifest.hash == old.manifest_hash:
+        fmt.write_rejects(fmt.rejects_file(final), old.rejects)
+        return SyncSummary(final, 0, 0, 0, len(manifest.items), _live(old, {}), len(old.rejects), 0.0,
+                           up_to_date=True, discover_seconds=t_discover, output_bytes=os.path.getsize(final))
+    d = deltas.compute(old, manifest)
+    say(f"sync: {d.new} new, {d.changed} changed, {d.removed} removed, {d.unchanged} unchanged")
+    in_place = not readers_present(final)
+    partial = final if in_place else final + COPY_SUFFIX
+    if not in_place:
+        say(f"{final} is open in another process: syncing a copy, renamed over it at the end")
+        shutil.copyfile(final, partial)
+    t1 = time.perf_counter()
+    summary = _write(job, manifest, old, d, final, partial, in_place, lock, run_id, opts, say)
+    counts = _live(old, d.tombstones, summary.counts)
+    return SyncSummary(final, d.new, d.changed, d.removed, d.unchanged, counts, summary.rejects, 0.0,
+                       in_place=in_place, discover_seconds=t_discover, convert_seconds=time.perf_counter() - t1,
+                       output_bytes=os.path.getsize(final))
+
+
+def _write(job, manifest: Manifest, old, d, final: str, partial: str, in_place: bool, lock, run_id, opts, say):
+    """Run the writer (and, for new and changed items, the workers) over the delta."""
+    splits = tuple(old.splits) + tuple(s for s in manifest.splits if s not in old.splits)
+    work = Manifest(root=manifest.root, fields=manifest.fields, splits=splits, items=d.items,
+                    class_names=d.class_names, hash=manifest.hash, stats=manifest.stats,
+                    annotations=manifest.annotations)
+    plan = make_plan(job, work, None, final, partial, run_id, lambda _text: None,
+                     keep_codecs=_codecs(old))
+    plan.written = {s: len(rows) for s, rows in old.rows.items()}
+    spec = plan.spec
+    spec.discovery_rejects = list(manifest.rejects)
+    spec.num_inputs = sum(len(it.paths) for it in manifest.items) + len(manifest.rejects)
+    spec.commit_every = math.inf
+    spec.inventory = inventory.write_sidecar(final, manifest)
+    spec.sync = SyncSpec(in_place=in_place, tombstones=d.tombstones, kept_rejects=d.kept_rejects)
+    writer = WriterHandle.start(lock.inheritable())
+    try:
+        writer.inbox.put(Start(spec))
+        try:
+            if d.items:
+                return Driver(job, opts, plan, writer, run_id, say).run()
+            writer.inbox.put(Finish(job.policy.max_reject_fraction))
+            return _wait_done(writer)
+        except KeyboardInterrupt as e:
+            abort(writer)
+            raise ConvertError(f"{signals.signal_name(e)}: the sync stopped; {final} is as it was before it. "
+                               f"Run the same command again to sync.", signals.exit_code(e)) from None
+        except ConvertError as e:
+            if "max_reject_fraction" in str(e):
+                raise ConvertError(f"{str(e).split('; output left as')[0]}; the sync is undone, {final} is as "
+                                   f"it was", e.code) from None
+            raise
+        except BaseException:
+            abort(writer)
+            raise
+        finally:
+            remove_segments(run_id)
+    finally:
+        writer.lifeline.close()
+        inventory.remove_sidecar(final)
+
+
+def _wait_done(writer):
+    """The writer's summary when no batch was sent (a sync that only removes)."""
+    from ..writer.messages import Failed, WriterDied
+
+    while True:
+        msg = writer.outbox.get(timeout=600)
+        if isinstance(msg, Done):
+            writer.process.join(timeout=30)
+            s = msg.summary
+            if not s.ok:
+                raise ConvertError("too many rejects (policy.max_reject_fraction); the sync is undone", 1)
+            return s
+        if isinstance(msg, (Failed, WriterDied)):
+            raise ConvertError(f"the writer failed: {getattr(msg, 'text', msg)}")
+
+
+def _codecs(old) -> dict:
+    """Each field's codec, as its datasets were created (read back from their labels)."""
+    from ..codecs import CODECS, CodecSpec
+
+    out = {}
+    for name, attrs in old.fields.items():
+        label = str(attrs.get("codec", ""))
+        shuffle = label.endswith("+shuffle")
+        base = label.removesuffix("+shuffle")
+        codec = max((c for c in CODECS if base == c or base.startswith(c + "-")), key=len, default=None)
+        if codec is None:
+            continue
+        rest = base[len(codec):].lstrip("-")
+        out[name] = CodecSpec(codec, int(rest) if rest else None, shuffle)
+    return out
+
+
+def _job_for(job: JobConfig, manifest: Manifest, old) -> JobConfig:
+    """The job with discovery's names resolved, categories kept in the output's order (new
+    ones after), checked against the job that made the output."""
+    resolved = resolved_job(job, manifest)
+    now, then = dict(resolved.fields), dict(resolved.fields)
+    for name, fc in resolved.fields.items():
+        was = old.fields.get(name, {}).get("categories")
+        if getattr(fc, "dtype", None) == "category" and was is not None:
+            was = [str(c) for c in was]
+            then[name] = dataclasses.replace(fc, categories=was)  # the job as it was
+            now[name] = dataclasses.replace(fc, categories=was + [c for c in fc.categories if c not in was])
+    if dataclasses.replace(resolved, fields=then).hash() != old.job_hash:
+        raise ConvertError(f"{old.path} was made by a different job (its fields, source or output settings "
+                           f"differ from {job.file or 'this job'}); a sync only brings in changes of the corpus. "
+                           f"Run `h5batch convert --overwrite` to rebuild it", EXIT_BAD_INPUT)
+    return dataclasses.replace(resolved, fields=now)
+
+
+def _live(old, tombstones: dict, stored: dict | None = None) -> dict[str, int]:
+    """Live samples per split: rows stored minus rows tombstoned."""
+    out = {}
+    for s in set(old.rows) | set(stored or {}):
+        n = (stored or {}).get(s, len(old.rows.get(s, [])))
+        dead = set(old.dead[s].tolist() if s in old.dead else []) | set(tombstones.get(s, []))
+        out[s] = n - len(dead)
+    return {s: out[s] for s in (list(old.splits) + sorted(set(out) - set(old.splits))) if s in out}

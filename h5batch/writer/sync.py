@@ -1,0 +1,142 @@
+"""The writer's side of ``h5batch sync``: extend a finished output, all or nothing.
+
+:class:`SyncWriter` is an :class:`~.output.OutputWriter` that opens the finished output
+instead of creating a partial one, and appends the new and changed samples with the same
+chunk appenders (a padded last chunk is taken back and completed, so the rows stay whole
+chunks). It differs in three ways, each for the same reason, that a sync is one atomic change
+of a file people already use:
+
+* it never commits part-way: there is no commit record or tail file, because a crash is
+  undone, not resumed (a sync's cost follows the change, so redoing it costs little);
+* in place, every write goes through the undo journal of :mod:`.journal` and the sync
+  commits by dropping the journal; when a reader had the file open, it works on a copy
+  that is renamed over the output at the end (readers keep the old file);
+* at the end it rewrites what describes the whole corpus: the rejects (carried over,
+  plus this discovery's, plus the new decode rejects), ``/class_names`` (old names keep
+  their numbers, new ones follow), the tombstones of removed and changed samples, the
+  inventory, and the root attributes of the corpus (``manifest_hash``, ``num_inputs``,
+  ``splits``, ``annotations``, ``synced``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import UTC, datetime
+
+import h5py
+import numpy as np
+
+from .. import faults
+from .. import format as fmt
+from .journal import JournalFile, rollback
+from .messages import FinalSummary, WriterSpec
+from .output import OutputWriter
+from .store import STATS, STR, SplitStore
+
+ATTR_SYNCED = "synced"
+
+
+class SyncWriter(OutputWriter):
+    """Extends the finished output ``spec.final_path`` (see the module docstring)."""
+
+    def __init__(self, spec: WriterSpec):
+        self.journal: JournalFile | None = None
+        super().__init__(spec)
+        # The rejects are rebuilt: those carried over first, the new ones are appended.
+        for k in self.rej_ds.values():
+            k.ds.resize(0, axis=0)
+            k.n = 0
+        self.add_rejects(spec.sync.kept_rejects)
+
+    def _open(self, cache: dict) -> dict[str, np.ndarray]:
+        if self.spec.sync.in_place:
+            self.journal = JournalFile(self.spec.final_path)
+            self.f = h5py.File(self.journal, "r+", **cache)
+        else:
+            self.f = h5py.File(self.spec.partial_path, "r+", **cache)
+        return {}
+
+    def commit(self):  # noqa: D102 - a sync does not commit part-way (module docstring)
+        return None
+
+    def abort(self) -> None:
+        """Undo everything: the output is as it was before the sync."""
+        self.close()
+        self._undo()
+        return None
+
+    def _undo(self) -> None:
+        if self.journal is not None:
+            self.journal.close()
+            rollback(self.spec.final_path)
+        else:
+            try:
+                os.unlink(self.spec.partial_path)
+            except FileNotFoundError:
+                pass
+
+    def finalize(self, max_reject_fraction: float = 1.0) -> FinalSummary:
+        spec = self.spec
+        for s in spec.splits:
+            if s not in self.splits:
+                self.splits[s] = SplitStore(self.f, s, spec, self.pool)
+        self.add_rejects(spec.discovery_rejects)
+        excluded = sum(1 for r in self.read_rejects() if r.stage == fmt.STAGE_EXCLUDED)
+        failed = self.rej_ds["path"].n - excluded
+        ok = failed <= max_reject_fraction * max(1, spec.num_inputs - excluded)
+        counts = {name: s.n for name, s in self.splits.items()}
+        rejects = self.read_rejects()
+        if not ok:
+            self.abort()
+            return FinalSummary(path=spec.final_path, counts=counts, rejects=len(rejects),
+                                bytes_decoded=self.bytes_written, rejects_file=fmt.rejects_file(spec.final_path),
+                                ok=False, stats=dict(STATS))
+        for s in self.splits.values():
+            s.finish()
+        self._corpus_datasets()
+        self.f.flush()
+        faults.pause("finalize", spec.partial_path)
+        self.close()
+        rejects_file = fmt.rejects_file(spec.final_path)
+        fmt.write_rejects(rejects_file, rejects)
+        if self.journal is not None:
+            self.journal.commit()
+        else:
+            fd = os.open(spec.partial_path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(spec.partial_path, spec.final_path)
+        return FinalSummary(path=spec.final_path, counts=counts, rejects=len(rejects),
+                            bytes_decoded=self.bytes_written, rejects_file=rejects_file, ok=True, stats=dict(STATS))
+
+    def _corpus_datasets(self) -> None:
+        """What describes the corpus as a whole, rewritten for the corpus as it is now."""
+        f, spec = self.f, self.spec
+        if spec.labelled:
+            if fmt.CLASS_NAMES in f:
+                del f[fmt.CLASS_NAMES]
+            f.create_dataset(fmt.CLASS_NAMES, data=np.array(spec.class_names, dtype=object), dtype=STR)
+        for split, rows in spec.sync.tombstones.items():
+            g = f[split]
+            old = g[fmt.TOMBSTONES][...] if fmt.TOMBSTONES in g else np.zeros(0, dtype=np.int64)
+            dead = np.union1d(old, np.asarray(rows, dtype=np.int64)).astype(np.int64)
+            if fmt.TOMBSTONES in g:
+                del g[fmt.TOMBSTONES]
+            if len(dead):
+                g.create_dataset(fmt.TOMBSTONES, data=dead)
+        self.store_inventory()
+        a = f.attrs
+        a[fmt.ATTR_MANIFEST_HASH] = spec.manifest_hash
+        a[fmt.ATTR_INPUTS] = spec.num_inputs
+        old_splits = json.loads(a[fmt.ATTR_SPLITS])
+        a[fmt.ATTR_SPLITS] = fmt.dumps(old_splits + [s for s in spec.splits if s not in old_splits])
+        if spec.annotations:
+            a[fmt.ATTR_ANNOTATIONS] = fmt.dumps(list(spec.annotations))
+        elif fmt.ATTR_ANNOTATIONS in a:
+            del a[fmt.ATTR_ANNOTATIONS]
+        a[fmt.ATTR_JOB] = spec.job_json
+        a[fmt.ATTR_JOB_HASH] = spec.job_hash
+        a[ATTR_SYNCED] = datetime.now(UTC).isoformat(timespec="seconds")

@@ -1,0 +1,281 @@
+"""``h5batch sync``: a finished output brought up to date with a corpus that grew, changed
+and shrank equals a fresh conversion of the corpus as it is now (what the reader yields:
+data, labels by name, splits), crash-safe, and at the cost of the change.
+
+Real files, real conversions in subprocesses, real kill -9 of the process group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import textwrap
+import time
+import zlib
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import soundfile as sf
+
+from h5batch.torch import H5Dataset
+from tests.support.h5compare import assert_same_h5
+from tests.support.processes import group_members, wait_for
+from tests.support.run import convert, h5batch_cmd, run_h5batch, start
+
+RATE = 8000
+
+
+def _wav(path: Path, seed: int, frames: int | None = None) -> None:
+    rng = np.random.default_rng(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    n = frames or 600 + (seed * 37) % 900
+    sf.write(path, (rng.standard_normal(n) * 3000).astype(np.int16), RATE, subtype="PCM_16")
+
+
+def _class_job(tmp: Path, root: Path, out: Path) -> Path:
+    job = tmp / "job.yaml"
+    job.write_text(textwrap.dedent(f"""\
+        name: sync-classes
+        source: {{root: {root}, layout: class_folders}}
+        fields:
+          audio: {{type: audio, extensions: [.wav], sample_rate: {RATE}, dtype: int16}}
+        output: {{path: {out}, codec: auto}}
+        cluster: {{kind: local, workers: 1}}
+        """))
+    return job
+
+
+def _fsdd_job(tmp: Path, root: Path, out: Path) -> Path:
+    job = tmp / "fsdd.yaml"
+    job.write_text(textwrap.dedent(f"""\
+        name: sync-fsdd
+        source:
+          root: {root}
+          layout: pattern
+          pattern: '(?P<label>\\d)_(?P<speaker>[a-z]+)_(?P<index>\\d+)\\.wav'
+          split: {{group: index, ranges: {{test: [0, 4]}}, default: train}}
+          splits: [train, test]
+        fields:
+          audio: {{type: audio, extensions: [.wav], sample_rate: {RATE}, dtype: int16}}
+        output: {{path: {out}, codec: none}}
+        cluster: {{kind: local, workers: 1}}
+        """))
+    return job
+
+
+def _class_corpus(root: Path) -> None:
+    for split in ("train", "test"):
+        for c in ("cat", "dog"):
+            for i in range(12):
+                _wav(root / split / c / f"{c}{i}.wav", seed=zlib.crc32(f"{split}/{c}/{i}".encode()) % 10_000)
+
+
+def _yielded(path: Path) -> dict[str, dict[str, tuple[bytes, str]]]:
+    """split -> source path -> (sample bytes, label name), as H5Dataset yields them."""
+    out: dict[str, dict[str, tuple[bytes, str]]] = {}
+    with h5py.File(path, "r") as f:
+        splits = json.loads(f.attrs["splits"])
+    for split in splits:
+        ds = H5Dataset(str(path), split, with_source=True)
+        got = {}
+        for i in range(len(ds)):
+            s = ds[i]
+            label = ds.class_names[int(s["label"])] if ds.class_names else ""
+            got[str(s["source"])] = (s["audio"].numpy().tobytes(), label)
+        out[split] = got
+    return out
+
+
+def _rejects(path: Path) -> set[tuple[str, str]]:
+    lines = Path(str(path).removesuffix(".h5") + ".rejects.jsonl").read_text().splitlines()
+    return {(r["path"], r["stage"]) for r in map(json.loads, lines)}
+
+
+def _fresh(job: Path, root: Path, tmp: Path, name: str) -> Path:
+    out = tmp / name
+    convert(job, output=out, check=True)
+    return out
+
+
+def _sync(job: Path, *extra: str, **kw):
+    return run_h5batch("sync", str(job), "--progress", "none", *extra, **kw)
+
+
+def _same_as_fresh(job: Path, out: Path, root: Path, tmp: Path) -> None:
+    fresh = _fresh(job, root, tmp, "fresh.h5")
+    assert _yielded(out) == _yielded(fresh)
+    assert _rejects(out) == _rejects(fresh)
+    res = run_h5batch("verify", str(out), "--sources")
+    assert res.returncode == 0, res.stderr + res.stdout
+
+
+def test_sync_class_folders_equals_a_fresh_conversion(tmp_path):
+    root, out = tmp_path / "corpus", tmp_path / "out.h5"
+    _class_corpus(root)
+    (root / "train" / "cat" / "broken.wav").write_bytes(b"RIFF....WAVEjunk")  # a reject that gets fixed later
+    job = _class_job(tmp_path, root, out)
+    convert(job, check=True)
+    before = _yielded(out)
+    old_names = list(H5Dataset(str(out), "train").class_names)
+    # The corpus moves on: new files (one of a new class, one broken), a changed file, a
+    # removed file, a fixed reject.
+    _wav(root / "train" / "bird" / "b1.wav", seed=901)
+    _wav(root / "train" / "bird" / "b2.wav", seed=902)
+    _wav(root / "test" / "dog" / "dog20.wav", seed=903)
+    (root / "test" / "cat" / "junk.wav").write_bytes(b"not audio")
+    time.sleep(0.01)
+    _wav(root / "train" / "dog" / "dog3.wav", seed=904, frames=1777)
+    os.remove(root / "train" / "cat" / "cat5.wav")
+    _wav(root / "train" / "cat" / "broken.wav", seed=905)
+
+    res = convert(job)
+    assert res.returncode == 2 and "h5batch sync" in res.stderr, res.stderr
+
+    res = _sync(job, "--json")
+    assert res.returncode == 0, res.stderr
+    s = json.loads(res.stdout)
+    assert (s["new"], s["changed"], s["removed"]) == (5, 1, 1), s  # broken.wav, a reject before, counts as new
+    assert s["in_place"] and not s["up_to_date"]
+    after = _yielded(out)
+    # Old class numbers kept, the new class appended.
+    names = list(H5Dataset(str(out), "train").class_names)
+    assert names[: len(old_names)] == old_names and names[len(old_names):] == ["bird"]
+    assert "train/cat/cat5.wav" not in after["train"] and "train/cat/cat5.wav" in before["train"]
+    assert after["train"]["train/dog/dog3.wav"] != before["train"]["train/dog/dog3.wav"]
+    assert after["test"]["test/cat/cat0.wav"] == before["test"]["test/cat/cat0.wav"]
+    _same_as_fresh(job, out, root, tmp_path)
+    # Nothing changed since: nothing to do, and the file is untouched.
+    mtime = out.stat().st_mtime_ns
+    res = _sync(job, "--json")
+    assert res.returncode == 0 and json.loads(res.stdout)["up_to_date"], res.stderr
+    assert out.stat().st_mtime_ns == mtime
+
+
+def test_sync_fsdd_like_keeps_splits_and_rows(tmp_path):
+    root, out = tmp_path / "fsdd", tmp_path / "out.h5"
+    for digit in range(3):
+        for speaker in ("jackson", "nicolas"):
+            for index in range(8):
+                _wav(root / f"{digit}_{speaker}_{index}.wav", seed=digit * 100 + index + len(speaker))
+    job = _fsdd_job(tmp_path, root, out)
+    convert(job, check=True)
+    with h5py.File(out, "r") as f:
+        old_train = f["train/source"].asstr()[...].tolist()
+    for index in range(8):  # a new speaker, both splits
+        _wav(root / f"1_theo_{index}.wav", seed=500 + index)
+    _wav(root / "9_jackson_2.wav", seed=600)  # a new digit
+    os.remove(root / "0_nicolas_6.wav")
+    _wav(root / "2_jackson_7.wav", seed=700, frames=2222)
+    res = _sync(job, "--json")
+    assert res.returncode == 0, res.stderr
+    s = json.loads(res.stdout)
+    assert (s["new"], s["changed"], s["removed"]) == (9, 1, 1), s
+    with h5py.File(out, "r") as f:
+        # Rows never move: the old rows are where they were, new ones come after them.
+        assert f["train/source"].asstr()[: len(old_train)].tolist() == old_train
+        dead = f["train/tombstones"][...].tolist()
+        assert dead == sorted([old_train.index("0_nicolas_6.wav"), old_train.index("2_jackson_7.wav")])
+        assert "inventory" in f and f["inventory/key"].shape[0] == len(list(root.iterdir()))
+    ds = H5Dataset(str(out), "train")
+    assert len(ds) == len(old_train) - 1 + 3  # one removed; theo_5..7 are train (0..4: test)
+    _same_as_fresh(job, out, root, tmp_path)
+
+
+def test_removed_only_sync_needs_no_workers(tmp_path):
+    root, out = tmp_path / "corpus", tmp_path / "out.h5"
+    _class_corpus(root)
+    job = _class_job(tmp_path, root, out)
+    convert(job, check=True)
+    res = run_h5batch("view", "add", str(out), "dogs", "--split", "test", "--where", 'label == "dog"')
+    assert res.returncode == 0, res.stderr
+    os.remove(root / "test" / "dog" / "dog1.wav")
+    res = _sync(job, "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["removed"] == 1
+    assert "cluster:" not in res.stderr  # nothing to decode: no cluster started
+    assert len(H5Dataset(str(out), "test")) == 23
+    # Views and loaders skip the tombstoned row; the view's other rows stay where they were.
+    dogs = H5Dataset(str(out), "test", view="dogs", with_source=True)
+    assert len(dogs) == 11
+    for workers in (0, 2):
+        seen = [src for b in dogs.loader(batch_size=4, num_workers=workers) for src in b["source"]]
+        assert sorted(seen) == sorted(f"test/dog/dog{i}.wav" for i in range(12) if i != 1)
+    _same_as_fresh(job, out, root, tmp_path)
+
+
+def _grow(root: Path) -> None:
+    for i in range(40):  # several batches of new files
+        _wav(root / "train" / ("cat" if i % 2 else "owl") / f"new{i}.wav", seed=2000 + i)
+    os.remove(root / "train" / "dog" / "dog2.wav")
+    _wav(root / "test" / "cat" / "cat1.wav", seed=2999, frames=1500)
+
+
+@pytest.mark.parametrize("point", ["store:1", "finalize"])
+def test_kill_9_inside_sync_then_rerun_equals_an_uninterrupted_sync(tmp_path, point):
+    root, out = tmp_path / "corpus", tmp_path / "out.h5"
+    _class_corpus(root)
+    job = _class_job(tmp_path, root, out)
+    convert(job, "--set", "cluster.batch_size=8", check=True)
+    original = out.read_bytes()
+    _grow(root)
+    # The reference: an uninterrupted sync of a copy of the same output.
+    ref = tmp_path / "ref.h5"
+    shutil.copyfile(out, ref)
+    shutil.copyfile(str(out).removesuffix(".h5") + ".rejects.jsonl", tmp_path / "ref.rejects.jsonl")
+    res = _sync(job, "--output", str(ref), "--set", "cluster.batch_size=8")
+    assert res.returncode == 0, res.stderr
+
+    proc = start(h5batch_cmd("sync", str(job), "--progress", "none", "--set", "cluster.batch_size=8"),
+                 env_extra={"H5BATCH_FAULTS": f"pause_at={point}"}, new_session=True)
+    wait_for(Path(str(out) + ".paused"), proc)
+    assert Path(str(out) + ".sync-journal").exists()  # in place, with its undo journal
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while group_members(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.unlink(str(out) + ".paused")
+    # The half-synced file is not handed to a reader.
+    with pytest.raises(OSError, match="sync"):
+        H5Dataset(str(out), "train")
+    res = _sync(job, "--set", "cluster.batch_size=8")
+    assert res.returncode == 0, res.stderr
+    assert "undid an interrupted sync" in res.stderr
+    assert not Path(str(out) + ".sync-journal").exists()
+    assert_same_h5(out, ref)
+    assert _yielded(out) == _yielded(ref)
+    assert out.read_bytes() != original
+
+
+def test_a_reader_holding_the_file_gets_a_copy_synced(tmp_path):
+    root, out = tmp_path / "corpus", tmp_path / "out.h5"
+    _class_corpus(root)
+    job = _class_job(tmp_path, root, out)
+    convert(job, check=True)
+    _wav(root / "train" / "cat" / "late.wav", seed=77)
+    reader = h5py.File(out, "r")  # holds HDF5's shared lock, as a training job's reader does
+    try:
+        n_before = reader["train/source"].shape[0]
+        res = _sync(job, "--json")
+        assert res.returncode == 0, res.stderr
+        assert not json.loads(res.stdout)["in_place"]
+        assert reader["train/source"].shape[0] == n_before  # the open file is the old one, intact
+    finally:
+        reader.close()
+    assert "train/cat/late.wav" in _yielded(out)["train"]
+    assert not Path(str(out) + ".sync-copy").exists()
+
+
+def test_sync_refuses_another_job_and_a_missing_output(tmp_path):
+    root, out = tmp_path / "corpus", tmp_path / "out.h5"
+    _class_corpus(root)
+    job = _class_job(tmp_path, root, out)
+    res = _sync(job)
+    assert res.returncode == 2 and "does not exist" in res.stderr and "convert" in res.stderr
+    convert(job, check=True)
+    res = _sync(job, "--set", "fields.audio.sample_rate=16000")
+    assert res.returncode == 2 and "different job" in res.stderr, res.stderr
