@@ -99,6 +99,18 @@ def describe(path: str) -> dict[str, Any]:
     return out
 
 
+def sample(path: str, i: int, split: str | None = None) -> dict[str, Any]:
+    """Sample ``i`` of ``split`` (default ``train``, else the first split) as the reader yields
+    it (:func:`h5batch.tools.samples.sample_record`); a bad file, split or index raises
+    :class:`~h5batch.tools.samples.SampleError`."""
+    from .samples import check_output, pick_splits, sample_record
+
+    splits = check_output(path)
+    if split is None:
+        split = "train" if "train" in splits else (splits[0] if splits else "train")
+    return sample_record(path, pick_splits(path, splits, [split])[0], i)
+
+
 def _human(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if abs(n) < 1000 or unit == "TB":

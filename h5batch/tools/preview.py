@@ -1,0 +1,318 @@
+"""``h5batch preview``: a static HTML page of what an output holds, opened from the file system.
+
+Per split: samples per class (a bar chart and a table), audio lengths in seconds and image
+sizes (histograms), a grid of ``n`` decoded samples (image thumbnails; for audio a waveform,
+a spectrogram and an ``<audio>`` player of the sample as a WAV), a table of every shown
+sample's label name, source path(s), text, value and multilabel fields and media shapes;
+then the rejects with their reasons (``/rejects``, else ``OUT.rejects.jsonl``), the job and
+the versions the file was made with. The page and everything it shows live in one folder
+(``DIR/index.html`` and ``DIR/preview-files/``), linked by relative URLs, so the folder can
+be copied anywhere and opened with ``file://``.
+
+Rules, and why:
+
+* samples are read with :class:`h5batch.torch.H5Dataset` (:mod:`h5batch.tools.samples`),
+  decoded as training sees them, tombstoned rows skipped; counts and lengths come from the
+  index arrays of the live rows (a field stored encoded has no decoded sizes in its index:
+  its lengths are those of the shown samples, and the chart says so);
+* the ``n`` samples of a split are spread evenly over it (first and last included), so the
+  same file gives the same page;
+* ``preview-files/`` is ours: it is emptied before it is written (a marker file says it was
+  made by preview; a folder without it is refused, never deleted).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import h5py
+import numpy as np
+
+from .. import format as fmt
+from . import preview_page as pg
+from . import preview_plots as plots
+from .samples import (
+    SampleError,
+    check_output,
+    describe_value,
+    file_rows,
+    open_split,
+    pick_splits,
+    spread,
+)
+
+ASSETS = "preview-files"
+MARKER = ".h5batch-preview"
+MEDIA = ("audio", "image")
+
+
+@dataclass
+class PreviewSummary:
+    """What :func:`build_preview` wrote: the page, samples shown per split, asset files."""
+
+    index: str
+    shown: dict[str, int] = field(default_factory=dict)
+    files: int = 0
+    seconds: float = 0.0
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "_"
+
+
+def _prepare(out_dir: str) -> str:
+    assets = os.path.join(out_dir, ASSETS)
+    if os.path.isdir(assets):
+        if not os.path.exists(os.path.join(assets, MARKER)):
+            raise SampleError(f"{assets}: exists and was not made by h5batch preview; choose another --html folder")
+        shutil.rmtree(assets)
+    os.makedirs(assets)
+    open(os.path.join(assets, MARKER), "w").write("made by h5batch preview; emptied by the next preview\n")
+    return assets
+
+
+def read_rejects(f: h5py.File, path: str) -> tuple[list[dict[str, str]], str]:
+    """The rejects (path, stage, reason) and where they were read from."""
+    rej = f.get(fmt.REJECTS)
+    if rej is not None and "path" in rej:
+        cols = [rej[k].asstr()[...].tolist() for k in ("path", "stage", "reason")]
+        return [{"path": p, "stage": s, "reason": r} for p, s, r in zip(*cols)], f"/{fmt.REJECTS} in the file"
+    side = fmt.rejects_file(path)
+    if os.path.isfile(side):
+        with open(side) as fh:
+            rows = [json.loads(line) for line in fh if line.strip()]
+        return [{k: str(r.get(k, "")) for k in ("path", "stage", "reason")} for r in rows], os.path.basename(side)
+    return [], "no /rejects group and no .rejects.jsonl"
+
+
+# ------------------------------------------------------------------ statistics
+
+
+def class_counts(g: h5py.Group, rows: np.ndarray, names: tuple[str, ...]) -> dict[str, int]:
+    """Live samples per class name, in label order (a ``(no label)`` entry for label -1)."""
+    if fmt.LABEL not in g:
+        return {}
+    labels = np.asarray(g[fmt.LABEL][...], dtype=np.int64)[rows]
+    counts = np.bincount(labels[labels >= 0], minlength=len(names))
+    out = {(names[k] if k < len(names) else str(k)): int(c) for k, c in enumerate(counts)}
+    if (labels < 0).any():
+        out["(no label)"] = int((labels < 0).sum())
+    return out
+
+
+def _encoded(node: Any) -> bool:
+    return str(node.attrs.get("store", "")) == "encoded"
+
+
+def _stored_shapes(node: Any, rows: np.ndarray) -> np.ndarray | None:
+    """``(len(rows), ndim)`` stored sample shapes from the index, or None for an encoded field."""
+    if _encoded(node):
+        return None
+    if isinstance(node, h5py.Dataset):
+        return np.tile(np.asarray(node.shape[1:], dtype=np.int64), (len(rows), 1))
+    if node[fmt.SHAPES].ndim == 2 and node[fmt.SHAPES].shape[1] > 1:
+        return np.asarray(node[fmt.SHAPES][...], dtype=np.int64)[rows]
+    offs = np.asarray(node[fmt.OFFSETS][...], dtype=np.int64)
+    return (offs[1:] - offs[:-1])[rows][:, None]
+
+
+def _seconds_per_frame(node: Any) -> float | None:
+    """Seconds per step of an audio field's first axis (a sample, or a feature frame)."""
+    sr = node.attrs.get("sample_rate")
+    if not sr:
+        return None
+    if "features" in node.attrs:
+        return int(json.loads(node.attrs["features"]).get("hop_length", 1)) / int(sr)
+    return 1.0 / int(sr)
+
+
+# ------------------------------------------------------------------ one sample
+
+
+def _clip_html(prefix: str, rel: str, value: np.ndarray, node: Any, waves: plots.Waveforms) -> tuple[str, int]:
+    """Waveform, spectrogram and player of one clip (features: their image). Files written."""
+    sr = int(node.attrs.get("sample_rate", 16000))
+    if "features" in node.attrs or str(node.attrs.get("axes", "time")).startswith("frame"):
+        plots.image_of(prefix + "-spec.png", np.asarray(value, dtype=np.float64).T[::-1])
+        return f'<img class="spec" src="{pg.url(rel + "-spec.png")}" alt="log-mel features">', 1
+    waves.draw(prefix + "-wave.png", value, sr)
+    plots.spectrogram(prefix + "-spec.png", value, sr)
+    plots.write_wav(prefix + ".wav", value, sr)
+    return (f'<img class="wave" src="{pg.url(rel + "-wave.png")}" alt="waveform">'
+            f'<img class="spec" src="{pg.url(rel + "-spec.png")}" alt="spectrogram">'
+            f'<audio controls preload="metadata" src="{pg.url(rel + ".wav")}"></audio>'), 3
+
+
+def _cell(d: dict[str, Any]) -> str:
+    """One field of one sample, for the table."""
+    if "text" in d:
+        return pg.esc(d["text"])
+    if "on" in d:
+        return pg.esc(", ".join(d["on"]) or "(none)")
+    if "value" in d:
+        v = d["value"]
+        return pg.esc(", ".join(f"{k}={x}" for k, x in v.items()) if isinstance(v, dict) else v)
+    shape = "×".join(str(s) for s in d["shape"])
+    return pg.esc(f"{shape} {d['dtype']}" + (f", {d['seconds']:.2f} s" if "seconds" in d else ""))
+
+
+# ------------------------------------------------------------------ one split
+
+
+def _charts(split: str, g: h5py.Group, rows: np.ndarray, ds: Any, shown: dict[str, list[np.ndarray]],
+            counts: dict[str, int], assets: str, rel: str) -> tuple[str, int]:
+    """Class counts, then one length/size chart per media field (a line when all are equal)."""
+    imgs, lines = [], []
+    if counts:
+        plots.bar_chart(os.path.join(assets, "counts.png"), list(counts), list(counts.values()),
+                        f"{split}: samples per class")
+        imgs.append(f"{rel}/counts.png")
+    for name in ds.field_names:
+        node = g[name]
+        modality = str(node.attrs.get("modality", ""))
+        shapes = _stored_shapes(node, rows) if modality in MEDIA else None
+        note = ""
+        if modality in MEDIA and shapes is None:  # encoded: the decoded sizes of the shown samples
+            shapes = np.asarray([a.shape for a in shown[name]], dtype=np.int64).reshape(len(shown[name]), -1)
+            note = f" ({len(shapes)} samples shown)"
+        if shapes is None or not shapes.size:
+            continue
+        out = os.path.join(assets, f"{_slug(name)}-sizes.png")
+        step = _seconds_per_frame(node) if modality == "audio" else None
+        if modality == "audio" and step is not None:
+            secs = shapes[:, 0] * step
+            if secs.min() == secs.max():
+                lines.append(f"{name}: every sample {secs[0]:.3f} s")
+                continue
+            plots.histogram(out, secs, "seconds", f"{split}/{name}: length{note}")
+            total = secs.sum()
+            total_text = f"{total / 3600:.2f} h" if total >= 3600 else f"{total / 60:.1f} min"
+            lines.append(f"{name}: {secs.min():.3f} to {secs.max():.3f} s, {total_text} in all{note}")
+        elif modality == "image" and shapes.shape[1] >= 2:
+            if (shapes[:, :2] == shapes[0, :2]).all():
+                lines.append(f"{name}: every image {shapes[0, 1]}×{shapes[0, 0]} px (width × height)")
+                continue
+            plots.size_histogram(out, shapes[:, 1], shapes[:, 0], f"{split}/{name}: image size{note}")
+            lines.append(f"{name}: width {shapes[:, 1].min()} to {shapes[:, 1].max()} px, "
+                         f"height {shapes[:, 0].min()} to {shapes[:, 0].max()} px{note}")
+        else:
+            continue
+        imgs.append(f"{rel}/{_slug(name)}-sizes.png")
+    tags = "".join(f'<img src="{pg.url(u)}" alt="{pg.esc(os.path.basename(u))}">' for u in imgs)
+    facts = "".join(f"<li>{pg.esc(x)}</li>" for x in lines)
+    return (f'<div class="charts">{tags}{pg.counts_table(split, counts) if counts else ""}</div>'
+            + (f'<ul class="facts">{facts}</ul>' if facts else "")), len(imgs)
+
+
+def split_section(path: str, f: h5py.File, split: str, n: int, out_dir: str) -> tuple[str, int, int]:
+    """The HTML of one split; returns (html, samples shown, files written)."""
+    ds = open_split(path, split)
+    g = f[split]
+    rows = file_rows(f, path, split)
+    rel = f"{ASSETS}/{_slug(split)}"
+    assets = os.path.join(out_dir, rel)
+    os.makedirs(assets, exist_ok=True)
+    names = ds.field_names
+    modality = {k: str(g[k].attrs.get("modality", "")) for k in names}
+    picked = spread(len(ds), n)
+    cards, table_rows, shown, files = [], [], {k: [] for k in names}, 0
+    waves = plots.Waveforms() if "audio" in modality.values() else None
+    for i in picked:
+        s = ds[i]
+        label = int(s["label"]) if "label" in s else None
+        label_name = (ds.class_names[label] if label is not None and 0 <= label < len(ds.class_names)
+                      else "(no label)" if label is not None else "")
+        src = s.get("source", "")
+        srcs = list(src) if isinstance(src, tuple) else [src] if src else []
+        cells = {k: describe_value(s[k], g[k]) for k in names}
+        parts = []
+        for k in names:
+            if modality[k] not in MEDIA:
+                continue
+            value = s[k].numpy()
+            shown[k].append(value)
+            prefix_rel = f"{rel}/{i:06d}-{_slug(k)}"
+            prefix = os.path.join(out_dir, prefix_rel)
+            if modality[k] == "image":
+                plots.thumbnail(prefix + ".png", value)
+                media, wrote = (f'<img class="thumb" src="{pg.url(prefix_rel + ".png")}" '
+                                f'alt="{pg.esc(k)} of sample {i}">'), 1
+            else:
+                media, wrote = _clip_html(prefix, prefix_rel, value, g[k], waves)
+            files += wrote
+            parts.append(f'<div class="what">{pg.esc(k)}: {_cell(cells[k])}</div>{media}')
+        if parts:
+            cards.append(f'<figure class="card" data-sample="{i}"><div><b>#{i}</b> {pg.esc(label_name)}</div>'
+                         f'{"".join(parts)}<figcaption class="src">{pg.esc(" | ".join(srcs))}</figcaption></figure>')
+        table_rows.append([str(i), str(int(rows[i])), pg.esc(label_name), "<br>".join(pg.esc(p) for p in srcs),
+                           *(_cell(cells[k]) for k in names)])
+    counts = class_counts(g, rows, ds.class_names)
+    charts, nchart = _charts(split, g, rows, ds, shown, counts, assets, rel)
+    head = (f'<h2 id="split-{pg.esc(_slug(split))}">{pg.esc(split)}</h2>'
+            f'<p class="meta">{len(ds)} samples'
+            + (f" ({len(f[split][fmt.TOMBSTONES])} rows removed by sync are not counted)"
+               if fmt.TOMBSTONES in g and len(g[fmt.TOMBSTONES]) else "")
+            + f"; {len(picked)} shown, spread evenly over the split.</p>")
+    wide = " audio" if "audio" in modality.values() else ""
+    grids = f'<h3>Samples</h3><div class="grid{wide}">{"".join(cards)}</div>' if cards else ""
+    fields_table = pg.table(["#", "file row", "label", "source", *names], table_rows, "samples",
+                            f'data-split="{pg.esc(split)}"')
+    return (head + charts + grids + "<h3>Samples shown: fields and metadata</h3>" + fields_table,
+            len(picked), files + nchart)
+
+
+# ------------------------------------------------------------------ the page
+
+
+def build_preview(path: str, out_dir: str, splits: list[str] | None = None, n: int = 48) -> PreviewSummary:
+    """Write ``out_dir/index.html`` and its files for the h5batch output ``path``.
+
+    Parameters
+    ----------
+    path : str
+        A complete h5batch output.
+    out_dir : str
+        Folder of the page (created; ``out_dir/preview-files`` is replaced).
+    splits : list of str, optional
+        Splits to show (default all, in file order). An unknown one raises :class:`SampleError`.
+    n : int
+        Samples shown per split, spread evenly over it.
+    """
+    t0 = time.perf_counter()
+    if int(n) < 1:
+        raise SampleError(f"--n must be at least 1, got {n}")
+    chosen = pick_splits(path, check_output(path), splits)
+    os.makedirs(out_dir, exist_ok=True)
+    _prepare(out_dir)
+    summary = PreviewSummary(os.path.join(out_dir, "index.html"))
+    sections = []
+    with h5py.File(path, "r") as f:
+        a = f.attrs
+        job = json.loads(a.get(fmt.ATTR_JOB, "{}"))
+        versions = json.loads(a.get(fmt.ATTR_VERSIONS, "{}"))
+        rejects, where = read_rejects(f, path)
+        for split in chosen:
+            body, shown, files = split_section(path, f, split, n, out_dir)
+            sections.append(body)
+            summary.shown[split] = shown
+            summary.files += files
+        nav = "".join(f'<a href="#split-{pg.esc(_slug(s))}">{pg.esc(s)}</a>' for s in chosen)
+        header = (f"<h1>{pg.esc(os.path.basename(path))}</h1><p class=\"meta\">job "
+                  f"<b>{pg.esc(job.get('name', '?'))}</b>, format v{int(a.get(fmt.ATTR_FORMAT, 0))}, "
+                  f"created {pg.esc(a.get(fmt.ATTR_CREATED, ''))}, {int(a.get(fmt.ATTR_INPUTS, 0))} inputs, "
+                  f"{len(rejects)} rejects · {pg.esc(os.path.abspath(path))}</p>"
+                  f'<nav>{nav}<a href="#rejects-h">rejects</a><a href="#job-h">job</a>'
+                  f'<a href="#versions-h">versions</a></nav>')
+    sections += ['<h2 id="rejects-h">Rejects</h2>' + pg.rejects_table(rejects, where),
+                 '<h2 id="job-h">Job</h2>' + pg.job_block(job),
+                 '<h2 id="versions-h">Versions</h2>' + pg.versions_table(versions)]
+    with open(summary.index, "w", encoding="utf-8") as fh:
+        fh.write(pg.page(f"h5batch preview: {os.path.basename(path)}", header, sections))
+    summary.seconds = time.perf_counter() - t0
+    return summary
