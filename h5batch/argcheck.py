@@ -18,3 +18,13 @@ def integer(name: str, value: Any, minimum: int = 0) -> int:
     if v < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {v}")
     return v
+
+
+def rank_of(rank: Any, world_size: Any) -> tuple[int, int]:
+    """``(rank, world_size)`` checked: ``world_size >= 1`` and ``0 <= rank < world_size``
+    (the distributed samplers' common arguments)."""
+    w = integer("world_size", world_size, 1)
+    r = integer("rank", rank, 0)
+    if r >= w:
+        raise ValueError(f"rank must be in [0, world_size={w}), got {r}")
+    return r, w

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from ..argcheck import integer
+from ..argcheck import integer, rank_of
 from .order import chunk_order, epoch_rng
 from .sampler import DEFAULT_WINDOW, chunk_groups
 from .state import EpochState
@@ -94,10 +94,7 @@ class BucketingBatchSampler(EpochState, Sampler[list[int]]):
         self.max_batch_size = None if max_batch_size is None else integer("max_batch_size", max_batch_size, 1)
         self.window = integer("window", window, 1)
         self.seed = integer("seed", seed, 0)
-        self.world_size = integer("world_size", world_size, 1)
-        self.rank = integer("rank", rank, 0)
-        if self.rank >= self.world_size:
-            raise ValueError(f"rank must be in [0, world_size={self.world_size}), got {self.rank}")
+        self.rank, self.world_size = rank_of(rank, world_size)
         self.drop_last = bool(drop_last)
         self.costs = self.cost(self.lengths)
         cuts = np.quantile(self.costs, np.linspace(0, 1, self.num_buckets + 1)[1:-1]) if self.n else []

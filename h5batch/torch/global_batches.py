@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from ..argcheck import integer
+from ..argcheck import integer, rank_of
 from .order import check_mixing, chunk_order, epoch_rng
 from .sampler import DEFAULT_WINDOW, chunk_groups
 from .state import EpochState
@@ -68,10 +68,7 @@ class GlobalBatchSampler(EpochState, Sampler[list[int]]):
                  drop_last: bool = False, split: str = "by_chunk", mixing: str = "stratified"):
         self.n, self.chunk_starts, self.chunk_size = chunk_groups(data, chunk_size)
         self.global_batch_size = integer("global_batch_size", global_batch_size, 1)
-        self.world_size = integer("world_size", world_size, 1)
-        self.rank = integer("rank", rank, 0)
-        if self.rank >= self.world_size:
-            raise ValueError(f"rank must be in [0, world_size={self.world_size}), got {self.rank}")
+        self.rank, self.world_size = rank_of(rank, world_size)
         if self.global_batch_size % self.world_size:
             raise ValueError(f"global_batch_size={self.global_batch_size} is not a multiple of "
                              f"world_size={self.world_size}")

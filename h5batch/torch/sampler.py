@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from ..argcheck import integer
+from ..argcheck import integer, rank_of
 from .order import check_mixing, chunk_order, epoch_rng
 from .state import EpochState
 
@@ -104,10 +104,7 @@ class ChunkShuffleSampler(EpochState, Sampler[int]):
         self.n, self.chunk_starts, self.chunk_size = chunk_groups(data, chunk_size)
         self.window = integer("window", window, 1)
         self.seed = integer("seed", seed, 0)
-        self.world_size = integer("world_size", world_size, 1)
-        self.rank = integer("rank", rank, 0)
-        if self.rank >= self.world_size:
-            raise ValueError(f"rank must be in [0, world_size={self.world_size}), got {self.rank}")
+        self.rank, self.world_size = rank_of(rank, world_size)
         self.drop_last = bool(drop_last)
         self.mixing = check_mixing(mixing)
         if self.drop_last:
