@@ -3,7 +3,8 @@
 :func:`decode_batch` turns a :class:`~h5batch.batches.BatchTask` into a
 :class:`~h5batch.batches.BatchResult`: files that fail become rejects, never exceptions; a
 file that hangs past ``policy.decode_timeout`` is abandoned with its thread; fixed-shape
-samples are decoded straight into shared memory. Nothing here touches HDF5.
+samples are decoded straight into shared memory, and so are the long recordings of a
+variable-length field (:class:`_StreamRows`). Nothing here touches HDF5.
 """
 
 from __future__ import annotations
@@ -25,12 +26,24 @@ from .. import faults
 from ..batches import BatchResult, BatchTask
 from ..codecs import CodecSpec, make_encoder, self_check
 from ..errors import DecodeError
-from ..fields import decode_field, decode_field_into, fixed_sample_shape, reads_files, value_array
+from ..fields import (
+    decode_field,
+    decode_field_into,
+    fixed_sample_shape,
+    kind_of,
+    reads_files,
+    value_array,
+)
 from ..fields.base import copy_into
+from ..fields.blocks import streams
 from ..manifest import Reject
 from ..transport.packing import Block, ChunkSet, Packed, pack
-from ..transport.segments import FREE, abandon_segment, hostname, take_segment
+from ..transport.segments import FREE, abandon_segment, grow_segment, hostname, take_segment
 from . import decoder_warnings
+
+# A batch with a file at least this big (on disk) decodes its streamable field straight
+# into shared memory (_StreamRows); smaller ones decode into arrays and are packed after.
+STREAM_FILE_BYTES = 8 << 20
 
 
 def choose_mode(transport: str, writer_host: str) -> str:
@@ -47,7 +60,7 @@ class _Watched:
     on with the next item in a fresh thread. The caller wakes only on completion or once
     per poll interval, so the watch costs nothing per item."""
 
-    def __init__(self, task: BatchTask, start: int, direct: _DirectRows | None = None):
+    def __init__(self, task: BatchTask, start: int, direct: _DirectRows | _StreamRows | None = None):
         self.task, self.direct = task, direct
         self.outcomes: dict[int, Any] = {}  # item index -> list of arrays, or the exception
         self.current: tuple[int, float] | None = None  # (item index, start time)
@@ -59,8 +72,11 @@ class _Watched:
         for i in range(start, len(self.task.items)):
             self.current = (i, time.monotonic())
             try:
-                rows = self.direct.rows(i) if self.direct is not None else None
-                out: Any = _decode_item(self.task, self.task.items[i], rows)
+                stream = self.direct if isinstance(self.direct, _StreamRows) else None
+                rows = self.direct.rows(i) if self.direct is not None and stream is None else None
+                out: Any = _decode_item(self.task, self.task.items[i], rows, stream)
+                if stream is not None:
+                    stream.commit(out)
             except (DecodeError, MemoryError) as e:
                 out = e
             except Exception as e:  # a decoder's bug: the item's reject, not a silent dead thread
@@ -72,10 +88,12 @@ class _Watched:
         self.done.set()
 
 
-def _decode_item(task: BatchTask, item: tuple, rows: list[np.ndarray] | None = None) -> list[np.ndarray]:
-    """The item's array per field; with ``rows``, decoded into those rows and returned.
-    A field of files decodes its next path, a field of annotation values its next value
-    (``item`` is ``(paths, label, values)``)."""
+def _decode_item(task: BatchTask, item: tuple, rows: list[np.ndarray] | None = None,
+                 stream: _StreamRows | None = None) -> list[np.ndarray]:
+    """The item's array per field; with ``rows``, decoded into those rows and returned;
+    with ``stream``, its field decoded into the stream's segment. A field of files
+    decodes its next path, a field of annotation values its next value (``item`` is
+    ``(paths, label, values)``)."""
     paths, values = item[0], item[2]
     out = []
     files, vals = iter(paths), iter(values)
@@ -94,7 +112,9 @@ def _decode_item(task: BatchTask, item: tuple, rows: list[np.ndarray] | None = N
         faults.before_decode(rel)
         try:
             with decoder_warnings.watch(rel):  # its warnings go to the log, not the console
-                if rows is None:
+                if stream is not None and k == stream.k:
+                    out.append(stream.decode(os.path.join(task.root, rel), fc))
+                elif rows is None:
                     out.append(decode_field(os.path.join(task.root, rel), fc))
                 else:
                     decode_field_into(os.path.join(task.root, rel), fc, rows[k])
@@ -132,7 +152,7 @@ class _DirectRows:
     def rows(self, i: int) -> list[np.ndarray]:
         return [v[i, ...] for v in self.views]  # a view even for a scalar field's row
 
-    def packed(self, kept: list[int]) -> Packed:
+    def packed(self, kept: list[int], arrays: dict[str, list[np.ndarray]]) -> Packed:
         m = len(kept)
         for v in self.views:
             for new, old in enumerate(kept):
@@ -141,6 +161,89 @@ class _DirectRows:
         blocks = tuple(Block(name, v.dtype.str, (v.shape[1:],) * m, off, m * v[0].nbytes)
                        for name, v, off in zip(self.names, self.views, self.offsets))
         return Packed(blocks, sum(b.nbytes for b in blocks), shm_name=self.seg.name, host=hostname())
+
+    def free(self) -> None:
+        self.seg.mark(FREE)
+
+    def abandon(self) -> None:
+        abandon_segment(self.seg)
+
+
+class _StreamRows:
+    """A batch whose long recordings decode straight into shared memory.
+
+    One streamable field (:func:`h5batch.fields.blocks.streams`: the first) is decoded
+    block by block into a segment that grows as it fills: each file's sample is
+    allocated at the end of the samples kept so far, so they lie back to back as
+    :class:`Block` wants them, and an item rejected later (another field failed)
+    is simply overwritten by the next. The other fields decode into arrays and are packed
+    after it. Reason: a 2-hour recording costs its size once, not once decoded and once
+    packed. Used only when a file of the batch is big (:data:`STREAM_FILE_BYTES`); a file
+    the decoder cannot stream (lossy formats) is copied in."""
+
+    def __init__(self, task: BatchTask, k: int):
+        self.task, self.k = task, k
+        self.name = task.fields[k][0]
+        self.seg = take_segment(task.run_id, 1 << 20)
+        self.pos = 0  # end of the samples kept
+        self.slot: np.ndarray | None = None  # the sample being decoded, at ``pos``
+
+    @classmethod
+    def maybe(cls, task: BatchTask, mode: str) -> _StreamRows | None:
+        if mode != "shm" or task.align or not task.items:
+            return None
+        files = [k for k, (_, fc) in enumerate(task.fields) if reads_files(fc)]
+        k = next((k for k in files if streams(task.fields[k][1])), None)
+        if k is None:
+            return None
+        j = files.index(k)
+        big = 0
+        for item in task.items:
+            try:
+                big = max(big, os.stat(os.path.join(task.root, item[0][j])).st_size)
+            except OSError:
+                continue  # the decode names what is wrong with it
+        return cls(task, k) if big >= STREAM_FILE_BYTES else None
+
+    def _alloc(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        self.seg = grow_segment(self.seg, self.pos + nbytes)
+        self.slot = self.seg.data[self.pos: self.pos + nbytes].view(dtype).reshape(shape)
+        return self.slot
+
+    def decode(self, path: str, fc: Any) -> np.ndarray:
+        """The file's sample, lying in the segment at the end of the kept ones."""
+        self.slot = None
+        a = kind_of(fc).decode_to(path, fc, self._alloc)
+        placed = self.slot is not None and a.size and a.ctypes.data == self.slot.ctypes.data
+        if not placed:
+            self._alloc(a.shape, a.dtype)[...] = a  # not streamed (or empty): copied in
+            a = self.slot
+        return a
+
+    def commit(self, out: list[np.ndarray]) -> None:
+        """The item decoded: keep its sample."""
+        self.pos += out[self.k].nbytes
+
+    def packed(self, kept: list[int], arrays: dict[str, list[np.ndarray]]) -> Packed:
+        blocks = []
+        end = self.pos
+        rest = {name: samples for name, samples in arrays.items() if name != self.name}
+        self.seg = grow_segment(self.seg, end + sum(a.nbytes for s in rest.values() for a in s))
+        flat = self.seg.data
+        for name, _ in self.task.fields:
+            samples = arrays[name]
+            dtype = samples[0].dtype.str if samples else "|u1"
+            if name == self.name:
+                blocks.append(Block(name, dtype, tuple(a.shape for a in samples), 0, self.pos))
+                continue
+            start = end
+            for a in samples:
+                flat[end: end + a.nbytes] = a.reshape(-1).view(np.uint8)
+                end += a.nbytes
+            blocks.append(Block(name, dtype, tuple(a.shape for a in samples), start, end - start))
+        self.seg.drop_pages(end)  # handed to the writer: its mapping is the one that counts
+        return Packed(tuple(blocks), end, shm_name=self.seg.name, host=hostname())
 
     def free(self) -> None:
         self.seg.mark(FREE)
@@ -165,14 +268,14 @@ def decode_batch(task: BatchTask) -> BatchResult:
     names = [n for n, _ in task.fields]
     outcomes: dict[int, Any] = {}
     mode = choose_mode(task.transport, task.writer_host)
-    direct = _DirectRows.maybe(task, mode)
+    direct = _DirectRows.maybe(task, mode) or _StreamRows.maybe(task, mode)
     try:
         with decoder_warnings.batch():
             stuck = _decode_all(task, direct, outcomes)
             warned = decoder_warnings.take(p for item in task.items for p in item[0])
         arrays, labels, sources, sums, rejects, kept = _collect(task, outcomes, names)
         if direct is not None and not stuck:
-            packed = direct.packed(kept)
+            packed = direct.packed(kept, arrays)
         else:
             chunks = _compress_chunks(task, arrays) if task.align else ()
             packed = pack(arrays, mode, task.run_id, chunks)
@@ -198,7 +301,7 @@ def decode_batch(task: BatchTask) -> BatchResult:
     )
 
 
-def _decode_all(task: BatchTask, direct: _DirectRows | None,
+def _decode_all(task: BatchTask, direct: _DirectRows | _StreamRows | None,
                 outcomes: dict[int, Any]) -> bool:
     """Decode every item into ``outcomes`` (its arrays, or the exception). Returns True
     when a decode hung past its budget: its thread may still write, so the results are
@@ -220,6 +323,12 @@ def _decode_all(task: BatchTask, direct: _DirectRows | None,
         outcomes[hung] = TimeoutError()
         stuck = True
         i = hung + 1
+        if isinstance(direct, _StreamRows):
+            # The hung thread may still write at the stream's end: the rest decodes into
+            # arrays, and the segment is abandoned below.
+            outcomes.update({k: [a.copy() for a in v] for k, v in outcomes.items() if isinstance(v, list)})
+            direct.abandon()
+            direct = None
     if stuck and direct is not None:
         for k, out in outcomes.items():
             if isinstance(out, list):

@@ -37,7 +37,9 @@ from typing import Any, Literal
 import numpy as np
 
 from ..errors import ConfigError, DecodeError
+from . import blocks
 from .base import FieldKind, copy_into, late
+from .blocks import to_int16 as _to_int16
 from .features import LogMel
 from .ffmpeg import EXTENSIONS as FFMPEG_EXTENSIONS
 from .ffmpeg import available as ffmpeg_available
@@ -235,20 +237,16 @@ def _check_wav_complete(path: str, frames: int, head: bytes = b"", size: int | N
                                 f"but the file holds {max(present, 0)} ({frames} whole frames)")
 
 
-def _to_int16(x: np.ndarray) -> np.ndarray:
-    """float32 in [-1, 1] -> int16 with rounding and clipping (as PCM writers do)."""
-    return np.clip(np.rint(x * 32768.0), -32768, 32767).astype(np.int16)
-
-
-def _read_with_soundfile(path: str, fc: AudioField, head: bytes, size: int) -> tuple[np.ndarray, int]:
-    """Any format libsndfile reads: ``((frames, channels) int16 or float32, sample rate)``."""
+def _open_soundfile(path: str, fc: AudioField, head: bytes, size: int):
+    """Any format libsndfile reads, opened and checked before reading: ``(SoundFile, the
+    dtype to read it as)``; the caller closes it."""
     import soundfile as sf
 
     try:
         f = sf.SoundFile(path)
     except Exception as e:  # libsndfile's message alone ("Malformed 'fmt ' chunk") is too vague
         raise DecodeError(path, _audio_open_reason(path, e)) from e
-    with f:
+    try:
         sr, frames, channels, container = f.samplerate, f.frames, f.channels, f.format
         _check_wav_complete(path, frames, head, size)
         cut = truncation(path, container)  # MP3 and Ogg: judged by their frames or pages
@@ -259,30 +257,39 @@ def _read_with_soundfile(path: str, fc: AudioField, head: bytes, size: int) -> t
         target_sr = fc.sample_rate or sr
         if sr != target_sr and not fc.resample:
             raise DecodeError(path, f"sample rate {sr} Hz, job expects {target_sr} Hz (set resample: true to convert)")
-        exact_int = fc.dtype == "int16" and sr == target_sr and (channels == 1 or fc.channels != "mono")
-        is_float_src = f.subtype in ("FLOAT", "DOUBLE")
-        try:
-            if exact_int and not is_float_src:
-                x = f.read(dtype="int16", always_2d=True)
-            else:
-                x = f.read(dtype="float32", always_2d=True)
-        except Exception as e:
-            raise DecodeError(path, f"truncated or corrupt audio data: {e}") from e
+    except BaseException:
+        f.close()
+        raise
+    exact_int = fc.dtype == "int16" and sr == target_sr and (channels == 1 or fc.channels != "mono")
+    is_float_src = f.subtype in ("FLOAT", "DOUBLE")
+    return f, "int16" if exact_int and not is_float_src else "float32"
+
+
+def _read_with_soundfile(path: str, f, dtype: str) -> tuple[np.ndarray, int]:
+    """All of an open, checked file: ``((frames, channels) int16 or float32, sample rate)``."""
+    frames, container = f.frames, f.format
+    try:
+        x = f.read(dtype=dtype, always_2d=True)
+    except Exception as e:
+        raise DecodeError(path, f"truncated or corrupt audio data: {e}") from e
     if x.shape[0] == 0:
         raise DecodeError(path, "audio has zero frames")
     if x.shape[0] < frames and container != "MP3":  # MP3: the count is an estimate (see above)
         raise DecodeError(path, f"truncated audio: header says {frames} frames, read {x.shape[0]}")
-    return x, sr
+    return x, f.samplerate
 
 
-def decode_audio(path: str, fc: AudioField, out: np.ndarray | None = None) -> np.ndarray:
+def decode_audio(path: str, fc: AudioField, out: np.ndarray | None = None,
+                 alloc: blocks.Alloc | None = None) -> np.ndarray:
     """Read one audio file and apply the field's preprocessing.
 
     Returns ``(frames,)`` or ``(frames, channels)`` of ``fc.dtype``. 16-bit PCM read as
     int16 without resampling or mixing is bit-exact with ``soundfile.read(path, dtype='int16')``.
     ``out`` (a fixed-length mono field's ``(length,)`` int16 row, e.g. in shared memory)
     lets a plain PCM16 file be read straight into place; the result is then ``out``.
-    Other files ignore it.
+    Other files ignore it. ``alloc`` (see :mod:`.blocks`): a file whose frame count is
+    exact is decoded block by block into ``alloc``'s array, and the result is (a view of)
+    it; a big file is decoded so without being asked, into a new array.
     """
     with open_checked(path) as fh:
         head, size = read_head(path, fh, 4096)
@@ -304,10 +311,17 @@ def decode_audio(path: str, fc: AudioField, out: np.ndarray | None = None) -> np
                 _readinto(path, fh, layout.data_offset, out[:n])
                 out[n:] = 0  # the field's rule: zero-pad the end
                 return out
+            if alloc is not None or blocks.worth(layout.frames, layout.channels, sr, fc):
+                return blocks.from_pcm16(path, fh, layout, fc, alloc or np.empty)
             # Without resampling, frames past the field's length are cropped anyway.
             x = _read_pcm16(path, fh, layout, fc.length if sr == target_sr else None)
         else:
-            x, sr = _read_with_soundfile(path, fc, head, size)
+            f, dtype = _open_soundfile(path, fc, head, size)
+            with f:
+                if f.format in blocks.EXACT_FORMATS and (
+                        alloc is not None or blocks.worth(f.frames, f.channels, f.samplerate, fc)):
+                    return blocks.from_soundfile(path, f, dtype, fc, alloc or np.empty)
+                x, sr = _read_with_soundfile(path, f, dtype)
             target_sr = fc.sample_rate or sr
     if x.dtype == np.float32 and not np.isfinite(x).all():
         raise DecodeError(path, "audio contains NaN or Inf samples")
@@ -354,6 +368,11 @@ class AudioKind(FieldKind):
 
     def decode(self, path: str, fc: AudioField) -> np.ndarray:
         return decode_audio(path, fc)
+
+    def decode_to(self, path: str, fc: AudioField, alloc: blocks.Alloc) -> np.ndarray:
+        """Decode into ``alloc``'s array where the format allows (:mod:`.blocks`); the
+        result is a new array otherwise (lossy formats: their frame count is an estimate)."""
+        return decode_audio(path, fc, alloc=alloc)
 
     def decode_into(self, path: str, fc: AudioField, out: np.ndarray) -> None:
         a = decode_audio(path, fc, out)  # a plain PCM16 file is read straight into ``out``

@@ -105,7 +105,13 @@ def pack(arrays: dict[str, list[np.ndarray]], mode: str, run_id: str,
     except BaseException:
         seg.mark(FREE)
         raise
+    seg.drop_pages(total)  # a big batch: the writer's mapping is the one that counts now
     return Packed(blocks, total, shm_name=seg.name, host=hostname(), chunks=chunks)
+
+
+def extent(packed: Packed) -> int:
+    """Bytes of the segment's data the blocks of ``packed`` reach (they need not be adjacent)."""
+    return max((b.offset + b.nbytes for b in packed.blocks), default=0)
 
 
 def to_shm(packed: Packed, run_id: str) -> Packed:
@@ -127,9 +133,10 @@ class Attached:
     def __init__(self, packed: Packed):
         self.packed = packed
         self.seg: Segment | None = None
+        self.extent = extent(packed)
         if packed.shm_name:
             self.seg = self._maps.get(packed.shm_name)
-            if self.seg is None:
+            if self.seg is None or self.seg.data.nbytes < self.extent:  # new, or grown since mapped
                 self.seg = self._maps[packed.shm_name] = Segment(packed.shm_name)
         self.flat = self.seg.data if self.seg else np.zeros(0, np.uint8)
 
@@ -152,6 +159,7 @@ class Attached:
         """Hand the segment back to its producer for the next batch."""
         if self.seg is not None:
             self.seg.mark(FREE)
+            self.seg.drop_pages(self.extent)  # a long recording's pages leave this RSS
         self.seg = None
         self.flat = np.zeros(0, np.uint8)
 

@@ -33,6 +33,9 @@ def hostname() -> str:
 
 HEADER = 64  # bytes before the data: byte 0 is the slot state (FREE / BUSY)
 FREE, BUSY = 0, 1
+# A process drops its mapping of a batch at least this big once it is handed on (a long
+# recording's batch would otherwise count once in the worker's RSS and once in the writer's).
+DROP_PAGES_BYTES = 64 << 20
 
 
 class Segment:
@@ -73,6 +76,20 @@ class Segment:
     def mark(self, state: int) -> None:
         self.flat[0] = state
 
+    def drop_pages(self, nbytes: int) -> None:
+        """Unmap this process's pages of the first ``nbytes`` of data once they are
+        handed on: the bytes stay in the segment (``MADV_DONTNEED`` on a shared mapping
+        only drops the page-table entries; the next access maps them again), but they no
+        longer count in this process's RSS. Only for at least :data:`DROP_PAGES_BYTES`:
+        a small batch keeps its pages mapped for the next one (no page faults)."""
+        if nbytes < DROP_PAGES_BYTES:
+            return
+        end = min(self.size, HEADER + nbytes)
+        try:
+            self.map.madvise(mmap.MADV_DONTNEED, 0, end - end % mmap.PAGESIZE)
+        except (AttributeError, OSError, ValueError):  # pragma: no cover - no madvise here
+            pass
+
     def unlink(self) -> None:
         try:
             os.unlink(os.path.join(SHM_DIR, self.name))
@@ -111,6 +128,21 @@ class _Pool:
         return seg
 
 
+    def grow(self, seg: Segment, nbytes: int) -> Segment:
+        """``seg`` (BUSY, being filled) with room for ``nbytes`` of data: the file is
+        extended and mapped again, in place of ``seg`` in the pool. Views of the old
+        mapping stay valid and show the same pages, so samples already written stay put."""
+        if seg.data.nbytes >= nbytes:
+            return seg
+        fd = os.open(os.path.join(SHM_DIR, seg.name), os.O_RDWR)
+        try:
+            os.ftruncate(fd, HEADER + max(nbytes, seg.data.nbytes + seg.data.nbytes // 2))
+        finally:
+            os.close(fd)
+        new = Segment(seg.name)
+        self.segments = [new if s is seg else s for s in self.segments]
+        return new
+
     def abandon(self, seg: Segment) -> None:
         """Never hand ``seg`` out again (a stuck decode thread may still write into it);
         the driver unlinks it with the rest of the run's segments."""
@@ -125,6 +157,11 @@ def take_segment(run_id: str, nbytes: int) -> Segment:
     """A free segment of this process with room for ``nbytes``, marked BUSY: the caller
     fills ``seg.data`` and hands it to the writer by name (or marks it FREE on failure)."""
     return _pool.take(run_id, nbytes)
+
+
+def grow_segment(seg: Segment, nbytes: int) -> Segment:
+    """A segment of this process, being filled, extended to hold ``nbytes`` (see :meth:`_Pool.grow`)."""
+    return _pool.grow(seg, nbytes)
 
 
 def abandon_segment(seg: Segment) -> None:
