@@ -125,6 +125,9 @@ class OutputConfig:
 
     path: str
     codec: CodecName = "auto"  # blosc2-lz4 where a trial shows it pays, else none (auto.py)
+    # What ``codec: auto`` weighs: read speed (compress only where decoding costs less than
+    # reading the bytes it saves) or size (compress wherever the trial shrinks >= 1.15x).
+    prefer: Literal["speed", "size"] = late("speed")
     level: int | None = None
     shuffle: bool = True
     chunk_bytes: int = 1 << 20

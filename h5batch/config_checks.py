@@ -68,6 +68,9 @@ def validate(job: JobConfig, check_paths: bool) -> None:
             codecs.get(by).parse_level(o.level)
         except ValueError as e:
             raise ConfigError(f, "output.level", str(e) + (f" (codec auto uses {by})" if by != o.codec else "")) from None
+    if o.prefer != "speed" and o.codec != codecs.AUTO:
+        raise ConfigError(f, "output.prefer", f"only codec 'auto' chooses by it; codec is {o.codec!r} "
+                                              f"(got prefer {o.prefer!r}: remove it or set codec auto)")
     if o.chunk_bytes < 4096:
         raise ConfigError(f, "output.chunk_bytes", f"must be at least 4096, got {o.chunk_bytes}")
     if not o.path.endswith((".h5", ".hdf5")):

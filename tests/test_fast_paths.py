@@ -65,7 +65,9 @@ def _convert(root, out, codec: str, **cluster):
         "name": "fast",
         "source": {"root": str(root), "layout": "paired_folders"},
         "fields": {"data": {**field, "folder": "data"}, "target": {**field, "folder": "label"}},
-        "output": {"path": str(out), "codec": codec, "chunk_bytes": 4 * 2 * LENGTH, "overwrite": True},
+        # prefer size: auto then compresses what shrinks (the silences) whatever its decode speed
+        "output": {"path": str(out), "codec": codec, "chunk_bytes": 4 * 2 * LENGTH, "overwrite": True,
+                   **({"prefer": "size"} if codec == "auto" else {})},
         "cluster": {"kind": "local", "workers": 2, "batch_size": 8, "dashboard": False, **cluster},
         "policy": {"max_reject_fraction": 0.5, "decode_timeout": 1.0},
     }, file="<test>")
@@ -192,7 +194,8 @@ def test_trial_gives_up_on_a_file_that_hangs(corpus, tmp_path, monkeypatch):
     field = {"type": "audio", "extensions": [".wav"], "sample_rate": SR, "length": LENGTH}
     job = job_from_dict({"name": "hang", "source": {"root": str(root), "layout": "paired_folders"},
                          "fields": {"data": {**field, "folder": "data"}, "target": {**field, "folder": "label"}},
-                         "output": {"path": str(tmp_path / "x.h5")}, "policy": {"decode_timeout": 1.0}},
+                         "output": {"path": str(tmp_path / "x.h5"), "prefer": "size"},
+                         "policy": {"decode_timeout": 1.0}},
                         file="<test>")
     m = discover(job)
     normal = resolve(job, m).codecs["data"].samples

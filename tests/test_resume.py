@@ -188,7 +188,7 @@ def test_resume_keeps_the_recorded_codecs_when_a_new_trial_disagrees(tmp_path):
             sf.write(root / "train" / folder / f"{i}.wav", x, 16000, subtype="PCM_16")
 
     def args(out: Path, *extra: str) -> list[str]:
-        return cmd(root, out, "--set", "policy.decode_timeout=1", *extra)
+        return cmd(root, out, "--set", "policy.decode_timeout=1", "--set", "output.prefer=size", *extra)
 
     ref = tmp_path / "ref.h5"
     res = run(args(ref))

@@ -3,20 +3,40 @@
 
 The trial decodes :data:`TRIAL_ITEMS` items spread evenly over the manifest (at most
 :data:`TRIAL_BYTES` per field) in the driver. Spread, not the first ones: a corpus sorted by
-speaker or class starts with one kind of file, whose ratio need not be the corpus'. Both choices depend only on those samples
-and on the manifest, never on the number of workers or on timing, so reruns, resumes and any
-cluster choose the same and produce the same file.
+speaker or class starts with one kind of file, whose ratio need not be the corpus'. The batch
+size and the compression ratio depend only on those samples and on the manifest, never on the
+number of workers or on timing. The codec of a field that shrinks enough also depends on two
+speeds measured on this machine (below): a rerun on a busy machine may choose otherwise when
+the two sides of the rule are close. A resumed run keeps the codecs of the run it resumes (the
+commit record), so one file never mixes codecs.
 
 Codec
 -----
 Decoded media compresses far less than people expect (the ratios per corpus are in
-``docs/benchmarks.md``, "Figures behind design choices").
-Compressing costs the writer (or the workers) CPU on every chunk and the reader a decode
-on every chunk it touches; a field that shrinks by a few percent gains nothing for it. So
-``auto`` keeps Blosc2-LZ4 for a field when it shrinks the trial at least :data:`MIN_RATIO`
-times; otherwise the field is stored uncompressed (chunks written straight from shared
-memory, read straight into the batch). Set ``output.codec`` to a codec name to force it
-(``gzip`` for tools without hdf5plugin).
+``docs/benchmarks.md``, "Figures behind design choices"), and the tool exists to make reads
+fast. A training loop reads the same file epoch after epoch, mostly from the page cache: reading
+an uncompressed chunk then costs a memory copy, while a compressed one costs a decode of every
+chunk it touches. So, per field, with ``r`` the trial's Blosc2-LZ4 ratio:
+
+* ``r`` under :data:`MIN_RATIO`: ``none`` (a few percent saved is not worth any CPU; no
+  timing is done);
+* ``output.prefer: speed`` (the default): Blosc2-LZ4 only when decoding it costs less than
+  the reading it saves, ``1 / decode_speed < (1 - 1/r) / copy_speed``, with both speeds
+  measured on the trial's own samples (:func:`trial_speeds`: the decompression call the
+  reader makes per chunk, on one core, and ``numpy.copyto``, best of :data:`TIMING_ROUNDS`
+  interleaved rounds so a busy machine slows both alike). In practice decoding is the slower
+  side by far for audio and photos (float32 clips: 1.5-1.8x smaller, ~2 GB/s to decode
+  against 5-20 GB/s to copy; even silence decodes slower than a copy), so they are stored
+  uncompressed and read ~3x faster (chunks mapped in place);
+* ``output.prefer: size``: Blosc2-LZ4 wherever ``r`` reaches :data:`MIN_RATIO` (the files
+  are smaller; choose it for a corpus larger than RAM or on slow network storage, where the
+  page cache is cold and reading does cost more than decoding).
+
+:meth:`CodecChoice.why` says which rule decided, with the figures the samples fix (the
+ratio, the break-even decode speed); it is stored as each dataset's ``codec_choice``
+attribute (``h5batch inspect`` prints it). The log line adds the measured speeds, which are
+not stored: they differ from run to run, and a rerun must write the same file. Set
+``output.codec`` to a codec name to force it (``gzip`` for tools without hdf5plugin).
 
 Batch size
 ----------
@@ -49,6 +69,9 @@ from ..manifest import Manifest
 from .decoder_warnings import silenced
 
 MIN_RATIO = 1.15  # keep compression when it saves at least ~13 % of the bytes
+TIMING_ROUNDS = 5  # interleaved rounds of decode and copy timing; the best of each is kept
+TIMING_BYTES = 1 << 20  # trial bytes timed per field: the same share of every trial sample
+TIMING_PIECE = 1 << 20  # bytes per compressed piece in the timing (the default chunk size)
 TRIAL_ITEMS = 32  # items decoded at most, spread over the manifest
 TRIAL_BYTES = 4 << 20  # decoded bytes per field at most
 TRIAL_WAVE = 4  # trial files decoded at once (at most the driver's cores)
@@ -65,18 +88,73 @@ class CodecChoice:
     codec: CodecSpec
     ratio: float | None = None  # trial compression ratio (auto only)
     samples: int = 0  # samples in the trial
+    decode_gbps: float | None = None  # AUTO_CODEC's decode speed per core on the trial, GB/s
+    copy_gbps: float | None = None  # memory copy speed on the trial, GB/s
+    prefer: str = "speed"
 
     def why(self) -> str:
-        """For ``auto``: why this codec (stored as the field's ``codec_choice`` attribute)."""
+        """For ``auto``: why this codec (stored as the field's ``codec_choice`` attribute).
+
+        Only figures that the trial's samples fix (the ratio, and the decode speed relative to
+        a memory copy at which compressing pays, ``1 / (1 - 1/ratio)``): the measured speeds
+        vary from run to run, and a rerun of a job must write the same file. They are in the
+        log (:meth:`describe`)."""
         if self.ratio is None:
             return ""
-        return (f"auto: {AUTO_CODEC} shrank {self.samples} trial samples spread over the corpus "
-                f"{self.ratio:.2f}x; threshold {MIN_RATIO:.2f}x")
+        shrank = f"{AUTO_CODEC} shrank {self.samples} trial samples spread over the corpus {self.ratio:.2f}x"
+        if (self.ratio < MIN_RATIO or self.prefer == "size" or self.decode_gbps is None
+                or self.copy_gbps is None):
+            # The ratio alone decided (the rule before output.prefer): the wording of those files.
+            return f"auto: {shrank}; threshold {MIN_RATIO:.2f}x"
+        pays = (f"it pays where decoding runs at least {break_even(self.ratio):.2f}x as fast as a memory copy, "
+                "page cache hot")
+        if self.codec.name == "none":
+            return (f"auto: none; {shrank}, but decoding it costs more than reading the bytes it saves "
+                    f"({pays}); output.prefer: size keeps it")
+        return f"auto: {self.codec.name}; {shrank}, and decoding it costs less than reading the bytes it saves ({pays})"
+
+    def measured(self) -> str:
+        """The speeds the decision used, for the log ("" when none were measured)."""
+        if self.ratio is None or self.decode_gbps is None or self.copy_gbps is None:
+            return ""
+        return (f"{AUTO_CODEC} decodes at {self.decode_gbps:.2f} GB/s per core "
+                f"({decode_cost(self.decode_gbps):.3g} s/GB) against a {read_saving(self.ratio, self.copy_gbps):.3g} "
+                f"s/GB saving in reading (memory copy {self.copy_gbps:.1f} GB/s)")
 
     def describe(self) -> str:
-        """One line for the run's log: ``field: codec (why)``."""
-        why = self.why()
+        """One line for the run's log: ``field: codec (why; measured)``."""
+        why = "; measured here: ".join(t for t in (self.why(), self.measured()) if t)
         return f"{self.field}: {self.codec.label()}" + (f" ({why})" if why else "")
+
+
+def break_even(ratio: float) -> float:
+    """How many times faster than a memory copy decoding must run for a codec that shrinks the
+    samples ``ratio`` times to pay: ``1 / (1 - 1/ratio)`` (infinite at 1x)."""
+    return math.inf if ratio <= 1.0 else 1.0 / (1.0 - 1.0 / ratio)
+
+
+def decode_cost(decode_gbps: float) -> float:
+    """Seconds per GB of samples spent decoding them."""
+    return 1.0 / max(decode_gbps, 1e-9)
+
+
+def read_saving(ratio: float, copy_gbps: float) -> float:
+    """Seconds per GB of samples that reading ``1/ratio`` of the bytes saves, when reading is a
+    memory copy (page cache hot)."""
+    return (1.0 - 1.0 / max(ratio, 1.0)) / max(copy_gbps, 1e-9)
+
+
+def choose(ratio: float, decode_gbps: float | None, copy_gbps: float | None, prefer: str) -> str:
+    """The codec ``auto`` stores a field with, from the trial's figures (the rule in the module
+    docstring): ``none`` or :data:`AUTO_CODEC`. Speeds of None (not measured) count as a
+    decode too slow to pay."""
+    if ratio < MIN_RATIO:
+        return "none"
+    if prefer == "size":
+        return AUTO_CODEC
+    if decode_gbps is None or copy_gbps is None:
+        return "none"
+    return AUTO_CODEC if decode_cost(decode_gbps) < read_saving(ratio, copy_gbps) else "none"
 
 
 @dataclass
@@ -167,6 +245,9 @@ class _TrialThreads:
                 pass
             finally:
                 ev.set()
+                # Drop the last job now: it holds its decoded array, which for a long
+                # recording is the size of the largest sample, for the rest of the run.
+                job = ev = None
 
 
 _THREADS = _TrialThreads()
@@ -196,21 +277,52 @@ class _Deadline:
         return [b[0] if b else None for b in boxes]
 
 
-def trial_ratio(arrays: list[np.ndarray], level: int | None, shuffle: bool) -> float:
-    """Blosc2-LZ4 compression ratio of ``arrays`` concatenated, in 1 MiB pieces."""
+def _lz4_chunks(flat: np.ndarray, level: int | None, shuffle: bool, piece: int) -> list[bytes]:
+    """``flat`` compressed as :data:`AUTO_CODEC`'s encoder compresses a chunk (Blosc2, LZ4,
+    byte shuffle for items wider than a byte, one thread), in pieces of ``piece`` bytes."""
     import blosc2
 
-    flat = np.concatenate([a.reshape(-1) for a in arrays])
     itemsize = flat.dtype.itemsize
     raw = flat.view(np.uint8)
     filt = blosc2.Filter.SHUFFLE if shuffle and itemsize > 1 else blosc2.Filter.NOFILTER
-    packed = 0
-    step = 1 << 20
-    for pos in range(0, raw.size, step):
-        piece = raw[pos: pos + step]
-        packed += len(blosc2.compress2(piece, typesize=itemsize, clevel=5 if level is None else level,
-                                       codec=blosc2.Codec.LZ4, filters=[filt], nthreads=1))
-    return raw.size / max(1, packed)
+    return [blosc2.compress2(raw[pos: pos + piece], typesize=itemsize, clevel=5 if level is None else level,
+                             codec=blosc2.Codec.LZ4, filters=[filt], nthreads=1)
+            for pos in range(0, raw.size, piece)]
+
+
+def trial_ratio(arrays: list[np.ndarray], level: int | None, shuffle: bool) -> float:
+    """Blosc2-LZ4 compression ratio of ``arrays`` concatenated, in 1 MiB pieces. A sample
+    counts with its first :data:`TRIAL_BYTES` at most: a long recording must not be copied
+    whole in the driver (memory is bounded by the largest sample, not a multiple of it)."""
+    flat = np.concatenate([a.reshape(-1)[: max(1, TRIAL_BYTES // a.itemsize)] for a in arrays])
+    return flat.nbytes / max(1, sum(len(c) for c in _lz4_chunks(flat, level, shuffle, 1 << 20)))
+
+
+def trial_speeds(arrays: list[np.ndarray], level: int | None, shuffle: bool) -> tuple[float, float]:
+    """``(decode GB/s, copy GB/s)`` on up to :data:`TIMING_BYTES` of ``arrays`` (the start of
+    each, concatenated: every sample has its share): Blosc2-LZ4 chunks of
+    :data:`TIMING_PIECE` bytes decompressed into a buffer on one thread (the call the reader
+    makes for each stored chunk, ``h5batch/codecs/_blosc2.py``), and ``numpy.copyto`` of the
+    same bytes; both timed in :data:`TIMING_ROUNDS` interleaved rounds, the best of each kept.
+    Blosc2's global settings are left alone."""
+    import blosc2
+
+    share = max(1, TIMING_BYTES // max(1, len(arrays)) // arrays[0].itemsize)
+    flat = np.ascontiguousarray(np.concatenate([a.reshape(-1)[:share] for a in arrays]))
+    out = np.empty_like(flat)
+    dst = out.view(np.uint8)
+    chunks = _lz4_chunks(flat, level, shuffle, TIMING_PIECE)
+    spans = [(pos, min(pos + TIMING_PIECE, dst.size)) for pos in range(0, dst.size, TIMING_PIECE)]
+    best_decode = best_copy = math.inf
+    for _ in range(TIMING_ROUNDS):
+        t0 = time.perf_counter()
+        for (a, b), chunk in zip(spans, chunks):
+            blosc2.decompress2(chunk, dst=dst[a:b], nthreads=1)
+        t1 = time.perf_counter()
+        np.copyto(out, flat)
+        t2 = time.perf_counter()
+        best_decode, best_copy = min(best_decode, t1 - t0), min(best_copy, t2 - t1)
+    return flat.nbytes / max(best_decode, 1e-9) / 1e9, flat.nbytes / max(best_copy, 1e-9) / 1e9
 
 
 @dataclass(frozen=True)
@@ -259,9 +371,10 @@ def resolve(job: JobConfig, manifest: Manifest) -> AutoSettings:
         for name in job.fields:
             arrays = trial.arrays.get(name) or []
             ratio = trial_ratio(arrays, o.level, o.shuffle) if arrays else 1.0
-            chosen = AUTO_CODEC if ratio >= MIN_RATIO else "none"
+            speeds = trial_speeds(arrays, o.level, o.shuffle) if ratio >= MIN_RATIO else (None, None)
+            chosen = choose(ratio, *speeds, o.prefer)
             codecs[name] = CodecChoice(name, CodecSpec(chosen, o.level if chosen != "none" else None, o.shuffle),
-                                       round(ratio, 3), len(arrays))
+                                       round(ratio, 3), len(arrays), *speeds, o.prefer)
 
     bs = job.cluster.batch_size
     if bs == "auto":

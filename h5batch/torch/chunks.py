@@ -5,7 +5,13 @@ h5py costs one HDF5 call per sample, and HDF5 decompresses a whole chunk for eve
 read that misses its cache. Here the unit of reading is the chunk: each touched chunk is
 fetched once with ``read_direct_chunk`` (one HDF5 call, no filter run under HDF5's global
 lock), decoded in Python by the library that made it (zlib, zstandard, blosc2), and kept in
-a small LRU of decoded chunks whose buffers are recycled, so memory stays flat.
+a small LRU of decoded chunks whose buffers are recycled, so memory stays flat. With the file
+mapped (``H5Dataset(mmap=True)``, the default), a compressed chunk is decoded straight from
+the mapping into its buffer: its file location is looked up once per chunk and process, so
+later epochs make no HDF5 call and no copy of the stored bytes (``read_direct_chunk`` copies
+them into a buffer first: float32 blosc2-lz4 chunks read that way decoded at ~0.7x the speed of
+``blosc2.decompress`` alone, from the mapping at ~0.8x; the rest is refaulting pages after each
+bulk release, which keeps resident memory flat).
 
 A dataset whose filter pipeline we cannot decode (lzf, szip, fletcher32, ...) or whose
 chunks do not hold whole rows is read through HDF5 instead, still one call per chunk. The
@@ -72,6 +78,9 @@ class ChunkStore:
         self.loads = 0  # blocks read from the file (for tests and tuning)
         unfiltered = self.decoder is not None and not self.decoder.filters
         self.mapping = mapping if unfiltered and chunks is not None else None
+        # Compressed chunks decoded from the mapping: (offset, size, filter mask) per chunk.
+        self.packed = mapping if self.decoder is not None and not unfiltered and chunks is not None else None
+        self.locations: dict[int, tuple[int, int, int] | None] = {}
         self.row_bytes = int(np.prod(self.row, dtype=np.int64)) * ds.dtype.itemsize
         self.offsets: dict[int, int] = {}  # file offset of each mapped block in the cache
         self.addresses: dict[int, int] = {}  # every block looked up: file offset, -1 = not plain
@@ -172,6 +181,10 @@ class ChunkStore:
             if len(raw) != buf.nbytes:
                 raise ValueError(f"stored chunk has {len(raw)} bytes, expected {buf.nbytes}")
             return f"mask{mask}-raw"
+        if self.packed is not None:
+            kind = self._load_packed(c, buf)
+            if kind is not None:
+                return kind
         if self.raw is None:
             # Stored chunks may be slightly larger than decoded ones (incompressible data).
             self.raw = np.empty(buf.nbytes + buf.nbytes // 16 + 4096, dtype=np.uint8)
@@ -180,6 +193,26 @@ class ChunkStore:
         except ValueError:  # reusable buffer too small for this chunk
             mask, raw = self.ds.id.read_direct_chunk(offset)
         return self.decoder.decode(raw, mask, buf)
+
+    def _load_packed(self, c: int, buf: np.ndarray) -> str | None:
+        """Decode compressed chunk ``c`` from the file mapping into ``buf`` (None: not written,
+        read it the other way). Pages read through the mapping count towards the next bulk
+        release (:meth:`_drop`), so resident memory stays bounded as for mapped blocks."""
+        if c not in self.locations:
+            info = self.ds.id.get_chunk_info_by_coord((c * self.k, *self.zeros))
+            written = info.byte_offset is not None and info.size > 0
+            self.locations[c] = (info.byte_offset, info.size, info.filter_mask) if written else None
+        loc = self.locations[c]
+        if loc is None:
+            return None
+        offset, size, mask = loc
+        with memoryview(self.packed)[offset: offset + size] as raw:  # no read, no copy
+            kind = self.decoder.decode(raw, mask, buf)
+        self.evicted += size
+        if self.evicted >= self.capacity * self.k * self.row_bytes and hasattr(self.packed, "madvise"):
+            self.packed.madvise(mmap.MADV_DONTNEED, 0, len(self.packed))
+            self.evicted = 0
+        return kind
 
     def _verify(self, c: int, buf: np.ndarray, kind: str) -> None:
         lo = c * self.k
@@ -197,6 +230,7 @@ class ChunkStore:
                       "HDF5's filter pipeline instead", RuntimeWarning, stacklevel=4)
         self.decoder = None
         self.raw = None
+        self.packed = None
 
 
 def gather_rows(store: ChunkStore, src: np.ndarray, dst_pos: np.ndarray, out: np.ndarray,
