@@ -198,6 +198,8 @@ def test_removed_only_sync_needs_no_workers(tmp_path):
     assert json.loads(res.stdout)["removed"] == 1
     assert "cluster:" not in res.stderr  # nothing to decode: no cluster started
     assert len(H5Dataset(str(out), "test")) == 23
+    res = run_h5batch("inspect", str(out))
+    assert "[test] 23 samples (+ 1 rows removed by sync" in res.stdout + res.stderr
     # Views and loaders skip the tombstoned row; the view's other rows stay where they were.
     dogs = H5Dataset(str(out), "test", view="dogs", with_source=True)
     assert len(dogs) == 11

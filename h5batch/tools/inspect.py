@@ -53,7 +53,10 @@ def describe(path: str) -> dict[str, Any]:
             if split not in f:
                 continue
             g = f[split]
-            info: dict[str, Any] = {"samples": int(g[fmt.SOURCE].shape[0]) if fmt.SOURCE in g else 0, "fields": {}}
+            rows = int(g[fmt.SOURCE].shape[0]) if fmt.SOURCE in g else 0
+            # Rows `h5batch sync` removed stay in the file; they are not samples any more.
+            dead = int(g[fmt.TOMBSTONES].shape[0]) if fmt.TOMBSTONES in g else 0
+            info: dict[str, Any] = {"samples": rows - dead, "tombstoned": dead, "fields": {}}
             for name in fields:
                 if name not in g:
                     continue
@@ -131,7 +134,9 @@ def render(d: dict[str, Any], max_rejects: int = 20) -> str:
         lines.append(f"classes ({len(d['class_names'])}): {', '.join(d['class_names'][:20])}"
                      + (" ..." if len(d["class_names"]) > 20 else ""))
     for split, info in d["splits"].items():
-        lines.append(f"[{split}] {info['samples']} samples")
+        dead = info.get("tombstoned", 0)
+        lines.append(f"[{split}] {info['samples']} samples"
+                     + (f" (+ {dead} rows removed by sync, still on disk until a fresh convert)" if dead else ""))
         for name, st in info["fields"].items():
             shape = (f"sample shape {tuple(st['sample_shape'])}" if st["kind"] == "fixed"
                      else f"variable shape {tuple(st['min_shape'] or ())}..{tuple(st['max_shape'] or ())}")
