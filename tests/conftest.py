@@ -35,9 +35,11 @@ def no_leaked_segments():
     leaked = {s for s in set(list_segments()) - before if not _owner_alive(s)}
     if PARALLEL:
         # Beside this test, another xdist worker may have just killed a run whose segments
-        # its rerun is about to remove: judge only this process's own runs here (the fault
-        # tests check their subprocesses' segments by pid themselves).
-        leaked = {s for s in leaked if owner_pid(s) == os.getpid()}
+        # its rerun is about to remove: judge only the runs of this process and of the
+        # processes it started (tests/support/run.py records their pids).
+        from tests.support.run import SPAWNED
+
+        leaked = {s for s in leaked if owner_pid(s) in SPAWNED | {os.getpid()}}
     assert not leaked, f"shared-memory segments leaked: {sorted(leaked)}"
 
 

@@ -12,9 +12,9 @@ import h5py
 import pytest
 
 from h5batch import generate
-from h5batch.transport.segments import stale_segments
 from tests.conftest import REPO
 from tests.support import run
+from tests.support.cluster_helpers import orphaned_segments
 from tests.support.h5compare import assert_same_h5
 
 JOB = REPO / "jobs" / "paired_audio.yaml"
@@ -57,7 +57,7 @@ def test_killed_worker_batch_is_retried_and_output_is_complete(corpus, reference
     assert res.returncode == 0, res.stderr
     assert marker.exists(), "the fault did not fire: no worker was killed"
     assert_same_h5(reference, out)  # every sample exactly once, same order, same bytes
-    assert not stale_segments()
+    assert not orphaned_segments()
 
 
 def test_file_that_crashes_its_worker_is_isolated_and_rejected(corpus, reference, tmp_path):
@@ -71,7 +71,7 @@ def test_file_that_crashes_its_worker_is_isolated_and_rejected(corpus, reference
     # data/5.wav crashes; its paired label/5.wav goes with it, in both splits
     assert sorted(r["path"] for r in rej) == ["test/data/5.wav", "test/label/5.wav", "train/data/5.wav", "train/label/5.wav"]
     assert all(r["stage"] == "worker" and "worker failed while decoding" in r["reason"] for r in rej)
-    assert not stale_segments()
+    assert not orphaned_segments()
 
 
 def test_hanging_decode_is_bounded_by_timeout(corpus, reference, tmp_path):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -249,11 +250,15 @@ def listening_addresses(pids: set[int]) -> list[tuple[int, str, int]]:
 
 
 def orphaned_segments() -> set[str]:
-    """h5batch segments whose run's driver process is gone: leaks. (Segments of drivers
-    still running -- another test session on this machine -- are not.)"""
-    from h5batch.transport.segments import stale_segments
+    """h5batch segments whose run's driver, started by this test process (or this process
+    itself), is gone: leaks. Segments of drivers still running, and of runs another test
+    process started (an xdist worker killing runs on purpose), are not ours."""
+    from h5batch.transport.segments import owner_pid, stale_segments
 
-    return set(stale_segments())
+    from .run import SPAWNED
+
+    mine = SPAWNED | {os.getpid()}
+    return {s for s in stale_segments() if owner_pid(s) in mine}
 
 
 # ---------------------------------------------------------------------------

@@ -60,14 +60,28 @@ def _env(env: Mapping[str, str] | None, env_extra: Mapping[str, str] | None) -> 
     return out
 
 
+#: Pids of every process this test process started through this module: the drivers whose
+#: shared-memory segments are this session's to answer for (tests run side by side on xdist
+#: workers, and another worker's killed runs leave segments of their own until their rerun).
+SPAWNED: set[int] = set()
+
+
 def run(cmd: list[str], env_extra: Mapping[str, str] | None = None, *, env: Mapping[str, str] | None = None,
         cwd: str | Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run ``cmd`` to the end; the completed process with its text output.
 
     ``env`` is the whole environment (default :func:`clean_env`), ``env_extra`` variables
     set on top of it (``H5BATCH_FAULTS``, ...)."""
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(env, env_extra),
-                          cwd=cwd)
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=_env(env, env_extra), cwd=cwd) as proc:
+        SPAWNED.add(proc.pid)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def run_h5batch(*args: str, env: Mapping[str, str] | None = None, env_extra: Mapping[str, str] | None = None,
@@ -81,8 +95,10 @@ def start(cmd: list[str], env_extra: Mapping[str, str] | None = None, *, env: Ma
     """Start ``cmd`` with its stdout and stderr piped (text). ``new_session`` puts it in a
     process group of its own, so a test can signal the driver and every process it started
     at once, as a terminal does."""
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=_env(env, env_extra), cwd=cwd, start_new_session=new_session)
+    SPAWNED.add(proc.pid)
+    return proc
 
 
 def convert(job: str | Path, *extra: str, env: Mapping[str, str] | None = None,
