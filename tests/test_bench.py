@@ -14,7 +14,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from h5batch import commands
-from h5batch.bench import baselines, corpus, measure, peers, report
+from h5batch.bench import baselines, corpus, measure, peers, report, strict
+from h5batch.bench.records import STRICT_STORAGES
 from h5batch.bench.suite import Bench, quick_config
 from h5batch.cli import build_parser
 
@@ -91,6 +92,42 @@ def test_raw_and_memmap_datasets_match(pairs, tmp_path):
     got = next(iter(DataLoader(typical, batch_size=16, num_workers=1)))
     for name in ("data", "target"):
         assert torch.equal(got[name], mm.__getitems__(range(16))[name])
+
+
+def test_strict_memmap_is_one_sorted_float32_gather(pairs, tmp_path):
+    """The strict limit: float32 x / 32768 of the same samples, rows in ascending index order,
+    as plain (not shared) tensors; through a 2-worker DataLoader torch copies them over."""
+    c, m, ref = pairs
+    ds = strict.StrictMemmapDataset(strict.write_float_memmaps(ref, str(tmp_path / "strict")))
+    got = ds.__getitems__([9, 2, 5])
+    for name in ("data", "target"):
+        assert got[name].dtype == torch.float32 and not got[name].is_shared()
+        np.testing.assert_array_equal(got[name].numpy(), ref[name][[2, 5, 9]].astype(np.float32) / 32768)
+    loader = DataLoader(ds, batch_size=8, shuffle=True, num_workers=2, collate_fn=baselines.passthrough)
+    assert measure.drain(loader) == 16
+    with pytest.raises(ValueError, match="float32"):
+        strict.write_float_memmaps({"x": np.zeros((2, 3), np.float32)}, str(tmp_path / "bad"))
+
+
+def test_strict_targets_ask_07x_in_process_and_15x_with_workers():
+    res = _fake_results(h5_read=1000.0, naive_read=50.0)
+    res["config"]["workers"] = [0, 2]
+    for nw, limit, h in ((0, 2000.0, 1500.0), (2, 1000.0, 1400.0)):
+        res["records"].append({"phase": "read", "corpus": "c", "method": "memmap-strict", "codec": "",
+                               "variant": "random", "workers": nw, "runs": [{}], "rate": {"median": limit}})
+        res["records"] += [{"phase": "read", "corpus": "c", "method": "h5batch", "codec": "auto",
+                            "variant": f"ds.loader {d} {'fixed' if f else 'variable'}", "workers": nw,
+                            "runs": [{}], "rate": {"median": h}} for d, f in STRICT_STORAGES]
+    t = {x["target"]: x for x in report.targets(res)}
+    a = t["read float32 variable >= 0.7x strict memmap (num_workers=0)"]
+    assert a["met"] is True and a["value"] == pytest.approx(0.75)
+    b = t["read int16 fixed >= 1.5x strict memmap (num_workers=2)"]
+    assert b["met"] is False and b["value"] == pytest.approx(1.4)
+    # a run from before issue 19 (its memmap row was called "memmap") still renders
+    res["records"].append({"phase": "read", "corpus": "c", "method": "memmap", "codec": "", "variant": "random",
+                           "workers": 0, "runs": [{}], "rate": {"median": 1250.0}})
+    assert t and {x["target"]: x for x in report.targets(res)}[
+        "read >= 0.5x memmap int16 row-wise (num_workers=0)"]["value"] == pytest.approx(0.8)
 
 
 def test_float_collate_pads_variable_lengths():
@@ -271,8 +308,14 @@ def test_mini_bench_run_writes_json_markdown_png(tmp_path):
               f"convert/{main}/h5batch-cold/auto/x2",
               f"read/{main}/h5batch/auto/chunk-shuffle/w0", f"read/{main}/h5batch/auto/random/w0",
               f"read/{main}/naive/gzip/random/w0", f"read/{main}/raw-files/random/w0",
-              f"read/{main}/memmap/random/w0"):
+              f"read/{main}/memmap-int16-rowwise/random/w0", f"read/{main}/memmap-strict/random/w0",
+              *(f"read/{main}/h5batch/auto/ds.loader {d} {'fixed' if f else 'variable'}/w0"
+                for d, f in STRICT_STORAGES)):
         assert k in keys, k
+    # the four storages of the strict limit read back equal to its float32 memmap
+    assert sum("strict limit's float32 memmap" in c["check"] for c in data["checks"]) >= 4
+    strict = [t for t in data["targets"] if "strict memmap" in t["target"]]
+    assert [t["threshold"] for t in strict] == [0.7] * 4 and all(t["value"] for t in strict)
     for r in data["records"]:
         assert r["runs"] and r["rate"]["median"] > 0 and r["peak_rss"]["median"] > 0, r["key"]
         if r["phase"] == "read":

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from . import baselines, corpus, peers
+from . import baselines, corpus, peers, strict
 from .records import close_loader
 
 
@@ -45,6 +45,7 @@ class CheckPhase:
             train = train_count(spec["manifest"])
             spec["memmap"] = baselines.write_memmaps({k: v[:train] for k, v in ref.items()},
                                                      self.folder("memmap", cp.name))
+            strict.prepare(self, spec, ref, train)
         names = list(cp.fields)
         n = len(spec["manifest"].items)
         for rec in list(self.records.values()):

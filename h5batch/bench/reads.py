@@ -9,9 +9,10 @@ from collections.abc import Callable
 from typing import Any
 
 from . import baselines, corpus, peers
+from . import strict as strict_limit
 from .checks import train_count
 from .measure import PeakRss, Sample, drain
-from .records import DEFAULT_CODEC, LOADER, PLAIN, Record, close_loader
+from .records import DEFAULT_CODEC, LOADER, MEMMAP_ROWWISE, PLAIN, Record, close_loader
 from .report import STRICT_LITDATA, STRICT_RAW
 
 
@@ -79,9 +80,10 @@ class ReadPhase:
             else:
                 plan.append((self.record("read", cp.name, "raw-files", "", "random", nw), strict))
             if "memmap" in spec:
-                plan.append((self.record("read", cp.name, "memmap", "", "random", nw),
+                plan.append((self.record("read", cp.name, MEMMAP_ROWWISE, "", "random", nw),
                              lambda nw=nw: dl(baselines.MemmapDataset(spec["memmap"]), nw, shuffle=True,
                                               collate_fn=baselines.passthrough)))
+            plan += strict_limit.read_plan(self, spec, nw, dl)  # the strict limit and h5batch beside it
             for prec in list(self.records.values()):
                 if prec.phase != "convert" or prec.corpus != cp.name or not prec.info.get("verify", {}).get("ok"):
                     continue

@@ -14,6 +14,18 @@ DEFAULT_CODEC = "auto"  # the job default (h5batch/conversion/auto.py)
 #: collate (the plain path most scripts write), and ``ds.loader(...)`` (the one-call fast path)
 PLAIN = "plain-dataloader"
 LOADER = "ds.loader"
+#: the strict read limit (bench/strict.py): ``torch.from_numpy(mm[np.sort(idx)])`` of a float32
+#: memmap per batch; and the memmap baseline built like the reader (int16 converted row by row
+#: on h5batch's threads into recycled shared memory), called ``memmap`` before issue 19
+MEMMAP_STRICT = "memmap-strict"
+MEMMAP_ROWWISE = "memmap-int16-rowwise"
+#: (stored dtype, fixed shape) of the storages judged against the strict limit
+STRICT_STORAGES = (("int16", True), ("float32", True), ("int16", False), ("float32", False))
+
+
+def strict_variant(dtype: str, fixed: bool) -> str:
+    """The read variant of h5batch on one strict-limit storage: ``ds.loader float32 variable``."""
+    return f"{LOADER} {dtype} {'fixed' if fixed else 'variable'}"
 
 
 def close_loader(loader: Any) -> None:
@@ -33,7 +45,7 @@ class Record:
 
     phase: str  # convert | read
     corpus: str
-    method: str  # h5batch, h5batch-cold, floor, naive, webdataset-1p, ..., raw, memmap
+    method: str  # h5batch, h5batch-cold, floor, naive, webdataset-1p, ..., raw, memmap-*
     codec: str = ""
     variant: str = ""  # sampler for reads, scale for conversions
     workers: int | None = None  # DataLoader num_workers (reads)

@@ -11,7 +11,14 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from .records import DEFAULT_CODEC, PLAIN
+from .records import (
+    DEFAULT_CODEC,
+    MEMMAP_ROWWISE,
+    MEMMAP_STRICT,
+    PLAIN,
+    STRICT_STORAGES,
+    strict_variant,
+)
 
 MB = 1e6
 #: Baselines read again with h5batch's decoder and batch assembly (``FloatCollate``: recycled
@@ -30,6 +37,8 @@ def _find(results: dict[str, Any], **want: Any) -> dict[str, Any] | None:
     for r in results["records"]:
         if all(r.get(k) == v for k, v in want.items()):
             return r
+    if want.get("method") == MEMMAP_ROWWISE:  # its name in runs before issue 19
+        return _find(results, **{**want, "method": "memmap"})
     return None
 
 
@@ -91,7 +100,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         h = _find(results, phase="read", corpus=c, method="h5batch", codec=DEFAULT_CODEC,
                   variant="chunk-shuffle", workers=nw)
         for base, method, thr in (("naive HDF5", "naive", 10.0), ("raw files", "raw-files", 2.0),
-                                  ("memmap", "memmap", 0.5)):
+                                  ("memmap int16 row-wise", MEMMAP_ROWWISE, 0.5)):
             b = _find(results, phase="read", corpus=c, method=method, workers=nw)
             out.append(judged(f"read >= {thr:g}x {base} (num_workers={nw})", h, b, thr))
             if method == "raw-files":  # the plain path (DataLoader(ds, shuffle=True)) too
@@ -119,6 +128,26 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                         best = r
             label = f" ({best['method']} {best['variant']})" if best else ""
             out.append(judged(f"read >= 1.5x best peer (num_workers={nw})", h, best, 1.5, label))
+    out += strict_targets(results, judged)
+    return out
+
+
+def strict_targets(results: dict[str, Any], judged: Any) -> list[dict[str, Any]]:
+    """h5batch's ``ds.loader`` (default codec) on each storage of ``bench/strict.py`` against
+    the strict limit: >= 0.7x in process, >= 1.5x with workers (where the limit pays torch's
+    copy into shared memory)."""
+    c = results["main_corpus"]
+    out: list[dict[str, Any]] = []
+    for nw in results["config"]["workers"]:
+        limit = _find(results, phase="read", corpus=c, method=MEMMAP_STRICT, workers=nw)
+        if limit is None:
+            continue
+        thr = 0.7 if nw == 0 else 1.5
+        for dtype, fixed in STRICT_STORAGES:
+            h = _find(results, phase="read", corpus=c, method="h5batch", codec=DEFAULT_CODEC,
+                      variant=strict_variant(dtype, fixed), workers=nw)
+            what = f"{dtype} {'fixed' if fixed else 'variable'}"
+            out.append(judged(f"read {what} >= {thr:g}x strict memmap (num_workers={nw})", h, limit, thr))
     return out
 
 
@@ -134,7 +163,7 @@ def layout_only(results: dict[str, Any]) -> list[dict[str, Any]]:
     for nw in results["config"]["workers"]:
         h = _rate(_find(results, phase="read", corpus=c, method="h5batch", codec=DEFAULT_CODEC,
                         variant="chunk-shuffle", workers=nw))
-        mm = _rate(_find(results, phase="read", corpus=c, method="memmap", workers=nw))
+        mm = _rate(_find(results, phase="read", corpus=c, method=MEMMAP_ROWWISE, workers=nw))
         for label, method in (("raw files", STRICT_RAW), ("LitData batch_decode=0", STRICT_LITDATA)):
             b = _rate(_find(results, phase="read", corpus=c, method=method, workers=nw))
             if b is None:
@@ -216,22 +245,24 @@ def read_table(results: dict[str, Any], corpus: str) -> list[str]:
     recs = _records(results, "read", corpus)
     if not recs:
         return []
-    rows = ["| layout | codec | order | workers | samples/s | spread | MB/s | x naive | x raw files | x memmap "
-            "| peak RSS MB (added) |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| layout | codec | order | workers | samples/s | spread | MB/s | x naive | x raw files | x memmap row-wise "
+            "| x strict memmap | peak RSS MB (added) |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in sorted(recs, key=lambda r: (r["workers"], _order(r["method"]), r["codec"], r["variant"])):
         nw = r["workers"]
         rate = _rate(r)
         base = {m: _rate(_find(results, phase="read", corpus=corpus, method=m, workers=nw))
-                for m in ("naive", "raw-files", "memmap")}
+                for m in ("naive", "raw-files", MEMMAP_ROWWISE, MEMMAP_STRICT)}
         rows.append(f"| {r['method']} | {r['codec'] or '—'} | {r['variant']} | {nw} | {_fmt(rate)} | {_spread(r)} "
                     f"| {_fmt(r['mb_per_s']['median'])} | {_x(_ratio(rate, base['naive']))} "
-                    f"| {_x(_ratio(rate, base['raw-files']))} | {_x(_ratio(rate, base['memmap']))} "
+                    f"| {_x(_ratio(rate, base['raw-files']))} | {_x(_ratio(rate, base[MEMMAP_ROWWISE]))} "
+                    f"| {_x(_ratio(rate, base[MEMMAP_STRICT]))} "
                     f"| {r['peak_rss']['median'] / MB:,.0f} ({r['rss_added']['median'] / MB:+,.0f}) |")
     return rows
 
 
 def _order(method: str) -> int:
-    order = ["h5batch", "naive", "raw-files", STRICT_RAW, "memmap", "webdataset", "litdata", STRICT_LITDATA]
+    order = ["h5batch", "naive", "raw-files", STRICT_RAW, MEMMAP_ROWWISE, "memmap", MEMMAP_STRICT, "webdataset",
+             "litdata", STRICT_LITDATA]
     return order.index(method) if method in order else len(order)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import io
+import json
 import logging
 import os
 import platform
@@ -34,7 +35,7 @@ from ..codecs import choices
 from ..conversion.options import ConvertOptions
 from ..conversion.pipeline import convert
 from ..conversion.plan import make_tasks
-from . import baselines, corpus, peers, sampling
+from . import baselines, corpus, peers, sampling, strict
 from .checks import CheckPhase
 from .decode_only import decode_only
 from .measure import timed
@@ -92,7 +93,9 @@ def _field_codecs(path: str) -> dict[str, str]:
     import h5py
 
     with h5py.File(path, "r") as f:
-        split = next((k for k in f if isinstance(f[k], h5py.Group) and k != "rejects"), None)
+        # The file's first split (not the first group: rejects, inventory, ... sort before it).
+        splits = [k for k in json.loads(f.attrs.get("splits", "[]")) if k in f]
+        split = splits[0] if splits else None
         if split is None:
             return {}
         return {name: str(node.attrs.get("codec", "")) for name, node in f[split].items() if "codec" in node.attrs}
@@ -170,6 +173,7 @@ class Bench(CheckPhase, ReadPhase):
         try:
             for spec in jobs:
                 self._convert_phase(spec, peer_ok if spec["peers"] else {})
+            strict.convert_storages(self, jobs[0])  # the strict limit's storages, untimed
         finally:
             self._stop_cluster()
         for spec in jobs:

@@ -284,6 +284,44 @@ def _strictly_consecutive(r: np.ndarray, d: np.ndarray) -> bool:
     return len(r) < 3 or (bool(np.all(np.diff(r) == 1)) and bool(np.all(np.diff(d) == 1)))
 
 
+def gather_padded(store: ChunkStore | None, lo: np.ndarray, hi: np.ndarray, order: np.ndarray,
+                  out: np.ndarray, copy: Copy | None = None) -> None:
+    """``out[j] = copy(values[lo[j]:hi[j]])`` zero-padded, for the samples ``j`` of a 1-D
+    variable field, visited in ``order`` (ascending ``lo``: file order).
+
+    Like :func:`gather_rows`: the copies convert as they go (one pass per sample instead of
+    a cast and a scaling pass over the whole batch) and run together on :func:`copy_all`'s
+    threads, flushed before a block fetch could recycle the cache buffer of a block still
+    waiting to be copied. ``store`` may be None when every sample is empty.
+    """
+    copy = copy or np.copyto
+    tasks: list[tuple[np.ndarray, np.ndarray]] = []
+    pending, last = 0, -1  # cache buffers (not mapped views) that tasks still read
+    width = out.shape[1]
+    for j in order.tolist():
+        a, b = int(lo[j]), int(hi[j])
+        if b - a < width:
+            out[j, b - a:] = 0
+        if b <= a:
+            continue
+        dst = out[j]
+        k = store.k
+        p = 0
+        for c in range(a // k, (b - 1) // k + 1):
+            if c != last and pending and pending >= store.capacity - 1:
+                copy_all(tasks, copy)
+                tasks, pending = [], 0
+            block = store.get(c)
+            if c != last:
+                pending += bool(block.flags.writeable)
+                last = c
+            s0 = max(a, c * k)
+            s1 = min(b, (c + 1) * k)
+            tasks.append((dst[p: p + s1 - s0], block[s0 - c * k: s1 - c * k]))
+            p += s1 - s0
+    copy_all(tasks, copy)
+
+
 def gather_span(store: ChunkStore, a: int, b: int, out: np.ndarray) -> None:
     """``out[:b-a] = values[a:b]`` of a 1-D dataset, block by block."""
     k = store.k

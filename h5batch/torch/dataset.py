@@ -26,7 +26,7 @@ from .. import format as fmt
 from ..tools.index import check_complete, live_rows, offsets_key, open_file, read_index, shapes_key
 from ..tools.views import read_view
 from .batch import Batch, Ragged, divide_in_place, empty_columns, float_copy
-from .chunks import ChunkStore, gather_rows, gather_span
+from .chunks import ChunkStore, gather_padded, gather_rows, gather_span
 from .encoded import decode_columns, encoded_fields
 from .fieldinfo import FieldInfo, field_info
 from .recycle import shared_pool
@@ -422,16 +422,13 @@ class H5Dataset(Dataset):
         view = out.numpy()
         stored_view = _stored_axes(view, perm)  # (B, *stored axes)
         store = self._store(fi) if len(idx) and int((hi - lo).sum()) else None
-        if fi.ndim != 1:
-            view.fill(0)
-        # Samples in file order, each straight into its padded row (the cast happens there).
+        if fi.ndim == 1:  # each sample converted straight into its padded row
+            gather_padded(store, lo, hi, order, view, float_copy(fi.dtype, how) if how else None)
+            return Ragged(out, shapes[:, perm])
+        view.fill(0)
         for j in order.tolist():
             a, e = int(lo[j]), int(hi[j])
-            if fi.ndim == 1:
-                if e > a:
-                    gather_span(store, a, e, view[j, : e - a])
-                view[j, e - a:] = 0
-            elif e > a:
+            if e > a:
                 tmp = np.empty(e - a, dtype=fi.dtype)
                 gather_span(store, a, e, tmp)
                 stored_view[(j, *(slice(0, int(n)) for n in shapes[j]))] = tmp.reshape(shapes[j])
