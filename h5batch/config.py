@@ -139,9 +139,11 @@ class OutputConfig:
 class ClusterConfig:
     """Where decoding runs. ``kind: local`` starts a LocalCluster on 127.0.0.1;
     ``address`` / ``scheduler_file`` join an existing Dask scheduler; slurm/pbs/sge/lsf
-    start workers through dask-jobqueue."""
+    start workers through dask-jobqueue; ``inprocess`` decodes on a thread of the driver
+    (no Dask, no crash isolation); ``auto`` picks ``inprocess`` or ``local`` from the
+    estimated work (:mod:`h5batch.conversion.inprocess`)."""
 
-    kind: Literal["local", "address", "scheduler_file", "slurm", "pbs", "sge", "lsf"] = "local"
+    kind: Literal["local", "auto", "inprocess", "address", "scheduler_file", "slurm", "pbs", "sge", "lsf"] = "local"
     workers: int | None = None
     address: str | None = None
     scheduler_file: str | None = None

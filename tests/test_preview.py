@@ -101,7 +101,7 @@ def outputs(tmp_path_factory) -> dict[str, Path]:
     out = {}
     for name, make in (("audio", _audio_job), ("image", _image_job)):
         spec = make(d / name)
-        spec.update(output={"path": str(d / f"{name}.h5"), "chunk_bytes": 4096}, cluster={"kind": "local", "workers": 1},
+        spec.update(output={"path": str(d / f"{name}.h5"), "chunk_bytes": 4096}, cluster={"kind": "inprocess"},
                     policy={"max_reject_fraction": 0.5})
         convert(job_from_dict(spec, f"{name}.yaml"), ConvertOptions(progress=False))
         out[name] = d / f"{name}.h5"

@@ -15,6 +15,7 @@ import os
 import queue
 import threading
 import time
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,7 @@ from ..writer.messages import (
     WriterDied,
 )
 from ..writer.process import WriterHandle
+from . import inprocess
 from .cluster import connect
 from .decoder_warnings import WarningLog
 from .options import ConvertOptions, ConvertSummary
@@ -91,7 +93,12 @@ class Driver:
 
     def __init__(self, job: JobConfig, opts: ConvertOptions, plan: Plan, writer: WriterHandle, run_id: str,
                  say):
-        self.job, self.opts, self.plan, self.writer, self.run_id, self.say = job, opts, plan, writer, run_id, say
+        self.opts, self.plan, self.writer, self.run_id, self.say = opts, plan, writer, run_id, say
+        # cluster.kind auto: in-process for a small fresh job, a LocalCluster otherwise.
+        m = plan.tasks.manifest
+        self.choice = inprocess.choose_kind(job, m, len(m.items) - plan.tasks.first_item(plan.start),
+                                            resuming=plan.start > 0 or plan.spec.resume is not None)
+        self.job = job = inprocess.resolved(job, self.choice.kind)
         self.events: queue.Queue = queue.Queue()
         self.slots: dict[int, _Slot] = {}
         self.futures: dict[Any, tuple[int, int]] = {}  # future -> (batch index, part position)
@@ -111,25 +118,26 @@ class Driver:
     def run(self) -> ConvertSummary:
         """Decode and store every batch from ``plan.start`` on, then finish the file."""
         job, tasks = self.job, self.plan.tasks
-        import dask
-        import distributed  # noqa: F401  (its config defaults must exist before dask.config.set)
-
-        # A task whose worker dies is re-run up to policy.retries more times before Dask
-        # gives up (KilledWorker); then the batch is split to isolate the culprit.
-        # worker-saturation 1.0 keeps queued tasks on the scheduler, so a worker that dies
-        # takes only its running task down with it, not innocent tasks queued behind it.
-        settings = {"distributed.scheduler.allowed-failures": job.policy.retries,
-                    "distributed.scheduler.worker-saturation": 1.0}
-        with dask.config.set(settings), connect(job.cluster) as conn:
+        in_proc = job.cluster.kind == "inprocess"
+        with ExitStack() as stack:
+            stack.enter_context(nullcontext() if in_proc else _dask_settings(job))
+            conn = stack.enter_context(inprocess.connect(job.cluster) if in_proc else connect(job.cluster))
             self.client = conn.client
+            if self.choice.why:
+                self.say(self.choice.describe())
             self.say(f"cluster: {conn.description}" + (f"; dashboard {conn.dashboard}" if conn.dashboard else ""))
-            preflight(self.client, job, tasks.manifest, self.say)
+            if in_proc:
+                self.say(inprocess.check_packages(job))
+            else:
+                preflight(self.client, job, tasks.manifest, self.say)
             n_workers = max(1, len(self.client.scheduler_info(n_workers=-1)["workers"]))
             # Batches in flight: enough to keep every worker busy, and not more decoded
             # samples waiting in shared memory than WINDOW_BYTES.
             window = job.cluster.max_in_flight or max(4, min(3 * n_workers, WINDOW_BYTES // max(1, self.plan.batch_bytes)))
+            # In-process decoding points fd 2 at the decoder-warning capture: progress goes around it.
+            log = stack.enter_context(inprocess.console(self.opts.log)) if in_proc else self.opts.log
             self.progress = Progress(len(tasks.manifest.items), tasks.first_item(self.plan.start),
-                                     mode=self.opts.progress, log=self.opts.log)
+                                     mode=self.opts.progress, log=log)
             threading.Thread(target=self._pump_writer, daemon=True).start()
             next_submit = next_forward = self.plan.start
             while self.acked < len(tasks):
@@ -293,6 +301,19 @@ class Driver:
                 self.say(f"could not restart worker {address}: {e}")
 
         threading.Thread(target=restart, daemon=True).start()
+
+
+def _dask_settings(job: JobConfig):
+    """Dask's configuration for a run on worker processes."""
+    import dask
+    import distributed  # noqa: F401  (its config defaults must exist before dask.config.set)
+
+    # A task whose worker dies is re-run up to policy.retries more times before Dask
+    # gives up (KilledWorker); then the batch is split to isolate the culprit.
+    # worker-saturation 1.0 keeps queued tasks on the scheduler, so a worker that dies
+    # takes only its running task down with it, not innocent tasks queued behind it.
+    return dask.config.set({"distributed.scheduler.allowed-failures": job.policy.retries,
+                            "distributed.scheduler.worker-saturation": 1.0})
 
 
 _WRITER_HANDLERS = {

@@ -13,7 +13,6 @@ from ..layouts import discover, resolved_job
 from ..transport import semaphores
 from ..transport.segments import new_run_id, remove_segments, remove_stale_segments
 from ..writer.messages import Start
-from ..writer.process import WriterHandle
 from . import signals
 from .driver import Driver, abort
 from .generate import generate_corpus
@@ -22,6 +21,7 @@ from .options import ConvertOptions, ConvertSummary
 from .partial import OutputFiles
 from .plan import make_plan
 from .sync import recover
+from .writer_start import PendingWriter
 
 __all__ = ["convert"]
 
@@ -62,9 +62,9 @@ def convert(job: JobConfig, opts: ConvertOptions | None = None) -> ConvertSummar
 
 def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: OutputLock, run_id: str,
              say) -> ConvertSummary:
-    # The writer process starts first: its imports (h5py, the codecs) overlap discovery,
-    # the codec trial and pre-flight. It waits for its spec, holding the lock with us.
-    writer = WriterHandle.start(lock.inheritable())
+    # The writer process starts first, on a thread: its imports (h5py, the codecs) overlap
+    # discovery, the codec trial and pre-flight. It waits for its spec, holding the lock with us.
+    pending = PendingWriter(lock.inheritable())
     started = False
     try:
         generate_corpus(job, say)
@@ -80,6 +80,7 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
         plan = make_plan(job, manifest, record, output.final, output.partial, run_id, say)
         plan.spec.inventory = inventory.write_sidecar(output.partial, manifest)
         # Decoding may begin while the writer is still importing: batches queue in its pipe.
+        writer = pending.get()
         writer.inbox.put(Start(plan.spec))
         started = True
         if plan.start:
@@ -100,6 +101,7 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
         summary.resumed_from = plan.start
         return summary
     finally:
+        writer = pending.get()
         if not started:  # never got a job: let it go
             writer.stop()
         writer.lifeline.close()

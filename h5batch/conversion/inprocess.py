@@ -1,0 +1,237 @@
+"""Decoding in the driver process (``cluster.kind: inprocess``), and how ``cluster.kind:
+auto`` chooses between it and a LocalCluster.
+
+Rule: a small job decodes on one thread of the driver process, with the same
+:func:`~.worker.decode_batch` a Dask worker runs, into the same shared memory, for the same
+writer process; a large one gets a LocalCluster. Reason: starting, checking and stopping a
+LocalCluster costs ~3 s on a 2-core machine (importing ``distributed``, the worker
+processes, the pre-flight round trip, the teardown), while a small corpus decodes in a
+fraction of that (FSDD's 3,000 wav files in ~0.25 s on one thread). The output is the same
+file either way: the same decode, batches and writer.
+
+What ``auto`` picks (:func:`choose_kind`, one line in the log says which and why):
+
+* ``local`` whenever ``H5BATCH_FAULTS`` is set (the failure tests inject crashes that only a
+  process cluster survives), and for a resumed run: a decoder that kills its process on the
+  in-process path takes the driver down with it; the writer then commits what it stored (its
+  lifeline), and the same command, now a resume, runs on processes, where the batch is split
+  until the culprit stands alone and becomes a reject;
+* ``inprocess`` when the estimated decode time of the job on one thread is at most
+  :data:`INPROCESS_SECONDS`: :data:`PROBE_ITEMS` items spread over the manifest (those the
+  codec trial decoded already) are decoded and timed, the median scaled to the whole job;
+* ``local`` otherwise (and when the probe itself runs past that budget).
+
+``inprocess`` keeps the decode timeout (``policy.decode_timeout``: ``decode_batch`` abandons
+a hung file's thread, the file becomes a ``timeout`` reject) and turns a decoder's exception
+into a reject as a worker does; only a decoder that kills its process is not survived.
+
+BEWARE: one decode thread, not a pool: the shared-memory segment pool of a process and the
+decoder-warning capture (fd 2 and Python's warning filters, :mod:`.decoder_warnings`) are
+per process, and a worker process decodes one batch at a time too. While a batch decodes,
+fd 2 of the driver points at the capture file, so the driver's progress goes to a duplicate
+of the real stderr taken before decoding starts (:func:`console`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from .. import faults
+from ..config import ClusterConfig, JobConfig
+from ..errors import DecodeError, PreflightError
+from ..fields import decode_field, file_fields
+from ..manifest import Manifest
+from .cluster import Connection
+from .decoder_warnings import silenced
+
+INPROCESS_SECONDS = 3.0  # estimated one-thread decode time up to which auto decodes in-process
+PROBE_ITEMS = 8  # items timed by auto (a subset of the codec trial's, spread over the manifest)
+CLOSE_SECONDS = 5.0  # how long closing waits for the batch being decoded
+
+
+@dataclass(frozen=True)
+class KindChoice:
+    """The cluster kind a run uses and, for ``auto``, why."""
+
+    kind: str
+    why: str = ""
+
+    def describe(self) -> str:
+        return f"cluster auto: {self.kind} ({self.why})"
+
+
+def choose_kind(job: JobConfig, manifest: Manifest, items_left: int, resuming: bool) -> KindChoice:
+    """``cfg.kind`` itself unless it is ``auto``; then ``inprocess`` or ``local`` (see the module)."""
+    cfg = job.cluster
+    if cfg.kind != "auto":
+        return KindChoice(cfg.kind)
+    if faults.active():
+        return KindChoice("local", "H5BATCH_FAULTS is set: injected crashes need worker processes")
+    if resuming:
+        return KindChoice("local", "resuming: worker processes isolate a file that may have crashed the last run")
+    budget = INPROCESS_SECONDS
+    per_item = probe_seconds(job, manifest, timeout=budget)
+    if per_item is None:
+        return KindChoice("local", f"decoding {PROBE_ITEMS} probe items took over {budget:g} s")
+    estimate = per_item * items_left
+    if estimate <= budget:
+        return KindChoice("inprocess", f"{items_left} items, ~{estimate:.2f} s to decode on one thread, "
+                                       f"within {budget:g} s: no worker processes to start")
+    return KindChoice("local", f"{items_left} items, ~{estimate:.1f} s to decode on one thread, "
+                               f"over {budget:g} s: worker processes on every core")
+
+
+def probe_seconds(job: JobConfig, manifest: Manifest, timeout: float) -> float | None:
+    """Median seconds to decode one item of ``manifest`` (every file of it), from
+    :data:`PROBE_ITEMS` items spread over it; None past ``timeout`` seconds in all (the
+    probe thread is then abandoned, as the codec trial abandons a stuck file)."""
+    n = len(manifest.items)
+    if n == 0:
+        return 0.0
+    picks = sorted({i * n // PROBE_ITEMS for i in range(PROBE_ITEMS)})
+    root = os.path.abspath(manifest.root)
+    names = file_fields(job.fields)
+    times: list[float] = []
+    done = threading.Event()
+
+    def run() -> None:
+        for i in picks:
+            t = time.perf_counter()
+            for k, name in enumerate(names):
+                try:
+                    decode_field(os.path.join(root, manifest.items[i].paths[k]), job.fields[name])
+                except DecodeError:
+                    pass  # a bad file costs what it took; the job rejects it later
+            times.append(time.perf_counter() - t)
+        done.set()
+
+    with silenced():  # the job decodes these files again and logs their warnings
+        threading.Thread(target=run, name="h5batch-probe", daemon=True).start()
+        finished = done.wait(timeout)
+    return statistics.median(times) if finished and times else None
+
+
+# ---------------------------------------------------------------------------
+# The in-process "client"
+# ---------------------------------------------------------------------------
+
+
+class InProcessFuture(Future):
+    """A :class:`concurrent.futures.Future` with the ``status`` a Dask future has."""
+
+    @property
+    def status(self) -> str:
+        if self.cancelled():
+            return "cancelled"
+        if not self.done():
+            return "pending"
+        return "error" if self.exception() is not None else "finished"
+
+
+class InProcessClient:
+    """The part of :class:`distributed.Client` the driver uses, on one daemon thread of
+    this process: :meth:`submit` queues a call, :meth:`scheduler_info` names one worker.
+    Daemon, so a decode stuck in a C library never keeps the process from exiting."""
+
+    WORKER = "inprocess://driver"
+
+    def __init__(self) -> None:
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.closing = False
+        self.thread = threading.Thread(target=self._serve, name="h5batch-inprocess", daemon=True)
+        self.thread.start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any, key: str = "", pure: bool = False,
+               retries: int = 0) -> InProcessFuture:
+        """Run ``fn(*args)`` on the decode thread (``key``, ``pure``, ``retries``: as Dask's, unused)."""
+        fut = InProcessFuture()
+        self.queue.put((fut, fn, args))
+        return fut
+
+    def scheduler_info(self, n_workers: int = -1) -> dict[str, Any]:
+        return {"workers": {self.WORKER: {"nthreads": 1}}}
+
+    def _serve(self) -> None:
+        while True:
+            job = self.queue.get()
+            if job is None:
+                return
+            fut, fn, args = job
+            if self.closing or not fut.set_running_or_notify_cancel():
+                fut.cancel()
+                continue
+            try:
+                result = fn(*args)
+            except BaseException as e:  # noqa: BLE001 - handed to the driver like a worker's error
+                fut.set_exception(e)
+            else:
+                fut.set_result(result)
+
+    def close(self, timeout: float = CLOSE_SECONDS) -> None:
+        """Drop the queued calls and wait (up to ``timeout``) for the running one, so no
+        batch creates shared memory after the driver removed the run's segments."""
+        self.closing = True
+        self.queue.put(None)
+        self.thread.join(timeout)
+
+
+def check_packages(job: JobConfig) -> str:
+    """The pre-flight of an in-process run: the decoder packages the job needs import here
+    (the corpus and ``/dev/shm`` are the driver's own). One line for the log; raises
+    :class:`~h5batch.errors.PreflightError` naming a package that does not import."""
+    from .preflight import collect_versions, needed_packages
+
+    versions, errors = collect_versions(sorted(needed_packages(job)))
+    if errors:
+        raise PreflightError([f"driver: cannot import {name}: {why}" for name, why in sorted(errors.items())], 1, 1)
+    shown = ", ".join(f"{k} {versions[k]}" for k in ("numpy", "soundfile", "libsndfile", "pillow") if k in versions)
+    return f"preflight: in-process decoding, decoder packages import ({shown})"
+
+
+@contextmanager
+def connect(cfg: ClusterConfig) -> Iterator[Connection]:
+    """An :class:`InProcessClient` for the length of the run (``cfg``: the job's cluster section)."""
+    client = InProcessClient()
+    try:
+        yield Connection(client, "in-process, 1 decode thread (no worker processes)", None)
+    finally:
+        client.close()
+
+
+@contextmanager
+def console(log: Any) -> Iterator[Any]:
+    """Where the driver's progress goes while batches decode in this process: ``log`` when
+    the caller gave one, else a duplicate of fd 2 taken now (decoding points fd 2 at the
+    decoder-warning capture), closed at the end."""
+    if log is not None:
+        yield log
+        return
+    import sys
+
+    sys.stderr.flush()
+    stream = os.fdopen(os.dup(2), "w", buffering=1, encoding=getattr(sys.stderr, "encoding", None) or "utf-8",
+                       errors="backslashreplace")
+    try:
+        yield stream
+    finally:
+        stream.close()
+
+
+def resolved(job: JobConfig, kind: str) -> JobConfig:
+    """``job`` with the kind chosen for ``auto``; ``compress_on: auto`` of an in-process run
+    means the writer, as on a LocalCluster (one host: the writer's cores are the spare ones)."""
+    cfg = job.cluster
+    if kind == cfg.kind and kind != "inprocess":
+        return job
+    compress_on = "writer" if kind == "inprocess" and cfg.compress_on == "auto" else cfg.compress_on
+    return dataclasses.replace(job, cluster=dataclasses.replace(cfg, kind=kind, compress_on=compress_on))

@@ -1,0 +1,174 @@
+"""``cluster.kind: auto`` and ``inprocess``: a small job decodes in the driver process, a large
+one on a LocalCluster; the file is the same either way, down to the stored chunk bytes; a
+file that kills its decoder still becomes a reject wherever processes are used, and the
+decode timeout holds in-process. Speed is the bench's business: nothing here is timed."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import h5py
+import hdf5plugin  # noqa: F401  (plugin filters for reading)
+import pytest
+
+from h5batch import generate
+from h5batch.config import job_from_dict, load_job
+from h5batch.conversion import inprocess
+from h5batch.errors import ConfigError
+from h5batch.layouts import discover
+from h5batch.transport.segments import stale_segments
+from tests.conftest import REPO
+from tests.support import run
+from tests.support.h5compare import assert_same_h5
+from tests.support.processes import holder_of
+
+DEMO = REPO / "jobs" / "demo.yaml"
+PAIRED = REPO / "jobs" / "paired_audio.yaml"
+
+
+@pytest.fixture(scope="module")
+def paired(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("cold") / "corpus"
+    # test_worker_failures' corpus: with 24 + 8 pairs, crash isolation on a LocalCluster
+    # waited a minute or more in fut.result() 2 runs in 4, with or without this module
+    generate.make_paired_audio(root, n_train=48, n_test=16, seconds=0.25, seed=5)
+    return root
+
+
+def convert(job: Path, root: Path, out: Path, kind: str, *settings: str, faults: str = "",
+            progress: str = "none", timeout: float = 300):
+    return run.convert(job, output=out, root=root, progress=progress, env_extra={"H5BATCH_FAULTS": faults},
+                       settings=(f"cluster.kind={kind}", "cluster.dashboard=false", *settings), timeout=timeout)
+
+
+# Faults fire in the driver's codec trial too: a named codec and batch size need no trial.
+NO_TRIAL = ("output.codec=none", "cluster.batch_size=8")
+
+
+def stored_chunks(path: Path) -> dict[str, list[bytes]]:
+    """Every chunked dataset's chunks as stored (compressed bytes and filter mask); not
+    those of strings, whose chunks hold addresses in the file's global heap."""
+    out: dict[str, list[bytes]] = {}
+    with h5py.File(path, "r") as f:
+        def visit(name, obj):
+            if isinstance(obj, h5py.Dataset) and obj.chunks and obj.dtype.kind != "O":
+                chunks = []
+                for i in range(obj.id.get_num_chunks()):
+                    info = obj.id.get_chunk_info(i)
+                    mask, data = obj.id.read_direct_chunk(info.chunk_offset)
+                    chunks.append(bytes([mask]) + data)
+                out[name] = chunks
+        f.visititems(visit)
+    return out
+
+
+def rejects(out: Path) -> list[dict]:
+    path = Path(str(out).replace(".h5", ".rejects.jsonl"))
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_auto_decodes_a_small_job_in_process_and_writes_the_same_file_as_local(demo_root, tmp_path):
+    a, b = tmp_path / "auto.h5", tmp_path / "local.h5"
+    # A named codec: compressed chunks to compare, and no trial figures in the attributes.
+    res = convert(DEMO, demo_root, a, "auto", "output.codec=blosc2-lz4", progress="log")
+    assert res.returncode == 0, res.stderr
+    line = next(x for x in res.stderr.splitlines() if x.startswith("cluster auto: "))
+    assert line.startswith("cluster auto: inprocess (") and "to decode on one thread" in line, line
+    assert "cluster: in-process, 1 decode thread" in res.stderr
+    assert "preflight: in-process decoding" in res.stderr
+    # progress reaches the console, not the decoder-warning capture of fd 2
+    assert "[h5batch] " in res.stderr and "files (100%)" in res.stderr
+    assert not Path(str(a).replace(".h5", ".warnings.txt")).exists()
+    res = convert(DEMO, demo_root, b, "local", "output.codec=blosc2-lz4", "cluster.workers=2")
+    assert res.returncode == 0, res.stderr
+    assert "cluster: LocalCluster, 2 worker processes" in res.stderr and "cluster auto" not in res.stderr
+    assert_same_h5(a, b)
+    assert stored_chunks(a) == stored_chunks(b)  # byte for byte, compressed image chunks included
+    assert not stale_segments()
+
+
+def test_auto_chooses_by_the_estimated_work(demo_root, monkeypatch):
+    monkeypatch.delenv("H5BATCH_FAULTS", raising=False)
+    job = load_job(DEMO, [f"source.root={demo_root}", "cluster.kind=auto"])
+    m = discover(job)
+    small = inprocess.choose_kind(job, m, len(m.items), resuming=False)
+    assert small.kind == "inprocess" and f"{len(m.items)} items" in small.why
+    large = inprocess.choose_kind(job, m, 10**8, resuming=False)  # the same files, a corpus 10^8 items long
+    assert large.kind == "local" and "over 3 s" in large.why and "worker processes" in large.why
+    assert inprocess.resolved(job, "local").cluster.kind == "local"
+    ip = inprocess.resolved(job, "inprocess").cluster
+    assert ip.kind == "inprocess" and ip.compress_on == "writer"  # as on a LocalCluster: the writer compresses
+
+
+def test_auto_uses_processes_when_resuming_or_when_faults_are_injected(demo_root, monkeypatch):
+    job = load_job(DEMO, [f"source.root={demo_root}", "cluster.kind=auto"])
+    m = discover(job)
+    monkeypatch.delenv("H5BATCH_FAULTS", raising=False)
+    resumed = inprocess.choose_kind(job, m, len(m.items), resuming=True)
+    assert resumed.kind == "local" and resumed.why.startswith("resuming")
+    monkeypatch.setenv("H5BATCH_FAULTS", "crash_on=nothing.wav")
+    faulty = inprocess.choose_kind(job, m, len(m.items), resuming=False)
+    assert faulty.kind == "local" and "H5BATCH_FAULTS" in faulty.why
+    for kind in ("local", "inprocess"):  # explicit kinds are taken as they are, faults or not
+        explicit = load_job(DEMO, [f"source.root={demo_root}", f"cluster.kind={kind}"])
+        assert inprocess.choose_kind(explicit, m, 10**8, resuming=True) == inprocess.KindChoice(kind)
+
+
+def test_inprocess_takes_one_decode_thread():
+    data = {"name": "x", "source": {"root": ".", "layout": "class_folders"},
+            "fields": {"audio": {"type": "audio", "extensions": [".wav"]}}, "output": {"path": "x.h5"},
+            "cluster": {"kind": "inprocess", "workers": 2}}
+    with pytest.raises(ConfigError) as e:
+        job_from_dict(data, "job.yaml", check_paths=False)
+    assert e.value.key == "cluster.workers" and "one thread" in str(e.value)
+    data["cluster"] = {"kind": "auto", "workers": 2}  # workers size the LocalCluster auto may start
+    assert job_from_dict(data, "job.yaml", check_paths=False).cluster.workers == 2
+
+
+def test_a_file_that_crashes_its_decoder_is_still_rejected_under_auto(paired, tmp_path):
+    out = tmp_path / "out.h5"
+    # test_worker_failures' settings, kind auto (the trial decodes even items: 5.wav is not among them)
+    res = run.convert(PAIRED, "--set", "cluster.kind=auto", workers=2, output=out, root=paired,
+                      env_extra={"H5BATCH_FAULTS": "crash_on=5.wav"}, timeout=400,
+                      settings=("cluster.batch_size=8", "policy.retries=1", "policy.max_reject_fraction=0.2"))
+    assert res.returncode == 0, res.stderr
+    assert "cluster auto: local (H5BATCH_FAULTS is set" in res.stderr
+    rej = [r for r in rejects(out) if r["path"].endswith("/5.wav")]
+    assert sorted(r["path"] for r in rej) == ["test/data/5.wav", "test/label/5.wav", "train/data/5.wav", "train/label/5.wav"]
+    assert all(r["stage"] == "worker" and "worker failed while decoding" in r["reason"] for r in rej)
+    assert not stale_segments()
+
+
+def test_decode_timeout_holds_in_process(paired, tmp_path):
+    out = tmp_path / "out.h5"
+    res = convert(PAIRED, paired, out, "inprocess", *NO_TRIAL, "policy.decode_timeout=1",
+                  "policy.max_reject_fraction=0.2", faults="hang_on=7.wav")
+    assert res.returncode == 0, res.stderr
+    rej = [r for r in rejects(out) if r["path"].endswith("/7.wav")]
+    assert sorted(r["path"] for r in rej) == ["test/data/7.wav", "test/label/7.wav", "train/data/7.wav", "train/label/7.wav"]
+    assert all(r["stage"] == "timeout" for r in rej), rej
+    with h5py.File(out, "r") as f:
+        assert f["train"]["source"].shape[0] == 47 and f["test"]["source"].shape[0] == 15
+    assert not stale_segments()
+
+
+def test_after_a_crash_in_process_the_next_auto_run_resumes_on_processes(paired, tmp_path):
+    out = tmp_path / "out.h5"
+    # kind inprocess taken at its word: the "decoder" kills the driver itself
+    res = convert(PAIRED, paired, out, "inprocess", *NO_TRIAL, faults="crash_on=20.wav")
+    assert res.returncode == -9, res.stderr
+    partial = Path(str(out) + ".partial")
+    deadline = time.monotonic() + 20  # the orphaned writer commits what it stored and exits
+    while holder_of(partial) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert Path(str(partial) + ".commit.json").exists(), "the writer left nothing to resume"
+    res = convert(PAIRED, paired, out, "auto", *NO_TRIAL, "cluster.workers=2")
+    assert res.returncode == 0, res.stderr
+    assert "cluster auto: local (resuming" in res.stderr
+    ref = tmp_path / "ref.h5"
+    res = convert(PAIRED, paired, ref, "inprocess", *NO_TRIAL)
+    assert res.returncode == 0, res.stderr
+    assert_same_h5(ref, out)
+    assert not stale_segments()
