@@ -268,7 +268,14 @@ class Driver:
         elif fut.status == "cancelled":
             return
         if exc is None:
-            exc = fut.exception()
+            # Bounded like result() above: a future whose worker died can go back to
+            # pending, and exception() then waits for a recomputation that may never come.
+            try:
+                exc = fut.exception(timeout=RESULT_TIMEOUT)
+            except Exception as e:  # noqa: BLE001  (TimeoutError, CommClosedError...)
+                exc = e
+            if exc is None:
+                exc = RuntimeError(f"the task ended with status {fut.status!r}")
         lo_, hi_ = part.lo, part.hi
         if hi_ - lo_ > 1:
             # Isolate the file that takes its worker down: split the batch and retry both halves.
