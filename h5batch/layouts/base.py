@@ -178,6 +178,9 @@ class Builder:
         for name, fc in job.fields.items():
             for e in fc.extensions:
                 self.ext_to_field.setdefault(e.lower(), name)
+        # Lower-cased extensions per field, made once: takes() runs for every file met.
+        self._exts = {name: frozenset(e.lower() for e in getattr(fc, "extensions", ()))
+                      for name, fc in job.fields.items()}
         self.items: list[Item] = []
         self.rejects: list[Reject] = []
         self.stats: dict[str, tuple[int, int]] = {}
@@ -195,7 +198,7 @@ class Builder:
 
     def takes(self, field_name: str, path: str) -> bool:
         """Whether ``path``'s extension is one of the field's (case-insensitive)."""
-        return ext(path) in [e.lower() for e in self.job.fields[field_name].extensions]
+        return ext(path) in self._exts[field_name]
 
     def group_by_stem(self, split: str, files: list[str], label: str | None, key_prefix: str,
                       field_of: dict[str, str]) -> None:
