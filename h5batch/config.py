@@ -143,7 +143,7 @@ class ClusterConfig:
     (no Dask, no crash isolation); ``auto`` picks ``inprocess`` or ``local`` from the
     estimated work (:mod:`h5batch.conversion.inprocess`)."""
 
-    kind: Literal["local", "auto", "inprocess", "address", "scheduler_file", "slurm", "pbs", "sge", "lsf"] = "local"
+    kind: Literal["local", "auto", "inprocess", "address", "scheduler_file", "slurm", "pbs", "sge", "lsf"] = "auto"
     workers: int | None = None
     address: str | None = None
     scheduler_file: str | None = None

@@ -48,7 +48,7 @@ def job_overrides(args) -> list[str]:
         # Dask's standard variable picks the scheduler for jobs that would start a LocalCluster;
         # it must not silently override a job that asks for SLURM or a scheduler of its own.
         kind = load_job(args.job, over, check_paths=False).cluster.kind
-        if kind == "local":
+        if kind in ("local", "auto"):
             scheduler = os.environ["DASK_SCHEDULER_ADDRESS"]
     if scheduler:
         over += ["cluster.kind=address", f"cluster.address={scheduler}"]

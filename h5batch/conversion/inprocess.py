@@ -79,6 +79,10 @@ def choose_kind(job: JobConfig, manifest: Manifest, items_left: int, resuming: b
         return KindChoice("local", "H5BATCH_FAULTS is set: injected crashes need worker processes")
     if resuming:
         return KindChoice("local", "resuming: worker processes isolate a file that may have crashed the last run")
+    if cfg.security:
+        return KindChoice("local", "cluster.security is set: TLS is for the cluster's connections")
+    if cfg.workers is not None and cfg.workers > 1:
+        return KindChoice("local", f"cluster.workers asks for {cfg.workers} worker processes")
     budget = INPROCESS_SECONDS
     per_item = probe_seconds(job, manifest, timeout=budget)
     if per_item is None:

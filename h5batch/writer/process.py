@@ -212,7 +212,7 @@ def writer_context() -> Any:
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     # Only effective before the (process-wide) fork server starts; '__main__' is the default.
-    ctx.set_forkserver_preload(["__main__", __name__])
+    ctx.set_forkserver_preload(["__main__", __name__, "hdf5plugin", "blosc2"])
     return ctx
 
 
