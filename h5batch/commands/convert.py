@@ -18,8 +18,10 @@ DESCRIPTION = ("Discover the corpus of JOB, decode it on Dask workers and write 
                "A matching partial output from an interrupted run is resumed.")
 
 
-def add_arguments(p) -> None:
-    p.add_argument("job", help="job file (YAML), e.g. jobs/demo.yaml")
+def add_job_arguments(p, job_help: str = "job file (YAML), e.g. jobs/demo.yaml") -> None:
+    """The job and the flags that stand for job keys (:func:`job_overrides`), plus
+    ``--progress`` and ``--json``: shared by every command that runs a job (convert, sync)."""
+    p.add_argument("job", help=job_help)
     p.add_argument("--workers", type=int, help="number of local worker processes (cluster.workers)")
     p.add_argument("--output", help="output path (output.path)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -27,11 +29,15 @@ def add_arguments(p) -> None:
     p.add_argument("--scheduler", help="address of an existing Dask scheduler (tcp://host:port); "
                                        "default from DASK_SCHEDULER_ADDRESS")
     p.add_argument("--scheduler-file", help="Dask scheduler file of an existing cluster")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
-    p.add_argument("--restart", action="store_true", help="discard any partial output and start over")
     p.add_argument("--progress", choices=["auto", "bar", "log", "none"], default="auto",
                    help="progress display (default: bar on a terminal, log lines otherwise)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+
+
+def add_arguments(p) -> None:
+    add_job_arguments(p)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    p.add_argument("--restart", action="store_true", help="discard any partial output and start over")
 
 
 def job_overrides(args) -> list[str]:

@@ -20,16 +20,7 @@ DESCRIPTION = ("Discover the corpus of JOB again and compare it with the output'
 
 
 def add_arguments(p) -> None:
-    p.add_argument("job", help="job file (YAML) that made the output")
-    p.add_argument("--workers", type=int, help="number of local worker processes (cluster.workers)")
-    p.add_argument("--output", help="output path (output.path)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a job key, as for convert (repeatable)")
-    p.add_argument("--scheduler", help="address of an existing Dask scheduler (tcp://host:port)")
-    p.add_argument("--scheduler-file", help="Dask scheduler file of an existing cluster")
-    p.add_argument("--progress", choices=["auto", "bar", "log", "none"], default="auto",
-                   help="progress display (default: bar on a terminal, log lines otherwise)")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    _convert.add_job_arguments(p, job_help="job file (YAML) that made the output")
 
 
 def run(args) -> int:

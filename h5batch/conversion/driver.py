@@ -172,11 +172,13 @@ class Driver:
             self.writer.process.join(timeout=30)
             if not s.ok:
                 n, bad = self.plan.num_inputs - excluded, s.rejects - excluded
+                # A sync undoes itself (writer/sync.py); a conversion keeps its partial.
+                kept = (f"the sync is undone, {self.plan.spec.final_path} is as it was" if self.plan.spec.sync
+                        else f"output left as {self.plan.spec.partial_path}")
                 raise ConvertError(
                     f"{bad} of {n} input files rejected ({bad / max(1, n):.1%}), above "
-                    f"policy.max_reject_fraction {job.policy.max_reject_fraction:.1%}; output left as "
-                    f"{self.plan.spec.partial_path}, reasons in {s.rejects_file} (raise "
-                    f"policy.max_reject_fraction and run again to accept it)", 1)
+                    f"policy.max_reject_fraction {job.policy.max_reject_fraction:.1%}; {kept}, reasons in "
+                    f"{s.rejects_file} (raise policy.max_reject_fraction and run again to accept it)", 1)
             return summary
 
     def _submit(self, index: int, lo: int, hi: int) -> None:

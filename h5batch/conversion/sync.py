@@ -159,11 +159,8 @@ def _write(job, manifest: Manifest, old, d, final: str, partial: str, in_place: 
             abort(writer)
             raise ConvertError(f"{signals.signal_name(e)}: the sync stopped; {final} is as it was before it. "
                                f"Run the same command again to sync.", signals.exit_code(e)) from None
-        except ConvertError as e:
-            if "max_reject_fraction" in str(e):
-                raise ConvertError(f"{str(e).split('; output left as')[0]}; the sync is undone, {final} is as "
-                                   f"it was", e.code) from None
-            raise
+        except ConvertError:
+            raise  # the writer has undone the sync already (too many rejects)
         except BaseException:
             abort(writer)
             raise
