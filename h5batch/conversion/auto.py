@@ -22,8 +22,8 @@ chunk it touches. So, per field, with ``r`` the trial's Blosc2-LZ4 ratio:
   timing is done);
 * ``output.prefer: speed`` (the default): Blosc2-LZ4 only when decoding it costs less than
   the reading it saves, ``1 / decode_speed < (1 - 1/r) / copy_speed``, with both speeds
-  measured on the trial's own samples (:func:`trial_speeds`: the decompression call the
-  reader makes per chunk, on one core, and ``numpy.copyto``, best of :data:`TIMING_ROUNDS`
+  measured on the trial's own samples (:func:`h5batch.codecs.lz4_trial.speeds`: the decompression call the
+  reader makes per chunk, on one core, and ``numpy.copyto``, best of ``TIMING_ROUNDS``
   interleaved rounds so a busy machine slows both alike). In practice decoding is the slower
   side by far for audio and photos (float32 clips: 1.5-1.8x smaller, ~2 GB/s to decode
   against 5-20 GB/s to copy; even silence decodes slower than a copy), so they are stored
@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 
 from .. import faults
-from ..codecs import AUTO_CODEC, CodecSpec
+from ..codecs import AUTO_CODEC, CodecSpec, lz4_trial
 from ..config import JobConfig
 from ..errors import DecodeError
 from ..fields import decode_field, file_fields, fixed_sample_shape, value_array, value_fields
@@ -69,9 +69,6 @@ from ..manifest import Manifest
 from .decoder_warnings import silenced
 
 MIN_RATIO = 1.15  # keep compression when it saves at least ~13 % of the bytes
-TIMING_ROUNDS = 5  # interleaved rounds of decode and copy timing; the best of each is kept
-TIMING_BYTES = 1 << 20  # trial bytes timed per field: the same share of every trial sample
-TIMING_PIECE = 1 << 20  # bytes per compressed piece in the timing (the default chunk size)
 TRIAL_ITEMS = 32  # items decoded at most, spread over the manifest
 TRIAL_BYTES = 4 << 20  # decoded bytes per field at most
 TRIAL_WAVE = 4  # trial files decoded at once (at most the driver's cores)
@@ -277,52 +274,27 @@ class _Deadline:
         return [b[0] if b else None for b in boxes]
 
 
-def _lz4_chunks(flat: np.ndarray, level: int | None, shuffle: bool, piece: int) -> list[bytes]:
-    """``flat`` compressed as :data:`AUTO_CODEC`'s encoder compresses a chunk (Blosc2, LZ4,
-    byte shuffle for items wider than a byte, one thread), in pieces of ``piece`` bytes."""
-    import blosc2
-
-    itemsize = flat.dtype.itemsize
-    raw = flat.view(np.uint8)
-    filt = blosc2.Filter.SHUFFLE if shuffle and itemsize > 1 else blosc2.Filter.NOFILTER
-    return [blosc2.compress2(raw[pos: pos + piece], typesize=itemsize, clevel=5 if level is None else level,
-                             codec=blosc2.Codec.LZ4, filters=[filt], nthreads=1)
-            for pos in range(0, raw.size, piece)]
+def _flat(arrays: list[np.ndarray]) -> np.ndarray:
+    """``arrays`` concatenated for the ratio, each with its first :data:`TRIAL_BYTES` at most:
+    a long recording must not be copied whole in the driver (memory is bounded by the largest
+    sample, not a multiple of it)."""
+    return np.concatenate([a.reshape(-1)[: max(1, TRIAL_BYTES // a.itemsize)] for a in arrays])
 
 
 def trial_ratio(arrays: list[np.ndarray], level: int | None, shuffle: bool) -> float:
-    """Blosc2-LZ4 compression ratio of ``arrays`` concatenated, in 1 MiB pieces. A sample
-    counts with its first :data:`TRIAL_BYTES` at most: a long recording must not be copied
-    whole in the driver (memory is bounded by the largest sample, not a multiple of it)."""
-    flat = np.concatenate([a.reshape(-1)[: max(1, TRIAL_BYTES // a.itemsize)] for a in arrays])
-    return flat.nbytes / max(1, sum(len(c) for c in _lz4_chunks(flat, level, shuffle, 1 << 20)))
+    """Blosc2-LZ4 compression ratio of ``arrays`` concatenated, in 1 MiB pieces."""
+    return lz4_trial.ratio(_flat(arrays), level, shuffle)
 
 
 def trial_speeds(arrays: list[np.ndarray], level: int | None, shuffle: bool) -> tuple[float, float]:
-    """``(decode GB/s, copy GB/s)`` on up to :data:`TIMING_BYTES` of ``arrays`` (the start of
-    each, concatenated: every sample has its share): Blosc2-LZ4 chunks of
-    :data:`TIMING_PIECE` bytes decompressed into a buffer on one thread (the call the reader
-    makes for each stored chunk, ``h5batch/codecs/_blosc2.py``), and ``numpy.copyto`` of the
-    same bytes; both timed in :data:`TIMING_ROUNDS` interleaved rounds, the best of each kept.
-    Blosc2's global settings are left alone."""
-    import blosc2
+    """``(decode GB/s, copy GB/s)`` of Blosc2-LZ4 on the trial (:func:`lz4_trial.speeds`)."""
+    return lz4_trial.speeds(arrays, level, shuffle)
 
-    share = max(1, TIMING_BYTES // max(1, len(arrays)) // arrays[0].itemsize)
-    flat = np.ascontiguousarray(np.concatenate([a.reshape(-1)[:share] for a in arrays]))
-    out = np.empty_like(flat)
-    dst = out.view(np.uint8)
-    chunks = _lz4_chunks(flat, level, shuffle, TIMING_PIECE)
-    spans = [(pos, min(pos + TIMING_PIECE, dst.size)) for pos in range(0, dst.size, TIMING_PIECE)]
-    best_decode = best_copy = math.inf
-    for _ in range(TIMING_ROUNDS):
-        t0 = time.perf_counter()
-        for (a, b), chunk in zip(spans, chunks):
-            blosc2.decompress2(chunk, dst=dst[a:b], nthreads=1)
-        t1 = time.perf_counter()
-        np.copyto(out, flat)
-        t2 = time.perf_counter()
-        best_decode, best_copy = min(best_decode, t1 - t0), min(best_copy, t2 - t1)
-    return flat.nbytes / max(best_decode, 1e-9) / 1e9, flat.nbytes / max(best_copy, 1e-9) / 1e9
+
+def measure(arrays: dict[str, list[np.ndarray]], level: int | None, shuffle: bool) -> dict[str, lz4_trial.Figures]:
+    """Ratio and speeds per field that has trial samples (:func:`lz4_trial.measure`)."""
+    fields = {name: (_flat(a), a) for name, a in arrays.items() if a}
+    return lz4_trial.measure(fields, level, shuffle, MIN_RATIO) if fields else {}
 
 
 @dataclass(frozen=True)
@@ -368,13 +340,12 @@ def resolve(job: JobConfig, manifest: Manifest) -> AutoSettings:
         codecs = {name: CodecChoice(name, CodecSpec(o.codec, o.level, o.shuffle)) for name in job.fields}
     else:
         codecs = {}
+        figures = measure(trial.arrays, o.level, o.shuffle)
         for name in job.fields:
-            arrays = trial.arrays.get(name) or []
-            ratio = trial_ratio(arrays, o.level, o.shuffle) if arrays else 1.0
-            speeds = trial_speeds(arrays, o.level, o.shuffle) if ratio >= MIN_RATIO else (None, None)
+            ratio, *speeds = figures.get(name, (1.0, None, None))
             chosen = choose(ratio, *speeds, o.prefer)
             codecs[name] = CodecChoice(name, CodecSpec(chosen, o.level if chosen != "none" else None, o.shuffle),
-                                       round(ratio, 3), len(arrays), *speeds, o.prefer)
+                                       round(ratio, 3), len(trial.arrays.get(name) or []), *speeds, o.prefer)
 
     bs = job.cluster.batch_size
     if bs == "auto":

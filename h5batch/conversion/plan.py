@@ -85,21 +85,25 @@ def make_plan(job: JobConfig, manifest: Manifest, record: CommitRecord | None, f
 
 
 def versions() -> dict[str, str]:
-    """Versions of what shapes the bytes of the output (stored in the file)."""
-    import dask
-    import h5py
-    import hdf5plugin
-    import PIL
-    import soundfile
+    """Versions of what shapes the bytes of the output (stored in the file).
+
+    Read from the installed distributions' metadata, not by importing the packages: dask and
+    blosc2 alone take ~1 s to import, which a small in-process conversion never needs
+    (issue 19 item 1). The strings are the same as the packages' ``__version__``."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    import h5py  # the HDF5 library's version is known only to h5py's extension
 
     out = {"h5batch": __version__, "h5py": h5py.__version__, "hdf5": h5py.version.hdf5_version,
-           "numpy": np.__version__, "hdf5plugin": hdf5plugin.version, "soundfile": soundfile.__version__,
-           "pillow": PIL.__version__, "dask": dask.__version__, "python": sys.version.split()[0]}
+           "numpy": np.__version__}
+    for key, dist in (("hdf5plugin", "hdf5plugin"), ("soundfile", "soundfile"), ("pillow", "pillow"),
+                      ("dask", "dask")):
+        out[key] = installed(dist)
+    out["python"] = sys.version.split()[0]
     try:
-        import blosc2
-
-        out["blosc2"] = blosc2.__version__
-    except ImportError:
+        out["blosc2"] = installed("blosc2")
+    except PackageNotFoundError:
         pass
     return out
 

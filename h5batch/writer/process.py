@@ -178,6 +178,14 @@ def writer_main(inbox, outbox, lifeline, lock: SharedFd | None = None) -> None:
                 pass
 
 
+def _forked_writer_main(lifeline_write_fd: int, *args: Any) -> None:
+    """:func:`writer_main` in a writer forked from the driver itself, which inherits every
+    file descriptor: the driver's end of the lifeline is closed first, or the pipe would
+    never turn readable when the driver dies (the writer would hold it open itself)."""
+    os.close(lifeline_write_fd)
+    writer_main(*args)
+
+
 # -- starting the process (driver side) ----------------------------------------------------
 
 
@@ -238,15 +246,18 @@ class WriterHandle:
     lifeline: Any  # write end the driver holds open; closing it tells the writer we are gone
 
     @classmethod
-    def start(cls, lock_fd: int | None = None) -> WriterHandle:
+    def start(cls, lock_fd: int | None = None, ctx: Any = None) -> WriterHandle:
         """Start the writer process; it waits for :class:`~.messages.Start`. ``lock_fd``:
-        the output's lock, which the writer then holds too."""
-        ctx = writer_context()
+        the output's lock, which the writer then holds too. ``ctx``: the multiprocessing
+        context (default :func:`writer_context`)."""
+        ctx = ctx or writer_context()
         inbox, outbox = PipeQueue.create(ctx), PipeQueue.create(ctx)
         theirs, ours = ctx.Pipe(duplex=False)
         lock = SharedFd(lock_fd) if lock_fd is not None else None
-        process = ctx.Process(target=writer_main, args=(inbox, outbox, theirs, lock), name="h5batch-writer",
-                              daemon=True)
+        target, args = writer_main, (inbox, outbox, theirs, lock)
+        if ctx.get_start_method() == "fork":
+            target, args = _forked_writer_main, (ours.fileno(), *args)
+        process = ctx.Process(target=target, args=args, name="h5batch-writer", daemon=True)
         process.start()
         theirs.close()
         return cls(process, inbox, outbox, ours)
