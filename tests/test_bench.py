@@ -351,3 +351,46 @@ def test_physics_picks_the_largest_default_rate_corpus(tmp_path):
     for name in ("paired_audio_64", "paired_audio_4096_32k", "paired_audio_256", "images_16"):
         (tmp_path / name).mkdir()
     assert default_corpus(str(tmp_path)) == str(tmp_path / "paired_audio_256")
+
+
+def test_whole_command_rows_run_fresh_interpreters(pairs, tmp_path):
+    """cli_cold: ``h5batch convert`` with the job's defaults and the naive script, each in a new
+    interpreter, write the same samples as the in-process naive recipe."""
+    import h5py
+
+    from h5batch.bench import cli_cold
+
+    c, m, ref = pairs
+    items = corpus.item_paths(m)
+    fields = tuple(c.job(str(tmp_path / "x.h5")).fields.items())
+    wall, r = cli_cold.run_naive(items, fields, str(tmp_path / "naive-cli.h5"), str(tmp_path))
+    assert wall > 0 and r["samples"] == 16 and r["bytes_decoded"] == ref["data"].nbytes + ref["target"].nbytes
+    with h5py.File(tmp_path / "naive-cli.h5") as f:
+        got = np.stack([f[f"samples/{i:08d}/data"][()] for i in range(16)])
+    assert np.array_equal(got, ref["data"])
+    job = cli_cold.write_job(str(tmp_path / "job.yaml"), "cli", c.root, c.source, c.fields, str(tmp_path / "o.h5"))
+    wall, s = cli_cold.run_convert(job, str(tmp_path / "o.h5"))
+    assert sum(s["counts"].values()) == 16 and 0 < s["seconds"] < wall
+    from h5batch.torch import H5Dataset
+
+    ds = H5Dataset(str(tmp_path / "o.h5"), split="train", as_float=False)
+    assert sorted(np.asarray(ds[i]["data"]).tobytes() for i in range(len(ds))) == sorted(a.tobytes() for a in ref["data"])
+    with pytest.raises(RuntimeError, match="failed"):
+        cli_cold.run_convert(str(tmp_path / "missing.yaml"), str(tmp_path / "p.h5"))
+
+
+def test_cold_targets_judge_fsdd_and_the_demo():
+    res = {"main_corpus": "c", "config": {"workers": [], "peers": False, "dask_workers": 2}, "records": [
+        {"phase": "convert", "corpus": "fsdd", "method": m, "codec": "", "variant": "", "workers": 0,
+         "runs": [{}], "rate": {"median": rate, "n": 1}} for m, rate in (("h5batch-cli", 2500.0), ("naive-cli", 1000.0))]}
+    res["records"].append({"phase": "convert", "corpus": "demo", "method": "h5batch-cli", "codec": "auto",
+                           "variant": "", "workers": 0, "rate": {"median": 1.0, "n": 3},
+                           "seconds": {"median": 2.0}, "runs": [{"internal_seconds": s} for s in (0.8, 1.25, 0.9)]})
+    t = {x["target"]: x for x in report.cold_targets(res, lambda name, a, b, thr: report._target(
+        name, report._ratio(report._rate(a), report._rate(b)), thr, ""))}
+    fsdd = t["FSDD whole command >= 3x the naive recipe's (fresh interpreters)"]
+    assert fsdd["value"] == pytest.approx(2.5) and fsdd["met"] is False
+    demo = t["demo job's conversion < 1 s (make convert; 1 s / its seconds)"]
+    assert demo["value"] == pytest.approx(1 / 0.9) and demo["met"] is True
+    assert demo["bounds"] == pytest.approx((0.8, 1.25)) and demo["within_spread"] is True
+    assert "0.90 s median" in demo["detail"]

@@ -35,7 +35,7 @@ from ..codecs import choices
 from ..conversion.options import ConvertOptions
 from ..conversion.pipeline import convert
 from ..conversion.plan import make_tasks
-from . import baselines, corpus, peers, sampling, strict
+from . import baselines, cli_cold, corpus, peers, sampling, strict
 from .checks import CheckPhase
 from .decode_only import decode_only
 from .measure import timed
@@ -174,6 +174,7 @@ class Bench(CheckPhase, ReadPhase):
             for spec in jobs:
                 self._convert_phase(spec, peer_ok if spec["peers"] else {})
             strict.convert_storages(self, jobs[0])  # the strict limit's storages, untimed
+            self._demo_phase()
         finally:
             self._stop_cluster()
         for spec in jobs:
@@ -347,11 +348,36 @@ class Bench(CheckPhase, ReadPhase):
                     rec.info.update(path=out, output_bytes=r["output_bytes"])
             return run
 
+        def cli(method: str) -> Callable[[], None]:
+            # Whole commands in fresh interpreters (cli_cold): real corpora, the user's first run.
+            def run() -> None:
+                out = self.path("cli", f"{cp.name}-{method}.h5")
+                remove_output(out)
+                if method == "naive-cli":
+                    sample, r = timed(lambda: cli_cold.run_naive(items, fields, out, self.path("cli")),
+                                      lambda r: r[1]["samples"], lambda r: r[1]["bytes_decoded"])
+                    extra = {"files": nfiles, "output_bytes": r[1]["output_bytes"]}
+                else:
+                    job_file = cli_cold.write_job(self.path("cli", f"{cp.name}.job.yaml"), f"bench-{cp.name}",
+                                                  cp.root, cp.source, cp.fields, out)
+                    sample, r = timed(lambda: cli_cold.run_convert(job_file, out),
+                                      lambda r: sum(r[1]["counts"].values()), lambda r: r[1]["bytes_decoded"])
+                    extra = {"files": nfiles, "output_bytes": r[1]["output_bytes"],
+                             "internal_seconds": r[1]["seconds"], "field_codecs": _field_codecs(out)}
+                sample.extra.update(extra)
+                if not warmup:
+                    rec = self.record("convert", name, method, "auto" if method == "h5batch-cli" else "gzip")
+                    rec.runs.append(sample)
+                    rec.info.update(path=out, output_bytes=extra["output_bytes"])
+            return run
+
         for codec in spec["codecs"]:
             plan.append((f"h5batch {codec}", h5(codec)))
         plan.append((f"h5batch {DEFAULT_CODEC} cold", h5(DEFAULT_CODEC, cold=True)))
         plan.append(("floor", floor))
         plan.append(("naive", naive))
+        if cp.real:
+            plan += [("h5batch CLI cold", cli("h5batch-cli")), ("naive CLI", cli("naive-cli"))]
         if spec["scaled"] is not None and not warmup:
             plan.append((f"h5batch x{self.cfg.scale} cold", h5(DEFAULT_CODEC, cold=True, scaled=True)))
         if peer_ok.get("webdataset"):
@@ -359,6 +385,24 @@ class Bench(CheckPhase, ReadPhase):
         if peer_ok.get("litdata"):
             plan += [("litdata spawn", lit(None)), ("litdata fork", lit("fork"))]
         return plan
+
+    def _demo_phase(self) -> None:
+        """``make convert``'s demo job as a whole command (cli_cold): its conversion seconds."""
+        job = cli_cold.demo_job()
+        if job is None:
+            self.skipped.append("demo job: jobs/demo.yaml not found (installed package)")
+            return
+        root, out = self.folder("demo-corpus"), self.path("cli", "demo.h5")
+        cli_cold.run_demo(job, root, out)  # warm-up; generates the corpus
+        rec = self.record("convert", "demo", "h5batch-cli", "auto")
+        for rep in range(self.cfg.reps):
+            self.say(f"convert demo (whole command): round {rep + 1}/{self.cfg.reps}")
+            os.sync()
+            remove_output(out)
+            sample, (_, s) = timed(lambda: cli_cold.run_demo(job, root, out),
+                                   lambda r: sum(r[1]["counts"].values()), lambda r: r[1]["bytes_decoded"])
+            sample.extra.update(internal_seconds=s["seconds"], output_bytes=s["output_bytes"])
+            rec.runs.append(sample)
 
     def _convert_phase(self, spec: dict[str, Any], peer_ok: dict[str, bool]) -> None:
         name = spec["corpus"].name
