@@ -11,7 +11,9 @@ the mapping into its buffer: its file location is looked up once per chunk and p
 later epochs make no HDF5 call and no copy of the stored bytes (``read_direct_chunk`` copies
 them into a buffer first: float32 blosc2-lz4 chunks read that way decoded at ~0.7x the speed of
 ``blosc2.decompress`` alone, from the mapping at ~0.8x; the rest is refaulting pages after each
-bulk release, which keeps resident memory flat).
+bulk release, which keeps resident memory flat). Big rows of *uncompressed* chunks that are
+copied as stored are not taken from the mapping at all: the gathers read them with ``preadv``
+straight into the batch (:mod:`h5batch.torch.preads`), so no page is mapped or refaulted.
 
 A dataset whose filter pipeline we cannot decode (lzf, szip, fletcher32, ...) or whose
 chunks do not hold whole rows is read through HDF5 instead, still one call per chunk. The

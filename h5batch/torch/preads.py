@@ -6,7 +6,7 @@ and counts in its resident memory. The reader keeps that bounded by dropping the
 pages in bulk (``MADV_DONTNEED``, :class:`~h5batch.torch.chunks.ChunkStore`), so once a
 split is larger than the cache every page faults in again each epoch: measured on 1,024
 pairs of 2 s clips (1 MiB chunks, batch 64, 0 workers), the faults and the unmapping cost
-1.5-2.5 ms of a 7-11 ms batch. A ``preadv`` of the same bytes copies them from the page
+1.0-2.5 ms of a 7-11 ms batch. A ``preadv`` of the same bytes copies them from the page
 cache into the batch tensor in the kernel: the same one copy a warm memmap makes, with no
 page table work, nothing mapped, and nothing cached (the kernel's page cache is the cache).
 
