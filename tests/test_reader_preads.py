@@ -165,3 +165,18 @@ def test_private_pool_hands_out_only_unheld_storages():
     assert pool.reused == 1 and c.nbytes() >= 900
     pool.pid = -1  # as in a forked child: the parent's storages are not handed out
     assert pool.storage(1000).data_ptr() not in {b.data_ptr(), c.data_ptr()} and len(pool.slots) == 1
+
+
+def test_strided_destinations_read_the_same(tmp_path):
+    """``channels_first`` images: each (H, W, C) row lands in a transposed view of the batch,
+    which a read cannot fill directly (read into a temporary, then copied)."""
+    generate.make_demo_corpus(tmp_path / "corpus", per_class=3)
+    path = tmp_path / "demo.h5"
+    make_h5("demo.yaml", path, tmp_path / "corpus", SMALL_CHUNKS, "output.codec=none")
+    idx = [4, 0, 5, 4, 2]
+    for kw in ({"as_float": False}, {"as_float": False, "channels_first": True}, {"channels_first": True}):
+        fast = H5Dataset(path, "train", **kw)
+        a = collate(fast.__getitems__(idx))
+        b = collate(H5Dataset(path, "train", mmap=False, **kw).__getitems__(idx))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a if k != "source")
+        assert fast._stores["image"].fd is not None
