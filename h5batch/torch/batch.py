@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from .recycle import SharedBatchPool
+from .reuse import PrivatePool
 from .rows import rows, variable_rows
 
 _TORCH_DTYPES = {
@@ -158,7 +159,8 @@ COLUMN_ALIGN = 64  # bytes: each column of a shared batch starts on a cache line
 
 
 def empty_columns(specs: Sequence[tuple[Sequence[int], Any]], shared: bool,
-                  pool: SharedBatchPool | None = None) -> list[torch.Tensor]:
+                  pool: SharedBatchPool | None = None,
+                  private: PrivatePool | None = None) -> list[torch.Tensor]:
     """Uninitialised tensors for the columns of one batch, ``specs = [(shape, dtype), ...]``.
 
     Inside a DataLoader worker every tensor that is not already in shared memory is copied
@@ -170,6 +172,8 @@ def empty_columns(specs: Sequence[tuple[Sequence[int], Any]], shared: bool,
     descriptor per batch instead of one per column, and each descriptor costs a
     round trip. With a ``pool``, a
     worker reuses storages the main process has released (:mod:`h5batch.torch.recycle`).
+    Not ``shared``, with a ``private`` pool, the columns are views of one private storage
+    that is reused once the caller has dropped every tensor on it (:mod:`h5batch.torch.reuse`).
     """
     sizes = [tuple(int(n) for n in shape) for shape, _ in specs]
     dtypes = [np.dtype(dtype) for _, dtype in specs]
@@ -178,11 +182,21 @@ def empty_columns(specs: Sequence[tuple[Sequence[int], Any]], shared: bool,
         total = -(-total // COLUMN_ALIGN) * COLUMN_ALIGN
         offsets.append(total)
         total += math.prod(size) * dt.itemsize
-    if not shared or total == 0:
+    if total == 0 or not (shared or private is not None):
         return [torch.empty(size, dtype=torch_dtype(dt)) for size, dt in zip(sizes, dtypes, strict=True)]
-    storage = pool.storage(total) if pool is not None else torch.UntypedStorage._new_shared(total)
+    if not shared:
+        storage = private.storage(total)
+    else:
+        storage = pool.storage(total) if pool is not None else torch.UntypedStorage._new_shared(total)
     return [torch.empty(0, dtype=torch_dtype(dt)).set_(storage, offset // dt.itemsize, size)
             for size, dt, offset in zip(sizes, dtypes, offsets, strict=True)]
+
+
+def stored_axes(view: np.ndarray, perm: list[int]) -> np.ndarray:
+    """A ``(B, *output axes)`` batch viewed in the stored axis order of its samples."""
+    if perm == list(range(len(perm))):
+        return view
+    return view.transpose(0, *(1 + int(a) for a in np.argsort(perm)))
 
 
 class Ragged:

@@ -11,7 +11,9 @@ the mapping into its buffer: its file location is looked up once per chunk and p
 later epochs make no HDF5 call and no copy of the stored bytes (``read_direct_chunk`` copies
 them into a buffer first: float32 blosc2-lz4 chunks read that way decoded at ~0.7x the speed of
 ``blosc2.decompress`` alone, from the mapping at ~0.8x; the rest is refaulting pages after each
-bulk release, which keeps resident memory flat).
+bulk release, which keeps resident memory flat). Big rows of *uncompressed* chunks that are
+copied as stored are not taken from the mapping at all: the gathers read them with ``preadv``
+straight into the batch (:mod:`h5batch.torch.preads`), so no page is mapped or refaulted.
 
 A dataset whose filter pipeline we cannot decode (lzf, szip, fletcher32, ...) or whose
 chunks do not hold whole rows is read through HDF5 instead, still one call per chunk. The
@@ -25,12 +27,14 @@ from __future__ import annotations
 import mmap
 import warnings
 from collections import OrderedDict
+from typing import Any
 
 import h5py
 import numpy as np
 
 from ..codecs import ChunkDecoder
 from .batch import Copy, copy_all
+from .preads import SPAN_MIN_BYTES, FileSpan, mover
 
 
 class ChunkStore:
@@ -54,10 +58,14 @@ class ChunkStore:
         view of the mapping: no read, no copy, like a ``numpy.memmap``); evicted blocks'
         pages are dropped from this process in bulk (``MADV_DONTNEED``; they stay in the
         page cache), so resident memory stays under about twice ``capacity`` blocks.
+    fd : int, optional
+        The file opened read-only, with ``mapping``: the batch gathers read big rows of
+        uncompressed chunks with ``preadv`` from it (:meth:`plain_offset`), which maps no
+        page and uses no cache.
     """
 
     def __init__(self, ds: h5py.Dataset, capacity: int, direct: bool = True,
-                 mapping: mmap.mmap | None = None):
+                 mapping: mmap.mmap | None = None, fd: int | None = None):
         self.ds = ds
         self.dtype = ds.dtype  # h5py's property costs a few us per access
         self.n = ds.shape[0]
@@ -85,6 +93,8 @@ class ChunkStore:
         self.offsets: dict[int, int] = {}  # file offset of each mapped block in the cache
         self.addresses: dict[int, int] = {}  # every block looked up: file offset, -1 = not plain
         self.evicted = 0  # bytes of mapped blocks evicted since their pages were last dropped
+        self.fd = fd if self.mapping is not None else None  # plain blocks: preadv into the batch
+        self.path = ds.file.filename if self.fd is not None else ""
 
     @property
     def direct(self) -> bool:
@@ -114,30 +124,57 @@ class ChunkStore:
         """Block ``c`` as a view of the file mapping (None: read it the other way)."""
         view = self.cache.pop(c, None)
         if view is None:
-            size = self.k * self.row_bytes
-            offset = self.addresses.get(c)
-            if offset is None:
-                # Looked up once per chunk and process (an HDF5 call per row otherwise, which
-                # dominates a fully shuffled batch); the file is read-only and never rewritten.
-                info = self.ds.id.get_chunk_info_by_coord((c * self.k, *self.zeros))
-                plain = info.byte_offset is not None and info.size == size and not info.filter_mask
-                offset = self.addresses[c] = info.byte_offset if plain else -1
+            offset = self._address(c)
             if offset < 0:
                 return None  # not written, or not a plain chunk: let _load handle it
             if len(self.cache) >= self.capacity:
                 self._drop(*self.cache.popitem(last=False))
-            view = np.frombuffer(self.mapping, dtype=self.dtype, count=size // self.dtype.itemsize,
-                                 offset=offset).reshape(self.k, *self.row)
+            view = self._view(offset)
             self.offsets[c] = offset
             self.loads += 1
-            if "mapped" not in self.verified:
-                lo, hi = c * self.k, min((c + 1) * self.k, self.n)
-                if not np.array_equal(view[: hi - lo], self.ds[lo:hi]):
-                    self._give_up_mapping(f"mapped chunk {c} differs from HDF5's read")
-                    return None
-                self.verified.add("mapped")
+            if "mapped" not in self.verified and not self._verify_mapped(c, view):
+                return None
         self.cache[c] = view
         return view
+
+    def plain_offset(self, c: int) -> int:
+        """File offset of block ``c`` when its rows are stored there as they are (an
+        uncompressed, fully written chunk of a mapped file, checked against HDF5 once per
+        dataset), else -1. Such a block is read with ``preadv`` straight into the batch
+        (:mod:`h5batch.torch.preads`), never through the mapping nor the cache."""
+        if self.mapping is None or self.fd is None:
+            return -1
+        offset = self._address(c)
+        if offset >= 0 and "mapped" not in self.verified:
+            self.loads += 1
+            if not self._verify_mapped(c, self._view(offset)):
+                return -1
+        return offset
+
+    def _address(self, c: int) -> int:
+        offset = self.addresses.get(c)
+        if offset is None:
+            # Looked up once per chunk and process (an HDF5 call per row otherwise, which
+            # dominates a fully shuffled batch); the file is read-only and never rewritten.
+            info = self.ds.id.get_chunk_info_by_coord((c * self.k, *self.zeros))
+            size = self.k * self.row_bytes
+            plain = info.byte_offset is not None and info.size == size and not info.filter_mask
+            offset = self.addresses[c] = info.byte_offset if plain else -1
+        return offset
+
+    def _view(self, offset: int) -> np.ndarray:
+        return np.frombuffer(self.mapping, dtype=self.dtype, count=self.k * self.row_bytes // self.dtype.itemsize,
+                             offset=offset).reshape(self.k, *self.row)
+
+    def _verify_mapped(self, c: int, view: np.ndarray) -> bool:
+        """The first plain block's bytes against HDF5's read of its rows (False: mismatch,
+        the mapping and the file reads are given up)."""
+        lo, hi = c * self.k, min((c + 1) * self.k, self.n)
+        if not np.array_equal(view[: hi - lo], self.ds[lo:hi]):
+            self._give_up_mapping(f"mapped chunk {c} differs from HDF5's read")
+            return False
+        self.verified.add("mapped")
+        return True
 
     def _drop(self, c: int, view: np.ndarray) -> None:
         """Forget an evicted mapped block. Resident pages are released in bulk: once the
@@ -157,6 +194,7 @@ class ChunkStore:
         warnings.warn(f"{self.ds.file.filename}:{self.ds.name}: {why}; reading chunks instead",
                       RuntimeWarning, stacklevel=4)
         self.mapping = None
+        self.fd = None
         self.cache.clear()
         self.offsets.clear()
 
@@ -245,8 +283,11 @@ def gather_rows(store: ChunkStore, src: np.ndarray, dst_pos: np.ndarray, out: np
 
     Big-row copies are collected and run together by :func:`copy_all` (on several threads
     in the main process); they are flushed before a block fetch could recycle the cache
-    buffer of a block still waiting to be copied (mapped blocks are never recycled).
+    buffer of a block still waiting to be copied (mapped blocks are never recycled). Big
+    rows of plain (uncompressed) blocks are read from the file straight into ``out``
+    (:mod:`h5batch.torch.preads`) when the store has a file descriptor.
     """
+    move = mover(copy)
     copy = copy or np.copyto
     k = store.k
     big_rows = out[0].nbytes >= 4096 if len(out) else False
@@ -254,19 +295,31 @@ def gather_rows(store: ChunkStore, src: np.ndarray, dst_pos: np.ndarray, out: np
     cut = np.flatnonzero(blocks[1:] != blocks[:-1]) + 1
     starts = [0, *cut.tolist()]
     ends = [*cut.tolist(), len(src)]
-    tasks: list[tuple[np.ndarray, np.ndarray]] = []
+    tasks: list[tuple[np.ndarray, Any]] = []
     pending = 0  # cache buffers (not mapped views) that tasks still read
+    spans = store.fd is not None and big_rows and copy is np.copyto
+    rb = store.row_bytes
     for s, e in zip(starts, ends, strict=True):
         if pending and pending >= store.capacity - 1:
-            copy_all(tasks, copy)
+            copy_all(tasks, move)
             tasks, pending = [], 0
         c = int(blocks[s])
-        chunk = store.get(c)
         r = src[s:e] - c * k
         d = dst_pos[s:e]
         n = e - s
         r0, d0 = int(r[0]), int(d[0])
-        if int(r[-1]) - r0 == n - 1 and int(d[-1]) - d0 == n - 1 and _strictly_consecutive(r, d):
+        run = int(r[-1]) - r0 == n - 1 and int(d[-1]) - d0 == n - 1 and _strictly_consecutive(r, d)
+        base = store.plain_offset(c) if spans else -1
+        if base >= 0:  # rows of a plain chunk: read from the file straight into the batch
+            dt, where = store.dtype, store.path
+            if run:
+                tasks.append((out[d0: d0 + n], FileSpan(store.fd, base + r0 * rb, dt, where)))
+            else:
+                tasks.extend((out[di], FileSpan(store.fd, base + ri * rb, dt, where))
+                             for ri, di in zip(r.tolist(), d.tolist()))
+            continue
+        chunk = store.get(c)
+        if run:
             tasks.append((out[d0: d0 + n], chunk[r0: r0 + n]))
         elif big_rows:
             tasks.extend((out[di], chunk[ri]) for ri, di in zip(r.tolist(), d.tolist()))
@@ -276,7 +329,7 @@ def gather_rows(store: ChunkStore, src: np.ndarray, dst_pos: np.ndarray, out: np
             out[d] = tmp
             continue
         pending += bool(chunk.flags.writeable)
-    copy_all(tasks, copy)
+    copy_all(tasks, move)
 
 
 def _strictly_consecutive(r: np.ndarray, d: np.ndarray) -> bool:
@@ -292,12 +345,16 @@ def gather_padded(store: ChunkStore | None, lo: np.ndarray, hi: np.ndarray, orde
     Like :func:`gather_rows`: the copies convert as they go (one pass per sample instead of
     a cast and a scaling pass over the whole batch) and run together on :func:`copy_all`'s
     threads, flushed before a block fetch could recycle the cache buffer of a block still
-    waiting to be copied. ``store`` may be None when every sample is empty.
+    waiting to be copied. ``store`` may be None when every sample is empty. Pieces of at
+    least :data:`~h5batch.torch.preads.SPAN_MIN_BYTES` in plain blocks are read from the file
+    straight into ``out`` (:mod:`h5batch.torch.preads`) when the store has a file descriptor.
     """
-    copy = copy or np.copyto
-    tasks: list[tuple[np.ndarray, np.ndarray]] = []
+    move = mover(copy)
+    tasks: list[tuple[np.ndarray, Any]] = []
     pending, last = 0, -1  # cache buffers (not mapped views) that tasks still read
     width = out.shape[1]
+    spans = store is not None and store.fd is not None and copy is None
+    size = store.dtype.itemsize if store is not None else 1
     for j in order.tolist():
         a, b = int(lo[j]), int(hi[j])
         if b - a < width:
@@ -308,18 +365,24 @@ def gather_padded(store: ChunkStore | None, lo: np.ndarray, hi: np.ndarray, orde
         k = store.k
         p = 0
         for c in range(a // k, (b - 1) // k + 1):
+            s0 = max(a, c * k)
+            s1 = min(b, (c + 1) * k)
+            base = store.plain_offset(c) if spans and (s1 - s0) * size >= SPAN_MIN_BYTES else -1
+            if base >= 0:
+                span = FileSpan(store.fd, base + (s0 - c * k) * size, store.dtype, store.path)
+                tasks.append((dst[p: p + s1 - s0], span))
+                p += s1 - s0
+                continue
             if c != last and pending and pending >= store.capacity - 1:
-                copy_all(tasks, copy)
+                copy_all(tasks, move)
                 tasks, pending = [], 0
             block = store.get(c)
             if c != last:
                 pending += bool(block.flags.writeable)
                 last = c
-            s0 = max(a, c * k)
-            s1 = min(b, (c + 1) * k)
             tasks.append((dst[p: p + s1 - s0], block[s0 - c * k: s1 - c * k]))
             p += s1 - s0
-    copy_all(tasks, copy)
+    copy_all(tasks, move)
 
 
 def gather_span(store: ChunkStore, a: int, b: int, out: np.ndarray) -> None:

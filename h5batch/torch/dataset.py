@@ -25,11 +25,13 @@ from torch.utils.data import Dataset, get_worker_info
 from .. import format as fmt
 from ..tools.index import check_complete, live_rows, offsets_key, open_file, read_index, shapes_key
 from ..tools.views import read_view
-from .batch import Batch, Ragged, divide_in_place, empty_columns, float_copy
+from .batch import Batch, Ragged, divide_in_place, empty_columns, float_copy, stored_axes
 from .chunks import ChunkStore, gather_padded, gather_rows, gather_span
 from .encoded import decode_columns, encoded_fields
 from .fieldinfo import FieldInfo, field_info
+from .preads import close_fd, map_file
 from .recycle import shared_pool
+from .reuse import PrivatePool
 from .single import read_one
 from .text import text_fields, to_strings
 
@@ -82,13 +84,15 @@ class H5Dataset(Dataset):
     shared_memory : bool, optional
         Allocate batch tensors in shared memory; default: only inside DataLoader workers.
     mmap : bool
-        Map the file read-only and use uncompressed chunks in place (no read, no copy;
-        the pages of evicted chunks are released). ``False`` reads them like the others.
+        Uncompressed chunks: big rows read with ``preadv`` straight into the batch, small
+        ones used in place in a read-only mapping (:mod:`h5batch.torch.preads`). ``False``
+        reads them like the others.
     recycle : bool
-        DataLoader workers reuse a batch's shared memory once the main process has dropped
-        every tensor on it, instead of faulting in fresh pages per batch (see
-        :mod:`h5batch.torch.recycle`). Turn it off if the main process hands batch tensors
-        on to yet another process without copying them.
+        Reuse a batch's memory once every tensor on it is dropped, instead of faulting in
+        fresh pages per batch: a DataLoader worker's shared memory once the main process
+        dropped it (:mod:`h5batch.torch.recycle`), the main process's own batches without
+        workers (:mod:`h5batch.torch.reuse`). Turn it off if the main process hands batch
+        tensors on to yet another process without copying them.
     view : str, optional
         Read only the rows of the split's view ``name`` (``h5batch view add``; stored as
         ``/<split>/views/<name>``): ``len(ds)`` is the view's size, index ``i`` its ``i``-th
@@ -252,6 +256,8 @@ class H5Dataset(Dataset):
         self._stores: dict[str, ChunkStore] = {}
         self._sources: h5py.Dataset | None = None
         self._mapping: mmap.mmap | None = None
+        self._read_fd: int | None = None  # this process's descriptor for preadv (with _mapping)
+        self._private = PrivatePool() if self._pool is not None else None  # torch/reuse.py
 
     def _ensure_open(self) -> None:
         pid = os.getpid()
@@ -264,6 +270,7 @@ class H5Dataset(Dataset):
                 self._file.close()
             except (OSError, ValueError, RuntimeError):
                 pass
+        close_fd(self._read_fd)  # a forked copy of the parent's descriptor
         self._clear_process_state()
         self._file = self._open()
         self._pid = pid
@@ -282,15 +289,14 @@ class H5Dataset(Dataset):
                 capacity += CACHE_SLACK
             else:
                 capacity = max(1, self.cache_bytes // max(fi.chunk_nbytes, 1))
-            store = self._stores[fi.name] = ChunkStore(ds, capacity, self.direct_chunks, self._map())
+            store = self._stores[fi.name] = ChunkStore(ds, capacity, self.direct_chunks, self._map(), self._read_fd)
         return store
 
     def _map(self) -> mmap.mmap | None:
-        """This process's read-only mapping of the file (uncompressed chunks are used in place)."""
+        """This process's read-only mapping of the file and ``_read_fd`` (torch/preads.py)."""
         if self._mapping is None and self.direct_chunks and self.mmap:
             try:
-                with open(self.path, "rb") as fh:
-                    self._mapping = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+                self._mapping, self._read_fd = map_file(self.path)
             except (OSError, ValueError):
                 self.mmap = False  # e.g. a file system without mmap: read chunks instead
         return self._mapping
@@ -311,11 +317,12 @@ class H5Dataset(Dataset):
         """Close this process's file handle and drop the caches (reopened on next access)."""
         if self._file is not None and self._pid == os.getpid():
             self._file.close()
+        close_fd(self._read_fd)
         self._clear_process_state()
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_pid=None, _file=None, _stores={}, _sources=None, _index={}, _mapping=None)
+        state.update(_pid=None, _file=None, _stores={}, _sources=None, _index={}, _mapping=None, _read_fd=None)
         return state
 
     def __enter__(self) -> H5Dataset:
@@ -345,7 +352,7 @@ class H5Dataset(Dataset):
         specs = [(self._out_shape(fi, b, shapes.get(fi.name)), self._convert(fi)[0]) for fi in self.fields]
         if self.labelled:
             specs.append(((b,), np.int64))
-        outs = empty_columns(specs, shared, self._pool)
+        outs = empty_columns(specs, shared, self._pool, self._private)
         columns: dict[str, torch.Tensor | Ragged] = {}
         for fi, out in zip(self.fields, outs):
             if fi.fixed:
@@ -407,7 +414,7 @@ class H5Dataset(Dataset):
     def _read_fixed(self, fi: FieldInfo, idx: np.ndarray, order: np.ndarray,
                     out: torch.Tensor) -> torch.Tensor:
         how = self._convert(fi)[1]
-        view = _stored_axes(out.numpy(), self._axes(fi))  # e.g. (B, H, W, C) of a (B, C, H, W) batch
+        view = stored_axes(out.numpy(), self._axes(fi))  # e.g. (B, H, W, C) of a (B, C, H, W) batch
         if len(idx):
             # Gathered and converted in one pass per row.
             gather_rows(self._store(fi), idx[order], order, view, float_copy(fi.dtype, how) if how else None)
@@ -420,7 +427,7 @@ class H5Dataset(Dataset):
         how = self._convert(fi)[1]
         perm = self._axes(fi)
         view = out.numpy()
-        stored_view = _stored_axes(view, perm)  # (B, *stored axes)
+        stored_view = stored_axes(view, perm)  # (B, *stored axes)
         store = self._store(fi) if len(idx) and int((hi - lo).sum()) else None
         if fi.ndim == 1:  # each sample converted straight into its padded row
             gather_padded(store, lo, hi, order, view, float_copy(fi.dtype, how) if how else None)
@@ -449,9 +456,3 @@ class H5Dataset(Dataset):
             texts = [x.decode() for x in rows]
         return [texts[k] for k in inv.tolist()]
 
-
-def _stored_axes(view: np.ndarray, perm: list[int]) -> np.ndarray:
-    """A ``(B, *output axes)`` batch viewed in the stored axis order of its samples."""
-    if perm == list(range(len(perm))):
-        return view
-    return view.transpose(0, *(1 + int(a) for a in np.argsort(perm)))

@@ -1,0 +1,182 @@
+"""The reader at the memory limit: uncompressed big rows read with ``preadv`` straight into
+the batch (h5batch/torch/preads.py) and batch memory reused without workers
+(h5batch/torch/reuse.py), on real files made by the real converter."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from h5batch import generate
+from h5batch.torch import H5Dataset, collate
+from h5batch.torch.reuse import MAX_SLOTS, PrivatePool
+from tests.test_reader import make_h5
+
+SMALL_CHUNKS = "output.chunk_bytes=65536"
+FIELDS = ("data", "target")
+
+
+@pytest.fixture(scope="module")
+def storages(tmp_path_factory):
+    """The same 48 clips of 4,000 samples stored int16 / float32, fixed / variable, codec none."""
+    d = tmp_path_factory.mktemp("reader-preads")
+    generate.make_paired_audio(d / "corpus", n_train=48, n_test=1, seconds=0.25)
+    out = {}
+    for dtype in ("int16", "float32"):
+        for fixed in (True, False):
+            length = "4000" if fixed else "null"
+            path = d / f"{dtype}-{'fixed' if fixed else 'variable'}.h5"
+            make_h5("paired_audio.yaml", path, d / "corpus", SMALL_CHUNKS, "output.codec=none",
+                    *(f"fields.{f}.{k}={v}" for f in FIELDS for k, v in (("length", length), ("dtype", dtype))))
+            out[dtype, fixed] = path
+    return out
+
+
+def _reference(path: Path, fixed: bool) -> dict[str, list[np.ndarray]]:
+    """Every train sample's stored values, read with h5py alone."""
+    with h5py.File(path, "r") as f:
+        g = f["train"]
+        if fixed:
+            return {k: list(g[k][...]) for k in FIELDS}
+        ref = {}
+        for k in FIELDS:
+            values, offsets = g[k]["values"][...], g[k]["offsets"][...]
+            ref[k] = [values[offsets[i]: offsets[i + 1]] for i in range(len(offsets) - 1)]
+        return ref
+
+
+@pytest.mark.parametrize("dtype", ["int16", "float32"])
+@pytest.mark.parametrize("fixed", [True, False], ids=["fixed", "variable"])
+def test_plain_chunks_read_equal_to_hdf5_in_any_order(storages, dtype, fixed):
+    path = storages[dtype, fixed]
+    ref = _reference(path, fixed)
+    rng = np.random.default_rng(0)
+    idx = [*rng.permutation(48).tolist(), 5, 5, 0, 47]  # any order, duplicates
+    for as_float in (True, False):
+        ds = H5Dataset(path, "train", as_float=as_float)
+        out = collate(ds.__getitems__(idx))
+        for k in FIELDS:
+            for j, i in enumerate(idx):
+                want = ref[k][i].astype(np.float32) / np.float32(32768) if as_float and dtype == "int16" else ref[k][i]
+                got = out[k][j].numpy() if fixed else out[k][j, : int(out[k + "_lengths"][j])].numpy()
+                assert got.dtype == want.dtype and np.array_equal(got, want), (k, i)
+            store = ds._stores[k]
+            assert store.fd is not None and "mapped" in store.verified
+            # Rows copied as stored are read from the file, never through the mapping's
+            # cache; converted rows (int16 -> float32) are converted from mapped blocks.
+            if fixed:
+                assert (len(store.cache) == 0) == (dtype == "float32" or not as_float), (k, as_float)
+        ds.close()
+        assert ds._read_fd is None
+
+
+def test_mmap_off_reads_the_same_without_a_descriptor(storages):
+    path = storages["float32", True]
+    a = collate(H5Dataset(path, "train").__getitems__(range(48)))
+    ds = H5Dataset(path, "train", mmap=False)
+    b = collate(ds.__getitems__(range(48)))
+    assert all(torch.equal(a[k], b[k]) for k in FIELDS)
+    assert all(s.fd is None and s.mapping is None for s in ds._stores.values())
+
+
+def test_a_file_cut_short_under_the_reader_raises_naming_it(storages, tmp_path):
+    path = tmp_path / "cut.h5"
+    shutil.copy(storages["float32", True], path)
+    ds = H5Dataset(path, "train")
+    ds.__getitems__(range(48))  # every chunk's location is known now
+    os.truncate(path, os.path.getsize(path) // 2)
+    try:
+        with pytest.raises(OSError, match=rf"{path.name}: read \d+ of \d+ bytes.*shorter"):
+            ds.__getitems__([47])
+    finally:
+        ds.close()
+
+
+def test_workers_read_the_same_through_their_own_descriptors(storages):
+    path = storages["float32", False]
+    ds = H5Dataset(path, "train")
+    want = collate(ds.__getitems__(range(48)))  # opened in the parent before the fork
+    loader = DataLoader(ds, batch_size=16, num_workers=2, collate_fn=collate)
+    got = list(loader)
+    for k in FIELDS:
+        assert torch.equal(torch.cat([b[k] for b in got]), want[k])
+    ds.close()
+
+
+def _rss_file() -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("RssFile:"):
+                return int(line.split()[1]) << 10
+    pytest.skip("no RssFile in /proc/self/status")
+
+
+def test_main_process_memory_stays_bounded_over_epochs(tmp_path):
+    """Three epochs of a 25 MB plain float32 file at 0 workers map (almost) none of it."""
+    generate.make_paired_audio(tmp_path / "corpus", n_train=200, n_test=1, seconds=1.0)
+    path = tmp_path / "big.h5"
+    make_h5("paired_audio.yaml", path, tmp_path / "corpus", SMALL_CHUNKS, "output.codec=none",
+            *(f"fields.{f}.{k}={v}" for f in FIELDS for k, v in (("length", "16000"), ("dtype", "float32"))))
+    ds = H5Dataset(path, "train")
+    loader = ds.loader(batch_size=16, num_workers=0)
+    for b in loader:
+        del b
+    before = _rss_file()
+    for _ in range(3):
+        for b in loader:
+            del b
+    grown = _rss_file() - before
+    assert grown < 4 << 20, f"file pages mapped over 3 epochs: {grown >> 20} MiB of a {os.path.getsize(path) >> 20} MiB file"
+
+
+def test_batches_reuse_memory_only_once_dropped(storages):
+    path = storages["float32", True]
+    ref = collate(H5Dataset(path, "train", recycle=False).__getitems__(range(48)))
+    ds = H5Dataset(path, "train")
+    loader = ds.loader(batch_size=8, shuffle=False)
+    seen = set()
+    for _ in range(3):
+        for b in loader:
+            seen.add(b["data"].untyped_storage().data_ptr())
+    assert len(seen) <= MAX_SLOTS and ds._private.reused > 0
+    kept = list(loader)  # held: none may be overwritten by a later batch
+    assert len({b["data"].untyped_storage().data_ptr() for b in kept}) == len(kept)
+    for k in FIELDS:
+        assert torch.equal(torch.cat([b[k] for b in kept]), ref[k])
+    assert H5Dataset(path, "train", recycle=False)._private is None
+
+
+def test_private_pool_hands_out_only_unheld_storages():
+    pool = PrivatePool()
+    a = pool.storage(1000)
+    view = torch.empty(0).set_(a, 0, (10,))
+    del a
+    b = pool.storage(1000)  # the first is still viewed
+    assert b.data_ptr() != view.untyped_storage().data_ptr()
+    del view
+    c = pool.storage(900)
+    assert pool.reused == 1 and c.nbytes() >= 900
+    pool.pid = -1  # as in a forked child: the parent's storages are not handed out
+    assert pool.storage(1000).data_ptr() not in {b.data_ptr(), c.data_ptr()} and len(pool.slots) == 1
+
+
+def test_strided_destinations_read_the_same(tmp_path):
+    """``channels_first`` images: each (H, W, C) row lands in a transposed view of the batch,
+    which a read cannot fill directly (read into a temporary, then copied)."""
+    generate.make_demo_corpus(tmp_path / "corpus", per_class=3)
+    path = tmp_path / "demo.h5"
+    make_h5("demo.yaml", path, tmp_path / "corpus", SMALL_CHUNKS, "output.codec=none")
+    idx = [4, 0, 5, 4, 2]
+    for kw in ({"as_float": False}, {"as_float": False, "channels_first": True}, {"channels_first": True}):
+        fast = H5Dataset(path, "train", **kw)
+        a = collate(fast.__getitems__(idx))
+        b = collate(H5Dataset(path, "train", mmap=False, **kw).__getitems__(idx))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a if k != "source")
+        assert fast._stores["image"].fd is not None
