@@ -172,3 +172,44 @@ def test_after_a_crash_in_process_the_next_auto_run_resumes_on_processes(paired,
     assert res.returncode == 0, res.stderr
     assert_same_h5(ref, out)
     assert not stale_segments()
+
+
+# A command line's conversion, with a report of what its driver imported (stdout, JSON).
+_CLI_WITH_MODULES = """
+import json, sys
+from h5batch.cli import main
+code = main(sys.argv[1:])
+print(json.dumps({"code": code, **{m: m in sys.modules for m in ("blosc2", "dask", "distributed")}}))
+"""
+
+
+def test_a_command_line_driver_forks_its_writer_and_never_imports_blosc2_or_dask(demo_root, tmp_path):
+    """The CLI's driver is single-threaded when the writer starts: the writer is forked from
+    it and takes codec: auto's measurements, so the driver imports neither blosc2 nor Dask.
+    The file equals one made where the fork server starts the writer (a thread is running)
+    and the driver measures itself: the codec choice depends on the samples alone."""
+    import sys
+    import threading
+
+    from h5batch import ConvertOptions
+    from h5batch import convert as convert_in_process
+    from h5batch.conversion.writer_start import can_fork
+
+    a, b = tmp_path / "cli.h5", tmp_path / "threaded.h5"
+    cmd = [sys.executable, "-c", _CLI_WITH_MODULES, *run.convert_cmd(DEMO, output=a, root=demo_root)[len(run.CLI):]]
+    res = run.run(cmd)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout.splitlines()[-1]) == {"code": 0, "blosc2": False, "dask": False,
+                                                         "distributed": False}
+    stop = threading.Event()
+    busy = threading.Thread(target=stop.wait, daemon=True)
+    busy.start()
+    try:
+        assert not can_fork()
+        job = load_job(DEMO, [f"source.root={demo_root}", f"output.path={b}"])
+        convert_in_process(job, ConvertOptions(overwrite=True, progress="none"))
+    finally:
+        stop.set()
+    assert_same_h5(a, b)
+    with h5py.File(a) as f:
+        assert "blosc2-lz4 shrank 32 trial samples" in f["train/image"].attrs["codec_choice"]

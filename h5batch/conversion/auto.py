@@ -291,10 +291,19 @@ def trial_speeds(arrays: list[np.ndarray], level: int | None, shuffle: bool) -> 
     return lz4_trial.speeds(arrays, level, shuffle)
 
 
-def measure(arrays: dict[str, list[np.ndarray]], level: int | None, shuffle: bool) -> dict[str, lz4_trial.Figures]:
-    """Ratio and speeds per field that has trial samples (:func:`lz4_trial.measure`)."""
+Measurer = Callable[[dict, "int | None", bool, float], "dict | None"]
+
+
+def measure(arrays: dict[str, list[np.ndarray]], level: int | None, shuffle: bool,
+            elsewhere: Measurer | None = None) -> dict[str, lz4_trial.Figures]:
+    """Ratio and speeds per field that has trial samples (:func:`lz4_trial.measure`), by
+    ``elsewhere`` when given and it answers (a forked writer that has blosc2 loaded:
+    ``conversion/writer_start.py``), else here."""
     fields = {name: (_flat(a), a) for name, a in arrays.items() if a}
-    return lz4_trial.measure(fields, level, shuffle, MIN_RATIO) if fields else {}
+    if not fields:
+        return {}
+    got = elsewhere(fields, level, shuffle, MIN_RATIO) if elsewhere is not None else None
+    return got if got is not None else lz4_trial.measure(fields, level, shuffle, MIN_RATIO)
 
 
 @dataclass(frozen=True)
@@ -315,8 +324,9 @@ class AutoSettings:
         return lines
 
 
-def resolve(job: JobConfig, manifest: Manifest) -> AutoSettings:
-    """The codec of every field and the items per batch (``auto`` or as configured)."""
+def resolve(job: JobConfig, manifest: Manifest, measurer: Measurer | None = None) -> AutoSettings:
+    """The codec of every field and the items per batch (``auto`` or as configured);
+    ``measurer``: see :func:`measure`."""
     o = job.output
     fixed = {name: fixed_sample_shape(fc) for name, fc in job.fields.items()}
     need = []
@@ -340,7 +350,7 @@ def resolve(job: JobConfig, manifest: Manifest) -> AutoSettings:
         codecs = {name: CodecChoice(name, CodecSpec(o.codec, o.level, o.shuffle)) for name in job.fields}
     else:
         codecs = {}
-        figures = measure(trial.arrays, o.level, o.shuffle)
+        figures = measure(trial.arrays, o.level, o.shuffle, measurer)
         for name in job.fields:
             ratio, *speeds = figures.get(name, (1.0, None, None))
             chosen = choose(ratio, *speeds, o.prefer)

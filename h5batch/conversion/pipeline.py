@@ -21,7 +21,7 @@ from .options import ConvertOptions, ConvertSummary
 from .partial import OutputFiles
 from .plan import make_plan
 from .sync import recover
-from .writer_start import PendingWriter
+from .writer_start import PendingWriter, codec_libraries
 
 __all__ = ["convert"]
 
@@ -64,7 +64,7 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
              say) -> ConvertSummary:
     # The writer process starts first, on a thread: its imports (h5py, the codecs) overlap
     # discovery, the codec trial and pre-flight. It waits for its spec, holding the lock with us.
-    pending = PendingWriter(lock.inheritable())
+    pending = PendingWriter(lock.inheritable(), codec_libraries(job))
     started = False
     try:
         generate_corpus(job, say)
@@ -77,7 +77,8 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
         output.check_not_there()
         output.require_samples(manifest)
         record = output.resume_record(manifest)
-        plan = make_plan(job, manifest, record, output.final, output.partial, run_id, say)
+        plan = make_plan(job, manifest, record, output.final, output.partial, run_id, say,
+                         measurer=pending.measure)
         plan.spec.inventory = inventory.write_sidecar(output.partial, manifest)
         # Decoding may begin while the writer is still importing: batches queue in its pipe.
         writer = pending.get()

@@ -28,7 +28,7 @@ from ..transport.segments import hostname
 from ..writer.commit import CommitRecord
 from ..writer.messages import WriterSpec
 from ..writer.process import current_umask
-from .auto import resolve
+from .auto import Measurer, resolve
 from .cluster import default_workers
 
 
@@ -45,9 +45,11 @@ class Plan:
 
 
 def make_plan(job: JobConfig, manifest: Manifest, record: CommitRecord | None, final: str, partial: str,
-              run_id: str, say: Callable[[str], None], keep_codecs: dict[str, CodecSpec] | None = None) -> Plan:
-    """``keep_codecs``: fields whose datasets exist already (a sync) keep these codecs."""
-    auto = resolve(job, manifest)
+              run_id: str, say: Callable[[str], None], keep_codecs: dict[str, CodecSpec] | None = None,
+              measurer: Measurer | None = None) -> Plan:
+    """``keep_codecs``: fields whose datasets exist already (a sync) keep these codecs;
+    ``measurer``: who takes ``codec: auto``'s measurements (:func:`.auto.measure`)."""
+    auto = resolve(job, manifest, measurer)
     for line in auto.describe(job):
         say(line)
     codecs = {name: c.codec for name, c in auto.codecs.items()}

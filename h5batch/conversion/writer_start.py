@@ -9,7 +9,10 @@ Rule: the driver asks for the writer first and collects it only when it sends th
   ~1 s on this machine, and on a small corpus the driver waited for it: it was most of the
   demo's conversion time. A single-threaded process forks safely (no lock can be held by a
   thread that the child lacks); the writer inherits nothing it uses but the pipes made for
-  it and the output's lock.
+  it and the output's lock. The forked writer then imports the job's codec library
+  (blosc2 for ``codec: auto``) on its own core, and :meth:`PendingWriter.measure` has it
+  take ``codec: auto``'s measurements (:mod:`h5batch.codecs.lz4_trial`) before the job
+  starts: the driver never imports blosc2, 0.3-0.7 s it spent before on a small job.
 * Otherwise (threads are running: a Dask client, a notebook's kernel, an earlier
   conversion in the process; or no ``fork``): the fork server of
   :func:`~h5batch.writer.process.writer_context`, started on a thread so that its preload
@@ -20,10 +23,16 @@ Rule: the driver asks for the writer first and collects it only when it sends th
 from __future__ import annotations
 
 import multiprocessing as mp
+import queue
 import sys
 import threading
+from typing import TYPE_CHECKING
 
+from ..writer.messages import Measure, Measured
 from ..writer.process import WriterHandle, writer_context
+
+if TYPE_CHECKING:
+    from ..config import JobConfig
 
 
 def can_fork() -> bool:
@@ -36,13 +45,14 @@ def can_fork() -> bool:
 class PendingWriter:
     """A :class:`~h5batch.writer.process.WriterHandle` being started (see the module docstring)."""
 
-    def __init__(self, lock_fd: int | None = None):
+    def __init__(self, lock_fd: int | None = None, preload: tuple[str, ...] = ()):
         self._handle: WriterHandle | None = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
-        if can_fork():
+        self.forked = can_fork()
+        if self.forked:
             try:
-                self._handle = WriterHandle.start(lock_fd, mp.get_context("fork"))
+                self._handle = WriterHandle.start(lock_fd, mp.get_context("fork"), preload)
             except BaseException as e:  # noqa: BLE001 - raised again by get(), like the thread's
                 self._error = e
             return
@@ -64,6 +74,27 @@ class PendingWriter:
         except BaseException as e:  # noqa: BLE001 - raised again by get(), in the caller's thread
             self._error = e
 
+    def measure(self, fields: dict, level: int | None, shuffle: bool, min_ratio: float) -> dict | None:
+        """``codec: auto``'s figures measured by a forked writer (:class:`Measure`), or None
+        (a writer from the fork server, or it failed): the caller then measures itself."""
+        if not self.forked or self._handle is None:
+            return None
+        h = self._handle
+        try:
+            h.inbox.put(Measure(fields, level, shuffle, min_ratio))
+            # No time limit: a late answer would be taken for the writer's next message. The
+            # writer answers, or dies (then the job's start reports it).
+            while True:
+                try:
+                    reply = h.outbox.get(timeout=1.0)
+                    break
+                except queue.Empty:
+                    if not h.process.is_alive():
+                        return None
+        except (EOFError, OSError):
+            return None
+        return reply.figures if isinstance(reply, Measured) else None
+
     def get(self) -> WriterHandle:
         """The started writer (waits for the start; raises what the start raised)."""
         if self._thread is not None:
@@ -72,3 +103,13 @@ class PendingWriter:
             raise self._error
         assert self._handle is not None
         return self._handle
+
+
+def codec_libraries(job: JobConfig) -> tuple[str, ...]:
+    """What a forked writer imports first for ``job``: the libraries of its codec's decode
+    steps (blosc2, zstandard; the encoders use the same), or of ``codec: auto``'s candidate,
+    whose trial the writer measures (:meth:`PendingWriter.measure`)."""
+    from ..codecs import AUTO_CODEC, get
+
+    codec = get(AUTO_CODEC if job.output.codec == "auto" else job.output.codec)
+    return tuple(sorted({s.library for s in codec.decode_steps().values() if s.library}))

@@ -6,8 +6,8 @@ every message is small: decoded samples stay in shared memory and only their des
 type through a handler table (``writer.process.HANDLERS``, the driver's
 ``Driver._on_writer``), so a new message is a new class here plus one handler.
 
-Driver -> writer, in this order: one :class:`Start` (or :class:`Quit` when no job came of
-it), then :class:`Store` for every batch part in manifest order, and :class:`Finish` or
+Driver -> writer, in this order: any number of :class:`Measure` (answered by
+:class:`Measured`), one :class:`Start` (or :class:`Quit` when no job came of it), then :class:`Store` for every batch part in manifest order, and :class:`Finish` or
 :class:`Abort` last. The writer commits on its own, every ``policy.commit_every`` seconds.
 
 Writer -> driver: :class:`Ready` once the file is open, :class:`Stored` per batch part,
@@ -75,6 +75,18 @@ class SyncSpec:
 
 
 @dataclass(frozen=True)
+class Measure:
+    """Before :class:`Start`: measure ``codec: auto``'s figures on the trial samples
+    (:func:`h5batch.codecs.lz4_trial.measure`; ``fields``: name -> (flat, arrays)), in a
+    writer that has blosc2 loaded while the driver has not (``conversion/writer_start.py``)."""
+
+    fields: dict[str, Any]
+    level: int | None
+    shuffle: bool
+    min_ratio: float
+
+
+@dataclass(frozen=True)
 class Start:
     """The job: create (or resume) the partial output."""
 
@@ -107,6 +119,15 @@ class Quit:
 
 
 # -- writer -> driver ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The answer to :class:`Measure`: per field ``(ratio, decode GB/s, copy GB/s)``, or
+    None and the error's text (the driver then measures itself)."""
+
+    figures: dict[str, Any] | None
+    error: str = ""
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ server, which lives as long as anyone (this writer too) holds its own liveness p
 from __future__ import annotations
 
 import errno
+import importlib
 import multiprocessing as mp
 import os
 import queue
@@ -38,6 +39,8 @@ from .messages import (
     Done,
     Failed,
     Finish,
+    Measure,
+    Measured,
     Quit,
     Ready,
     Start,
@@ -122,8 +125,9 @@ HANDLERS: dict[type, Callable[[_Session, Any], bool]] = {
 }
 
 
-def _wait_for_start(inbox, driver_gone: Callable[[], bool]) -> WriterSpec | None:
-    """The job, sent once the driver has discovered the corpus (None: not needed after all)."""
+def _wait_for_start(inbox, driver_gone: Callable[[], bool], outbox=None) -> WriterSpec | None:
+    """The job, sent once the driver has discovered the corpus (None: not needed after all).
+    A :class:`Measure` before it is answered on ``outbox``."""
     while True:
         try:
             msg = inbox.get(timeout=POLL_SECONDS)
@@ -135,8 +139,19 @@ def _wait_for_start(inbox, driver_gone: Callable[[], bool]) -> WriterSpec | None
             return None
         if isinstance(msg, Start):
             return msg.spec
+        if isinstance(msg, Measure) and outbox is not None:
+            outbox.put(_measure(msg))
         if isinstance(msg, (Quit, Abort)):
             return None
+
+
+def _measure(msg: Measure) -> Measured:
+    from ..codecs import lz4_trial
+
+    try:
+        return Measured(lz4_trial.measure(msg.fields, msg.level, msg.shuffle, msg.min_ratio))
+    except Exception as e:  # noqa: BLE001 - the driver measures itself and reports its own error
+        return Measured(None, f"{type(e).__name__}: {e}")
 
 
 def writer_main(inbox, outbox, lifeline, lock: SharedFd | None = None) -> None:
@@ -148,7 +163,7 @@ def writer_main(inbox, outbox, lifeline, lock: SharedFd | None = None) -> None:
     def driver_gone() -> bool:
         return lifeline.poll()
 
-    spec = _wait_for_start(inbox, driver_gone)
+    spec = _wait_for_start(inbox, driver_gone, outbox)
     if spec is None:
         return
     if spec.cwd:
@@ -178,11 +193,18 @@ def writer_main(inbox, outbox, lifeline, lock: SharedFd | None = None) -> None:
                 pass
 
 
-def _forked_writer_main(lifeline_write_fd: int, *args: Any) -> None:
+def _forked_writer_main(lifeline_write_fd: int, preload: tuple[str, ...], *args: Any) -> None:
     """:func:`writer_main` in a writer forked from the driver itself, which inherits every
     file descriptor: the driver's end of the lifeline is closed first, or the pipe would
-    never turn readable when the driver dies (the writer would hold it open itself)."""
+    never turn readable when the driver dies (the writer would hold it open itself). Then
+    ``preload`` is imported (the codecs' libraries, on this process's core while the driver
+    discovers), as the fork server would have."""
     os.close(lifeline_write_fd)
+    for name in preload:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # the store that needs it reports it, with the codec's name
+            pass
     writer_main(*args)
 
 
@@ -246,17 +268,18 @@ class WriterHandle:
     lifeline: Any  # write end the driver holds open; closing it tells the writer we are gone
 
     @classmethod
-    def start(cls, lock_fd: int | None = None, ctx: Any = None) -> WriterHandle:
+    def start(cls, lock_fd: int | None = None, ctx: Any = None, preload: tuple[str, ...] = ()) -> WriterHandle:
         """Start the writer process; it waits for :class:`~.messages.Start`. ``lock_fd``:
         the output's lock, which the writer then holds too. ``ctx``: the multiprocessing
-        context (default :func:`writer_context`)."""
+        context (default :func:`writer_context`); ``preload``: modules a *forked* writer
+        imports first."""
         ctx = ctx or writer_context()
         inbox, outbox = PipeQueue.create(ctx), PipeQueue.create(ctx)
         theirs, ours = ctx.Pipe(duplex=False)
         lock = SharedFd(lock_fd) if lock_fd is not None else None
         target, args = writer_main, (inbox, outbox, theirs, lock)
         if ctx.get_start_method() == "fork":
-            target, args = _forked_writer_main, (ours.fileno(), *args)
+            target, args = _forked_writer_main, (ours.fileno(), tuple(preload), *args)
         process = ctx.Process(target=target, args=args, name="h5batch-writer", daemon=True)
         process.start()
         theirs.close()
