@@ -102,22 +102,54 @@ def sync(job: JobConfig, opts: ConvertOptions | None = None) -> SyncSummary:
     return s
 
 
+@dataclass
+class _Found:
+    """Discovery's answer for a sync: incremental (:mod:`h5batch.layouts.incremental`)
+    where it can vouch for its result, else a full :func:`~h5batch.layouts.discover`."""
+
+    manifest: Manifest  # incremental: only the new and changed items
+    items: int  # items of the whole corpus
+    num_inputs: int
+    inventory: tuple | None  # the synced output's inventory arrays (None: from the full manifest)
+    upgrade: bool = False  # the output's inventory predates incremental discovery: rewrite it
+
+    def delta(self, old) -> deltas.Delta:
+        r = getattr(self, "rediscovery", None)
+        return deltas.from_rediscovery(old, r) if r is not None else deltas.compute(old, self.manifest)
+
+
+def _discover(job: JobConfig, old, say) -> _Found:
+    from ..layouts.incremental import rediscover
+
+    mem = old.memory()
+    r = mem if isinstance(mem, str) else rediscover(job, mem, old.rejects)
+    if isinstance(r, str):
+        say(f"sync: full discovery ({r})")
+        m = discover(job)
+        n = len(m.items)
+        return _Found(m, n, sum(len(it.paths) for it in m.items) + len(m.rejects), None, upgrade=isinstance(mem, str))
+    found = _Found(r.manifest, r.items, r.num_inputs, r.inventory)
+    found.rediscovery = r  # type: ignore[attr-defined]
+    return found
+
+
 def _sync(job: JobConfig, opts: ConvertOptions, final: str, lock: OutputLock, run_id: str, say) -> SyncSummary:
     t0 = time.perf_counter()
     generate_corpus(job, say)
-    manifest = discover(job)
     old = deltas.read_output(final)
-    if old.inventory is None:
+    if not old.has_inventory:
         raise ConvertError(f"{final} was written by an h5batch that kept no inventory of its inputs, so a sync "
                            f"cannot tell what changed; convert it once more (--overwrite), later syncs are "
                            f"incremental", EXIT_BAD_INPUT)
+    found = _discover(job, old, say)
+    manifest = found.manifest
     job = _job_for(job, manifest, old)
     t_discover = time.perf_counter() - t0
-    if manifest.hash == old.manifest_hash:
+    if manifest.hash == old.manifest_hash and not found.upgrade:
         fmt.write_rejects(fmt.rejects_file(final), old.rejects)
-        return SyncSummary(final, 0, 0, 0, len(manifest.items), _live(old, {}), len(old.rejects), 0.0,
+        return SyncSummary(final, 0, 0, 0, found.items, _live(old, {}), len(old.rejects), 0.0,
                            up_to_date=True, discover_seconds=t_discover, output_bytes=os.path.getsize(final))
-    d = deltas.compute(old, manifest)
+    d = found.delta(old)
     say(f"sync: {d.new} new, {d.changed} changed, {d.removed} removed, {d.unchanged} unchanged")
     in_place = not readers_present(final)
     partial = final if in_place else final + COPY_SUFFIX
@@ -125,27 +157,29 @@ def _sync(job: JobConfig, opts: ConvertOptions, final: str, lock: OutputLock, ru
         say(f"{final} is open in another process: syncing a copy, renamed over it at the end")
         shutil.copyfile(final, partial)
     t1 = time.perf_counter()
-    summary = _write(job, manifest, old, d, final, partial, in_place, lock, run_id, opts, say)
+    summary = _write(job, found, old, d, final, partial, in_place, lock, run_id, opts, say)
     counts = _live(old, d.tombstones, summary.counts)
     return SyncSummary(final, d.new, d.changed, d.removed, d.unchanged, counts, summary.rejects, 0.0,
                        in_place=in_place, discover_seconds=t_discover, convert_seconds=time.perf_counter() - t1,
                        output_bytes=os.path.getsize(final))
 
 
-def _write(job, manifest: Manifest, old, d, final: str, partial: str, in_place: bool, lock, run_id, opts, say):
+def _write(job, found: _Found, old, d, final: str, partial: str, in_place: bool, lock, run_id, opts, say):
     """Run the writer (and, for new and changed items, the workers) over the delta."""
+    manifest = found.manifest
     splits = tuple(old.splits) + tuple(s for s in manifest.splits if s not in old.splits)
     work = Manifest(root=manifest.root, fields=manifest.fields, splits=splits, items=d.items,
                     class_names=d.class_names, hash=manifest.hash, stats=manifest.stats,
                     annotations=manifest.annotations)
     plan = make_plan(job, work, None, final, partial, run_id, lambda _text: None,
                      keep_codecs=_codecs(old))
-    plan.written = {s: len(rows) for s, rows in old.rows.items()}
+    plan.written = dict(old.n_rows)
     spec = plan.spec
     spec.discovery_rejects = list(manifest.rejects)
-    spec.num_inputs = sum(len(it.paths) for it in manifest.items) + len(manifest.rejects)
+    spec.num_inputs = found.num_inputs
     spec.commit_every = math.inf
-    spec.inventory = inventory.write_sidecar(final, manifest)
+    spec.inventory = (inventory.write_arrays(final, *found.inventory) if found.inventory is not None
+                      else inventory.write_sidecar(final, manifest))
     spec.sync = SyncSpec(in_place=in_place, tombstones=d.tombstones, kept_rejects=d.kept_rejects)
     writer = WriterHandle.start(lock.inheritable())
     try:
@@ -225,8 +259,8 @@ def _job_for(job: JobConfig, manifest: Manifest, old) -> JobConfig:
 def _live(old, tombstones: dict, stored: dict | None = None) -> dict[str, int]:
     """Live samples per split: rows stored minus rows tombstoned."""
     out = {}
-    for s in set(old.rows) | set(stored or {}):
-        n = (stored or {}).get(s, len(old.rows.get(s, [])))
+    for s in set(old.n_rows) | set(stored or {}):
+        n = (stored or {}).get(s, old.n_rows.get(s, 0))
         dead = set(old.dead[s].tolist() if s in old.dead else []) | set(tombstones.get(s, []))
         out[s] = n - len(dead)
     return {s: out[s] for s in (list(old.splits) + sorted(set(out) - set(old.splits))) if s in out}
