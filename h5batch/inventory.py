@@ -171,7 +171,6 @@ def memory(f) -> Memory | str:
     if memo.get("version") != VERSION:
         return f"the output's inventory is version {memo.get('version')}, this h5batch reads {VERSION}"
     n = g[KEY].shape[0]
-    raw = g[KEY][...] if n else np.zeros(0, dtype=object)
-    keys = np.array([k.decode() if isinstance(k, bytes) else k for k in raw.tolist()], dtype=str) if n else np.zeros(0, dtype=str)
+    keys = g[KEY].asstr()[...].astype(str) if n else np.zeros(0, dtype=str)
     return Memory(keys, g[STAMP][...], g["stat"][...].reshape(-1, 2), g["order"][...], g["record"][...],
                   g["record_end"][...], memo["inputs"], list(memo["splits"]), bool(memo["plain"]))

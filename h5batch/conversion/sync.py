@@ -31,7 +31,6 @@ from ..transport import semaphores
 from ..transport.segments import new_run_id, remove_segments, remove_stale_segments
 from ..writer.journal import has_journal, readers_present, rollback
 from ..writer.messages import Done, Finish, Start, SyncSpec
-from ..writer.process import WriterHandle
 from . import delta as deltas
 from . import signals
 from .driver import Driver, abort
@@ -39,6 +38,7 @@ from .generate import generate_corpus
 from .lock import OutputLock
 from .options import ConvertOptions
 from .plan import make_plan
+from .writer_start import PendingWriter
 
 __all__ = ["sync", "SyncSummary", "recover", "COPY_SUFFIX"]
 
@@ -150,22 +150,32 @@ def _sync(job: JobConfig, opts: ConvertOptions, final: str, lock: OutputLock, ru
         return SyncSummary(final, 0, 0, 0, found.items, _live(old, {}), len(old.rejects), 0.0,
                            up_to_date=True, discover_seconds=t_discover, output_bytes=os.path.getsize(final))
     d = found.delta(old)
+    # The writer starts now, on a thread: its imports overlap the rest of the preparation.
+    pending = PendingWriter(lock.inheritable())
     say(f"sync: {d.new} new, {d.changed} changed, {d.removed} removed, {d.unchanged} unchanged")
     in_place = not readers_present(final)
     partial = final if in_place else final + COPY_SUFFIX
-    if not in_place:
-        say(f"{final} is open in another process: syncing a copy, renamed over it at the end")
-        shutil.copyfile(final, partial)
     t1 = time.perf_counter()
-    summary = _write(job, found, old, d, final, partial, in_place, lock, run_id, opts, say)
+    try:
+        if not in_place:
+            say(f"{final} is open in another process: syncing a copy, renamed over it at the end")
+            shutil.copyfile(final, partial)
+        plan = _plan(job, found, old, d, final, partial, in_place, run_id)
+    except BaseException:
+        inventory.remove_sidecar(final)
+        writer = pending.get()
+        writer.stop()
+        writer.lifeline.close()
+        raise
+    summary = _write(job, plan, d, final, pending, run_id, opts, say)
     counts = _live(old, d.tombstones, summary.counts)
     return SyncSummary(final, d.new, d.changed, d.removed, d.unchanged, counts, summary.rejects, 0.0,
                        in_place=in_place, discover_seconds=t_discover, convert_seconds=time.perf_counter() - t1,
                        output_bytes=os.path.getsize(final))
 
 
-def _write(job, found: _Found, old, d, final: str, partial: str, in_place: bool, lock, run_id, opts, say):
-    """Run the writer (and, for new and changed items, the workers) over the delta."""
+def _plan(job, found: _Found, old, d, final: str, partial: str, in_place: bool, run_id):
+    """The writer's spec and the batches of new and changed items."""
     manifest = found.manifest
     splits = tuple(old.splits) + tuple(s for s in manifest.splits if s not in old.splits)
     work = Manifest(root=manifest.root, fields=manifest.fields, splits=splits, items=d.items,
@@ -181,7 +191,17 @@ def _write(job, found: _Found, old, d, final: str, partial: str, in_place: bool,
     spec.inventory = (inventory.write_arrays(final, *found.inventory) if found.inventory is not None
                       else inventory.write_sidecar(final, manifest))
     spec.sync = SyncSpec(in_place=in_place, tombstones=d.tombstones, kept_rejects=d.kept_rejects)
-    writer = WriterHandle.start(lock.inheritable())
+    return plan
+
+
+def _write(job, plan, d, final: str, pending: PendingWriter, run_id, opts, say):
+    """Run the writer (and, for new and changed items, the workers) over the delta."""
+    spec = plan.spec
+    try:
+        writer = pending.get()
+    except BaseException:
+        inventory.remove_sidecar(final)
+        raise
     try:
         writer.inbox.put(Start(spec))
         try:

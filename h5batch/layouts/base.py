@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import operator
 import os
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, ClassVar
@@ -111,8 +112,11 @@ class Walker:
     hands both to the builder with :meth:`Builder.walked`.
     """
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, ordered: bool = True):
         self.root = root
+        # False: a sync's stat pass (h5batch.layouts.incremental), entries in listing order and
+        # no file identities (it runs only where the corpus has no symlinks).
+        self.ordered = ordered
         self.real_root = os.path.realpath(root)
         self.rejects: list[Reject] = []
         self.ids: dict[str, tuple[int, int]] = {}
@@ -127,14 +131,28 @@ class Walker:
         base = self.root / rel if rel else self.root
         _stack = _stack | {os.path.realpath(base)}  # real paths of the folders being walked
         try:
-            entries = sorted(os.scandir(base), key=lambda e: e.name)
+            entries = sorted(os.scandir(base), key=_name) if self.ordered else list(os.scandir(base))
         except OSError as e:
             self.rejects.append(Reject(rel or ".", "discover", f"cannot list folder: {e.strerror}"))
             return out
+        prefix = f"{rel}/" if rel else ""
+        ids = self.ids if self.ordered else None
         for entry in entries:
-            if entry.name.startswith("."):
+            name = entry.name
+            if name.startswith("."):
                 continue
-            relpath = f"{rel}/{entry.name}" if rel else entry.name
+            relpath = prefix + name
+            try:  # the common case first: a regular file (is_symlink/is_file: no system call)
+                plain = not entry.is_symlink() and entry.is_file()
+                st = entry.stat() if plain else None
+            except OSError as e:
+                self.rejects.append(Reject(relpath, "discover", f"cannot stat: {e.strerror}"))
+                continue
+            if st is not None:
+                if ids is not None:
+                    ids[relpath] = (st.st_dev, st.st_ino)
+                out.append((relpath, st.st_size, st.st_mtime_ns))
+                continue
             if entry.is_symlink():
                 self.symlinks += 1
                 if not os.path.exists(entry.path):
@@ -160,6 +178,9 @@ class Walker:
             self.ids[relpath] = (st.st_dev, st.st_ino)
             out.append((relpath, st.st_size, st.st_mtime_ns))
         return out
+
+
+_name = operator.attrgetter("name")
 
 
 def _suffix_at(name: str) -> int:
@@ -213,6 +234,7 @@ class Builder:
         self.annotations: list[str] = []  # annotation files read (root-relative)
         self.resolved: dict = {}  # field configs completed by the annotation stage
         self.symlinks = False  # a walk met a symlink (see Memo.plain)
+        self.ordered_walk = True  # Walker(root, b.ordered_walk): False for a sync's stat pass
 
     def walked(self, walker: Walker) -> None:
         """Take a finished walk's rejects and file identities (call once per walker)."""

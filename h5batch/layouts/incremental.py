@@ -116,6 +116,7 @@ def rediscover(job: JobConfig, mem: Memory, old_rejects: list[Reject]) -> Redisc
     if why:
         return why
     walk = Builder(job)
+    walk.ordered_walk = False  # the stat pass is compared in numpy, in any order
     files, folders = layout.walk(root, job.source, walk)
     if walk.symlinks:
         return "the corpus has symlinks"
@@ -142,8 +143,9 @@ def _inputs_changed(root: Path, job: JobConfig, mem: Memory) -> str | None:
 
 def _rediscover(job, layout, mem: Memory, old_rejects, root: Path, walk: Builder, files, folders) -> Rediscovery | str:
     n = len(mem.keys)
-    paths = np.array([f[0] for f in files], dtype=str) if files else np.zeros(0, dtype=str)
-    stat = np.array([f[1:] for f in files], dtype=np.int64).reshape(-1, 2)
+    rels, sizes, mtimes = zip(*files) if files else ((), (), ())
+    paths = np.array(rels, dtype=str) if files else np.zeros(0, dtype=str)
+    stat = np.stack([np.array(sizes, dtype=np.int64), np.array(mtimes, dtype=np.int64)], axis=1)
     at = np.minimum(np.searchsorted(mem.keys, paths), max(n - 1, 0)) if n else np.zeros(len(paths), dtype=np.int64)
     hit = (mem.keys[at] == paths) if n else np.zeros(len(paths), dtype=bool)
     same = hit & (mem.stat[at] == stat).all(axis=1) if n else hit
@@ -216,25 +218,20 @@ def _merge(mem: Memory, b: Builder, new: list[Item], at: list[int], replaced: di
         stamps_[plain] = mem.stamps[key_index]
         stat[plain] = mem.stat[key_index]
         lengths[plain] = mem.record_end[olds] - starts[olds]
+    # Runs of consecutive stored items (a record slice each), broken by a new or changed item.
+    starts_at = np.flatnonzero(~special & np.concatenate([[True], (src[1:] != src[:-1] + 1) | special[:-1]]))
+    ends_at = np.flatnonzero(~special & np.concatenate([(src[1:] != src[:-1] + 1) | special[1:], [True]]))
+    runs = {int(j): int(e) for j, e in zip(starts_at, ends_at)}
     items: list[Item] = []
-    run_start = None
     record = mem.record
-    for j in range(len(src) + 1):
-        s = int(src[j]) if j < len(src) else -1
-        if j < len(src) and not special[j]:
-            if run_start is None:
-                run_start, run_end = s, s
-            elif s == run_end + 1:
-                run_end = s
-            else:
-                pieces.append(record[starts[run_start]:mem.record_end[run_end]].tobytes())
-                run_start, run_end = s, s
+    j = 0
+    while j < len(src):
+        if j in runs:
+            e = runs[j]
+            pieces.append(record[starts[src[j]]:mem.record_end[src[e]]].tobytes())
+            j = e + 1
             continue
-        if run_start is not None:
-            pieces.append(record[starts[run_start]:mem.record_end[run_end]].tobytes())
-            run_start = None
-        if j == len(src):
-            break
+        s = int(src[j])
         it = fresh[s] if s >= 0 else new[-s - 1]
         rec = item_record(it, b.stats)
         pieces.append(rec)
@@ -243,6 +240,7 @@ def _merge(mem: Memory, b: Builder, new: list[Item], at: list[int], replaced: di
         stamps_[j] = stamp(it, b.stats)
         stat[j] = b.stats[it.paths[0]]
         lengths[j] = len(rec)
+        j += 1
     h = hashlib.sha256()
     for p in pieces:
         h.update(p)
