@@ -20,6 +20,7 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .. import format as fmt
 from .. import inventory
@@ -33,12 +34,15 @@ from ..writer.journal import has_journal, readers_present, rollback
 from ..writer.messages import Done, Finish, Start, SyncSpec
 from . import delta as deltas
 from . import signals
-from .driver import Driver, abort
 from .generate import generate_corpus
 from .lock import OutputLock
 from .options import ConvertOptions
-from .plan import make_plan
-from .writer_start import PendingWriter
+
+if TYPE_CHECKING:
+    from .writer_start import PendingWriter
+
+# The driver, the plan and the writer's start are imported when there is something to
+# write: a sync that finds the output up to date does without them.
 
 __all__ = ["sync", "SyncSummary", "recover", "COPY_SUFFIX"]
 
@@ -151,6 +155,8 @@ def _sync(job: JobConfig, opts: ConvertOptions, final: str, lock: OutputLock, ru
                            up_to_date=True, discover_seconds=t_discover, output_bytes=os.path.getsize(final))
     d = found.delta(old)
     # The writer starts now, on a thread: its imports overlap the rest of the preparation.
+    from .writer_start import PendingWriter
+
     pending = PendingWriter(lock.inheritable())
     say(f"sync: {d.new} new, {d.changed} changed, {d.removed} removed, {d.unchanged} unchanged")
     in_place = not readers_present(final)
@@ -176,6 +182,8 @@ def _sync(job: JobConfig, opts: ConvertOptions, final: str, lock: OutputLock, ru
 
 def _plan(job, found: _Found, old, d, final: str, partial: str, in_place: bool, run_id):
     """The writer's spec and the batches of new and changed items."""
+    from .plan import make_plan
+
     manifest = found.manifest
     splits = tuple(old.splits) + tuple(s for s in manifest.splits if s not in old.splits)
     work = Manifest(root=manifest.root, fields=manifest.fields, splits=splits, items=d.items,
@@ -196,6 +204,8 @@ def _plan(job, found: _Found, old, d, final: str, partial: str, in_place: bool, 
 
 def _write(job, plan, d, final: str, pending: PendingWriter, run_id, opts, say):
     """Run the writer (and, for new and changed items, the workers) over the delta."""
+    from .driver import Driver, abort
+
     spec = plan.spec
     try:
         writer = pending.get()
