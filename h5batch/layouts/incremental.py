@@ -160,10 +160,9 @@ def _rediscover(job, layout, mem: Memory, old_rejects, root: Path, walk: Builder
 
     b = Builder(job)
     b.rejects = list(walk.rejects)
-    splits = layout.build(root, job.source, b, todo, folders)
+    layout.build(root, job.source, b, todo, folders)
     exclude.apply(job.source, b)
-    cols = annotate.join(root, job, b)
-    splits = split_rules.apply(root, job, b, cols) or splits
+    split_rules.apply(root, job, b, annotate.join(root, job, b))
     if b.resolved:
         return "discovery completed field configs from the samples"
     walked = set(paths.tolist()) if rejected else set()
@@ -190,20 +189,23 @@ def _rediscover(job, layout, mem: Memory, old_rejects, root: Path, walk: Builder
         if (p < n and old[p] == k and present[mem.order[p]]) or (i and k == where[-1][1]):
             return f"the key {it.key!r} of {it.paths[0]} clashes with another item's"
         where.append((p, k))
-    return _merge(mem, b, new, [p for p, _ in where], replaced, gone, changed, removed, root, splits)
+    return _merge(mem, b, new, [p for p, _ in where], replaced, gone, changed, removed, root)
 
 
 def _merge(mem: Memory, b: Builder, new: list[Item], at: list[int], replaced: dict[int, Item],
-           gone: np.ndarray, changed: list[str], removed: list[str], root: Path, splits) -> Rediscovery:
-    """The corpus after the change: the merged inventory arrays and the manifest hash."""
+           gone: np.ndarray, changed: list[str], removed: list[str], root: Path) -> Rediscovery:
+    """The corpus after the change: the merged inventory arrays and the manifest hash.
+
+    ``src`` lists the merged items in manifest order: a stored item by its old position, a
+    new one as ``-(its index in new) - 1``; a changed one keeps its old position and is
+    rebuilt (``replaced``)."""
     n = len(mem.record_end)
     keep = np.ones(n, dtype=bool)
     keep[gone] = False
     kept = np.flatnonzero(keep)
     src = np.insert(kept, np.searchsorted(kept, np.asarray(at, dtype=np.int64)), -(np.arange(len(new)) + 1))
     # Per merged item: stamp, stat, record (the unchanged ones' from the memory, in runs).
-    fresh = dict(replaced)
-    special = (src < 0) | np.isin(src, np.fromiter(fresh, dtype=np.int64, count=len(fresh)))
+    special = (src < 0) | np.isin(src, np.fromiter(replaced, dtype=np.int64, count=len(replaced)))
     starts = np.concatenate([[0], mem.record_end[:-1]]) if n else np.zeros(0, dtype=np.int64)
     pieces: list[bytes] = []
     lengths = np.empty(len(src), dtype=np.int64)
@@ -232,7 +234,7 @@ def _merge(mem: Memory, b: Builder, new: list[Item], at: list[int], replaced: di
             j = e + 1
             continue
         s = int(src[j])
-        it = fresh[s] if s >= 0 else new[-s - 1]
+        it = replaced[s] if s >= 0 else new[-s - 1]
         rec = item_record(it, b.stats)
         pieces.append(rec)
         items.append(it)
