@@ -15,6 +15,9 @@ in it with the same stamp, no row (a reject)    nothing: its rejects are carried
 a live row whose key discovery no longer has    removed: the row is tombstoned
 ==============================================  ====================================================
 
+:func:`compute` works from a full discovery's manifest; :func:`from_rediscovery` from an
+incremental one, which built only the new and changed items and listed the removed keys.
+
 A file keeps the split it was first converted into (a changed file goes back into it); new
 class names are appended after the old ones, which keep their numbers; discovery's own
 rejects are redone from this discovery.

@@ -2,9 +2,13 @@
 what changed (docs/sync.md).
 
 The stages are those of :func:`h5batch.conversion.pipeline.convert`, with the difference
-of :mod:`.delta` between discovery and planning: discover the corpus as it is now, read the
-output's inventory, decide what is new, changed and removed, and hand only the new and
-changed items to the workers. The writer (:class:`h5batch.writer.sync.SyncWriter`) appends
+of :mod:`.delta` between discovery and planning: read the output's inventory, discover the
+corpus as it is now, decide what is new, changed and removed, and hand only the new and
+changed items to the workers. Discovery is incremental where the layout can vouch for it
+(:mod:`h5batch.layouts.incremental`: a stat pass, items built for new and changed files
+only), else full, and the log says why; either way the output ends up as a fresh
+conversion's would. Nothing past discovery is imported or started (driver, plan, writer)
+unless there is something to write. The writer (:class:`h5batch.writer.sync.SyncWriter`) appends
 them to the output itself, through an undo journal, or to a copy when a reader has the
 output open; removed and changed rows become tombstones. All or nothing: an interrupted
 sync (Ctrl-C, ``kill -9``, power loss) is undone the next time anything takes the output's
@@ -14,6 +18,7 @@ lock (:func:`recover`), and the same command then does the whole sync again.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import shutil
@@ -116,9 +121,10 @@ class _Found:
     num_inputs: int
     inventory: tuple | None  # the synced output's inventory arrays (None: from the full manifest)
     upgrade: bool = False  # the output's inventory predates incremental discovery: rewrite it
+    rediscovery: object | None = None  # h5batch.layouts.incremental.Rediscovery, when incremental
 
     def delta(self, old) -> deltas.Delta:
-        r = getattr(self, "rediscovery", None)
+        r = self.rediscovery
         return deltas.from_rediscovery(old, r) if r is not None else deltas.compute(old, self.manifest)
 
 
@@ -132,9 +138,7 @@ def _discover(job: JobConfig, old, say) -> _Found:
         m = discover(job)
         n = len(m.items)
         return _Found(m, n, sum(len(it.paths) for it in m.items) + len(m.rejects), None, upgrade=isinstance(mem, str))
-    found = _Found(r.manifest, r.items, r.num_inputs, r.inventory)
-    found.rediscovery = r  # type: ignore[attr-defined]
-    return found
+    return _Found(r.manifest, r.items, r.num_inputs, r.inventory, rediscovery=r)
 
 
 def _sync(job: JobConfig, opts: ConvertOptions, final: str, lock: OutputLock, run_id: str, say) -> SyncSummary:
@@ -189,10 +193,12 @@ def _plan(job, found: _Found, old, d, final: str, partial: str, in_place: bool, 
     work = Manifest(root=manifest.root, fields=manifest.fields, splits=splits, items=d.items,
                     class_names=d.class_names, hash=manifest.hash, stats=manifest.stats,
                     annotations=manifest.annotations)
-    plan = make_plan(job, work, None, final, partial, run_id, lambda _text: None,
-                     keep_codecs=_codecs(old))
-    plan.written = dict(old.n_rows)
+    keep = _codecs(old)
+    plan = make_plan(_without_trial(job, keep), work, None, final, partial, run_id, lambda _text: None,
+                     keep_codecs=keep)
     spec = plan.spec
+    spec.job_json, spec.job_hash = json.dumps(job.public_dict(), sort_keys=True), job.hash()
+    plan.written = dict(old.n_rows)
     spec.discovery_rejects = list(manifest.rejects)
     spec.num_inputs = found.num_inputs
     spec.commit_every = math.inf
@@ -249,6 +255,19 @@ def _wait_done(writer):
             return s
         if isinstance(msg, (Failed, WriterDied)):
             raise ConvertError(f"the writer failed: {getattr(msg, 'text', msg)}")
+
+
+def _without_trial(job: JobConfig, keep: dict) -> JobConfig:
+    """The job as the plan sees it: ``output.codec: auto`` would run the codec trial (decode,
+    compress and time a sample of the new files) for codecs that ``keep`` fixes anyway; with
+    every field's codec kept, the plan gets a fixed codec instead (its choice is overridden
+    by ``keep_codecs``; the spec's job and job hash are the real job's, set by the caller).
+    Remove once make_plan skips the trial for kept fields."""
+    if job.output.codec != "auto" or not keep or set(keep) < set(job.fields):
+        return job
+    first = next(iter(keep.values()))
+    return dataclasses.replace(job, output=dataclasses.replace(job.output, codec=first.name, level=first.level,
+                                                               shuffle=first.shuffle))
 
 
 def _codecs(old) -> dict:
