@@ -59,6 +59,9 @@ class Manifest:
     annotations: tuple[str, ...] = ()
     # (size, mtime_ns) of every file of an item, by path (h5batch.inventory stamps items with it).
     stats: dict = field(default_factory=dict, repr=False)
+    # What the builder saw, kept in the output's inventory so a later sync can rediscover
+    # incrementally (h5batch.layouts.incremental); None for a manifest made another way.
+    memo: Memo | None = field(default=None, repr=False, compare=False)
 
     def label_index(self, label: str | None) -> int:
         """Integer label of a class name (-1 when the corpus has no labels)."""
@@ -75,6 +78,24 @@ class Manifest:
         for it in self.items:
             out[it.split] += 1
         return out
+
+
+@dataclass
+class Memo:
+    """What :meth:`h5batch.layouts.base.Builder.finish` hashed, item by item.
+
+    ``records[i]`` is the bytes the manifest hash took from item ``i`` (its split, key,
+    paths, label, values and file stats), so a sync that keeps an item unchanged can hash it
+    again without rebuilding it; ``inputs`` the ``[path, size, mtime_ns]`` of each annotation
+    file (``None`` stats: missing); ``splits`` the split order the items were sorted by;
+    ``plain`` is False when something joined items to each other (a key given its extension
+    because two files shared a stem, a duplicate key, a symlink): then a file's item no
+    longer depends on that file alone, and a sync rediscovers everything."""
+
+    records: list[bytes]
+    inputs: list
+    splits: list[str]
+    plain: bool
 
 
 _DIGITS = re.compile(r"(\d+)")

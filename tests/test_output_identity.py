@@ -37,10 +37,11 @@ def test_shipped_job_output_matches_its_fingerprint(name, tmp_path):
     # The manifest hash covers the files' modification times: new for a generated corpus, and
     # another machine's checkout of ../shared has its own. The files themselves are compared
     # through every dataset, ``source`` included.
-    # The inventory's stamps (docs/FORMAT.md) cover mtimes too: its keys are compared, its
-    # stamps by dtype and shape only.
+    # The inventory's stamps, stats and hash records (docs/FORMAT.md) cover mtimes too: its
+    # keys and order are compared, those by dtype and shape only.
     for fp in (golden, now):
         fp["/"]["attrs"].pop("manifest_hash")
-        fp.get("inventory/stamp", {}).pop("sha256", None)
+        for name in ("stamp", "stat", "record"):
+            fp.get(f"inventory/{name}", {}).pop("sha256", None)
     diff = differences(golden, now)
     assert not diff, f"{name}: output differs from tests/golden/{name}.json:\n" + "\n".join(diff[:20])

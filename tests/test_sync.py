@@ -36,7 +36,7 @@ def _wav(path: Path, seed: int, frames: int | None = None) -> None:
     sf.write(path, (rng.standard_normal(n) * 3000).astype(np.int16), RATE, subtype="PCM_16")
 
 
-def _class_job(tmp: Path, root: Path, out: Path) -> Path:
+def _class_job(tmp: Path, root: Path, out: Path, kind: str = "local") -> Path:
     job = tmp / "job.yaml"
     job.write_text(textwrap.dedent(f"""\
         name: sync-classes
@@ -44,12 +44,12 @@ def _class_job(tmp: Path, root: Path, out: Path) -> Path:
         fields:
           audio: {{type: audio, extensions: [.wav], sample_rate: {RATE}, dtype: int16}}
         output: {{path: {out}, codec: auto}}
-        cluster: {{kind: local, workers: 1}}
+        cluster: {{kind: {kind}, workers: 1}}
         """))
     return job
 
 
-def _fsdd_job(tmp: Path, root: Path, out: Path) -> Path:
+def _fsdd_job(tmp: Path, root: Path, out: Path, kind: str = "local") -> Path:
     job = tmp / "fsdd.yaml"
     job.write_text(textwrap.dedent(f"""\
         name: sync-fsdd
@@ -62,7 +62,7 @@ def _fsdd_job(tmp: Path, root: Path, out: Path) -> Path:
         fields:
           audio: {{type: audio, extensions: [.wav], sample_rate: {RATE}, dtype: int16}}
         output: {{path: {out}, codec: none}}
-        cluster: {{kind: local, workers: 1}}
+        cluster: {{kind: {kind}, workers: 1}}
         """))
     return job
 
@@ -105,10 +105,20 @@ def _sync(job: Path, *extra: str, **kw):
     return run_h5batch("sync", str(job), "--progress", "none", *extra, **kw)
 
 
+def _memory(path: Path) -> dict:
+    """The manifest hash and the whole inventory (h5batch.inventory, version 2)."""
+    with h5py.File(path, "r") as f:
+        g = f["inventory"]
+        out = {k: (g[k].asstr()[...].tolist() if g[k].dtype.kind == "O" else g[k][...].tolist()) for k in g}
+        return {**out, "memo": json.loads(g.attrs["memo"]), "manifest_hash": f.attrs["manifest_hash"]}
+
+
 def _same_as_fresh(job: Path, out: Path, root: Path, tmp: Path) -> None:
     fresh = _fresh(job, root, tmp, "fresh.h5")
     assert _yielded(out) == _yielded(fresh)
     assert _rejects(out) == _rejects(fresh)
+    # What discovery saw, too: a later sync (or convert) finds the synced file up to date.
+    assert _memory(out) == _memory(fresh)
     res = run_h5batch("verify", str(out), "--sources")
     assert res.returncode == 0, res.stderr + res.stdout
 
@@ -137,6 +147,7 @@ def test_sync_class_folders_equals_a_fresh_conversion(tmp_path):
 
     res = _sync(job, "--json")
     assert res.returncode == 0, res.stderr
+    assert "full discovery" not in res.stderr  # incremental: built items for the 6 new and changed files only
     s = json.loads(res.stdout)
     assert (s["new"], s["changed"], s["removed"]) == (5, 1, 1), s  # broken.wav, a reject before, counts as new
     assert s["in_place"] and not s["up_to_date"]
@@ -172,6 +183,7 @@ def test_sync_fsdd_like_keeps_splits_and_rows(tmp_path):
     _wav(root / "2_jackson_7.wav", seed=700, frames=2222)
     res = _sync(job, "--json")
     assert res.returncode == 0, res.stderr
+    assert "full discovery" not in res.stderr
     s = json.loads(res.stdout)
     assert (s["new"], s["changed"], s["removed"]) == (9, 1, 1), s
     with h5py.File(out, "r") as f:
@@ -182,6 +194,106 @@ def test_sync_fsdd_like_keeps_splits_and_rows(tmp_path):
         assert "inventory" in f and f["inventory/key"].shape[0] == len(list(root.iterdir()))
     ds = H5Dataset(str(out), "train")
     assert len(ds) == len(old_train) - 1 + 3  # one removed; theo_5..7 are train (0..4: test)
+    _same_as_fresh(job, out, root, tmp_path)
+
+
+def _as_version_1(path: Path) -> None:
+    """Make ``path``'s inventory what h5batch wrote before incremental discovery."""
+    with h5py.File(path, "r+") as f:
+        g = f["inventory"]
+        for k in ("stat", "order", "record", "record_end"):
+            del g[k]
+        del g.attrs["memo"]
+
+
+@pytest.mark.parametrize("layout", ["class_folders", "pattern"])
+def test_incremental_and_full_discovery_sync_to_the_same_file(tmp_path, layout):
+    """One output, synced twice with the same change: incrementally, and through a full
+    discovery (its copy's inventory made version 1, which forces it). Same samples, rejects,
+    manifest hash and inventory; the full sync upgrades the inventory, so the next is fast."""
+    root, out = tmp_path / "corpus", tmp_path / "out.h5"
+    if layout == "class_folders":
+        _class_corpus(root)
+        job = _class_job(tmp_path, root, out, kind="auto")
+        new = [root / "train" / "owl" / "o1.wav", root / "test" / "cat" / "cat40.wav", root / "test" / "cat" / "cat3.wav"]
+        unknown, gone, edit = root / "train" / "cat" / "notes.txt", root / "test" / "dog" / "dog4.wav", root / "train" / "dog" / "dog7.wav"
+    else:
+        for d in range(3):
+            for speaker in ("jackson", "nicolas"):
+                for index in range(6):
+                    _wav(root / f"{d}_{speaker}_{index}.wav", seed=d * 10 + index + len(speaker))
+        job = _fsdd_job(tmp_path, root, out, kind="auto")
+        new = [root / "7_theo_1.wav", root / "1_theo_9.wav", root / "0_jackson_33.wav"]
+        unknown, gone, edit = root / "x_not_a_match.wav", root / "2_jackson_3.wav", root / "1_jackson_5.wav"
+    unknown.write_bytes(b"a discovery reject")
+    convert(job, check=True)
+    full = tmp_path / "full.h5"
+    shutil.copyfile(out, full)
+    shutil.copyfile(tmp_path / "out.rejects.jsonl", tmp_path / "full.rejects.jsonl")
+    _as_version_1(full)
+    for i, p in enumerate(new):
+        if p.exists():
+            p.unlink()  # (cat3 is there already: removed and added back, another file)
+        _wav(p, seed=3000 + i, frames=1234 + i)
+    _wav(edit, seed=3100, frames=999)
+    gone.unlink()
+    (root / "new_junk.txt" if layout == "pattern" else root / "test" / "dog" / "junk.txt").write_text("x")
+
+    fast = _sync(job, "--json")
+    slow = _sync(job, "--json", "--output", str(full))
+    assert fast.returncode == 0 and slow.returncode == 0, fast.stderr + slow.stderr
+    assert "full discovery" not in fast.stderr
+    assert "sync: full discovery (the output's inventory predates incremental discovery" in slow.stderr
+    counts = [tuple(json.loads(r.stdout)[k] for k in ("new", "changed", "removed", "unchanged")) for r in (fast, slow)]
+    assert counts[0] == counts[1] and counts[0][:3] == ((2, 2, 1) if layout == "class_folders" else (3, 1, 1)), counts
+    assert _yielded(out) == _yielded(full)
+    assert _rejects(out) == _rejects(full)
+    assert _memory(out) == _memory(full)
+    _same_as_fresh(job, out, root, tmp_path)
+    # The full sync wrote the new inventory: the next sync of that file is incremental.
+    _wav(new[0].with_name("late.wav" if layout == "class_folders" else "4_theo_7.wav"), seed=3200)
+    res = _sync(job, "--json", "--output", str(full))
+    assert res.returncode == 0 and "full discovery" not in res.stderr, res.stderr
+    assert json.loads(res.stdout)["new"] == 1
+
+
+def test_an_edited_table_forces_a_full_discovery_and_is_picked_up(tmp_path):
+    """ESC-50 style: labels from a table. A new file whose row was already there syncs
+    incrementally; an edited table (a relabelled file) makes the sync discover everything."""
+    root, out = tmp_path / "corpus", tmp_path / "out.h5"
+    table = root / "meta" / "labels.csv"
+    table.parent.mkdir(parents=True)
+    rows = [f"c{i}.wav,{'dog' if i % 2 else 'cat'}" for i in range(10)]
+    table.write_text("filename,category\n" + "\n".join(rows) + "\n")
+    for i in range(8):
+        _wav(root / "audio" / f"c{i}.wav", seed=40 + i)
+    job = tmp_path / "esc.yaml"
+    job.write_text(textwrap.dedent(f"""\
+        name: sync-table
+        source:
+          root: {root}
+          layout: pattern
+          pattern: 'audio/(?P<clip>[^/]+)\\.wav'
+          tables: [{{path: meta/labels.csv, key: filename}}]
+          label_column: category
+        fields:
+          audio: {{type: audio, extensions: [.wav], sample_rate: {RATE}, dtype: int16}}
+        output: {{path: {out}, codec: none}}
+        cluster: {{kind: auto, workers: 1}}
+        """))
+    convert(job, check=True)
+    _wav(root / "audio" / "c8.wav", seed=48)
+    res = _sync(job, "--json")
+    assert res.returncode == 0 and "full discovery" not in res.stderr, res.stderr
+    assert json.loads(res.stdout)["new"] == 1
+    time.sleep(0.01)
+    table.write_text(table.read_text().replace("c2.wav,cat", "c2.wav,bird"))
+    res = _sync(job, "--json")
+    assert res.returncode == 0, res.stderr
+    assert "sync: full discovery (annotation file meta/labels.csv changed)" in res.stderr
+    assert json.loads(res.stdout)["changed"] == 1
+    (split,) = _yielded(out).values()
+    assert split["audio/c2.wav"][1] == "bird" and split["audio/c8.wav"][1] == "cat"
     _same_as_fresh(job, out, root, tmp_path)
 
 

@@ -15,6 +15,9 @@ in it with the same stamp, no row (a reject)    nothing: its rejects are carried
 a live row whose key discovery no longer has    removed: the row is tombstoned
 ==============================================  ====================================================
 
+:func:`compute` works from a full discovery's manifest; :func:`from_rediscovery` from an
+incremental one, which built only the new and changed items and listed the removed keys.
+
 A file keeps the split it was first converted into (a changed file goes back into it); new
 class names are appended after the old ones, which keep their numbers; discovery's own
 rejects are redone from this discovery.
@@ -38,18 +41,57 @@ DECODE_STAGES = ("decode", "worker", "timeout", "write")
 
 @dataclass
 class OldOutput:
-    """What a sync needs to know of the finished output (read by :func:`read_output`)."""
+    """What a sync needs to know of the finished output (read by :func:`read_output`; the
+    rows' keys and the inventory are read when first asked for: a sync that only adds files
+    never needs the keys of the rows)."""
 
     path: str
     job_hash: str
     manifest_hash: str
     splits: list[str]
     class_names: tuple[str, ...]
-    rows: dict[str, list[str]]  # split -> key (first source path) of each row
+    n_rows: dict[str, int]  # split -> rows stored
     dead: dict[str, np.ndarray]  # split -> tombstoned rows
     rejects: list[Reject]
-    inventory: dict[str, int] | None  # key -> stamp; None: written before inventories existed
+    has_inventory: bool  # False: written before inventories existed
     fields: dict[str, dict]  # field name -> its attributes (codec, categories, ...)
+    _rows: dict[str, list[str]] | None = None
+    _inventory: dict[str, int] | None = None
+
+    @property
+    def rows(self) -> dict[str, list[str]]:
+        """split -> key (first source path) of each row."""
+        if self._rows is None:
+            from ..tools.index import open_file
+
+            self._rows = {}
+            with open_file(self.path) as f:
+                for s in self.n_rows:
+                    src = f[s][fmt.SOURCE]
+                    keys = src.asstr()[...] if src.shape[0] else np.zeros((0,), dtype=object)
+                    if keys.ndim == 2:
+                        keys = keys[:, 0]
+                    self._rows[s] = [str(k) for k in keys]
+        return self._rows
+
+    @property
+    def inventory(self) -> dict[str, int] | None:
+        """key -> stamp (None: written before inventories existed)."""
+        if self._inventory is None and self.has_inventory:
+            from ..inventory import load
+            from ..tools.index import open_file
+
+            with open_file(self.path) as f:
+                self._inventory = load(f)
+        return self._inventory
+
+    def memory(self):
+        """The inventory as a :class:`~h5batch.inventory.Memory`, or why there is none."""
+        from ..inventory import memory
+        from ..tools.index import open_file
+
+        with open_file(self.path) as f:
+            return memory(f)
 
 
 @dataclass
@@ -73,22 +115,18 @@ def read_output(path: str) -> OldOutput:
     """The finished output's inventory, rows and rejects (one pass over small datasets)."""
     import json
 
-    from ..inventory import load
+    from ..inventory import GROUP
     from ..tools.index import check_complete, open_file, tombstones
 
     with open_file(path) as f:
         check_complete(f, path)
         splits = json.loads(f.attrs[fmt.ATTR_SPLITS])
-        rows, dead = {}, {}
+        n_rows, dead = {}, {}
         for s in splits:
             if s not in f or fmt.SOURCE not in f[s]:
                 continue
-            src = f[s][fmt.SOURCE]
-            keys = src.asstr()[...] if src.shape[0] else np.zeros((0,), dtype=object)
-            if keys.ndim == 2:
-                keys = keys[:, 0]
-            rows[s] = [str(k) for k in keys]
-            dead[s] = tombstones(f, path, s, len(keys))
+            n_rows[s] = int(f[s][fmt.SOURCE].shape[0])
+            dead[s] = tombstones(f, path, s, n_rows[s])
         names = tuple(f[fmt.CLASS_NAMES].asstr()[...]) if fmt.CLASS_NAMES in f else ()
         rej = []
         if fmt.REJECTS in f and "path" in f[fmt.REJECTS] and f[fmt.REJECTS]["path"].shape[0]:
@@ -102,26 +140,35 @@ def read_output(path: str) -> OldOutput:
                     fields[name] = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f[s][name].attrs.items()}
                     break
         return OldOutput(path, str(f.attrs[fmt.ATTR_JOB_HASH]), str(f.attrs[fmt.ATTR_MANIFEST_HASH]), splits, names,
-                         rows, dead, rej, load(f), fields)
+                         n_rows, dead, rej, GROUP in f, fields)
 
 
-def compute(old: OldOutput, m: Manifest) -> Delta:
-    """The sync of ``old`` to the corpus of ``m`` (see the module docstring)."""
-    assert old.inventory is not None
-    live: dict[str, tuple[str, int]] = {}  # key -> (split, row) of each live row
+def _live(old: OldOutput) -> dict[str, tuple[str, int]]:
+    """key -> (split, row) of each live row."""
+    live: dict[str, tuple[str, int]] = {}
     for split, keys in old.rows.items():
         dead = set(old.dead.get(split, np.zeros(0)).tolist())
         for row, key in enumerate(keys):
             if row not in dead:
                 live[key] = (split, row)
-    labels = [it.label for it in m.items if it.label is not None]
-    new_names = sorted({lb for lb in labels} - set(old.class_names), key=_natural)
-    class_names = tuple(old.class_names) + tuple(new_names)
+    return live
+
+
+def _class_names(old: OldOutput, items: list[Item]) -> tuple[str, ...]:
+    labels = {it.label for it in items if it.label is not None}
+    return tuple(old.class_names) + tuple(sorted(labels - set(old.class_names), key=_natural))
+
+
+def compute(old: OldOutput, m: Manifest) -> Delta:
+    """The sync of ``old`` to the corpus of ``m`` (see the module docstring)."""
+    if old.inventory is None:
+        raise ValueError(f"{old.path} has no inventory")
+    live = _live(old)
     rejected_paths: dict[str, list[Reject]] = {}
     for r in old.rejects:
         if r.stage in DECODE_STAGES:
             rejected_paths.setdefault(r.path, []).append(r)
-    d = Delta([], {s: [] for s in old.rows}, [], class_names)
+    d = Delta([], {s: [] for s in old.n_rows}, [], _class_names(old, m.items))
     seen: set[str] = set()
     for it, now in zip(m.items, stamps(m)):
         key = it.paths[0]
@@ -149,11 +196,44 @@ def compute(old: OldOutput, m: Manifest) -> Delta:
         if key not in seen:
             d.tombstones.setdefault(split, []).append(row)
             d.removed += 1
+    return _ordered(d, old, m)
+
+
+def _ordered(d: Delta, old: OldOutput, m: Manifest) -> Delta:
     order = {s: i for i, s in enumerate(list(old.splits) + [s for s in m.splits if s not in old.splits])}
     d.items.sort(key=lambda it: order.get(it.split, len(order)))  # stable: manifest order within a split
     for rows in d.tombstones.values():
         rows.sort()
     return d
+
+
+def from_rediscovery(old: OldOutput, r) -> Delta:
+    """The sync of ``old`` to an incremental discovery's result
+    (:class:`h5batch.layouts.incremental.Rediscovery`): the same table as :func:`compute`,
+    where only the new and changed items were built. The rows' keys are read only when a
+    file changed or went."""
+    m = r.manifest
+    gone = set(r.changed) | set(r.removed)
+    live = _live(old) if gone else {}
+    d = Delta([], {s: [] for s in old.n_rows}, [], _class_names(old, m.items))
+    d.kept_rejects = [x for x in old.rejects if x.stage in DECODE_STAGES and x.path not in gone]
+    for it in m.items:
+        at = live.get(it.paths[0])
+        if at is not None:  # changed: back into the split it had, its old row goes
+            d.tombstones.setdefault(at[0], []).append(at[1])
+            if it.split != at[0]:
+                it = dataclasses.replace(it, split=at[0])
+            d.changed += 1
+        else:
+            d.new += 1
+        d.items.append(it)
+    for key in r.removed:
+        at = live.get(key)
+        if at is not None:
+            d.tombstones.setdefault(at[0], []).append(at[1])
+            d.removed += 1
+    d.unchanged = r.items - d.new - d.changed
+    return _ordered(d, old, m)
 
 
 def _natural(text: str):

@@ -2,9 +2,13 @@
 what changed (docs/sync.md).
 
 The stages are those of :func:`h5batch.conversion.pipeline.convert`, with the difference
-of :mod:`.delta` between discovery and planning: discover the corpus as it is now, read the
-output's inventory, decide what is new, changed and removed, and hand only the new and
-changed items to the workers. The writer (:class:`h5batch.writer.sync.SyncWriter`) appends
+of :mod:`.delta` between discovery and planning: read the output's inventory, discover the
+corpus as it is now, decide what is new, changed and removed, and hand only the new and
+changed items to the workers. Discovery is incremental where the layout can vouch for it
+(:mod:`h5batch.layouts.incremental`: a stat pass, items built for new and changed files
+only), else full, and the log says why; either way the output ends up as a fresh
+conversion's would. Nothing past discovery is imported or started (driver, plan, writer)
+unless there is something to write. The writer (:class:`h5batch.writer.sync.SyncWriter`) appends
 them to the output itself, through an undo journal, or to a copy when a reader has the
 output open; removed and changed rows become tombstones. All or nothing: an interrupted
 sync (Ctrl-C, ``kill -9``, power loss) is undone the next time anything takes the output's
@@ -14,12 +18,14 @@ lock (:func:`recover`), and the same command then does the whole sync again.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import shutil
 import sys
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .. import format as fmt
 from .. import inventory
@@ -31,14 +37,17 @@ from ..transport import semaphores
 from ..transport.segments import new_run_id, remove_segments, remove_stale_segments
 from ..writer.journal import has_journal, readers_present, rollback
 from ..writer.messages import Done, Finish, Start, SyncSpec
-from ..writer.process import WriterHandle
 from . import delta as deltas
 from . import signals
-from .driver import Driver, abort
 from .generate import generate_corpus
 from .lock import OutputLock
 from .options import ConvertOptions
-from .plan import make_plan
+
+if TYPE_CHECKING:
+    from .writer_start import PendingWriter
+
+# The driver, the plan and the writer's start are imported when there is something to
+# write: a sync that finds the output up to date does without them.
 
 __all__ = ["sync", "SyncSummary", "recover", "COPY_SUFFIX"]
 
@@ -102,52 +111,113 @@ def sync(job: JobConfig, opts: ConvertOptions | None = None) -> SyncSummary:
     return s
 
 
+@dataclass
+class _Found:
+    """Discovery's answer for a sync: incremental (:mod:`h5batch.layouts.incremental`)
+    where it can vouch for its result, else a full :func:`~h5batch.layouts.discover`."""
+
+    manifest: Manifest  # incremental: only the new and changed items
+    items: int  # items of the whole corpus
+    num_inputs: int
+    inventory: tuple | None  # the synced output's inventory arrays (None: from the full manifest)
+    upgrade: bool = False  # the output's inventory predates incremental discovery: rewrite it
+    rediscovery: object | None = None  # h5batch.layouts.incremental.Rediscovery, when incremental
+
+    def delta(self, old) -> deltas.Delta:
+        r = self.rediscovery
+        return deltas.from_rediscovery(old, r) if r is not None else deltas.compute(old, self.manifest)
+
+
+def _discover(job: JobConfig, old, say) -> _Found:
+    from ..layouts.incremental import rediscover
+
+    mem = old.memory()
+    r = mem if isinstance(mem, str) else rediscover(job, mem, old.rejects)
+    if isinstance(r, str):
+        say(f"sync: full discovery ({r})")
+        m = discover(job)
+        n = len(m.items)
+        return _Found(m, n, sum(len(it.paths) for it in m.items) + len(m.rejects), None, upgrade=isinstance(mem, str))
+    return _Found(r.manifest, r.items, r.num_inputs, r.inventory, rediscovery=r)
+
+
 def _sync(job: JobConfig, opts: ConvertOptions, final: str, lock: OutputLock, run_id: str, say) -> SyncSummary:
     t0 = time.perf_counter()
     generate_corpus(job, say)
-    manifest = discover(job)
     old = deltas.read_output(final)
-    if old.inventory is None:
+    if not old.has_inventory:
         raise ConvertError(f"{final} was written by an h5batch that kept no inventory of its inputs, so a sync "
                            f"cannot tell what changed; convert it once more (--overwrite), later syncs are "
                            f"incremental", EXIT_BAD_INPUT)
+    found = _discover(job, old, say)
+    manifest = found.manifest
     job = _job_for(job, manifest, old)
     t_discover = time.perf_counter() - t0
-    if manifest.hash == old.manifest_hash:
+    if manifest.hash == old.manifest_hash and not found.upgrade:
         fmt.write_rejects(fmt.rejects_file(final), old.rejects)
-        return SyncSummary(final, 0, 0, 0, len(manifest.items), _live(old, {}), len(old.rejects), 0.0,
+        return SyncSummary(final, 0, 0, 0, found.items, _live(old, {}), len(old.rejects), 0.0,
                            up_to_date=True, discover_seconds=t_discover, output_bytes=os.path.getsize(final))
-    d = deltas.compute(old, manifest)
+    d = found.delta(old)
+    # The writer starts now, on a thread: its imports overlap the rest of the preparation.
+    from .writer_start import PendingWriter
+
+    pending = PendingWriter(lock.inheritable())
     say(f"sync: {d.new} new, {d.changed} changed, {d.removed} removed, {d.unchanged} unchanged")
     in_place = not readers_present(final)
     partial = final if in_place else final + COPY_SUFFIX
-    if not in_place:
-        say(f"{final} is open in another process: syncing a copy, renamed over it at the end")
-        shutil.copyfile(final, partial)
     t1 = time.perf_counter()
-    summary = _write(job, manifest, old, d, final, partial, in_place, lock, run_id, opts, say)
+    try:
+        if not in_place:
+            say(f"{final} is open in another process: syncing a copy, renamed over it at the end")
+            shutil.copyfile(final, partial)
+        plan = _plan(job, found, old, d, final, partial, in_place, run_id)
+    except BaseException:
+        inventory.remove_sidecar(final)
+        writer = pending.get()
+        writer.stop()
+        writer.lifeline.close()
+        raise
+    summary = _write(job, plan, d, final, pending, run_id, opts, say)
     counts = _live(old, d.tombstones, summary.counts)
     return SyncSummary(final, d.new, d.changed, d.removed, d.unchanged, counts, summary.rejects, 0.0,
                        in_place=in_place, discover_seconds=t_discover, convert_seconds=time.perf_counter() - t1,
                        output_bytes=os.path.getsize(final))
 
 
-def _write(job, manifest: Manifest, old, d, final: str, partial: str, in_place: bool, lock, run_id, opts, say):
-    """Run the writer (and, for new and changed items, the workers) over the delta."""
+def _plan(job, found: _Found, old, d, final: str, partial: str, in_place: bool, run_id):
+    """The writer's spec and the batches of new and changed items."""
+    from .plan import make_plan
+
+    manifest = found.manifest
     splits = tuple(old.splits) + tuple(s for s in manifest.splits if s not in old.splits)
     work = Manifest(root=manifest.root, fields=manifest.fields, splits=splits, items=d.items,
                     class_names=d.class_names, hash=manifest.hash, stats=manifest.stats,
                     annotations=manifest.annotations)
-    plan = make_plan(job, work, None, final, partial, run_id, lambda _text: None,
-                     keep_codecs=_codecs(old))
-    plan.written = {s: len(rows) for s, rows in old.rows.items()}
+    keep = _codecs(old)
+    plan = make_plan(_without_trial(job, keep), work, None, final, partial, run_id, lambda _text: None,
+                     keep_codecs=keep)
     spec = plan.spec
+    spec.job_json, spec.job_hash = json.dumps(job.public_dict(), sort_keys=True), job.hash()
+    plan.written = dict(old.n_rows)
     spec.discovery_rejects = list(manifest.rejects)
-    spec.num_inputs = sum(len(it.paths) for it in manifest.items) + len(manifest.rejects)
+    spec.num_inputs = found.num_inputs
     spec.commit_every = math.inf
-    spec.inventory = inventory.write_sidecar(final, manifest)
+    spec.inventory = (inventory.write_arrays(final, *found.inventory) if found.inventory is not None
+                      else inventory.write_sidecar(final, manifest))
     spec.sync = SyncSpec(in_place=in_place, tombstones=d.tombstones, kept_rejects=d.kept_rejects)
-    writer = WriterHandle.start(lock.inheritable())
+    return plan
+
+
+def _write(job, plan, d, final: str, pending: PendingWriter, run_id, opts, say):
+    """Run the writer (and, for new and changed items, the workers) over the delta."""
+    from .driver import Driver, abort
+
+    spec = plan.spec
+    try:
+        writer = pending.get()
+    except BaseException:
+        inventory.remove_sidecar(final)
+        raise
     try:
         writer.inbox.put(Start(spec))
         try:
@@ -185,6 +255,19 @@ def _wait_done(writer):
             return s
         if isinstance(msg, (Failed, WriterDied)):
             raise ConvertError(f"the writer failed: {getattr(msg, 'text', msg)}")
+
+
+def _without_trial(job: JobConfig, keep: dict) -> JobConfig:
+    """The job as the plan sees it: ``output.codec: auto`` would run the codec trial (decode,
+    compress and time a sample of the new files) for codecs that ``keep`` fixes anyway; with
+    every field's codec kept, the plan gets a fixed codec instead (its choice is overridden
+    by ``keep_codecs``; the spec's job and job hash are the real job's, set by the caller).
+    Remove once make_plan skips the trial for kept fields."""
+    if job.output.codec != "auto" or not keep or set(keep) < set(job.fields):
+        return job
+    first = next(iter(keep.values()))
+    return dataclasses.replace(job, output=dataclasses.replace(job.output, codec=first.name, level=first.level,
+                                                               shuffle=first.shuffle))
 
 
 def _codecs(old) -> dict:
@@ -225,8 +308,8 @@ def _job_for(job: JobConfig, manifest: Manifest, old) -> JobConfig:
 def _live(old, tombstones: dict, stored: dict | None = None) -> dict[str, int]:
     """Live samples per split: rows stored minus rows tombstoned."""
     out = {}
-    for s in set(old.rows) | set(stored or {}):
-        n = (stored or {}).get(s, len(old.rows.get(s, [])))
+    for s in set(old.n_rows) | set(stored or {}):
+        n = (stored or {}).get(s, old.n_rows.get(s, 0))
         dead = set(old.dead[s].tolist() if s in old.dead else []) | set(tombstones.get(s, []))
         out[s] = n - len(dead)
     return {s: out[s] for s in (list(old.splits) + sorted(set(out) - set(old.splits))) if s in out}

@@ -19,12 +19,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import operator
 import os
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, ClassVar
 
 from ..fields import file_fields
-from ..manifest import Item, Manifest, Reject, natural_key
+from ..manifest import Item, Manifest, Memo, Reject, natural_key
 
 if TYPE_CHECKING:
     from ..config import JobConfig, SourceConfig
@@ -36,12 +37,35 @@ class Layout:
     imported by ``h5batch/layouts/__init__.py``."""
 
     name: ClassVar[str]
+    #: True when the layout splits :meth:`collect` into :meth:`walk` and :meth:`build` and a
+    #: file's item (or reject) depends on that file's path alone, so that ``h5batch sync``
+    #: can build items for new and changed files only (:mod:`.incremental`).
+    incremental: ClassVar[bool] = False
 
     def collect(self, root: Path, src: SourceConfig, b: Builder) -> list[str]:
         """Walk the corpus at ``root``: append each sample to ``b.items`` (its files' size and
         mtime to ``b.stats``) and each unusable file to ``b.rejects``. Returns the split
         order (the builder sorts items by it, then by a natural sort of the key)."""
+        if not self.incremental:
+            raise NotImplementedError
+        files, splits = self.walk(root, src, b)
+        return self.build(root, src, b, files, splits)
+
+    def walk(self, root: Path, src: SourceConfig, b: Builder) -> tuple[list[tuple[str, int, int]], list[str] | None]:
+        """(an incremental layout) Every file :meth:`build` looks at, as ``(relative path,
+        size, mtime_ns)``, the walk's rejects put in ``b``; and the split order when the
+        folders fix it (None when the items' splits do)."""
         raise NotImplementedError
+
+    def build(self, root: Path, src: SourceConfig, b: Builder, files: list[tuple[str, int, int]],
+              splits: list[str] | None) -> list[str]:
+        """(an incremental layout) The items and rejects of ``files`` (any subset of a walk),
+        appended to ``b``; returns the split order, as :meth:`collect` does."""
+        raise NotImplementedError
+
+    def cannot_sync_incrementally(self, job: JobConfig) -> str | None:
+        """Why this layout cannot rediscover ``job``'s corpus incrementally (None: it can)."""
+        return None if self.incremental else f"layout {self.name!r} has no incremental discovery"
 
     def __repr__(self) -> str:
         return f"<layout {self.name}>"
@@ -88,11 +112,15 @@ class Walker:
     hands both to the builder with :meth:`Builder.walked`.
     """
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, ordered: bool = True):
         self.root = root
+        # False: a sync's stat pass (h5batch.layouts.incremental), entries in listing order and
+        # no file identities (it runs only where the corpus has no symlinks).
+        self.ordered = ordered
         self.real_root = os.path.realpath(root)
         self.rejects: list[Reject] = []
         self.ids: dict[str, tuple[int, int]] = {}
+        self.symlinks = 0  # symlinks met (a sync rediscovers incrementally only without them)
 
     def inside(self, path: str) -> bool:
         real = os.path.realpath(path)
@@ -103,15 +131,30 @@ class Walker:
         base = self.root / rel if rel else self.root
         _stack = _stack | {os.path.realpath(base)}  # real paths of the folders being walked
         try:
-            entries = sorted(os.scandir(base), key=lambda e: e.name)
+            entries = sorted(os.scandir(base), key=_name) if self.ordered else list(os.scandir(base))
         except OSError as e:
             self.rejects.append(Reject(rel or ".", "discover", f"cannot list folder: {e.strerror}"))
             return out
+        prefix = f"{rel}/" if rel else ""
+        ids = self.ids if self.ordered else None
         for entry in entries:
-            if entry.name.startswith("."):
+            name = entry.name
+            if name.startswith("."):
                 continue
-            relpath = f"{rel}/{entry.name}" if rel else entry.name
+            relpath = prefix + name
+            try:  # the common case first: a regular file (is_symlink/is_file: no system call)
+                plain = not entry.is_symlink() and entry.is_file()
+                st = entry.stat() if plain else None
+            except OSError as e:
+                self.rejects.append(Reject(relpath, "discover", f"cannot stat: {e.strerror}"))
+                continue
+            if st is not None:
+                if ids is not None:
+                    ids[relpath] = (st.st_dev, st.st_ino)
+                out.append((relpath, st.st_size, st.st_mtime_ns))
+                continue
             if entry.is_symlink():
+                self.symlinks += 1
                 if not os.path.exists(entry.path):
                     self.rejects.append(Reject(relpath, "discover", "broken symlink"))
                     continue
@@ -135,6 +178,9 @@ class Walker:
             self.ids[relpath] = (st.st_dev, st.st_ino)
             out.append((relpath, st.st_size, st.st_mtime_ns))
         return out
+
+
+_name = operator.attrgetter("name")
 
 
 def _suffix_at(name: str) -> int:
@@ -187,11 +233,14 @@ class Builder:
         self.ids: dict[str, tuple[int, int]] = {}  # path -> (st_dev, st_ino), see Walker
         self.annotations: list[str] = []  # annotation files read (root-relative)
         self.resolved: dict = {}  # field configs completed by the annotation stage
+        self.symlinks = False  # a walk met a symlink (see Memo.plain)
+        self.ordered_walk = True  # Walker(root, b.ordered_walk): False for a sync's stat pass
 
     def walked(self, walker: Walker) -> None:
         """Take a finished walk's rejects and file identities (call once per walker)."""
         self.rejects.extend(walker.rejects)
         self.ids.update(walker.ids)
+        self.symlinks = self.symlinks or walker.symlinks > 0
 
     def accepted(self, field_name: str) -> str:
         return ", ".join(self.job.fields[field_name].extensions)
@@ -269,8 +318,11 @@ class Builder:
         return [it for i, it in enumerate(items) if i not in dropped] if dropped else items
 
     def finish(self, root: str, splits: list[str]) -> Manifest:
+        plain = not self.symlinks
         if len(self.fields) == 1:
-            self.items = keys_with_extensions(self.items)
+            keyed = keys_with_extensions(self.items)
+            plain = plain and keyed is self.items
+            self.items = keyed
         order = {s: i for i, s in enumerate(splits)}
         seen: dict[tuple[str, str], Item] = {}
         unique: list[Item] = []
@@ -279,34 +331,71 @@ class Builder:
                 other = seen[(it.split, it.key)].paths[0]
                 self.rejects.extend(Reject(p, "discover", f"duplicate key {it.key!r} in split {it.split!r} "
                                                           f"(already taken by {other})") for p in it.paths)
+                plain = False
                 continue
             seen[(it.split, it.key)] = it
             unique.append(it)
-        unique = self._drop_aliases(root, unique)
+        kept = self._drop_aliases(root, unique)
+        plain = plain and kept is unique
+        unique = kept
         all_splits = list(splits) + sorted({it.split for it in unique} - set(splits))
         labels = sorted({it.label for it in unique if it.label is not None}, key=natural_key)
         h = hashlib.sha256()
-        for it in unique:
-            h.update(json.dumps([it.split, it.key, it.paths, it.label]).encode())
-            if it.values:  # (absent before value fields: older hashes stay the same)
-                h.update(json.dumps(it.values, default=str).encode())
-            for p in it.paths:
-                h.update(repr(self.stats.get(p)).encode())
-        for rel in self.annotations:
-            try:
-                st = os.stat(os.path.join(root, rel))
-                h.update(json.dumps([rel, st.st_size, st.st_mtime_ns]).encode())
-            except OSError:
-                h.update(rel.encode())
-        # Annotation files (tables, split lists) lying in the corpus were rejected by the
-        # layout as files of no field: they are inputs of another kind, listed in the output.
-        taken = set(self.annotations)
-        rejects = sorted((r for r in self.rejects if r.path not in taken), key=lambda r: natural_key(r.path))
-        for r in rejects:
-            h.update(json.dumps([r.path, r.stage, r.reason]).encode())
+        records = [item_record(it, self.stats) for it in unique]
+        for r in records:
+            h.update(r)
+        inputs = input_stats(root, self.annotations)
+        hash_inputs(h, inputs)
+        rejects = self.final_rejects()
+        hash_rejects(h, rejects)
+        memo = Memo(records, inputs, list(splits), plain)
         return Manifest(root=root, fields=self.fields, splits=tuple(s for s in all_splits if any(it.split == s for it in unique)) or tuple(splits),
                         items=unique, rejects=rejects, class_names=tuple(labels), hash=h.hexdigest(),
-                        resolved=dict(self.resolved), annotations=tuple(self.annotations), stats=self.stats)
+                        resolved=dict(self.resolved), annotations=tuple(self.annotations), stats=self.stats,
+                        memo=memo)
+
+    def final_rejects(self) -> list[Reject]:
+        """The rejects in manifest order. Annotation files (tables, split lists) lying in the
+        corpus were rejected by the layout as files of no field: they are inputs of another
+        kind, listed in the output, not rejects."""
+        taken = set(self.annotations)
+        return sorted((r for r in self.rejects if r.path not in taken), key=lambda r: natural_key(r.path))
+
+
+# The manifest hash, in three parts; h.update(a); h.update(b) is h.update(a + b), so a sync
+# can hash the unchanged items' stored records again (Memo.records).
+
+
+def item_record(it: Item, stats: dict) -> bytes:
+    """What the manifest hash takes from one item."""
+    r = json.dumps([it.split, it.key, it.paths, it.label]).encode()
+    if it.values:  # (absent before value fields: older hashes stay the same)
+        r += json.dumps(it.values, default=str).encode()
+    for p in it.paths:
+        r += repr(stats.get(p)).encode()
+    return r
+
+
+def input_stats(root: str, annotations: list[str] | tuple[str, ...]) -> list:
+    """``[path, size, mtime_ns]`` of each annotation file (``[path, None, None]``: missing)."""
+    out = []
+    for rel in annotations:
+        try:
+            st = os.stat(os.path.join(root, rel))
+            out.append([rel, st.st_size, st.st_mtime_ns])
+        except OSError:
+            out.append([rel, None, None])
+    return out
+
+
+def hash_inputs(h, inputs: list) -> None:
+    for rel, size, mtime in inputs:
+        h.update(json.dumps([rel, size, mtime]).encode() if size is not None else rel.encode())
+
+
+def hash_rejects(h, rejects: list[Reject]) -> None:
+    for r in rejects:
+        h.update(json.dumps([r.path, r.stage, r.reason]).encode())
 
 
 def keys_with_extensions(items: list[Item]) -> list[Item]:
@@ -342,6 +431,7 @@ def split_dirs(root: Path, src: SourceConfig, b: Builder) -> list[str]:
             continue
         if src.splits and e.name not in src.splits and (e.is_symlink() or e.is_dir()):
             continue  # not one of the listed splits: not part of this job
+        b.symlinks = b.symlinks or e.is_symlink()
         if e.is_symlink() and not os.path.exists(e.path):
             b.rejects.append(Reject(e.name, "discover", "broken symlink"))
         elif e.is_symlink() and not walker.inside(e.path):

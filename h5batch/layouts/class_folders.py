@@ -11,23 +11,35 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..fields import file_fields
 from ..manifest import Item, Reject
 from .base import Builder, Layout, Walker, ext, not_accepted, register, split_dirs
 
 if TYPE_CHECKING:
-    from ..config import SourceConfig
+    from ..config import JobConfig, SourceConfig
 
 
 class ClassFolders(Layout):
     name = "class_folders"
+    incremental = True  # with one field, a file's item depends on its own path (see below)
 
-    def collect(self, root: Path, src: SourceConfig, b: Builder) -> list[str]:
+    def walk(self, root: Path, src: SourceConfig, b: Builder) -> tuple[list[tuple[str, int, int]], list[str]]:
         splits = split_dirs(root, src, b)
-        walker = Walker(root)
-        for split in splits:
+        walker = Walker(root, b.ordered_walk)
+        files = [f for split in splits for f in walker.walk(split)]
+        b.walked(walker)
+        return files, splits
+
+    def build(self, root: Path, src: SourceConfig, b: Builder, files: list[tuple[str, int, int]],
+              splits: list[str] | None) -> list[str]:
+        by_split: dict[str, list[tuple[str, int, int]]] = {}
+        for f in files:
+            by_split.setdefault(f[0].partition("/")[0], []).append(f)
+        start = len(b.items)
+        for split in splits or sorted(by_split):
             by_class: dict[str, list[str]] = {}
             field_of: dict[str, str] = {}
-            for rel, size, mtime in walker.walk(split):
+            for rel, size, mtime in by_split.get(split, ()):
                 parts = rel.split("/")
                 if len(parts) < 3:
                     b.rejects.append(Reject(rel, "discover", "file is not inside a class folder (<split>/<class>/<file>)"))
@@ -39,13 +51,17 @@ class ClassFolders(Layout):
                 b.stats[rel] = (size, mtime)
                 field_of[rel] = fname
                 by_class.setdefault(parts[1], []).append(rel)
-            for cls, files in by_class.items():
-                b.group_by_stem(split, files, cls, "", field_of)
-        b.walked(walker)
+            for cls, group in by_class.items():
+                b.group_by_stem(split, group, cls, "", field_of)
         # Keys: class/stem-within-class, so the same stem in two classes stays distinct.
-        b.items = [Item("/".join(it.paths[0].split("/")[1:]).rsplit(".", 1)[0], it.split, it.paths, it.label)
-                   for it in b.items]
-        return splits
+        b.items[start:] = [Item("/".join(it.paths[0].split("/")[1:]).rsplit(".", 1)[0], it.split, it.paths, it.label)
+                           for it in b.items[start:]]
+        return list(splits or [])
+
+    def cannot_sync_incrementally(self, job: JobConfig) -> str | None:
+        if len(file_fields(job.fields)) != 1:
+            return "class_folders with several fields pairs files by stem"
+        return None
 
 
 register(ClassFolders())

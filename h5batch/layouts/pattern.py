@@ -23,12 +23,19 @@ if TYPE_CHECKING:
 
 class Pattern(Layout):
     name = "pattern"
+    incremental = True  # a file's item depends on its own path: h5batch sync rediscovers incrementally
 
-    def collect(self, root: Path, src: SourceConfig, b: Builder) -> list[str]:
+    def walk(self, root: Path, src: SourceConfig, b: Builder) -> tuple[list[tuple[str, int, int]], None]:
+        walker = Walker(root, b.ordered_walk)
+        files = walker.walk()
+        b.walked(walker)
+        return files, None
+
+    def build(self, root: Path, src: SourceConfig, b: Builder, files: list[tuple[str, int, int]],
+              splits: list[str] | None) -> list[str]:
         rx = re.compile(src.pattern or "")
-        walker = Walker(root)
         fname = b.fields[0]
-        for rel, size, mtime in walker.walk():
+        for rel, size, mtime in files:
             if not b.takes(fname, rel):
                 b.rejects.append(Reject(rel, "discover", not_accepted(rel, b.accepted(fname))))
                 continue
@@ -52,7 +59,6 @@ class Pattern(Layout):
             b.stats[rel] = (size, mtime)
             columns = tuple((k, v) for k, v in groups.items() if v is not None)  # for value fields
             b.items.append(Item(stem(rel), split, (rel,), label, columns=columns))
-        b.walked(walker)
         return declared_then_found(src, b)
 
 

@@ -1,0 +1,263 @@
+"""Incremental discovery for ``h5batch sync``: the corpus's manifest hash, rejects and
+inventory, with items built only for the files that are new or changed since the output's
+inventory (:class:`~h5batch.inventory.Memory`) was written.
+
+Rule: the result is what :func:`h5batch.layouts.discover` would give, or no result at all.
+A layout opts in (``Layout.incremental``: its walk is separate from its item building, and a
+file's item or reject depends on that file's path alone); then one stat pass over the
+corpus (the layout's :meth:`~.base.Layout.walk`) is compared with the inventory's sorted
+keys and their stats, in numpy:
+
+* a file in the inventory with the same size and mtime is unchanged: its stored stamp and
+  hash record (:class:`~h5batch.manifest.Memo`) are kept, nothing is built for it;
+* a file that was a discovery reject stays one (same path, same job, same annotation
+  files: the same reason), carried from the output's rejects;
+* every other file (new, or in the inventory with another size or mtime) goes through the
+  layout's :meth:`~.base.Layout.build`, the exclusions, the annotation join and the split
+  rules, as in a full discovery; the new items are put into the stored manifest order by
+  bisection (their records decoded only where the bisection looks);
+* an inventory key the walk no longer finds is removed.
+
+The manifest hash is then computed over the stored records of the unchanged items and the
+new records, in order (``sha256`` is streamed: updating with the pieces is updating with
+their concatenation), so it equals a full discovery's.
+
+Whenever the fast path cannot vouch for that, :func:`rediscover` returns the reason instead
+and sync runs the full discovery (and logs the reason): the layout is not incremental (or
+the job pairs several fields), the job has value fields (their categories come from every
+sample), the last discovery had items that depended on each other (:attr:`Memo.plain`), an
+annotation file (table, split list) changed or a table's glob matches other files, the
+split folders changed, a new split appeared, a new item's key clashes with another's, or a
+changed file's item moved.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import glob
+import hashlib
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .. import format as fmt
+from ..errors import ConfigError
+from ..fields import value_fields
+from ..inventory import Memory, memo_json, stamp
+from ..manifest import Item, Manifest, Reject, natural_key
+from . import annotate, exclude
+from . import splits as split_rules
+from .base import Builder, get, hash_inputs, hash_rejects, input_stats, item_record
+
+if TYPE_CHECKING:
+    from ..config import JobConfig
+
+__all__ = ["Rediscovery", "rediscover"]
+
+_DISCOVERY_STAGES = ("discover", fmt.STAGE_EXCLUDED)
+
+
+@dataclasses.dataclass
+class Rediscovery:
+    """What changed, and the corpus's state after it.
+
+    ``manifest`` has the whole corpus's hash, rejects, annotations and splits, but only the
+    new and changed items (in manifest order); ``inventory`` is the ``(keys, stamps, extra)``
+    of the whole corpus for the synced output (:func:`h5batch.inventory.write_arrays`)."""
+
+    manifest: Manifest
+    changed: list[str]  # first paths of items whose file has another size or mtime
+    removed: list[str]  # inventory keys the corpus no longer has
+    items: int  # items of the whole corpus
+    inventory: tuple
+
+    @property
+    def num_inputs(self) -> int:
+        return self.items + len(self.manifest.rejects)
+
+
+class _OldKeys:
+    """The sort keys of the stored manifest's items, decoded from their records on demand
+    (a bisection reads a few of them)."""
+
+    def __init__(self, mem: Memory, order: dict[str, int]):
+        self.mem, self.order, self._cache = mem, order, {}
+
+    def __len__(self) -> int:
+        return len(self.mem.record_end)
+
+    def item(self, i: int) -> tuple[str, str]:
+        split, key = json.JSONDecoder().raw_decode(self.mem.record_of(i).decode())[0][:2]
+        return split, key
+
+    def __getitem__(self, i: int) -> tuple:
+        if i not in self._cache:
+            split, key = self.item(i)
+            self._cache[i] = (self.order.get(split, len(self.order)), split, natural_key(key))
+        return self._cache[i]
+
+
+def rediscover(job: JobConfig, mem: Memory, old_rejects: list[Reject]) -> Rediscovery | str:
+    """The corpus of ``job`` compared with ``mem`` (see the module docstring), or the reason
+    a full discovery is needed."""
+    layout = get(job.source.layout)
+    why = layout.cannot_sync_incrementally(job)
+    if why:
+        return why
+    if value_fields(job.fields):
+        return "the job has value fields (their categories come from every sample)"
+    if not mem.plain:
+        return "items of the last discovery depended on each other (a key with its extension, a duplicate, a symlink)"
+    root = Path(job.source.root)
+    why = _inputs_changed(root, job, mem)
+    if why:
+        return why
+    walk = Builder(job)
+    walk.ordered_walk = False  # the stat pass is compared in numpy, in any order
+    files, folders = layout.walk(root, job.source, walk)
+    if walk.symlinks:
+        return "the corpus has symlinks"
+    rule = job.source.split
+    if folders is not None and not (rule.lists or rule.column or rule.hash) and folders != mem.splits:
+        return "the split folders changed"
+    try:
+        return _rediscover(job, layout, mem, old_rejects, root, walk, files, folders)
+    except ConfigError as e:
+        return f"discovery of the new files failed ({e}); a full discovery says whether it holds"
+
+
+def _inputs_changed(root: Path, job: JobConfig, mem: Memory) -> str | None:
+    for rel, size, mtime in mem.inputs:
+        if input_stats(str(root), [rel])[0] != [rel, size, mtime]:
+            return f"annotation file {rel} changed"
+    known = {rel for rel, _, _ in mem.inputs}
+    for spec in job.source.tables:
+        for pat in [spec.path] if isinstance(spec.path, str) else list(spec.path):
+            if glob.has_magic(pat) and not set(glob.glob(pat, root_dir=root, recursive=True)) <= known:
+                return f"the table pattern {pat!r} matches other files"
+    return None
+
+
+def _rediscover(job, layout, mem: Memory, old_rejects, root: Path, walk: Builder, files, folders) -> Rediscovery | str:
+    n = len(mem.keys)
+    rels, sizes, mtimes = zip(*files) if files else ((), (), ())
+    paths = np.array(rels, dtype=str) if files else np.zeros(0, dtype=str)
+    stat = np.stack([np.array(sizes, dtype=np.int64), np.array(mtimes, dtype=np.int64)], axis=1)
+    at = np.minimum(np.searchsorted(mem.keys, paths), max(n - 1, 0)) if n else np.zeros(len(paths), dtype=np.int64)
+    hit = (mem.keys[at] == paths) if n else np.zeros(len(paths), dtype=bool)
+    same = hit & (mem.stat[at] == stat).all(axis=1) if n else hit
+    present = np.zeros(n, dtype=bool)
+    present[at[hit]] = True
+    removed = mem.keys[~present].tolist()
+    rejected = {r.path for r in old_rejects if r.stage in _DISCOVERY_STAGES}
+    changed_at = np.flatnonzero(hit & ~same)
+    todo = [files[i] for i in np.flatnonzero(~hit) if files[i][0] not in rejected]
+    changed = [files[i][0] for i in changed_at]
+    todo += [files[i] for i in changed_at]
+
+    b = Builder(job)
+    b.rejects = list(walk.rejects)
+    layout.build(root, job.source, b, todo, folders)
+    exclude.apply(job.source, b)
+    split_rules.apply(root, job, b, annotate.join(root, job, b))
+    if b.resolved:
+        return "discovery completed field configs from the samples"
+    walked = set(paths.tolist()) if rejected else set()
+    b.rejects += [r for r in old_rejects if r.stage in _DISCOVERY_STAGES and r.path in walked]
+    order = {s: i for i, s in enumerate(mem.splits)}
+    if any(it.split not in order for it in b.items):
+        return "a new split appeared"
+    old = _OldKeys(mem, order)
+    position = np.empty(n, dtype=np.int64)
+    position[mem.order] = np.arange(n)
+    by_path = {it.paths[0]: it for it in b.items}
+    replaced: dict[int, Item] = {}
+    for key_at, path in zip(at[changed_at].tolist(), changed):
+        it, p = by_path.pop(path, None), int(position[key_at])
+        if it is None or old.item(p) != (it.split, it.key):
+            return f"the item of the changed file {path} is not the one it was"
+        replaced[p] = it
+    new = sorted(by_path.values(), key=lambda it: (order[it.split], it.split, natural_key(it.key)))
+    gone = position[~present]
+    where = []
+    for i, it in enumerate(new):
+        k = (order[it.split], it.split, natural_key(it.key))
+        p = bisect.bisect_left(old, k)
+        if (p < n and old[p] == k and present[mem.order[p]]) or (i and k == where[-1][1]):
+            return f"the key {it.key!r} of {it.paths[0]} clashes with another item's"
+        where.append((p, k))
+    return _merge(mem, b, new, [p for p, _ in where], replaced, gone, changed, removed, root)
+
+
+def _merge(mem: Memory, b: Builder, new: list[Item], at: list[int], replaced: dict[int, Item],
+           gone: np.ndarray, changed: list[str], removed: list[str], root: Path) -> Rediscovery:
+    """The corpus after the change: the merged inventory arrays and the manifest hash.
+
+    ``src`` lists the merged items in manifest order: a stored item by its old position, a
+    new one as ``-(its index in new) - 1``; a changed one keeps its old position and is
+    rebuilt (``replaced``)."""
+    n = len(mem.record_end)
+    keep = np.ones(n, dtype=bool)
+    keep[gone] = False
+    kept = np.flatnonzero(keep)
+    src = np.insert(kept, np.searchsorted(kept, np.asarray(at, dtype=np.int64)), -(np.arange(len(new)) + 1))
+    # Per merged item: stamp, stat, record (the unchanged ones' from the memory, in runs).
+    special = (src < 0) | np.isin(src, np.fromiter(replaced, dtype=np.int64, count=len(replaced)))
+    starts = np.concatenate([[0], mem.record_end[:-1]]) if n else np.zeros(0, dtype=np.int64)
+    pieces: list[bytes] = []
+    lengths = np.empty(len(src), dtype=np.int64)
+    stamps_ = np.empty(len(src), dtype=np.int64)
+    stat = np.empty((len(src), 2), dtype=np.int64)
+    keys = np.empty(len(src), dtype=object)
+    plain = np.flatnonzero(~special)
+    if len(plain):
+        olds = src[plain]
+        key_index = mem.order[olds]
+        keys[plain] = mem.keys[key_index]
+        stamps_[plain] = mem.stamps[key_index]
+        stat[plain] = mem.stat[key_index]
+        lengths[plain] = mem.record_end[olds] - starts[olds]
+    # Runs of consecutive stored items (a record slice each), broken by a new or changed item.
+    starts_at = np.flatnonzero(~special & np.concatenate([[True], (src[1:] != src[:-1] + 1) | special[:-1]]))
+    ends_at = np.flatnonzero(~special & np.concatenate([(src[1:] != src[:-1] + 1) | special[1:], [True]]))
+    runs = {int(j): int(e) for j, e in zip(starts_at, ends_at)}
+    items: list[Item] = []
+    record = mem.record
+    j = 0
+    while j < len(src):
+        if j in runs:
+            e = runs[j]
+            pieces.append(record[starts[src[j]]:mem.record_end[src[e]]].tobytes())
+            j = e + 1
+            continue
+        s = int(src[j])
+        it = replaced[s] if s >= 0 else new[-s - 1]
+        rec = item_record(it, b.stats)
+        pieces.append(rec)
+        items.append(it)
+        keys[j] = it.paths[0]
+        stamps_[j] = stamp(it, b.stats)
+        stat[j] = b.stats[it.paths[0]]
+        lengths[j] = len(rec)
+        j += 1
+    h = hashlib.sha256()
+    for p in pieces:
+        h.update(p)
+    inputs = input_stats(str(root), b.annotations)
+    hash_inputs(h, inputs)
+    rejects = b.final_rejects()
+    hash_rejects(h, rejects)
+    keys = keys.astype(str) if len(keys) else np.zeros(0, dtype=str)
+    by_key = np.argsort(keys, kind="stable")
+    order = np.empty_like(by_key)
+    order[by_key] = np.arange(len(by_key))
+    extra = {"stat": stat[by_key], "order": order, "record": np.frombuffer(b"".join(pieces), dtype=np.uint8),
+             "record_end": np.cumsum(lengths), "memo": memo_json(inputs, mem.splits, True)}
+    names = tuple(mem.splits)
+    manifest = Manifest(root=str(root), fields=b.fields, splits=tuple(s for s in names if any(it.split == s for it in items)),
+                        items=items, rejects=rejects, class_names=tuple(sorted({it.label for it in items if it.label is not None}, key=natural_key)),
+                        hash=h.hexdigest(), annotations=tuple(b.annotations), stats=b.stats)
+    return Rediscovery(manifest, changed, removed, len(src), (keys[by_key], stamps_[by_key], extra))

@@ -1,0 +1,164 @@
+"""Incremental discovery (h5batch/layouts/incremental.py): after any change of the corpus it
+gives what a full discovery gives (manifest hash, rejects, the whole inventory), or says why
+it cannot and leaves the work to a full discovery.
+
+In process and without conversions: the inventory is taken from a real discovery's manifest
+(what the writer would store), the corpus is real files on disk (discovery reads no content).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from h5batch import inventory
+from h5batch.config import job_from_dict
+from h5batch.layouts import discover
+from h5batch.layouts.incremental import rediscover
+
+FSDD = r"(?P<label>\d)_(?P<speaker>[a-z]+)_(?P<index>\d+)\.(wav|flac)"
+
+
+def _job(root: Path, source: dict, extensions=(".wav",)):
+    return job_from_dict({
+        "name": "t",
+        "source": {"root": str(root), **source},
+        "fields": {"audio": {"type": "audio", "extensions": list(extensions), "sample_rate": 8000}},
+        "output": {"path": str(root.parent / "out.h5")},
+    }, "job.yaml")
+
+
+def _fsdd(root: Path, extensions=(".wav",)):
+    for d in range(3):
+        for i in range(7):
+            _file(root / f"{d}_jackson_{i}.wav", d * 10 + i)
+    (root / "README.txt").write_text("not a sample")  # a discovery reject, carried over
+    return _job(root, {"layout": "pattern", "pattern": FSDD,
+                       "split": {"group": "index", "ranges": {"test": [0, 1]}, "default": "train"},
+                       "splits": ["train", "test"]}, extensions)
+
+
+def _classes(root: Path):
+    for split in ("train", "test"):
+        for c in ("cat", "dog"):
+            for i in range(6):
+                _file(root / split / c / f"{c}{i}.wav", i)
+    _file(root / "train" / "stray.wav", 1)  # not inside a class folder: a reject
+    return _job(root, {"layout": "class_folders"})
+
+
+def _file(path: Path, n: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"x" * (100 + n))
+
+
+def _memory(m) -> inventory.Memory:
+    keys, stamps, extra = inventory.of_manifest(m)
+    memo = json.loads(extra["memo"])
+    return inventory.Memory(keys, stamps, extra["stat"], extra["order"], extra["record"], extra["record_end"],
+                            memo["inputs"], memo["splits"], memo["plain"])
+
+
+def _assert_same_as_full(job, r) -> None:
+    assert not isinstance(r, str), r
+    full = discover(job)
+    assert r.manifest.hash == full.hash
+    assert r.manifest.rejects == full.rejects
+    assert r.items == len(full.items)
+    keys, stamps, extra = inventory.of_manifest(full)
+    got_keys, got_stamps, got = r.inventory
+    assert got_keys.tolist() == keys.tolist() and got_stamps.tolist() == stamps.tolist()
+    for k in inventory.EXTRA:
+        assert np.array_equal(got[k], extra[k]), k
+    assert got["memo"] == extra["memo"]
+
+
+def _bump(path: Path) -> None:
+    path.write_bytes(path.read_bytes() + b"more")  # another size
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10_000_000))
+
+
+def test_pattern_add_change_remove_reject_new_label(tmp_path):
+    root = tmp_path / "c"
+    job = _fsdd(root)
+    m0 = discover(job)
+    for name in ("7_theo_0.wav", "1_theo_12.wav", "0_jackson_100.wav", "2_jackson_10.wav"):
+        _file(root / name, 5)  # a new label (7), new ones in both splits, sorted among the old
+    _file(root / "nope.wav", 3)  # a new discovery reject
+    _bump(root / "1_jackson_3.wav")
+    (root / "2_jackson_6.wav").unlink()
+    for i in range(7):
+        (root / f"0_jackson_{i}.wav").unlink() if i != 0 else None
+    r = rediscover(job, _memory(m0), m0.rejects)
+    _assert_same_as_full(job, r)
+    assert r.changed == ["1_jackson_3.wav"]
+    assert sorted(r.removed) == sorted(["2_jackson_6.wav"] + [f"0_jackson_{i}.wav" for i in range(1, 7)])
+    assert sorted(it.paths[0] for it in r.manifest.items) == sorted(
+        ["7_theo_0.wav", "1_theo_12.wav", "0_jackson_100.wav", "2_jackson_10.wav", "1_jackson_3.wav"])
+
+
+def test_class_folders_new_class_and_nothing_changed(tmp_path):
+    root = tmp_path / "c"
+    job = _classes(root)
+    m0 = discover(job)
+    same = rediscover(job, _memory(m0), m0.rejects)
+    _assert_same_as_full(job, same)
+    assert same.manifest.hash == m0.hash and not same.manifest.items and not same.removed
+    _file(root / "train" / "owl" / "o1.wav", 1)
+    _file(root / "test" / "cat" / "cat10.wav", 1)
+    _file(root / "test" / "readme.md", 1)  # outside a class folder
+    (root / "test" / "dog" / "dog2.wav").unlink()
+    _bump(root / "train" / "cat" / "cat0.wav")
+    r = rediscover(job, _memory(m0), m0.rejects)
+    _assert_same_as_full(job, r)
+    assert r.changed == ["train/cat/cat0.wav"] and r.removed == ["test/dog/dog2.wav"]
+
+
+def test_what_the_fast_path_cannot_vouch_for_falls_back(tmp_path):
+    root = tmp_path / "c"
+    job = _fsdd(root, extensions=(".wav", ".flac"))
+    m0 = discover(job)
+    mem = _memory(m0)
+    # A second file of one stem: the keys take their extensions, which depends on both files.
+    _file(root / "1_jackson_2.flac", 1)
+    assert "1_jackson_2.flac clashes with another item's" in rediscover(job, mem, m0.rejects)
+    m1 = discover(job)
+    assert "depended on each other" in rediscover(job, _memory(m1), m1.rejects)
+    (root / "1_jackson_2.flac").unlink()
+    # A symlink in the corpus.
+    os.symlink(root / "0_jackson_1.wav", root / "0_jackson_50.wav")
+    assert rediscover(job, mem, m0.rejects) == "the corpus has symlinks"
+    (root / "0_jackson_50.wav").unlink()
+    _assert_same_as_full(job, rediscover(job, mem, m0.rejects))
+
+
+def test_an_edited_split_list_falls_back(tmp_path):
+    root = tmp_path / "c"
+    for i in range(6):
+        _file(root / "a" / f"{i}.wav", i)
+    (root / "test.txt").write_text("a/0.wav\na/1.wav\n")
+    job = _job(root, {"layout": "pattern", "pattern": r"a/(?P<n>\d+)\.wav",
+                      "split": {"lists": {"test": "test.txt"}, "default": "train"}})
+    m0 = discover(job)
+    mem = _memory(m0)
+    _file(root / "a" / "9.wav", 9)  # the list did not change: incremental
+    _assert_same_as_full(job, rediscover(job, mem, m0.rejects))
+    (root / "test.txt").write_text("a/0.wav\na/1.wav\na/9.wav\n")
+    assert rediscover(job, mem, m0.rejects) == "annotation file test.txt changed"
+
+
+def test_a_job_the_layout_cannot_rediscover_says_why(tmp_path):
+    root = tmp_path / "c"
+    _file(root / "train" / "cat" / "1.wav", 1)
+    _file(root / "train" / "cat" / "1.png", 1)
+    job = job_from_dict({
+        "name": "t", "source": {"root": str(root), "layout": "class_folders"},
+        "fields": {"audio": {"type": "audio", "extensions": [".wav"], "sample_rate": 8000},
+                   "image": {"type": "image", "extensions": [".png"]}},
+        "output": {"path": str(tmp_path / "out.h5")}}, "job.yaml")
+    m0 = discover(job)
+    assert rediscover(job, _memory(m0), m0.rejects) == "class_folders with several fields pairs files by stem"
