@@ -168,6 +168,7 @@ class PolicyConfig:
     decode_timeout: float = 120.0  # seconds per file
     commit_every: float = 10.0  # seconds between durable commits
     retries: int = 2  # extra attempts for a batch whose worker died
+    no_worker_timeout: float = 60.0  # seconds a run's own LocalCluster may have no worker at all
 
 
 @dataclass(frozen=True)

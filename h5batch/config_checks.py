@@ -92,6 +92,8 @@ def validate(job: JobConfig, check_paths: bool) -> None:
         raise ConfigError(f, "policy.max_reject_fraction", f"must be within 0..1, got {p.max_reject_fraction}")
     if p.decode_timeout <= 0:
         raise ConfigError(f, "policy.decode_timeout", "must be > 0 seconds")
+    if p.no_worker_timeout <= 0:
+        raise ConfigError(f, "policy.no_worker_timeout", "must be > 0 seconds")
     if check_paths:
         root = Path(s.root)
         if not root.is_dir() and not s.generate:

@@ -84,3 +84,44 @@ def test_hanging_decode_is_bounded_by_timeout(corpus, reference, tmp_path):
     assert rej["train/data/7.wav"]["stage"] == "timeout"
     assert "longer than 4 s" in rej["train/data/7.wav"]["reason"]  # 2 s per file x 2 files
     assert "restarting worker" in res.stderr
+
+
+def test_a_local_cluster_left_without_workers_stops_the_wait_instead_of_hanging(corpus):
+    """A LocalCluster of the run that has no worker left (its nannies gone: here scaled to
+    zero) would keep the tasks waiting forever; the driver's wait gives up after
+    policy.no_worker_timeout with the error the CLI prints, and an event that arrives in time
+    is returned as usual. Real cluster, real client; the driver object holds only what its
+    wait reads."""
+    import queue
+    import time
+    from types import SimpleNamespace
+
+    from distributed import Client, LocalCluster
+
+    from h5batch.config import load_job
+    from h5batch.conversion.cluster import Connection
+    from h5batch.conversion.driver import Driver
+    from h5batch.errors import ConvertError
+
+    job = load_job(JOB, [f"source.root={corpus}", "cluster.kind=local", "policy.no_worker_timeout=1"])
+    with LocalCluster(n_workers=1, processes=False, threads_per_worker=1, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        d = Driver.__new__(Driver)
+        d.job, d.client, d.events = job, client, queue.Queue()
+        d.plan = SimpleNamespace(spec=SimpleNamespace(partial_path="out.h5.partial", sync=None))
+        conn = Connection(client, "LocalCluster", None, cluster)
+        d.events.put(("future", 1))
+        assert d._next_event(conn) == ("future", 1)  # with workers: the event, at once
+        cluster.scale(0)
+        deadline = time.monotonic() + 60
+        while client.scheduler_info(n_workers=-1)["workers"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        t0 = time.monotonic()
+        with pytest.raises(ConvertError, match="every worker of the local Dask cluster is gone and none came back "
+                                               "in 1 s .policy.no_worker_timeout") as e:
+            d._next_event(conn)
+        assert 1.0 <= time.monotonic() - t0 < 30
+        assert "progress is committed in out.h5.partial; run the same command again to resume" in str(e.value)
+        d.events.put(("writer", 2))  # an event within the limit still comes through
+        assert d._next_event(conn) == ("writer", 2)

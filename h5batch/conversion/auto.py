@@ -324,16 +324,19 @@ class AutoSettings:
         return lines
 
 
-def resolve(job: JobConfig, manifest: Manifest, measurer: Measurer | None = None) -> AutoSettings:
+def resolve(job: JobConfig, manifest: Manifest, measurer: Measurer | None = None,
+            keep: dict[str, CodecSpec] | None = None) -> AutoSettings:
     """The codec of every field and the items per batch (``auto`` or as configured);
-    ``measurer``: see :func:`measure`."""
+    ``measurer``: see :func:`measure`; ``keep``: fields whose codec is fixed already (a
+    sync appends to existing datasets), which get no codec trial."""
     o = job.output
+    keep = keep or {}
     fixed = {name: fixed_sample_shape(fc) for name, fc in job.fields.items()}
     need = []
     if o.codec == "auto":
-        need = list(job.fields)
-    elif job.cluster.batch_size == "auto":
-        need = [name for name, f in fixed.items() if f is None]
+        need = [name for name in job.fields if name not in keep]
+    if job.cluster.batch_size == "auto":  # variable lengths: the trial estimates a batch's bytes
+        need += [name for name, f in fixed.items() if f is None and name not in need]
     with silenced():  # the workers decode these files again and log their warnings
         trial = Trial.run(job, manifest, need)
 
@@ -350,8 +353,11 @@ def resolve(job: JobConfig, manifest: Manifest, measurer: Measurer | None = None
         codecs = {name: CodecChoice(name, CodecSpec(o.codec, o.level, o.shuffle)) for name in job.fields}
     else:
         codecs = {}
-        figures = measure(trial.arrays, o.level, o.shuffle, measurer)
+        figures = measure({n: a for n, a in trial.arrays.items() if n not in keep}, o.level, o.shuffle, measurer)
         for name in job.fields:
+            if name in keep:
+                codecs[name] = CodecChoice(name, keep[name])
+                continue
             ratio, *speeds = figures.get(name, (1.0, None, None))
             chosen = choose(ratio, *speeds, o.prefer)
             codecs[name] = CodecChoice(name, CodecSpec(chosen, o.level if chosen != "none" else None, o.shuffle),

@@ -52,6 +52,7 @@ from .worker import decode_batch
 
 WINDOW_BYTES = 1 << 30  # decoded bytes waiting in shared memory, at most (about)
 ABORT_SECONDS = 60  # how long the writer may take to commit after an abort
+WATCH_SECONDS = 5.0  # how often a waiting driver checks that its own cluster has workers
 
 
 def _empty_result(task: BatchTask, rejects: list[Reject], nfields: int) -> BatchResult:
@@ -115,6 +116,35 @@ class Driver:
 
     # -- the loop --------------------------------------------------------------------------
 
+    def _next_event(self, conn: Any) -> tuple[str, Any]:
+        """The next future or writer event. Rule: while it waits, the driver checks every
+        :data:`WATCH_SECONDS` that a LocalCluster it started still has a worker, and gives up
+        after ``policy.no_worker_timeout`` seconds without one. Reason: Dask keeps tasks waiting for
+        workers forever, and a nanny that fails to restart its worker (seen on a loaded
+        machine after crash isolation had killed workers repeatedly) closes for good: the
+        run hung with nothing left to run it. Clusters it did not start (a scheduler,
+        dask-jobqueue) may legitimately be without workers for a while: no limit there."""
+        cluster = getattr(conn, "cluster", None) if self.job.cluster.kind == "local" else None
+        limit = self.job.policy.no_worker_timeout
+        since = None
+        while True:
+            try:
+                return self.events.get(timeout=min(WATCH_SECONDS, limit) if cluster is not None else None)
+            except queue.Empty:
+                pass
+            try:
+                workers = len(self.client.scheduler_info(n_workers=-1)["workers"])
+            except Exception:  # noqa: BLE001 - a closing scheduler: the next wait tells
+                workers = 1
+            since = None if workers else since or time.monotonic()
+            if since is not None and time.monotonic() - since > limit:
+                spec = self.plan.spec
+                then = ("the sync is undone; run the same command again" if spec.sync is not None else
+                        f"progress is committed in {spec.partial_path}; run the same command again to resume")
+                raise ConvertError(f"every worker of the local Dask cluster is gone and none came back in "
+                                   f"{limit:g} s (policy.no_worker_timeout; the machine may be short of memory or "
+                                   f"CPU); {then}")
+
     def run(self) -> ConvertSummary:
         """Decode and store every batch from ``plan.start`` on, then finish the file."""
         job, tasks = self.job, self.plan.tasks
@@ -145,7 +175,7 @@ class Driver:
                     self.slots[next_submit] = _Slot(self.rows.place(tasks[next_submit]))
                     self._submit(next_submit, 0, len(tasks[next_submit].items))
                     next_submit += 1
-                kind, payload = self.events.get()
+                kind, payload = self._next_event(conn)
                 if kind == "future":
                     self._on_future(payload)
                     while next_forward in self.slots and self.slots[next_forward].complete():

@@ -49,7 +49,7 @@ def make_plan(job: JobConfig, manifest: Manifest, record: CommitRecord | None, f
               measurer: Measurer | None = None) -> Plan:
     """``keep_codecs``: fields whose datasets exist already (a sync) keep these codecs;
     ``measurer``: who takes ``codec: auto``'s measurements (:func:`.auto.measure`)."""
-    auto = resolve(job, manifest, measurer)
+    auto = resolve(job, manifest, measurer, keep_codecs)
     for line in auto.describe(job):
         say(line)
     codecs = {name: c.codec for name, c in auto.codecs.items()}

@@ -18,7 +18,6 @@ lock (:func:`recover`), and the same command then does the whole sync again.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import shutil
@@ -194,10 +193,8 @@ def _plan(job, found: _Found, old, d, final: str, partial: str, in_place: bool, 
                     class_names=d.class_names, hash=manifest.hash, stats=manifest.stats,
                     annotations=manifest.annotations)
     keep = _codecs(old)
-    plan = make_plan(_without_trial(job, keep), work, None, final, partial, run_id, lambda _text: None,
-                     keep_codecs=keep)
+    plan = make_plan(job, work, None, final, partial, run_id, lambda _text: None, keep_codecs=keep)
     spec = plan.spec
-    spec.job_json, spec.job_hash = json.dumps(job.public_dict(), sort_keys=True), job.hash()
     plan.written = dict(old.n_rows)
     spec.discovery_rejects = list(manifest.rejects)
     spec.num_inputs = found.num_inputs
@@ -255,19 +252,6 @@ def _wait_done(writer):
             return s
         if isinstance(msg, (Failed, WriterDied)):
             raise ConvertError(f"the writer failed: {getattr(msg, 'text', msg)}")
-
-
-def _without_trial(job: JobConfig, keep: dict) -> JobConfig:
-    """The job as the plan sees it: ``output.codec: auto`` would run the codec trial (decode,
-    compress and time a sample of the new files) for codecs that ``keep`` fixes anyway; with
-    every field's codec kept, the plan gets a fixed codec instead (its choice is overridden
-    by ``keep_codecs``; the spec's job and job hash are the real job's, set by the caller).
-    Remove once make_plan skips the trial for kept fields."""
-    if job.output.codec != "auto" or not keep or set(keep) < set(job.fields):
-        return job
-    first = next(iter(keep.values()))
-    return dataclasses.replace(job, output=dataclasses.replace(job.output, codec=first.name, level=first.level,
-                                                               shuffle=first.shuffle))
 
 
 def _codecs(old) -> dict:
