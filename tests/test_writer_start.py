@@ -1,0 +1,59 @@
+"""The writer process is started without the caller's main module: a script that calls
+``h5batch.convert`` runs its top level once, in its own process, however many writers its
+conversions start (multiprocessing would otherwise run it again in every writer, imports
+and all, before the writer stores a batch)."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import h5py
+
+from h5batch import generate
+from tests.support import run
+
+SCRIPT = """
+import os, sys
+with open({marker!r}, "a") as fh:  # every execution of this module's top level
+    fh.write(f"{{os.getpid()}} {{__name__}}\\n")
+
+def main():
+    import io
+    import h5batch
+    from h5batch.config import job_from_dict
+    from h5batch.conversion.options import ConvertOptions
+    for k in range(3):
+        job = job_from_dict({{
+            "name": "main-once",
+            "source": {{"root": {root!r}, "layout": "paired_folders", "splits": ["train"]}},
+            "fields": {{"data": {{"type": "audio", "folder": "data", "extensions": [".wav"],
+                                  "sample_rate": 16000, "dtype": "int16", "length": 4000}},
+                        "target": {{"type": "audio", "folder": "label", "extensions": [".wav"],
+                                    "sample_rate": 16000, "dtype": "int16", "length": 4000}}}},
+            "output": {{"path": os.path.join({out!r}, f"out{{k}}.h5"), "codec": "auto"}},  # the default (its trial runs first)
+            "cluster": {{"kind": "inprocess", "batch_size": 8, "dashboard": False}},
+        }}, file="<test>")
+        h5batch.convert(job, ConvertOptions(progress="none", log=io.StringIO()))
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_script_top_level_runs_once_per_driver(tmp_path: Path) -> None:
+    root = tmp_path / "corpus"
+    generate.make_paired_audio(root, n_train=12, n_test=0, seconds=0.25, seed=3)
+    marker, out = tmp_path / "executions.txt", tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(SCRIPT.format(marker=str(marker), root=str(root), out=str(out))))
+    done = run.run([sys.executable, str(script)], cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = marker.read_text().splitlines()
+    assert len(lines) == 1 and lines[0].endswith(" __main__"), lines  # the driver only, no writer
+    for k in range(3):
+        with h5py.File(out / f"out{k}.h5", "r") as f:
+            assert f["train/data"].shape == (12, 4000)
+            assert f["train/target"].shape == (12, 4000)
