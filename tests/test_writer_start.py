@@ -57,3 +57,25 @@ def test_script_top_level_runs_once_per_driver(tmp_path: Path) -> None:
         with h5py.File(out / f"out{k}.h5", "r") as f:
             assert f["train/data"].shape == (12, 4000)
             assert f["train/target"].shape == (12, 4000)
+
+
+def test_started_clusters_skip_idle_work(tmp_path: Path) -> None:
+    """A cluster the run starts ticks its event loops every 500 ms, not 20 ms, and its
+    workers sample their stacks only when there is a dashboard to show them."""
+    import dask
+
+    from h5batch.config import job_from_dict
+    from h5batch.conversion.driver import _dask_settings
+
+    def job(dashboard: bool):
+        return job_from_dict({"name": "s", "source": {"root": str(tmp_path), "layout": "class_folders"},
+                              "fields": {"audio": {"type": "audio", "extensions": [".wav"]}},
+                              "output": {"path": str(tmp_path / "x.h5")}, "cluster": {"dashboard": dashboard}},
+                             file="<t>")
+
+    with _dask_settings(job(False)):
+        assert dask.config.get("distributed.admin.tick.interval") == "500ms"
+        assert dask.config.get("distributed.worker.profile.enabled") is False
+    with _dask_settings(job(True)):
+        assert dask.config.get("distributed.worker.profile.enabled") is True
+    assert dask.config.get("distributed.admin.tick.interval") != "500ms"  # only for the run
