@@ -15,6 +15,9 @@ Methods (the same functions the full bench times):
                    cluster, the bench's ``h5batch-cold`` row;
 ``h5batch-auto``   ``convert`` with ``cluster.kind: auto`` and no worker count, what
                    ``h5batch convert`` does on a fresh job (it may decode in-process);
+``floor``          the decode-only floor (``bench.decode_only`` on the same batches and
+                   cluster as ``h5batch``): with ``bench.physics``' bound, what the
+                   conversion could reach;
 ``webdataset-2p``  ``peers.wds_convert`` in 2 processes; ``litdata-fork``
                    ``peers.litdata_convert(start_method="fork")``.
 
@@ -43,7 +46,7 @@ from ..conversion.pipeline import convert
 from . import corpus, peers
 from .suite import remove_output
 
-METHODS = ("h5batch", "h5batch-cold", "h5batch-auto", "webdataset-2p", "litdata-fork")
+METHODS = ("h5batch", "h5batch-cold", "h5batch-auto", "floor", "webdataset-2p", "litdata-fork")
 PEER_WRITERS = ("webdataset-2p", "litdata-fork")
 
 
@@ -117,6 +120,14 @@ class Runner:
             return self._h5({"kind": "local", "workers": self.workers})
         if name == "h5batch-auto":
             return self._h5({"kind": "auto"})
+        if name == "floor":
+            from ..conversion.plan import make_tasks
+            from .decode_only import decode_only
+
+            if self.client is None:
+                self.start_cluster()
+            tasks = make_tasks(self.cp.job(os.path.join(self.work, "x.h5")), self.cp.manifest(), "floor", "")
+            return lambda: sum(n for n, _ in self.client.gather(self.client.map(decode_only, tasks, pure=False)))
         if name == "webdataset-2p":
             out = os.path.join(self.work, "wds")
             n = len(self.items)
@@ -179,6 +190,11 @@ def report(times: dict[str, list[tuple[float, float]]], n: int) -> list[str]:
                 wall = [b / w for b, (w, _) in zip(best, times[m])]
                 cpu = [b / c for b, (_, c) in zip(best_cpu, times[m])]
                 lines.append(f"{m} / best peer writer: wall {_spread(wall, '.2f')}x, CPU {_spread(cpu, '.2f')}x")
+    if "floor" in times:
+        for m in times:
+            if m.startswith("h5batch"):
+                floor = [f / w for (f, _), (w, _) in zip(times["floor"], times[m])]
+                lines.append(f"{m} / decode-only floor: wall {_spread(floor, '.2f')}x")
     return lines
 
 
