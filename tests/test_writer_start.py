@@ -1,7 +1,8 @@
-"""The writer process is started without the caller's main module: a script that calls
-``h5batch.convert`` runs its top level once, in its own process, however many writers its
-conversions start (multiprocessing would otherwise run it again in every writer, imports
-and all, before the writer stores a batch)."""
+"""What a conversion starts besides decoding: the writer process without the caller's main
+module (a script that calls ``h5batch.convert`` runs its top level once, however many
+writers its conversions start; multiprocessing would otherwise run it again in every writer,
+imports and all, before the writer stores a batch), Dask settings for a cluster it starts,
+and the read-ahead hint of a batch, which must never block."""
 
 from __future__ import annotations
 
@@ -79,3 +80,23 @@ def test_started_clusters_skip_idle_work(tmp_path: Path) -> None:
     with _dask_settings(job(True)):
         assert dask.config.get("distributed.worker.profile.enabled") is True
     assert dask.config.get("distributed.admin.tick.interval") != "500ms"  # only for the run
+
+
+def test_prefetch_skips_what_it_cannot_read_ahead(tmp_path: Path) -> None:
+    """The read-ahead hint of a batch opens regular files only, without blocking: a FIFO
+    named like a sample (the decode rejects it) and a missing file are passed over."""
+    import os
+    import threading
+
+    from h5batch.conversion.readahead import in_page_cache, prefetch
+
+    (tmp_path / "a.wav").write_bytes(b"RIFF" + bytes(100))
+    os.mkfifo(tmp_path / "fifo.wav")
+    items = [(("a.wav",), 0, ()), (("fifo.wav", "missing.wav"), 0, ())]
+    t = threading.Thread(target=prefetch, args=(str(tmp_path), items), daemon=True)
+    t.start()
+    t.join(timeout=10)
+    assert not t.is_alive()
+    assert in_page_cache(str(tmp_path / "a.wav")) in (True, None)  # just written: cached (None: cannot tell)
+    assert in_page_cache(str(tmp_path / "fifo.wav")) is None
+    assert in_page_cache(str(tmp_path / "missing.wav")) is None
