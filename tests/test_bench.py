@@ -303,7 +303,7 @@ def test_mini_bench_run_writes_json_markdown_png(tmp_path):
     assert data["checks"] and all(c["ok"] for c in data["checks"]), data["checks"]
     keys = {r["key"] for r in data["records"]}
     main = data["main_corpus"]
-    for k in (f"convert/{main}/h5batch/auto", f"convert/{main}/h5batch-cold/auto",
+    for k in (f"convert/{main}/h5batch/auto", f"convert/{main}/h5batch-cold/auto", f"convert/{main}/h5batch-auto/auto",
               f"convert/{main}/floor", f"convert/{main}/naive/gzip",
               f"convert/{main}/h5batch-cold/auto/x2",
               f"read/{main}/h5batch/auto/chunk-shuffle/w0", f"read/{main}/h5batch/auto/random/w0",

@@ -225,6 +225,7 @@ def _spread(rec: dict[str, Any]) -> str:
 def _label(r: dict[str, Any]) -> str:
     m = r["method"]
     names = {"h5batch": "h5batch (warm cluster)", "h5batch-cold": "h5batch (cold: incl. cluster start-up)",
+             "h5batch-auto": "h5batch (cluster.kind auto, as `h5batch convert` runs)",
              "floor": "decode-only floor (same cluster)", "naive": "naive recipe (1 process, dataset per sample)",
              "h5batch-cli": "h5batch convert (whole command, fresh interpreter, job defaults)",
              "naive-cli": "naive recipe (whole script, fresh interpreter)"}

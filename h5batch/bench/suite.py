@@ -280,11 +280,12 @@ class Bench(CheckPhase, ReadPhase):
         plan: list[tuple[str, Callable[[], None]]] = []
         addr = {"kind": "address", "address": self.cluster.scheduler_address, "workers": self.cfg.dask_workers}
 
-        def h5(codec: str, cold: bool = False, scaled: bool = False) -> Callable[[], None]:
+        def h5(codec: str, cold: bool = False, scaled: bool = False, auto: bool = False) -> Callable[[], None]:
+            # auto: what `h5batch convert` does with no --workers (cluster.kind auto decides)
             def run() -> None:
                 src = spec["scaled"] if scaled else cp
-                out = self.path("h5", f"{src.name}-{codec}{'-cold' if cold else ''}.h5")
-                cl = {"workers": self.cfg.dask_workers} if cold else addr
+                out = self.path("h5", f"{src.name}-{codec}{'-cold' if cold else ''}{'-auto' if auto else ''}.h5")
+                cl = {"kind": "auto"} if auto else {"workers": self.cfg.dask_workers} if cold else addr
                 j = src.job(out, codec, cl)
                 remove_output(out)
                 sample, s = timed(lambda: convert(j, ConvertOptions(overwrite=True, restart=True, progress="none",
@@ -293,7 +294,7 @@ class Bench(CheckPhase, ReadPhase):
                 sample.extra.update(files=s.inputs, output_bytes=s.output_bytes, rejects=s.rejects,
                                     internal_seconds=s.seconds, field_codecs=_field_codecs(s.path))
                 if not warmup:
-                    method = "h5batch-cold" if cold else "h5batch"
+                    method = "h5batch-auto" if auto else "h5batch-cold" if cold else "h5batch"
                     variant = f"x{self.cfg.scale}" if scaled else ""
                     rec = self.record("convert", name, method, codec, variant)
                     rec.runs.append(sample)
@@ -374,6 +375,7 @@ class Bench(CheckPhase, ReadPhase):
         for codec in spec["codecs"]:
             plan.append((f"h5batch {codec}", h5(codec)))
         plan.append((f"h5batch {DEFAULT_CODEC} cold", h5(DEFAULT_CODEC, cold=True)))
+        plan.append((f"h5batch {DEFAULT_CODEC} auto", h5(DEFAULT_CODEC, auto=True)))
         plan.append(("floor", floor))
         plan.append(("naive", naive))
         if cp.real:

@@ -39,7 +39,7 @@ from ..fields.blocks import streams
 from ..manifest import Reject
 from ..transport.packing import Block, ChunkSet, Packed, pack
 from ..transport.segments import FREE, abandon_segment, grow_segment, hostname, take_segment
-from . import decoder_warnings
+from . import decoder_warnings, readahead
 
 # A batch with a file at least this big (on disk) decodes its streamable field straight
 # into shared memory (_StreamRows); smaller ones decode into arrays and are packed after.
@@ -268,6 +268,7 @@ def decode_batch(task: BatchTask) -> BatchResult:
     names = [n for n, _ in task.fields]
     outcomes: dict[int, Any] = {}
     mode = choose_mode(task.transport, task.writer_host)
+    readahead.hint(task)
     direct = _DirectRows.maybe(task, mode) or _StreamRows.maybe(task, mode)
     try:
         with decoder_warnings.batch():

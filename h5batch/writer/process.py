@@ -24,10 +24,13 @@ import queue
 import re
 import signal
 import sys
+import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from multiprocessing import spawn
 from typing import Any
 
 from .. import faults
@@ -246,6 +249,41 @@ def writer_context() -> Any:
     return ctx
 
 
+_LAUNCH = threading.local()  # .writer: this thread is starting a writer process
+_LAUNCH_LOCK = threading.Lock()
+
+
+def _preparation_data(name: str, _real=spawn.get_preparation_data) -> dict[str, Any]:
+    data = _real(name)
+    if getattr(_LAUNCH, "writer", False):
+        data.pop("init_main_from_name", None)
+        data.pop("init_main_from_path", None)
+    return data
+
+
+@contextmanager
+def _without_main() -> Iterator[None]:
+    """Start the writer without the driver's ``__main__``.
+
+    Rule: a process started by ``spawn`` or the fork server runs the parent's main module
+    again (as ``__mp_main__``) before it unpickles its target; the writer's target and
+    arguments live in h5batch, so the writer is started without it. Reason: the main module
+    is the caller's: a training script that imports torch made every writer import torch
+    again, ~0.7 CPU-s (3 s on a busy machine) per conversion before it stored a batch.
+    Only the starting thread is affected (multiprocessing reads the main module in
+    ``spawn.get_preparation_data``, which is wrapped for the length of the start).
+    """
+    with _LAUNCH_LOCK:
+        saved = spawn.get_preparation_data
+        spawn.get_preparation_data = _preparation_data
+        _LAUNCH.writer = True
+        try:
+            yield
+        finally:
+            _LAUNCH.writer = False
+            spawn.get_preparation_data = saved
+
+
 def current_umask() -> int | None:
     """This process's umask, read without changing it (Linux), else None."""
     try:
@@ -281,7 +319,8 @@ class WriterHandle:
         if ctx.get_start_method() == "fork":
             target, args = _forked_writer_main, (ours.fileno(), tuple(preload), *args)
         process = ctx.Process(target=target, args=args, name="h5batch-writer", daemon=True)
-        process.start()
+        with _without_main():
+            process.start()
         theirs.close()
         return cls(process, inbox, outbox, ours)
 

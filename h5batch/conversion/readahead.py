@@ -1,0 +1,83 @@
+"""Read-ahead for a batch whose files are not in the page cache.
+
+Rule: before a batch decodes, its first and last files are checked with a read that may not
+wait (``RWF_NOWAIT``); when either is not in the page cache, the kernel is asked to start
+reading every file of the batch (``POSIX_FADV_WILLNEED``), so reads from the disk overlap
+the decoding instead of waiting one file at a time. Reason: measured on 4,096 pairs with the
+page cache evicted, the in-process path (one decode thread) went 1,066-1,162 -> 1,800-1,995
+pairs/s and the warm-cluster path 1,256-1,266 -> 1,294-1,670; a warm batch costs two opens.
+Nothing here reads sample data or can fail a batch: what cannot be hinted is left to the decode.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from ..batches import BatchTask
+
+# How much of each file of a batch the kernel is asked to read ahead (:func:`prefetch`): all of a
+# clip or photo, the start of a long recording (which is then read block by block).
+PREFETCH_BYTES = 8 << 20
+
+
+def in_page_cache(path: str) -> bool | None:
+    """Whether the last byte of ``path`` is in the page cache (a read with ``RWF_NOWAIT``
+    succeeds), False when it is not, None when this cannot tell (no such flag, not a
+    regular file, an error: the decode reports those)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+            return None
+        return os.preadv(fd, [bytearray(1)], st.st_size - 1, os.RWF_NOWAIT) == 1
+    except BlockingIOError:
+        return False
+    except (OSError, AttributeError):  # no RWF_NOWAIT here, or the file system refuses it
+        return None
+    finally:
+        os.close(fd)
+
+
+def cached(task: BatchTask) -> bool:
+    """True when the batch's first and last files are both in the page cache: a warm
+    corpus skips :func:`prefetch` and its open per file (~0.1 CPU-s per 8,192 files)."""
+    first, last = task.items[0][0], task.items[-1][0]
+    if not first or not last:
+        return True  # annotation values only: nothing to read
+    return all(in_page_cache(os.path.join(task.root, rel)) for rel in (first[0], last[-1]))
+
+
+def prefetch(root: str, items: list) -> None:
+    """Ask the kernel to start reading every file of a batch (``POSIX_FADV_WILLNEED``), so
+    reads from the disk overlap the decoding instead of waiting one file at a time.
+
+    Reason: with the page cache cold, one decode thread waits for each file in turn; measured
+    in-process on 4,096 pairs it fell to 0.68-1.02x the peers' writers, whose two processes
+    overlap their reads. With the cache warm a file costs one open and close (~5 us).
+    BEWARE: inline, before the decoding, not on a thread of its own: a thread that goes in
+    and out of the GIL per file made the decode thread hand the GIL over each time (a warm
+    4,096-pair decode went 0.73 -> 1.19 CPU-s). Non-blocking open and regular files only: a
+    FIFO or a device named like a sample must not hang the batch (the decode rejects it)."""
+    for item in items:
+        for rel in item[0]:
+            try:
+                fd = os.open(os.path.join(root, rel), os.O_RDONLY | os.O_NONBLOCK)
+            except OSError:
+                continue  # the decode names what is wrong with it
+            try:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    os.posix_fadvise(fd, 0, PREFETCH_BYTES, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+
+
+def hint(task: BatchTask) -> None:
+    """:func:`prefetch` the batch's files unless :func:`cached` says they are in memory."""
+    if hasattr(os, "posix_fadvise") and task.items and not cached(task):
+        prefetch(task.root, task.items)
