@@ -19,6 +19,9 @@ $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[torch,bench,cluster,audio,features,dev]'
+	@# An editable install compiles nothing, and with PYTHONDONTWRITEBYTECODE set every run
+	@# compiled h5batch's ~150 modules again (0.5-0.8 s of each command): compile them once.
+	$(BIN)/python -m compileall -q h5batch
 	@touch $(STAMP)
 
 venv: $(STAMP)
