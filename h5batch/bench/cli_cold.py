@@ -39,14 +39,19 @@ def write_job(path: str, name: str, root: str, source: dict[str, Any], fields: d
 def run_convert(job_path: str, out_path: str, extra: Sequence[str] = ()) -> tuple[float, dict[str, Any]]:
     """``h5batch convert`` of ``job_path`` in a new interpreter: ``(wall seconds, its JSON
     summary)``. Raises with the command's stderr when it fails."""
-    cmd = [sys.executable, "-m", "h5batch.cli", "convert", job_path, "--output", out_path, "--overwrite",
-           "--progress", "none", "--json", *extra]
+    return _timed([sys.executable, "-m", "h5batch.cli", "convert", job_path, "--output", out_path, "--overwrite",
+                   "--progress", "none", "--json", *extra])
+
+
+def _timed(cmd: list[str]) -> tuple[float, dict[str, Any]]:
+    """``cmd`` to its end: ``(wall seconds, the JSON it printed last)``; raises with its
+    stderr when it fails."""
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=CLI_TIMEOUT)
     wall = time.perf_counter() - t0
     if r.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stderr[-2000:]}")
-    return wall, json.loads(r.stdout)
+        raise RuntimeError(f"{' '.join(cmd[:4])} ... failed ({r.returncode}):\n{r.stderr[-2000:]}")
+    return wall, json.loads(r.stdout.splitlines()[-1])
 
 
 def run_naive(items: Sequence[tuple[str, ...]], fields: Sequence[tuple[str, Any]], out_path: str,
@@ -57,13 +62,7 @@ def run_naive(items: Sequence[tuple[str, ...]], fields: Sequence[tuple[str, Any]
     spec = os.path.join(scratch, "naive-cli.pkl")
     with open(spec, "wb") as fh:
         pickle.dump({"items": list(items), "fields": list(fields), "out": out_path}, fh)
-    cmd = [sys.executable, "-c", "from h5batch.bench.cli_cold import naive_main; naive_main()", spec]
-    t0 = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=CLI_TIMEOUT)
-    wall = time.perf_counter() - t0
-    if r.returncode != 0:
-        raise RuntimeError(f"naive recipe failed ({r.returncode}):\n{r.stderr[-2000:]}")
-    return wall, json.loads(r.stdout)
+    return _timed([sys.executable, "-c", "from h5batch.bench.cli_cold import naive_main; naive_main()", spec])
 
 
 def naive_main() -> None:

@@ -54,11 +54,14 @@ class ReadPhase:
                 plan.append((self.record("read", cp.name, "h5batch", codec, "chunk-shuffle", nw), chunked))
                 if codec == DEFAULT_CODEC or self.cfg.random_all_codecs:
                     plan.append((self.record("read", cp.name, "h5batch", codec, "random", nw), full))
-                if codec == DEFAULT_CODEC:
+                if codec == DEFAULT_CODEC and cp.fixed:
                     # The plain path: how most training scripts build a loader (torch's default
-                    # collate, shuffle=True), and the one-call fast path, ds.loader().
+                    # collate, shuffle=True): fixed-length fields only, as default_collate
+                    # cannot stack variable lengths (FSDD's full run stopped there).
                     plan.append((self.record("read", cp.name, "h5batch", codec, PLAIN, nw),
                                  lambda path=path, nw=nw: dl(H5Dataset(path, "train"), nw, shuffle=True)))
+                if codec == DEFAULT_CODEC:
+                    # The one-call fast path, ds.loader().
                     plan.append((self.record("read", cp.name, "h5batch", codec, LOADER, nw),
                                  lambda path=path, nw=nw: H5Dataset(path, "train").loader(
                                      batch_size=bs, num_workers=nw, seed=self.cfg.seed)))

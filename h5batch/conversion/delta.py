@@ -184,19 +184,25 @@ def compute(old: OldOutput, m: Manifest) -> Delta:
                 d.kept_rejects.extend(carried)
                 d.unchanged += 1
                 continue
-        if at is not None:  # changed: back into the split it had, its old row goes
-            d.tombstones.setdefault(at[0], []).append(at[1])
-            if it.split != at[0]:
-                it = dataclasses.replace(it, split=at[0])
-            d.changed += 1
-        else:
-            d.new += 1
-        d.items.append(it)
+        _add(d, it, at)
     for key, (split, row) in live.items():
         if key not in seen:
             d.tombstones.setdefault(split, []).append(row)
             d.removed += 1
     return _ordered(d, old, m)
+
+
+def _add(d: Delta, it: Item, at: tuple[str, int] | None) -> None:
+    """``it`` to be decoded: new, or changed when ``at`` (its old split and row) is given; a
+    changed item goes back into the split it had, and its old row is tombstoned."""
+    if at is not None:
+        d.tombstones.setdefault(at[0], []).append(at[1])
+        if it.split != at[0]:
+            it = dataclasses.replace(it, split=at[0])
+        d.changed += 1
+    else:
+        d.new += 1
+    d.items.append(it)
 
 
 def _ordered(d: Delta, old: OldOutput, m: Manifest) -> Delta:
@@ -219,14 +225,7 @@ def from_rediscovery(old: OldOutput, r) -> Delta:
     d.kept_rejects = [x for x in old.rejects if x.stage in DECODE_STAGES and x.path not in gone]
     for it in m.items:
         at = live.get(it.paths[0])
-        if at is not None:  # changed: back into the split it had, its old row goes
-            d.tombstones.setdefault(at[0], []).append(at[1])
-            if it.split != at[0]:
-                it = dataclasses.replace(it, split=at[0])
-            d.changed += 1
-        else:
-            d.new += 1
-        d.items.append(it)
+        _add(d, it, at)
     for key in r.removed:
         at = live.get(key)
         if at is not None:
