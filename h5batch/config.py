@@ -140,7 +140,8 @@ class ClusterConfig:
     """Where decoding runs. ``kind: local`` starts a LocalCluster on 127.0.0.1;
     ``address`` / ``scheduler_file`` join an existing Dask scheduler; slurm/pbs/sge/lsf
     start workers through dask-jobqueue; ``inprocess`` decodes on a thread of the driver
-    (no Dask, no crash isolation); ``auto`` picks ``inprocess`` or ``local`` from the
+    and processes forked from it, ``workers`` decoders in all (no Dask, no crash
+    isolation: :mod:`h5batch.conversion.spares`); ``auto`` picks ``inprocess`` or ``local`` from the
     estimated work (:mod:`h5batch.conversion.inprocess`)."""
 
     kind: Literal["local", "auto", "inprocess", "address", "scheduler_file", "slurm", "pbs", "sge", "lsf"] = "auto"

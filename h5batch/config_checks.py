@@ -80,9 +80,6 @@ def validate(job: JobConfig, check_paths: bool) -> None:
         raise ConfigError(f, "cluster.workers", f"must be >= 1, got {c.workers}")
     if c.batch_size != "auto" and c.batch_size < 1:
         raise ConfigError(f, "cluster.batch_size", f"must be >= 1, got {c.batch_size}")
-    if c.kind == "inprocess" and c.workers not in (None, 1):
-        raise ConfigError(f, "cluster.workers", f"kind 'inprocess' decodes on one thread of the driver process; "
-                                                f"leave workers unset or use kind 'local' (got {c.workers})")
     if c.kind == "address" and not c.address:
         raise ConfigError(f, "cluster.address", "is required for kind 'address'")
     if c.kind == "scheduler_file" and not c.scheduler_file:

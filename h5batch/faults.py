@@ -15,6 +15,8 @@ where a fault can be injected. With the variable unset each call is one dictiona
 ``hang_on=NAME``       decoding a file named NAME never returns
 ``kill_once=B:MARKER`` the worker that runs batch B kills itself, the first time only
                        (MARKER is a file it creates to remember that it did)
+``kill_forked=MARKER`` a decoder forked by an in-process run (``conversion/spares.py``)
+                       kills itself before its first batch, the first time only
 ``pause_at=POINT``     the writer stops for good at POINT: ``commit:N`` right after its
                        N-th commit, ``store:N`` right after its N-th stored batch part,
                        ``finalize`` just before the final rename; it first
@@ -32,7 +34,10 @@ import time
 from functools import cache
 
 ENV = "H5BATCH_FAULTS"
-MODES = ("crash_on", "hang_on", "kill_once", "pause_at")
+MODES = ("crash_on", "hang_on", "kill_once", "kill_forked", "pause_at")
+
+# Set in a decoder forked by an in-process run (conversion/spares.py), for kill_forked.
+in_forked_decoder = False
 
 
 @cache
@@ -67,7 +72,12 @@ def before_decode(path: str) -> None:
 
 def before_batch(index: int) -> None:
     """Called on a worker before it decodes batch ``index``."""
-    spec = active().get("kill_once")
+    faults = active()
+    marker = faults.get("kill_forked")
+    if marker and in_forked_decoder and not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    spec = faults.get("kill_once")
     if spec:
         at, marker = spec.split(":", 1)
         if int(at) == index and not os.path.exists(marker):

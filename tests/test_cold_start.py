@@ -6,6 +6,7 @@ decode timeout holds in-process. Speed is the bench's business: nothing here is 
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -16,7 +17,6 @@ import pytest
 from h5batch import generate
 from h5batch.config import job_from_dict, load_job
 from h5batch.conversion import inprocess
-from h5batch.errors import ConfigError
 from h5batch.layouts import discover
 from h5batch.transport.segments import stale_segments
 from tests.conftest import REPO
@@ -116,15 +116,65 @@ def test_auto_uses_processes_when_resuming_or_when_faults_are_injected(demo_root
         assert inprocess.choose_kind(explicit, m, 10**8, resuming=True) == inprocess.KindChoice(kind)
 
 
-def test_inprocess_takes_one_decode_thread():
-    data = {"name": "x", "source": {"root": ".", "layout": "class_folders"},
-            "fields": {"audio": {"type": "audio", "extensions": [".wav"]}}, "output": {"path": "x.h5"},
-            "cluster": {"kind": "inprocess", "workers": 2}}
-    with pytest.raises(ConfigError) as e:
-        job_from_dict(data, "job.yaml", check_paths=False)
-    assert e.value.key == "cluster.workers" and "one thread" in str(e.value)
-    data["cluster"] = {"kind": "auto", "workers": 2}  # workers size the LocalCluster auto may start
-    assert job_from_dict(data, "job.yaml", check_paths=False).cluster.workers == 2
+def test_forked_decoders_are_for_jobs_that_may_decode_in_process():
+    from h5batch.conversion.cluster import default_workers
+    from h5batch.conversion.spares import MAX_DECODERS, count
+
+    def job(kind: str, workers: int | None):
+        data = {"name": "x", "source": {"root": ".", "layout": "class_folders"},
+                "fields": {"audio": {"type": "audio", "extensions": [".wav"]}}, "output": {"path": "x.h5"},
+                "cluster": {"kind": kind, **({"workers": workers} if workers else {})}}
+        return job_from_dict(data, "job.yaml", check_paths=False)
+
+    per_core = min(MAX_DECODERS, default_workers()) - 1
+    assert count(job("inprocess", 3)) == 2 and count(job("inprocess", 1)) == 0
+    assert count(job("inprocess", None)) == per_core and count(job("auto", None)) == per_core
+    # auto with workers > 1 starts a LocalCluster whatever the work; other kinds never decode in process
+    assert count(job("auto", 2)) == 0 and count(job("auto", 1)) == 0 and count(job("local", None)) == 0
+
+
+def _alive_with(text: str) -> list[int]:
+    """Processes whose command line mentions ``text`` (a test's own output path)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and text in (d / "cmdline").read_bytes().decode(errors="replace"):
+                pids.append(int(d.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_forked_decoders_share_the_batches_and_write_the_same_file(demo_root, tmp_path):
+    one, more = tmp_path / "one.h5", tmp_path / "forked.h5"
+    res = convert(DEMO, demo_root, one, "inprocess", "cluster.workers=1", "cluster.batch_size=16")
+    assert res.returncode == 0, res.stderr
+    assert "cluster: in-process, 1 decode thread (no worker processes)" in res.stderr
+    res = convert(DEMO, demo_root, more, "inprocess", "cluster.workers=3", "cluster.batch_size=16")
+    assert res.returncode == 0, res.stderr
+    assert "cluster: in-process, 1 decode thread + 2 forked decoders (no worker processes)" in res.stderr
+    line = next(x for x in res.stderr.splitlines() if x.startswith("in-process decoding: "))
+    thread, forked = (int(n) for n in re.findall(r"(\d+) (?:batches on|in forked)", line))
+    assert thread + forked >= 3 and forked > 0 and "died" not in line, line
+    assert_same_h5(one, more)
+    assert stored_chunks(one) == stored_chunks(more)
+    assert not _alive_with(str(more)), "a forked decoder outlived its run"
+    assert not stale_segments()
+
+
+def test_a_forked_decoder_that_dies_has_its_batch_decoded_again(demo_root, tmp_path):
+    ref, out = tmp_path / "ref.h5", tmp_path / "out.h5"
+    assert convert(DEMO, demo_root, ref, "inprocess", "cluster.workers=1").returncode == 0
+    marker = tmp_path / "killed"
+    res = convert(DEMO, demo_root, out, "inprocess", "cluster.workers=2", "cluster.batch_size=16",
+                  faults=f"kill_forked={marker}")
+    assert res.returncode == 0, res.stderr
+    assert marker.exists()  # the forked decoder did kill itself
+    assert re.search(r"in-process decoding: \d+ batches on the driver's thread, 0 in forked decoders; "
+                     r"1 forked decoder died, its batch decoded again", res.stderr), res.stderr
+    assert_same_h5(ref, out)
+    assert not _alive_with(str(out))
+    assert not stale_segments()
 
 
 def test_a_file_that_crashes_its_decoder_is_still_rejected_under_auto(paired, tmp_path):

@@ -39,8 +39,12 @@ def corpus(tmp_path_factory):
 
 def test_two_runs_started_from_the_shell_one_refuses_and_the_output_survives(corpus, tmp_path):
     out = tmp_path / "X.h5"
+    # The first run starts a LocalCluster (seconds, the lock held from the start): an
+    # in-process run of this corpus could end before the second is up.
+    first_cmd = shlex.join(convert_cmd(JOB, workers=1, output=out, root=corpus, settings=("cluster.kind=local",)))
     one = shlex.join(convert_cmd(JOB, workers=1, output=out, root=corpus))
-    script = f"{one} 2>{tmp_path}/a.err & sleep 0.3; {one} 2>{tmp_path}/b.err; echo b=$?; wait $!; echo a=$?"
+    script = (f"{first_cmd} 2>{tmp_path}/a.err & sleep 0.3; {one} 2>{tmp_path}/b.err; echo b=$?; "
+              f"wait $!; echo a=$?")
     res = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=300, env=clean_env())
     codes = dict(line.split("=") for line in res.stdout.split())
     first, second = (tmp_path / "a.err").read_text(), (tmp_path / "b.err").read_text()

@@ -8,7 +8,8 @@ discover               :mod:`h5batch.layouts`: files -> a :class:`~h5batch.manif
 own the output         :mod:`.lock`: one run per output; :mod:`.signals`: SIGTERM = Ctrl-C
 decide what to do      :mod:`.partial`: done already, refuse, resume, or start afresh
 plan                   :mod:`.plan` (+ :mod:`.auto`): codecs, batches, the writer's spec
-cluster                :mod:`.cluster`: a LocalCluster, a scheduler, or dask-jobqueue
+cluster                :mod:`.cluster`: a LocalCluster, a scheduler, or dask-jobqueue;
+                       :mod:`.inprocess` (+ :mod:`.spares`): a small job in the driver
 preflight              :mod:`.preflight`: every worker can read the corpus and the segments
 drive                  :mod:`.driver`: submit, isolate crashes, forward in manifest order
 worker decode          :mod:`.worker` (runs on Dask workers; decoders in :mod:`h5batch.fields`)

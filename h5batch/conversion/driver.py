@@ -48,6 +48,7 @@ from .options import ConvertOptions, ConvertSummary
 from .plan import Plan, RowPredictor
 from .preflight import preflight
 from .progress import Progress
+from .spares import SpareDecoder, close_all
 from .worker import decode_batch
 
 WINDOW_BYTES = 1 << 30  # decoded bytes waiting in shared memory, at most (about)
@@ -93,13 +94,18 @@ class Driver:
     """Runs a :class:`~.plan.Plan` on a cluster, feeding the writer. Use :meth:`run`."""
 
     def __init__(self, job: JobConfig, opts: ConvertOptions, plan: Plan, writer: WriterHandle, run_id: str,
-                 say):
+                 say, spares: list[SpareDecoder] | None = None):
         self.opts, self.plan, self.writer, self.run_id, self.say = opts, plan, writer, run_id, say
         # cluster.kind auto: in-process for a small fresh job, a LocalCluster otherwise.
         m = plan.tasks.manifest
         self.choice = inprocess.choose_kind(job, m, len(m.items) - plan.tasks.first_item(plan.start),
                                             resuming=plan.start > 0 or plan.spec.resume is not None)
         self.job = job = inprocess.resolved(job, self.choice.kind)
+        # Decoders forked at the start (spares.py) serve an in-process run only.
+        self.spares = spares or []
+        if self.spares and job.cluster.kind != "inprocess":
+            close_all(self.spares)
+            self.spares = []
         self.events: queue.Queue = queue.Queue()
         self.slots: dict[int, _Slot] = {}
         self.futures: dict[Any, tuple[int, int]] = {}  # future -> (batch index, part position)
@@ -152,7 +158,7 @@ class Driver:
         in_proc = job.cluster.kind == "inprocess"
         with ExitStack() as stack:
             stack.enter_context(nullcontext() if in_proc else _dask_settings(job))
-            conn = stack.enter_context(inprocess.connect(job.cluster) if in_proc else connect(job.cluster))
+            conn = stack.enter_context(inprocess.connect(job.cluster, self.spares) if in_proc else connect(job.cluster))
             self.client = conn.client
             if self.choice.why:
                 self.say(self.choice.describe())
@@ -188,6 +194,8 @@ class Driver:
                 else:
                     self._on_writer(payload)
             self.progress.close()
+            if in_proc and self.spares:
+                self.say(self.client.report())
             # The writer counts every reject (discovery, decode, write, and those of batches
             # committed by an earlier run) and keeps the file partial when there are too many.
             self.writer.inbox.put(Finish(job.policy.max_reject_fraction))

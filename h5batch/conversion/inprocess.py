@@ -1,7 +1,8 @@
 """Decoding in the driver process (``cluster.kind: inprocess``), and how ``cluster.kind:
 auto`` chooses between it and a LocalCluster.
 
-Rule: a small job decodes on one thread of the driver process, with the same
+Rule: a small job decodes in the driver process, on one thread and the decoders forked
+from the driver at the start (:mod:`.spares`, where forking is safe), with the same
 :func:`~.worker.decode_batch` a Dask worker runs, into the same shared memory, for the same
 writer process; a large one gets a LocalCluster. Reason: starting, checking and stopping a
 LocalCluster costs ~3 s on a 2-core machine (importing ``distributed``, the worker
@@ -25,9 +26,10 @@ What ``auto`` picks (:func:`choose_kind`, one line in the log says which and why
 a hung file's thread, the file becomes a ``timeout`` reject) and turns a decoder's exception
 into a reject as a worker does; only a decoder that kills its process is not survived.
 
-BEWARE: one decode thread, not a pool: the shared-memory segment pool of a process and the
-decoder-warning capture (fd 2 and Python's warning filters, :mod:`.decoder_warnings`) are
-per process, and a worker process decodes one batch at a time too. While a batch decodes,
+BEWARE: one decode thread in the driver, not a pool: the shared-memory segment pool of a
+process and the decoder-warning capture (fd 2 and Python's warning filters,
+:mod:`.decoder_warnings`) are per process, and a worker process decodes one batch at a time
+too; more decoders are processes (:mod:`.spares`), each with its own. While a batch decodes,
 fd 2 of the driver points at the capture file, so the driver's progress goes to a duplicate
 of the real stderr taken before decoding starts (:func:`console`).
 """
@@ -53,6 +55,7 @@ from ..fields import decode_field, file_fields
 from ..manifest import Manifest
 from .cluster import Connection
 from .decoder_warnings import silenced
+from .spares import SpareDecoder, close_all
 
 INPROCESS_SECONDS = 3.0  # estimated one-thread decode time up to which auto decodes in-process
 PROBE_ITEMS = 8  # items timed by auto (a subset of the codec trial's, spread over the manifest)
@@ -143,50 +146,93 @@ class InProcessFuture(Future):
 
 
 class InProcessClient:
-    """The part of :class:`distributed.Client` the driver uses, on one daemon thread of
-    this process: :meth:`submit` queues a call, :meth:`scheduler_info` names one worker.
-    Daemon, so a decode stuck in a C library never keeps the process from exiting."""
+    """The part of :class:`distributed.Client` the driver uses: :meth:`submit` queues a call
+    for the decoders, :meth:`scheduler_info` names one worker per decoder. The decoders are
+    a daemon thread of this process and the forked ones of :mod:`.spares`, each fed from the
+    one queue by a daemon thread of its own. Daemon, so a decode stuck in a C library never
+    keeps the process from exiting."""
 
     WORKER = "inprocess://driver"
 
-    def __init__(self) -> None:
+    def __init__(self, spares: list[SpareDecoder] | tuple = ()) -> None:
+        # (future, fn, args, started): started when a decoder that died had begun it
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.closing = False
-        self.thread = threading.Thread(target=self._serve, name="h5batch-inprocess", daemon=True)
-        self.thread.start()
+        self.spares = list(spares)
+        self.served = {"thread": 0, "forked": 0, "died": 0}  # calls run by each kind of decoder; decoders lost
+        self.count_lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._serve, args=(None,), name="h5batch-inprocess", daemon=True)]
+        self.threads += [threading.Thread(target=self._serve, args=(s,), name="h5batch-decoder-feed", daemon=True)
+                         for s in self.spares]
+        for t in self.threads:
+            t.start()
 
     def submit(self, fn: Callable[..., Any], *args: Any, key: str = "", pure: bool = False,
                retries: int = 0) -> InProcessFuture:
-        """Run ``fn(*args)`` on the decode thread (``key``, ``pure``, ``retries``: as Dask's, unused)."""
+        """Run ``fn(*args)`` on a decoder (``key``, ``pure``, ``retries``: as Dask's, unused)."""
         fut = InProcessFuture()
-        self.queue.put((fut, fn, args))
+        self.queue.put((fut, fn, args, False))
         return fut
 
     def scheduler_info(self, n_workers: int = -1) -> dict[str, Any]:
-        return {"workers": {self.WORKER: {"nthreads": 1}}}
+        workers = {self.WORKER: {"nthreads": 1}}
+        workers.update({f"inprocess://decoder-{s.process.pid}": {"nthreads": 1} for s in self.spares if s.alive})
+        return {"workers": workers}
 
-    def _serve(self) -> None:
+    def _serve(self, spare: SpareDecoder | None) -> None:
+        """Take calls from the queue and run them on this thread (``spare`` None) or in the
+        forked decoder ``spare``. A call whose decoder dies goes back to the queue, started,
+        for the others; this thread is the last one left to take it."""
         while True:
             job = self.queue.get()
             if job is None:
                 return
-            fut, fn, args = job
-            if self.closing or not fut.set_running_or_notify_cancel():
+            fut, fn, args, started = job
+            if not started and (self.closing or not fut.set_running_or_notify_cancel()):
                 fut.cancel()
                 continue
+            if spare is None:
+                self._count("thread")
+                try:
+                    result = fn(*args)
+                except BaseException as e:  # noqa: BLE001 - handed to the driver like a worker's error
+                    fut.set_exception(e)
+                else:
+                    fut.set_result(result)
+                continue
             try:
-                result = fn(*args)
-            except BaseException as e:  # noqa: BLE001 - handed to the driver like a worker's error
-                fut.set_exception(e)
+                raised, value = spare.call(fn, args)
+            except (EOFError, OSError):
+                self._count("died")
+                self.queue.put((fut, fn, args, True))
+                return
+            self._count("forked")
+            if raised:
+                fut.set_exception(value)
             else:
-                fut.set_result(result)
+                fut.set_result(value)
+
+    def _count(self, what: str) -> None:
+        with self.count_lock:
+            self.served[what] += 1
+
+    def report(self) -> str:
+        """One line for the log: which decoders ran the batches."""
+        s = self.served
+        died = (f"; {s['died']} forked decoder{'s' if s['died'] > 1 else ''} died, "
+                f"{'their batches' if s['died'] > 1 else 'its batch'} decoded again") if s["died"] else ""
+        return f"in-process decoding: {s['thread']} batches on the driver's thread, {s['forked']} in forked decoders{died}"
 
     def close(self, timeout: float = CLOSE_SECONDS) -> None:
-        """Drop the queued calls and wait (up to ``timeout``) for the running one, so no
-        batch creates shared memory after the driver removed the run's segments."""
+        """Drop the queued calls and wait (up to ``timeout``) for the running ones, so no
+        batch creates shared memory after the driver removed the run's segments; then the
+        forked decoders are let go."""
         self.closing = True
-        self.queue.put(None)
-        self.thread.join(timeout)
+        for _ in self.threads:
+            self.queue.put(None)
+        for t in self.threads:
+            t.join(timeout)
+        close_all(self.spares)
 
 
 def check_packages(job: JobConfig) -> str:
@@ -203,11 +249,13 @@ def check_packages(job: JobConfig) -> str:
 
 
 @contextmanager
-def connect(cfg: ClusterConfig) -> Iterator[Connection]:
-    """An :class:`InProcessClient` for the length of the run (``cfg``: the job's cluster section)."""
-    client = InProcessClient()
+def connect(cfg: ClusterConfig, forked: list[SpareDecoder] | tuple = ()) -> Iterator[Connection]:
+    """An :class:`InProcessClient` for the length of the run (``cfg``: the job's cluster
+    section; ``forked``: the decoders forked for it, :mod:`.spares`)."""
+    client = InProcessClient(forked)
+    extra = f" + {len(forked)} forked decoder{'s' if len(forked) > 1 else ''}" if forked else ""
     try:
-        yield Connection(client, "in-process, 1 decode thread (no worker processes)", None)
+        yield Connection(client, f"in-process, 1 decode thread{extra} (no worker processes)", None)
     finally:
         client.close()
 

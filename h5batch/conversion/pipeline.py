@@ -20,6 +20,7 @@ from .lock import OutputLock
 from .options import ConvertOptions, ConvertSummary
 from .partial import OutputFiles
 from .plan import make_plan
+from .spares import SpareDecoder, close_all
 from .sync import recover
 from .writer_start import PendingWriter, codec_libraries
 
@@ -65,6 +66,8 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
     # The writer process starts first, on a thread: its imports (h5py, the codecs) overlap
     # discovery, the codec trial and pre-flight. It waits for its spec, holding the lock with us.
     pending = PendingWriter(lock.inheritable(), codec_libraries(job))
+    # More decoders for an in-process run, forked while the driver has no thread (spares.py).
+    forked = SpareDecoder.fork_all(job) if pending.forked else []
     started = False
     try:
         generate_corpus(job, say)
@@ -87,7 +90,7 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
         if plan.start:
             say(f"resuming {output.partial}: {plan.start} of {len(plan.tasks)} batches already committed")
         try:
-            summary = Driver(job, opts, plan, writer, run_id, say).run()
+            summary = Driver(job, opts, plan, writer, run_id, say, forked).run()
         except KeyboardInterrupt as e:
             abort(writer)
             why = "interrupted" if signals.signal_name(e) == "SIGINT" else f"stopped by {signals.signal_name(e)}"
@@ -102,6 +105,7 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
         summary.resumed_from = plan.start
         return summary
     finally:
+        close_all(forked)
         writer = pending.get()
         if not started:  # never got a job: let it go
             writer.stop()

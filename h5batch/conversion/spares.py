@@ -1,0 +1,158 @@
+"""More decoders for an in-process run: child processes forked from the driver at the start.
+
+Rule: where the driver forks its writer (:func:`~.writer_start.can_fork`: Linux, no thread
+yet) and the job may decode in process (``cluster.kind`` ``auto`` or ``inprocess``), it
+forks :func:`count` more decoders right after the writer, before discovery: each waits on
+its own pipe for ``decode_batch`` calls and answers with their results. An in-process run
+then decodes on the driver's thread *and* these processes
+(:class:`~.inprocess.InProcessClient` serves one shared queue to all); a run that gets a
+LocalCluster (or has nothing to decode) closes them at once.
+
+Reason: on a small job the one decode thread was the critical path (FSDD: ~80 % of the
+decode phase in ``decode_batch``), and threads do not help: decoding a PCM file is mostly
+Python, which holds the GIL (3,000 FSDD files: 0.13 s on one thread, 0.16 s on two). A fork
+costs milliseconds and copies nothing (copy-on-write), where a LocalCluster costs ~3 s. They
+are forked early because a fork is only safe while the driver has no other thread; the
+codec trial and the kind probe start threads that are kept.
+
+A decoder is a worker without Dask: :func:`~.worker.decode_batch` creates its batch in
+this process's own shared-memory segments (named with the run id, so the driver's clean-up
+removes them), captures its decoders' warnings on its own fd 2, and keeps the decode
+timeout. It closes every file descriptor it inherited but its pipe and the standard three
+(the output's lock, the writer's pipes: the writer must see EOF on its lifeline when the
+driver dies), ignores SIGINT (the driver decides, as for the writer) and ends when its pipe
+closes: with the driver, whatever way the driver ends. A decoder that dies (a decoder
+library that kills its process) has its batch decoded again on the driver's thread, and is
+not used again: the run goes on as with one thread, and a file that kills the driver too is
+found on processes by the resumed run (``inprocess.py``).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+from multiprocessing.connection import Connection
+from typing import Any
+
+from .. import faults
+from ..config import JobConfig
+from .cluster import default_workers
+from .writer_start import can_fork
+
+MAX_DECODERS = 4  # decoders of an in-process run at most (the thread included), cluster.workers unset
+CLOSE_SECONDS = 5.0  # how long closing waits for a decoder to finish its batch and exit
+
+
+def count(job: JobConfig) -> int:
+    """Forked decoders ``job`` would use if it decodes in process: ``cluster.workers`` (or
+    one per core, at most :data:`MAX_DECODERS`) less the driver's thread; 0 for other kinds
+    and where ``auto`` would start a LocalCluster whatever the work (``workers`` > 1)."""
+    cfg = job.cluster
+    if cfg.kind == "inprocess":
+        decoders = cfg.workers or min(MAX_DECODERS, default_workers())
+    elif cfg.kind == "auto" and cfg.workers in (None, 1):
+        decoders = cfg.workers or min(MAX_DECODERS, default_workers())
+    else:
+        decoders = 1
+    return max(0, decoders - 1)
+
+
+class SpareDecoder:
+    """One forked decoder (see the module). :meth:`call` runs a function there."""
+
+    def __init__(self, process: Any, conn: Connection):
+        self.process, self.conn = process, conn
+        self.alive = True
+
+    @classmethod
+    def fork_all(cls, job: JobConfig) -> list[SpareDecoder]:
+        """:func:`count` decoders for ``job``, forked now; none where forking is not safe
+        or a fork fails (the run then decodes on one thread)."""
+        n = count(job)
+        if not n or not can_fork():
+            return []
+        ctx = mp.get_context("fork")
+        out = []
+        for _ in range(n):
+            ours, theirs = ctx.Pipe(duplex=True)
+            process = ctx.Process(target=_serve, args=(theirs,), name="h5batch-decoder", daemon=True)
+            try:
+                process.start()
+            except OSError:
+                ours.close()
+                theirs.close()
+                break
+            theirs.close()
+            out.append(cls(process, ours))
+        return out
+
+    def call(self, fn: Any, args: tuple) -> tuple[bool, Any]:
+        """``fn(*args)`` in the decoder: ``(False, result)``, or ``(True, the exception it
+        raised)``; raises :class:`EOFError` or :class:`OSError` when the decoder is gone (it
+        is then marked dead)."""
+        try:
+            self.conn.send((fn, args))
+            return self.conn.recv()
+        except (EOFError, OSError):
+            self.alive = False
+            raise
+
+    def close(self, timeout: float = CLOSE_SECONDS) -> None:
+        """Let the decoder go (it ends once its batch is done) and reap it; killed when it
+        has not ended within ``timeout``."""
+        try:
+            self.conn.send(None)
+        except (OSError, ValueError):
+            pass
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(1.0)
+        self.conn.close()
+        self.alive = False
+
+
+def close_all(spares: list[SpareDecoder]) -> None:
+    """Close every decoder of ``spares``: all are told first, then each is reaped."""
+    for s in spares:
+        try:
+            s.conn.send(None)
+        except (OSError, ValueError):
+            pass
+    for s in spares:
+        s.close()
+
+
+def _serve(conn: Connection) -> None:
+    """The decoder's loop: ``(fn, args)`` in, ``(raised, value)`` out, until None or EOF."""
+    faults.in_forked_decoder = True
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    keep = conn.fileno()
+    os.closerange(3, keep)
+    os.closerange(keep + 1, _max_fd())
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        fn, args = msg
+        try:
+            reply: tuple[bool, Any] = (False, fn(*args))
+        except BaseException as e:  # noqa: BLE001 - handed to the driver like a worker's error
+            reply = (True, e)
+        try:
+            conn.send(reply)
+        except (OSError, ValueError):
+            return
+
+
+def _max_fd() -> int:
+    try:
+        return os.sysconf("SC_OPEN_MAX")
+    except (ValueError, OSError):
+        return 1 << 16
