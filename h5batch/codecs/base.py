@@ -22,7 +22,6 @@ library upgrade can slow a run down but never corrupt a file.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -75,8 +74,10 @@ class DecodeStep:
     def available(self) -> bool:
         if self.library is None:
             return True
+        from .libraries import load
+
         try:
-            importlib.import_module(self.library)
+            load(self.library)
         except ImportError:
             return False
         return True

@@ -1,8 +1,8 @@
 """The two measurements ``codec: auto`` weighs (``h5batch/conversion/auto.py``): how much
 Blosc2-LZ4 shrinks the trial samples, and how fast it decodes them against a memory copy.
 
-Rule: numpy and blosc2 only, and blosc2 imported only when a trial needs it. Reason: the
-import costs 0.3-0.7 s, which a conversion whose codec is not ``auto`` never pays. (Measured
+Rule: numpy and blosc2 only, and blosc2 imported only when a trial needs it (through
+:mod:`.libraries`). Reason: the import costs 0.15-0.35 s, which a conversion whose codec is not ``auto`` never pays. (Measured
 in a process forked from the writer's fork server instead, the trial waited for that server's
 start-up, longer than the import: slower, so not done.)
 """
@@ -14,6 +14,8 @@ import time
 
 import numpy as np
 
+from .libraries import load
+
 TIMING_ROUNDS = 5  # interleaved rounds of decode and copy timing; the best of each is kept
 TIMING_BYTES = 1 << 20  # trial bytes timed per field: the same share of every trial sample
 TIMING_PIECE = 1 << 20  # bytes per compressed piece in the timing (the default chunk size)
@@ -23,7 +25,7 @@ RATIO_PIECE = 1 << 20  # bytes per compressed piece for the ratio (the default c
 def lz4_chunks(flat: np.ndarray, level: int | None, shuffle: bool, piece: int) -> list[bytes]:
     """``flat`` compressed as ``blosc2-lz4``'s encoder compresses a chunk (Blosc2, LZ4, byte
     shuffle for items wider than a byte, one thread), in pieces of ``piece`` bytes."""
-    import blosc2
+    blosc2 = load("blosc2")
 
     itemsize = flat.dtype.itemsize
     raw = flat.view(np.uint8)
@@ -45,7 +47,7 @@ def speeds(arrays: list[np.ndarray], level: int | None, shuffle: bool) -> tuple[
     makes for each stored chunk, ``h5batch/codecs/_blosc2.py``), and ``numpy.copyto`` of the
     same bytes; both timed in :data:`TIMING_ROUNDS` interleaved rounds, the best of each kept.
     Blosc2's global settings are left alone."""
-    import blosc2
+    blosc2 = load("blosc2")
 
     share = max(1, TIMING_BYTES // max(1, len(arrays)) // arrays[0].itemsize)
     flat = np.ascontiguousarray(np.concatenate([a.reshape(-1)[:share] for a in arrays]))

@@ -376,8 +376,9 @@ def _collect(task: BatchTask, outcomes: dict[int, Any], names: list[str]):
 @cache
 def _encoder(codec: CodecSpec, dtype: str):
     if codec.name.startswith("blosc2"):
-        import blosc2
+        from ..codecs.libraries import load
 
+        blosc2 = load("blosc2")
         # One compression thread per worker process: the workers already fill the cores.
         blosc2.set_nthreads(1)
     return make_encoder(codec, np.dtype(dtype)) if self_check(codec, dtype) else None

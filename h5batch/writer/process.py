@@ -17,7 +17,6 @@ server, which lives as long as anyone (this writer too) holds its own liveness p
 from __future__ import annotations
 
 import errno
-import importlib
 import multiprocessing as mp
 import os
 import queue
@@ -203,9 +202,11 @@ def _forked_writer_main(lifeline_write_fd: int, preload: tuple[str, ...], *args:
     ``preload`` is imported (the codecs' libraries, on this process's core while the driver
     discovers), as the fork server would have."""
     os.close(lifeline_write_fd)
+    from ..codecs.libraries import load
+
     for name in preload:
         try:
-            importlib.import_module(name)
+            load(name)
         except ImportError:  # the store that needs it reports it, with the codec's name
             pass
     writer_main(*args)
