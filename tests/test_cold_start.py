@@ -263,3 +263,29 @@ def test_a_command_line_driver_forks_its_writer_and_never_imports_blosc2_or_dask
     assert_same_h5(a, b)
     with h5py.File(a) as f:
         assert "blosc2-lz4 shrank 32 trial samples" in f["train/image"].attrs["codec_choice"]
+
+
+def test_a_driver_with_threads_starts_its_decoders_from_the_fork_server(demo_root, tmp_path):
+    """In this (threaded) test process the writer and the decoders come from the writer's
+    fork server: the same file as one decode thread, the decoders gone at the end."""
+    import io
+    import multiprocessing as mp
+
+    from h5batch import ConvertOptions
+    from h5batch import convert as convert_in_process
+
+    outs = {}
+    for workers in (1, 2):
+        out = tmp_path / f"w{workers}.h5"
+        job = load_job(DEMO, [f"source.root={demo_root}", f"output.path={out}", "cluster.kind=inprocess",
+                              f"cluster.workers={workers}", "cluster.batch_size=16"])
+        log = io.StringIO()
+        convert_in_process(job, ConvertOptions(overwrite=True, progress="none", log=log))
+        outs[workers] = (out, log.getvalue())
+    assert "+ 1 forked decoder" not in outs[1][1]
+    line = next(x for x in outs[2][1].splitlines() if x.startswith("in-process decoding: "))
+    assert int(re.search(r"(\d+) in forked decoders", line).group(1)) > 0, outs[2][1]
+    assert "cluster: in-process, 1 decode thread + 1 forked decoder" in outs[2][1]
+    assert_same_h5(outs[1][0], outs[2][0])
+    assert not [p for p in mp.active_children() if p.name == "h5batch-decoder"]
+    assert not stale_segments()

@@ -2,8 +2,10 @@
 
 Rule: where the driver forks its writer (:func:`~.writer_start.can_fork`: Linux, no thread
 yet) and the job may decode in process (``cluster.kind`` ``auto`` or ``inprocess``), it
-forks :func:`count` more decoders right after the writer, before discovery: each waits on
-its own pipe for ``decode_batch`` calls and answers with their results. An in-process run
+forks :func:`count` more decoders right after the writer, before discovery; where the
+writer came from the fork server (a notebook, a script with threads), an in-process run
+starts them from that server when it begins decoding. Each waits on its own pipe for
+``decode_batch`` calls and answers with their results. An in-process run
 then decodes on the driver's thread *and* these processes
 (:class:`~.inprocess.InProcessClient` serves one shared queue to all); a run that gets a
 LocalCluster (or has nothing to decode) closes them at once.
@@ -37,6 +39,7 @@ from typing import Any
 
 from .. import faults
 from ..config import JobConfig
+from ..writer.process import _without_main
 from .cluster import default_workers
 from .writer_start import can_fork
 
@@ -66,19 +69,27 @@ class SpareDecoder:
         self.alive = True
 
     @classmethod
-    def fork_all(cls, job: JobConfig) -> list[SpareDecoder]:
-        """:func:`count` decoders for ``job``, forked now; none where forking is not safe
-        or a fork fails (the run then decodes on one thread)."""
+    def start_all(cls, job: JobConfig, ctx: Any = None) -> list[SpareDecoder]:
+        """:func:`count` decoders for ``job``: forked from this process now (``ctx`` None),
+        where that is safe, or started from the writer's fork server (``ctx``: its
+        context; a fork there costs milliseconds too); none otherwise, or where a start
+        fails (the run then decodes on one thread)."""
         n = count(job)
-        if not n or not can_fork():
+        if not n:
             return []
-        ctx = mp.get_context("fork")
+        if ctx is None:
+            if not can_fork():
+                return []
+            ctx = mp.get_context("fork")
+        elif ctx.get_start_method() != "forkserver":
+            return []  # spawn: a fresh interpreter per decoder costs more than it saves here
         out = []
         for _ in range(n):
             ours, theirs = ctx.Pipe(duplex=True)
             process = ctx.Process(target=_serve, args=(theirs,), name="h5batch-decoder", daemon=True)
             try:
-                process.start()
+                with _without_main():
+                    process.start()
             except OSError:
                 ours.close()
                 theirs.close()
