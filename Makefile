@@ -9,8 +9,8 @@ JOB    ?= jobs/demo.yaml
 ARGS   ?=
 BENCH  ?= --quick
 PYTEST_ARGS ?=
-# TEST_JOBS=2 runs the test files on 2 xdist workers (about 1.7x faster here; two fault tests then
-# race on a shared-memory check, see the closing note of 2026-12-01); 0: one after another
+# TEST_JOBS=2 runs the test files on 2 xdist workers (about 1.7x faster here; the leak checks
+# count only their own runs' segments since ad506ba); 0: one after another
 TEST_JOBS ?= 0
 
 .PHONY: venv convert test bench lint clean distclean

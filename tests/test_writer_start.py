@@ -100,3 +100,33 @@ def test_prefetch_skips_what_it_cannot_read_ahead(tmp_path: Path) -> None:
     assert in_page_cache(str(tmp_path / "a.wav")) in (True, None)  # just written: cached (None: cannot tell)
     assert in_page_cache(str(tmp_path / "fifo.wav")) is None
     assert in_page_cache(str(tmp_path / "missing.wav")) is None
+
+
+DEAD_WRITER = """
+import os, signal, sys, time
+import numpy as np
+from h5batch.conversion.writer_start import PendingWriter
+from h5batch.writer.messages import Quit
+from h5batch.writer.process import WriterGone
+
+pending = PendingWriter(None, ())
+assert pending.forked
+handle = pending.get()
+os.kill(handle.process.pid, signal.SIGKILL)
+handle.process.join(10)
+arrays = [np.zeros(1 << 20, np.float32) for _ in range(4)]  # 16 MiB: far more than a pipe holds
+t = time.monotonic()
+assert pending.measure({"x": (np.concatenate(arrays), arrays)}, None, True, 1.15) is None
+try:
+    handle.send(Quit())
+except WriterGone as e:
+    print("gone", e.exit_code, round(time.monotonic() - t, 1))
+"""
+
+
+def test_a_writer_that_died_before_its_job_fails_the_send_instead_of_hanging(tmp_path: Path) -> None:
+    """The driver keeps no copy of the writer's read end: a message to a dead writer fails
+    (BrokenPipeError, then WriterGone) where a big one blocked forever on the full pipe."""
+    res = run.run([sys.executable, "-c", DEAD_WRITER], timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split()[:2] == ["gone", "-9"], res.stdout

@@ -281,11 +281,6 @@ def _flat(arrays: list[np.ndarray]) -> np.ndarray:
     return np.concatenate([a.reshape(-1)[: max(1, TRIAL_BYTES // a.itemsize)] for a in arrays])
 
 
-def trial_ratio(arrays: list[np.ndarray], level: int | None, shuffle: bool) -> float:
-    """Blosc2-LZ4 compression ratio of ``arrays`` concatenated, in 1 MiB pieces."""
-    return lz4_trial.ratio(_flat(arrays), level, shuffle)
-
-
 def trial_speeds(arrays: list[np.ndarray], level: int | None, shuffle: bool) -> tuple[float, float]:
     """``(decode GB/s, copy GB/s)`` of Blosc2-LZ4 on the trial (:func:`lz4_trial.speeds`)."""
     return lz4_trial.speeds(arrays, level, shuffle)

@@ -40,7 +40,7 @@ from ..writer.messages import (
     Stored,
     WriterDied,
 )
-from ..writer.process import WriterHandle
+from ..writer.process import WriterGone, WriterHandle
 from . import inprocess
 from .cluster import connect
 from .decoder_warnings import WarningLog
@@ -192,7 +192,7 @@ class Driver:
                         slot = self.slots[next_forward]
                         for k, part in enumerate(slot.parts):
                             part.result.final_part = k == len(slot.parts) - 1
-                            self.writer.inbox.put(Store(part.result))
+                            self._send(Store(part.result))
                         next_forward += 1
                 else:
                     self._on_writer(payload)
@@ -201,7 +201,7 @@ class Driver:
                 self.say(self.client.report())
             # The writer counts every reject (discovery, decode, write, and those of batches
             # committed by an earlier run) and keeps the file partial when there are too many.
-            self.writer.inbox.put(Finish(job.policy.max_reject_fraction))
+            self._send(Finish(job.policy.max_reject_fraction))
             s = self._wait_for(Done).summary
             if self.warning_log.files:
                 self.say(f"{self.warning_log.files} files gave decoder warnings, see {self.warning_log.path}")
@@ -273,6 +273,12 @@ class Driver:
 
     def _on_failed(self, msg: Failed) -> None:
         raise ConvertError(f"writer failed: {msg.text}")
+
+    def _send(self, msg: Any) -> None:
+        try:
+            self.writer.send(msg)
+        except WriterGone as e:
+            self._on_died(WriterDied(e.exit_code))
 
     def _on_died(self, msg: WriterDied) -> None:
         raise ConvertError(f"writer process died (exit code {msg.exit_code}); "
@@ -397,7 +403,10 @@ def abort(writer: WriterHandle) -> None:
     process = writer.process
     if not process.is_alive():
         return
-    writer.inbox.put(Abort())
+    try:
+        writer.send(Abort())
+    except WriterGone:
+        return
     deadline = time.monotonic() + ABORT_SECONDS
     while time.monotonic() < deadline and process.is_alive():
         try:

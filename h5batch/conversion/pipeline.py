@@ -13,7 +13,7 @@ from ..layouts import discover, resolved_job
 from ..transport import semaphores
 from ..transport.segments import new_run_id, remove_segments, remove_stale_segments
 from ..writer.messages import Start
-from ..writer.process import writer_context
+from ..writer.process import WriterGone, writer_context
 from . import signals
 from .driver import Driver, abort
 from .generate import generate_corpus
@@ -88,7 +88,10 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
         plan.spec.inventory = inventory.write_sidecar(output.partial, manifest)
         # Decoding may begin while the writer is still importing: batches queue in its pipe.
         writer = pending.get()
-        writer.inbox.put(Start(plan.spec))
+        try:
+            writer.send(Start(plan.spec))
+        except WriterGone as e:
+            raise ConvertError(f"{e} before the job started; run the same command again") from None
         started = True
         if plan.start:
             say(f"resuming {output.partial}: {plan.start} of {len(plan.tasks)} batches already committed")

@@ -37,7 +37,10 @@ if TYPE_CHECKING:
 
 def can_fork() -> bool:
     """True where forking this process is safe: Linux (elsewhere ``fork`` is missing or,
-    on macOS, unsafe with system frameworks) and no thread but this one."""
+    on macOS, unsafe with system frameworks) and no Python thread but this one. Native
+    threads are not counted: numpy's OpenBLAS starts its pool at import (``/proc/self/task``
+    lists 2 threads in a bare ``import numpy``) and re-creates it in a child through its
+    ``pthread_atfork`` handlers, as the many programs that fork numpy rely on."""
     return sys.platform.startswith("linux") and "fork" in mp.get_all_start_methods() \
         and threading.active_count() == 1
 

@@ -27,6 +27,13 @@ class PipeQueue:
     def put(self, msg: Any) -> None:
         self._w.send(msg)
 
+    def close_reader(self) -> None:
+        """Close this process's copy of the read end (the sender's side, once the reader
+        process has its own). Reason: while any copy of the read end is open, a ``put`` to
+        a reader that died blocks for good as soon as the pipe is full (a message bigger
+        than its 64 KiB does at once); without one it raises :class:`BrokenPipeError`."""
+        self._r.close()
+
     def get(self, timeout: float | None = None) -> Any:
         with self._lock:
             if not self._r.poll(timeout):

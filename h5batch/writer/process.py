@@ -27,7 +27,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from multiprocessing import spawn
 from typing import Any
@@ -197,10 +197,14 @@ def writer_main(inbox, outbox, lifeline, lock: SharedFd | None = None) -> None:
 
 def _forked_writer_main(lifeline_write_fd: int, preload: tuple[str, ...], *args: Any) -> None:
     """:func:`writer_main` in a writer forked from the driver itself, which inherits every
-    file descriptor: the driver's end of the lifeline is closed first, or the pipe would
+    file descriptor and the driver's signal handlers: the signals are ignored first (as
+    :func:`writer_main` does; a Ctrl-C during the preload raised the driver's
+    ``Interrupted`` here), and the driver's end of the lifeline is closed, or the pipe would
     never turn readable when the driver dies (the writer would hold it open itself). Then
     ``preload`` is imported (the codecs' libraries, on this process's core while the driver
     discovers), as the fork server would have."""
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_IGN)
     os.close(lifeline_write_fd)
     from ..codecs.libraries import load
 
@@ -297,6 +301,14 @@ def current_umask() -> int | None:
     return None
 
 
+class WriterGone(Exception):
+    """The writer process is gone (a message to it could not be sent)."""
+
+    def __init__(self, exit_code: int | None):
+        super().__init__(f"writer process died (exit code {exit_code})")
+        self.exit_code = exit_code
+
+
 @dataclass
 class WriterHandle:
     """The driver's side of a running writer process."""
@@ -320,14 +332,27 @@ class WriterHandle:
         if ctx.get_start_method() == "fork":
             target, args = _forked_writer_main, (ours.fileno(), tuple(preload), *args)
         process = ctx.Process(target=target, args=args, name="h5batch-writer", daemon=True)
-        with _without_main():
+        # A fork needs no preparation data (and must not inherit _without_main's lock held).
+        with _without_main() if ctx.get_start_method() != "fork" else nullcontext():
             process.start()
         theirs.close()
+        inbox.close_reader()  # a send to a writer that died fails instead of blocking
         return cls(process, inbox, outbox, ours)
+
+    def send(self, msg: Any) -> None:
+        """Send ``msg`` to the writer; :class:`WriterGone` when it has died."""
+        try:
+            self.inbox.put(msg)
+        except OSError:
+            self.process.join(1.0)
+            raise WriterGone(self.process.exitcode) from None
 
     def stop(self, timeout: float = 10.0) -> None:
         """Ask a writer that never got a job to go, and make sure it does."""
-        self.inbox.put(Quit())
+        try:
+            self.inbox.put(Quit())
+        except OSError:  # gone already
+            pass
         self.process.join(timeout=timeout)
         if self.process.is_alive():
             self.process.kill()
