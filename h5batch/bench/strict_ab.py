@@ -34,6 +34,9 @@ import numpy as np
 LIMIT = "memmap-strict"
 #: the limit with its output preallocated (a reference, not the target's yardstick)
 PREALLOC = "memmap-strict-prealloc"
+#: timed epochs a bench row runs at least in its process: the quick bench asks for one epoch of
+#: 1,024 samples, ~0.1 s, which one scheduling hiccup on a shared machine moves by half
+MIN_EPOCHS = 4
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -138,10 +141,11 @@ class FreshRow:
         return json.loads(done.stdout.strip().splitlines()[-1])
 
     def sample(self, epochs: int, nbytes_per_sample: float) -> Any:
-        """The run as a bench :class:`~h5batch.bench.measure.Sample`."""
+        """The run as a bench :class:`~h5batch.bench.measure.Sample`, timed over at least
+        :data:`MIN_EPOCHS` epochs (the child's start is not timed, so they cost little)."""
         from .measure import Sample
 
-        r = self.run(epochs)
+        r = self.run(max(epochs, MIN_EPOCHS))
         extra = {k: r[k] for k in ("warmup_samples", "faults_per_batch", "cpu")}
         return Sample(r["seconds"], int(r["samples"]), r["samples"] * nbytes_per_sample, int(r["peak_rss"]),
                       int(r["baseline_rss"]), {**extra, "fresh_process": True})
