@@ -109,6 +109,7 @@ class ReadPhase:
 
     def _read_once(self, rec: Record, make: Callable[[], Any], nbytes_per_sample: float) -> None:
         if isinstance(make, strict_ab.FreshRow):  # the strict rows: each in its own process (bench/strict_ab.py)
+            rec.info["epochs"] = max(rec.info["epochs"], strict_ab.MIN_EPOCHS)
             rec.runs.append(make.sample(rec.info["epochs"], nbytes_per_sample))
             return
         loader = make()

@@ -141,11 +141,11 @@ class FreshRow:
         return json.loads(done.stdout.strip().splitlines()[-1])
 
     def sample(self, epochs: int, nbytes_per_sample: float) -> Any:
-        """The run as a bench :class:`~h5batch.bench.measure.Sample`, timed over at least
-        :data:`MIN_EPOCHS` epochs (the child's start is not timed, so they cost little)."""
+        """The run as a bench :class:`~h5batch.bench.measure.Sample` (the read phase asks for
+        at least :data:`MIN_EPOCHS` epochs: the child's start is not timed, so they cost little)."""
         from .measure import Sample
 
-        r = self.run(max(epochs, MIN_EPOCHS))
+        r = self.run(epochs)
         extra = {k: r[k] for k in ("warmup_samples", "faults_per_batch", "cpu")}
         return Sample(r["seconds"], int(r["samples"]), r["samples"] * nbytes_per_sample, int(r["peak_rss"]),
                       int(r["baseline_rss"]), {**extra, "fresh_process": True})
