@@ -8,8 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import baselines, corpus, peers
-from . import strict as strict_limit
+from . import baselines, corpus, peers, strict_ab
 from .checks import train_count
 from .measure import PeakRss, Sample, drain
 from .records import DEFAULT_CODEC, LOADER, MEMMAP_ROWWISE, PLAIN, Record, close_loader
@@ -86,7 +85,7 @@ class ReadPhase:
                 plan.append((self.record("read", cp.name, MEMMAP_ROWWISE, "", "random", nw),
                              lambda nw=nw: dl(baselines.MemmapDataset(spec["memmap"]), nw, shuffle=True,
                                               collate_fn=baselines.passthrough)))
-            plan += strict_limit.read_plan(self, spec, nw, dl)  # the strict limit and h5batch beside it
+            plan += strict_ab.read_plan(self, spec, nw)  # the strict limit and h5batch beside it, fresh processes
             for prec in list(self.records.values()):
                 if prec.phase != "convert" or prec.corpus != cp.name or not prec.info.get("verify", {}).get("ok"):
                     continue
@@ -109,6 +108,10 @@ class ReadPhase:
         return plan
 
     def _read_once(self, rec: Record, make: Callable[[], Any], nbytes_per_sample: float) -> None:
+        if isinstance(make, strict_ab.FreshRow):  # the strict rows: each in its own process (bench/strict_ab.py)
+            rec.info["epochs"] = max(rec.info["epochs"], strict_ab.MIN_EPOCHS)
+            rec.runs.append(make.sample(rec.info["epochs"], nbytes_per_sample))
+            return
         loader = make()
         sampler = getattr(loader, "sampler", None)
         try:

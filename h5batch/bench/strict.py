@@ -17,7 +17,8 @@ clip happens to be 2 s), so all four deliver exactly the limit's arrays; the pha
 they do. The files are converted once, untimed, on the bench's cluster (the main corpus's
 default-codec output is the int16 fixed one); ``codec: none`` is added where ``auto`` chose
 anything else. Each is read with ``H5Dataset(path, "train").loader(batch_size, num_workers)``
-in the read phase, interleaved with every other configuration.
+in the read phase, interleaved with every other configuration, each row in a fresh
+process (:func:`h5batch.bench.strict_ab.read_plan`).
 """
 
 from __future__ import annotations
@@ -25,14 +26,14 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from .records import DEFAULT_CODEC, MEMMAP_STRICT, STRICT_STORAGES, Record, strict_variant
+from .records import DEFAULT_CODEC, STRICT_STORAGES
 
-__all__ = ["StrictMemmapDataset", "convert_storages", "prepare", "read_plan", "storage_corpus"]
+__all__ = ["StrictMemmapDataset", "convert_storages", "prepare", "storage_corpus"]
 
 
 class StrictMemmapDataset:
@@ -160,24 +161,3 @@ def prepare(bench: Any, spec: dict[str, Any], reference: dict[str, np.ndarray], 
                     ok = ok and t.dtype.is_floating_point and np.array_equal(t.numpy(), mm[lo: lo + len(t)])
         bench._check(f"{cp.name}: h5batch {_storage_label(dtype, fixed)} {codec} reads back equal to the "
                      "strict limit's float32 memmap", ok)
-
-
-def read_plan(bench: Any, spec: dict[str, Any], nw: int,
-              dl: Callable[..., Any]) -> list[tuple[Record, Callable[[], Any]]]:
-    """The strict limit and h5batch on every storage at ``num_workers=nw`` (read phase rows)."""
-    if "strict_memmap" not in spec:
-        return []
-    from ..torch import H5Dataset
-    from .baselines import passthrough
-
-    cp = spec["corpus"]
-    bs = bench.cfg.batch_size
-    plan: list[tuple[Record, Callable[[], Any]]] = [
-        (bench.record("read", cp.name, MEMMAP_STRICT, "", "random", nw),
-         lambda: dl(StrictMemmapDataset(spec["strict_memmap"]), nw, shuffle=True, collate_fn=passthrough))]
-    for dtype, fixed, codec, path, chosen in spec["strict_files"]:
-        rec = bench.record("read", cp.name, "h5batch", codec, strict_variant(dtype, fixed), nw)
-        rec.info["field_codecs"] = chosen
-        plan.append((rec, lambda path=path: H5Dataset(path, "train").loader(batch_size=bs, num_workers=nw,
-                                                                             seed=bench.cfg.seed)))
-    return plan

@@ -75,12 +75,23 @@ def _cast_divide(dst: np.ndarray, src: np.ndarray, divisor: np.float32) -> None:
     np.divide(dst, divisor, out=dst)
 
 
+def _int16_to_float(dst: np.ndarray, src: np.ndarray) -> None:
+    np.copyto(dst, src, casting="unsafe")
+    np.multiply(dst, INT16_SCALE, out=dst)
+
+
+def _uint8_to_float(dst: np.ndarray, src: np.ndarray) -> None:
+    np.copyto(dst, src, casting="unsafe")
+    np.divide(dst, UINT8_DIV, out=dst)
+
+
 def float_copy(stored: Any, divisor: float) -> Copy:
     """The converting copy for ``stored`` values divided by ``divisor`` (a field kind's
-    ``float_scale``): :func:`to_float_into` for the usual int16 / uint8 divisors (its exact,
-    cache-friendly paths), else cast then divide."""
+    ``float_scale``): for the usual int16 / uint8 divisors :func:`to_float_into`'s exact,
+    cache-friendly two passes, specialised (no dtype test per row: a batch calls it once per
+    row, 128 times for two int16 fields), else cast then divide."""
     if _usual_scale(stored, divisor):
-        return to_float_into
+        return _int16_to_float if stored == np.int16 else _uint8_to_float
     return functools.partial(_cast_divide, divisor=np.float32(divisor))
 
 

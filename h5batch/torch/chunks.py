@@ -351,37 +351,43 @@ def gather_padded(store: ChunkStore | None, lo: np.ndarray, hi: np.ndarray, orde
     """
     move = mover(copy)
     tasks: list[tuple[np.ndarray, Any]] = []
-    pending, last = 0, -1  # cache buffers (not mapped views) that tasks still read
     width = out.shape[1]
-    spans = store is not None and store.fd is not None and copy is None
-    size = store.dtype.itemsize if store is not None else 1
-    for j in order.tolist():
-        a, b = int(lo[j]), int(hi[j])
-        if b - a < width:
-            out[j, b - a:] = 0
+    n = hi - lo
+    for j in np.flatnonzero(n < width).tolist():  # the padding (none when all lengths agree)
+        out[j, int(n[j]):] = 0
+    if store is None:
+        return
+    k = store.k
+    spans = store.fd is not None and copy is None
+    size = store.dtype.itemsize
+    pending, last, block, base = 0, -1, None, -1  # cache buffers (not mapped views) tasks still read
+    # Per sample in file order; the block (and its file offset) is looked up once per run of
+    # samples in it, not per piece: the loop is ~1 ms of Python a batch of 2 x 64 samples.
+    for j, a, b in zip(order.tolist(), lo[order].tolist(), hi[order].tolist()):
         if b <= a:
             continue
         dst = out[j]
-        k = store.k
         p = 0
-        for c in range(a // k, (b - 1) // k + 1):
-            s0 = max(a, c * k)
+        c = a // k
+        while a < b:
             s1 = min(b, (c + 1) * k)
-            base = store.plain_offset(c) if spans and (s1 - s0) * size >= SPAN_MIN_BYTES else -1
-            if base >= 0:
-                span = FileSpan(store.fd, base + (s0 - c * k) * size, store.dtype, store.path)
-                tasks.append((dst[p: p + s1 - s0], span))
-                p += s1 - s0
-                continue
-            if c != last and pending and pending >= store.capacity - 1:
-                copy_all(tasks, move)
-                tasks, pending = [], 0
-            block = store.get(c)
             if c != last:
-                pending += bool(block.flags.writeable)
-                last = c
-            tasks.append((dst[p: p + s1 - s0], block[s0 - c * k: s1 - c * k]))
-            p += s1 - s0
+                base = store.plain_offset(c) if spans else -1
+                block = None
+            if base >= 0 and (s1 - a) * size >= SPAN_MIN_BYTES:
+                tasks.append((dst[p: p + s1 - a], FileSpan(store.fd, base + (a - c * k) * size, store.dtype, store.path)))
+            else:
+                if block is None:
+                    if pending and pending >= store.capacity - 1:
+                        copy_all(tasks, move)
+                        tasks, pending = [], 0
+                    block = store.get(c)
+                    pending += bool(block.flags.writeable)
+                tasks.append((dst[p: p + s1 - a], block[a - c * k: s1 - c * k]))
+            last = c
+            p += s1 - a
+            a = s1
+            c += 1
     copy_all(tasks, move)
 
 
