@@ -70,7 +70,7 @@ def _assert_same_as_full(job, r) -> None:
     assert r.items == len(full.items)
     keys, stamps, extra = inventory.of_manifest(full)
     got_keys, got_stamps, got = r.inventory
-    assert got_keys.tolist() == keys.tolist() and got_stamps.tolist() == stamps.tolist()
+    assert got_keys == keys and got_stamps.tolist() == stamps.tolist()
     for k in inventory.EXTRA:
         assert np.array_equal(got[k], extra[k]), k
     assert got["memo"] == extra["memo"]
@@ -99,6 +99,37 @@ def test_pattern_add_change_remove_reject_new_label(tmp_path):
     assert sorted(r.removed) == sorted(["2_jackson_6.wav"] + [f"0_jackson_{i}.wav" for i in range(1, 7)])
     assert sorted(it.paths[0] for it in r.manifest.items) == sorted(
         ["7_theo_0.wav", "1_theo_12.wav", "0_jackson_100.wav", "2_jackson_10.wav", "1_jackson_3.wav"])
+
+
+def test_names_with_escapes_and_non_ascii_are_placed_and_matched(tmp_path):
+    """Stored records whose key JSON escapes (a quote, a backslash, non-ASCII) are decoded the
+    slow way during the bisection; the keys' bytes (inventory version 3) match them back."""
+    root = tmp_path / "c"
+    folders = {"cat": ['c"1', "c\\2", "c3", "c\u00e94", "c\u00e95", "c6"], "dog": ["d1", "d\u00fc2", "d3"]}
+    for c, names in folders.items():
+        for i, n in enumerate(names):
+            _file(root / "train" / c / f"{n}.wav", i)
+    job = _job(root, {"layout": "class_folders"})
+    m0 = discover(job)
+    for n in ('c"0', "c\u00e93", "c\u00e96", "c7", "d\u00fc1", "d\u00fc3"):
+        _file(root / "train" / ("cat" if n[0] == "c" else "dog") / f"{n}.wav", 9)
+    _bump(root / "train" / "cat" / "c\u00e94.wav")
+    (root / "train" / "dog" / "d\u00fc2.wav").unlink()
+    r = rediscover(job, _memory(m0), m0.rejects)
+    _assert_same_as_full(job, r)
+    assert r.changed == ["train/cat/c\u00e94.wav"] and r.removed == ["train/dog/d\u00fc2.wav"]
+    keys = r.inventory[0]
+    assert inventory.keys_of_blob(inventory.keys_blob(keys)) == keys
+
+
+def test_memory_find_matches_any_key_and_only_keys():
+    keys = sorted(["a", "a/b", "ab", "b\u00e9", "z" * 300, "\udcff-undecodable", "b\udc80", "c"])  # (bytes sort it elsewhere)
+    n = len(keys)
+    mem = inventory.Memory(keys, np.zeros(n, dtype=np.int64), np.zeros((n, 2), dtype=np.int64), np.arange(n),
+                           np.zeros(0, dtype=np.uint8), np.zeros(n, dtype=np.int64), [], ["train"], True)
+    wanted = ["c", "x", "a/b", "\udcff-undecodable", "b\u00e9", "", "z" * 300, "a", "b", "b\udc80"]
+    assert mem.find(wanted).tolist() == [keys.index(w) if w in keys else -1 for w in wanted]
+    assert mem.find([]).tolist() == []
 
 
 def test_class_folders_new_class_and_nothing_changed(tmp_path):
