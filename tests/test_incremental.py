@@ -193,3 +193,12 @@ def test_a_job_the_layout_cannot_rediscover_says_why(tmp_path):
         "output": {"path": str(tmp_path / "out.h5")}}, "job.yaml")
     m0 = discover(job)
     assert rediscover(job, _memory(m0), m0.rejects) == "class_folders with several fields pairs files by stem"
+
+
+def test_memory_find_survives_hash_collisions(monkeypatch):
+    """Every hash the same: the byte check sees it and a dict answers instead."""
+    keys = [f"k{i}" for i in range(5)]
+    mem = inventory.Memory(keys, np.zeros(5, dtype=np.int64), np.zeros((5, 2), dtype=np.int64), np.arange(5),
+                           np.zeros(0, dtype=np.uint8), np.zeros(5, dtype=np.int64), [], ["train"], True)
+    monkeypatch.setattr(inventory, "_hashes", lambda table, width: np.zeros(len(table), dtype=np.uint64))
+    assert mem.find(["k3", "zz", "k0"]).tolist() == [3, -1, 0]
