@@ -18,6 +18,7 @@ from h5batch import inventory
 from h5batch.config import job_from_dict
 from h5batch.layouts import discover
 from h5batch.layouts.incremental import rediscover
+from h5batch.manifest import Reject
 
 FSDD = r"(?P<label>\d)_(?P<speaker>[a-z]+)_(?P<index>\d+)\.(wav|flac)"
 
@@ -202,3 +203,19 @@ def test_memory_find_survives_hash_collisions(monkeypatch):
                            np.zeros(0, dtype=np.uint8), np.zeros(5, dtype=np.int64), [], ["train"], True)
     monkeypatch.setattr(inventory, "_hashes", lambda table, width: np.zeros(len(table), dtype=np.uint64))
     assert mem.find(["k3", "zz", "k0"]).tolist() == [3, -1, 0]
+
+
+def test_a_walk_reject_that_became_readable_becomes_an_item(tmp_path):
+    """A file the last walk could not stat (its reject says so) and that is readable now is
+    built, as a full discovery builds it; a path reject (not a match) is still carried."""
+    root = tmp_path / "c"
+    job = _fsdd(root)
+    m0 = discover(job)
+    _file(root / "1_jackson_9.wav", 4)  # not there for m0's walk: as if its stat had failed
+    _file(root / "2_jackson_9.wav", 4)  # the same, a regular file now where a FIFO was
+    was = [Reject("1_jackson_9.wav", "discover", "cannot stat: Permission denied"),
+           Reject("2_jackson_9.wav", "discover", "not a regular file")]
+    r = rediscover(job, _memory(m0), sorted(m0.rejects + was, key=lambda x: x.path))
+    _assert_same_as_full(job, r)
+    assert sorted(it.paths[0] for it in r.manifest.items) == ["1_jackson_9.wav", "2_jackson_9.wav"]
+    assert [x.path for x in r.manifest.rejects] == ["README.txt"]

@@ -10,8 +10,10 @@ keys and their stats, in numpy:
 
 * a file in the inventory with the same size and mtime is unchanged: its stored stamp and
   hash record (:class:`~h5batch.manifest.Memo`) are kept, nothing is built for it;
-* a file that was a discovery reject stays one (same path, same job, same annotation
-  files: the same reason), carried from the output's rejects;
+* a file that was a discovery reject for its path (extension, pattern, folder: same path,
+  same job, same annotation files, the same reason) stays one, carried from the output's
+  rejects; a reject of the walk itself (cannot stat, not a regular file) is not carried: the
+  stat pass finds it again, or finds the file readable now and it is built as a new one;
 * every other file (new, or in the inventory with another size or mtime) goes through the
   layout's :meth:`~.base.Layout.build`, the exclusions, the annotation join and the split
   rules, as in a full discovery; the new items are put into the stored manifest order by
@@ -60,6 +62,9 @@ if TYPE_CHECKING:
 __all__ = ["Rediscovery", "rediscover"]
 
 _DISCOVERY_STAGES = ("discover", fmt.STAGE_EXCLUDED)
+# What base.Walker rejects (the file could not be stat-ed, is no regular file, ...): the walk
+# finds each of them again, and a file that became readable since must become an item.
+_WALK_REASONS = ("cannot list folder:", "cannot stat:", "not a regular file", "broken symlink", "symlink ")
 _JSON = json.JSONDecoder()
 _HEAD = re.compile(rb'\["([^"\\]*)", "([^"\\]*)"')  # an item record's split and key (base.item_record)
 
@@ -141,6 +146,11 @@ def rediscover(job: JobConfig, mem: Memory, old_rejects: list[Reject], walked: S
         return f"discovery of the new files failed ({e}); a full discovery says whether it holds"
 
 
+def _found_by_walk(r: Reject) -> bool:
+    """Whether ``r`` came from the walk (redone by every stat pass), not from a file's path."""
+    return r.stage == "discover" and r.reason.startswith(_WALK_REASONS)
+
+
 def _inputs_changed(root: Path, job: JobConfig, mem: Memory) -> str | None:
     for rel, size, mtime in mem.inputs:
         if input_stats(str(root), [rel])[0] != [rel, size, mtime]:
@@ -165,7 +175,8 @@ def _rediscover(job, layout, mem: Memory, old_rejects, root: Path, walk: Builder
     present = np.zeros(n, dtype=bool)
     present[at[hit]] = True
     removed = [mem.keys[i] for i in np.flatnonzero(~present).tolist()]
-    rejected = {r.path for r in old_rejects if r.stage in _DISCOVERY_STAGES}
+    carried = [r for r in old_rejects if r.stage in _DISCOVERY_STAGES and not _found_by_walk(r)]
+    rejected = {r.path for r in carried}
     changed_at = np.flatnonzero(hit & ~same)
     todo = [files[i] for i in np.flatnonzero(~hit) if files[i][0] not in rejected]
     changed = [files[i][0] for i in changed_at]
@@ -179,7 +190,7 @@ def _rediscover(job, layout, mem: Memory, old_rejects, root: Path, walk: Builder
     if b.resolved:
         return "discovery completed field configs from the samples"
     walked = set(rels) if rejected else set()
-    b.rejects += [r for r in old_rejects if r.stage in _DISCOVERY_STAGES and r.path in walked]
+    b.rejects += [r for r in carried if r.path in walked]
     order = {s: i for i, s in enumerate(mem.splits)}
     if any(it.split not in order for it in b.items):
         return "a new split appeared"
