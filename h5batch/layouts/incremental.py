@@ -165,9 +165,8 @@ def _inputs_changed(root: Path, job: JobConfig, mem: Memory) -> str | None:
 
 def _rediscover(job, layout, mem: Memory, old_rejects, root: Path, walk: Builder, files, folders) -> Rediscovery | str:
     n = len(mem.keys)
-    table = np.array(files, dtype=object).reshape(-1, 3)  # one C pass (a comprehension costs 5x)
-    rels = table[:, 0].tolist()
-    stat = table[:, 1:].astype(np.int64)
+    rels, sizes, mtimes = (list(c) for c in zip(*files)) if files else ([], [], [])
+    stat = np.stack([np.array(sizes, dtype=np.int64), np.array(mtimes, dtype=np.int64)], axis=1).reshape(-1, 2)
     found = mem.find(rels)
     hit = found >= 0
     at = np.maximum(found, 0)
@@ -207,25 +206,44 @@ def _rediscover(job, layout, mem: Memory, old_rejects, root: Path, walk: Builder
     new = sorted(by_path.values(), key=lambda it: (order[it.split], it.split, natural_key(it.key)))
     gone = position[~present]
     wanted = [(order[it.split], it.split, natural_key(it.key)) for it in new]
-    where = _insertion_points(old, wanted)
+    where = _insertion_points(old, wanted, [_hints(mem, position, it.paths[0]) for it in new])
     for i, (it, k, p) in enumerate(zip(new, wanted, where)):
         if (p < n and old[p] == k and present[mem.order[p]]) or (i and k == wanted[i - 1]):
             return f"the key {it.key!r} of {it.paths[0]} clashes with another item's"
     return _merge(mem, b, new, where, replaced, gone, changed, removed, root)
 
 
-def _insertion_points(old: _OldKeys, wanted: list[tuple]) -> list[int]:
-    """``bisect_left(old, k)`` of each of the sorted ``wanted``, by halving: the middle one
-    first, then each half within its side. About ``m * log2(n / m)`` reads of ``old``
-    instead of ``m * log2(n)`` (each read decodes a stored record)."""
-    out = [0] * len(wanted)
-    todo = [(0, len(wanted), 0, len(old))]
+def _hints(mem: Memory, position: np.ndarray, path: str) -> tuple[int, ...]:
+    """Where a new item most likely goes in the stored order: before the item whose key
+    follows ``path`` among the sorted keys, or after the one before it (path order and
+    manifest order mostly agree locally)."""
+    j = bisect.bisect_left(mem.keys, path)
+    return tuple(int(position[i]) + d for i, d in ((j, 0), (j - 1, 1)) if 0 <= i < len(mem.keys))
+
+
+def _insertion_points(old: _OldKeys, wanted: list[tuple], hints: list[tuple[int, ...]]) -> list[int]:
+    """``bisect_left(old, k)`` of each of the sorted ``wanted``. A hint that checks out (the
+    stored item before it sorts below ``k``, the one at it not) is the answer after two
+    reads of ``old``; the others are found by halving, within the answers around them.
+    Reason: each read decodes a stored record; a plain bisection reads ~17 of them per new
+    item in a 100,000-item output, this ~2-4."""
+    n = len(old)
+    out = [-1] * len(wanted)
+    for i, (k, cands) in enumerate(zip(wanted, hints)):
+        for p in cands:
+            if 0 <= p <= n and (p == 0 or old[p - 1] < k) and (p == n or not old[p] < k):
+                out[i] = p
+                break
+    todo = [(0, len(wanted), 0, n)]
     while todo:
         a, b, lo, hi = todo.pop()
         if a >= b:
             continue
-        mid = (a + b) // 2
-        p = out[mid] = bisect.bisect_left(old, wanted[mid], lo, hi)
+        known = next((i for i in range(a, b) if out[i] >= 0), None)  # split at a known one
+        mid = known if known is not None else (a + b) // 2
+        if out[mid] < 0:
+            out[mid] = bisect.bisect_left(old, wanted[mid], lo, hi)
+        p = out[mid]
         todo += [(a, mid, lo, p), (mid + 1, b, p, hi)]
     return out
 
