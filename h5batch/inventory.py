@@ -24,9 +24,11 @@ version 2 file is still read (its keys the slow way), and the sync writes versio
 Undecodable bytes of a file name (``os.fsdecode``'s surrogate escapes) are stored as they
 were on disk.
 
-The driver writes the stamps of its manifest to a sidecar ``<partial>.inventory.npz``
+The driver writes the stamps of its manifest to a sidecar ``<partial>.inventory.npy``
 before the writer starts; the writer folds it into the file when it finishes (the driver
-never opens the HDF5 file).
+never opens the HDF5 file). The sidecar is ``.npy`` arrays one after the other (keys, stamps,
+then version 2's arrays and the memo's bytes): no zip archive, whose CRCs over ~14 MB cost a
+sync ~0.03 s more for 100,000 keys.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ from .manifest import Item, Manifest
 GROUP = "inventory"
 KEY = "key"
 STAMP = "stamp"
-SIDECAR_SUFFIX = ".inventory.npz"
+SIDECAR_SUFFIX = ".inventory.npy"
+_OLD_SIDECAR_SUFFIX = ".inventory.npz"  # before: removed too, should a crash have left one
 
 
 def stamp(item: Item, stats: dict) -> int:
@@ -193,24 +196,37 @@ def write_arrays(partial: str, keys: list[str], stamps_: np.ndarray, extra: dict
     """Write an inventory (sorted keys, their stamps, version 2's arrays) as the sidecar."""
     path = sidecar(partial)
     tmp = path + ".tmp"
+    arrays = [keys_blob(list(keys)), np.asarray(stamps_, dtype=np.int64)]
+    if extra:
+        arrays += [extra[k] for k in EXTRA] + [np.frombuffer(extra["memo"].encode(), dtype=np.uint8)]
     with open(tmp, "wb") as fh:
-        np.savez(fh, keys=keys_blob(list(keys)), stamps=stamps_, **extra)
+        for a in arrays:
+            np.save(fh, a, allow_pickle=False)
     os.replace(tmp, path)
     return path
 
 
 def read_sidecar(path: str) -> tuple[np.ndarray, np.ndarray, dict]:
     """(keys as :func:`keys_blob` bytes, stamps, extra) of a sidecar."""
-    with np.load(path, allow_pickle=False) as z:
-        extra = {k: (str(z[k]) if k == "memo" else z[k]) for k in (*EXTRA, "memo") if k in z.files}
-        return z["keys"], z["stamps"], extra
+    size = os.path.getsize(path)
+    with open(path, "rb") as fh:
+        arrays = []
+        while fh.tell() < size:
+            arrays.append(np.load(fh, allow_pickle=False))
+    if len(arrays) not in (2, 3 + len(EXTRA)):
+        raise ValueError(f"{path}: {len(arrays)} arrays, not an inventory sidecar")
+    extra = dict(zip(EXTRA, arrays[2:]))
+    if extra:
+        extra["memo"] = arrays[-1].tobytes().decode()
+    return arrays[0], arrays[1], extra
 
 
 def remove_sidecar(partial: str) -> None:
-    try:
-        os.unlink(sidecar(partial))
-    except FileNotFoundError:
-        pass
+    for path in (sidecar(partial), partial + _OLD_SIDECAR_SUFFIX):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
 
 
 def store(f, keys: np.ndarray | list[str], stamps: np.ndarray, extra: dict | None = None) -> None:

@@ -11,7 +11,10 @@ same path; run one after the other they add up.
 
 The walk sees the corpus as it is a few milliseconds earlier than a walk after opening the
 output would: the same as the user having started the sync a moment sooner. What the walk
-finds goes into its own :class:`~.base.Builder` (rejects, symlinks), as before.
+finds goes into its own :class:`~.base.Builder` (rejects, symlinks), as before. Where the
+sync then falls back to a full discovery (the output's inventory predates version 2, an
+annotation file changed, ...), this walk was for nothing: it runs beside that discovery's
+own walk and is joined after it.
 """
 
 from __future__ import annotations
