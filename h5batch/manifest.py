@@ -104,4 +104,5 @@ _DIGITS = re.compile(r"(\d+)")
 def natural_key(text: str) -> tuple:
     """Sort key that orders ``2`` before ``10`` (digit runs compared as numbers)."""
     # isdecimal, not isdigit: '²' is a digit to str.isdigit but neither \d nor int() takes it.
-    return tuple((0, int(t), "") if t.isdecimal() else (1, 0, t) for t in _DIGITS.split(text) if t)
+    # A list, then a tuple: faster than a generator (this sorts every item of a corpus).
+    return tuple([(0, int(t), "") if t.isdecimal() else (1, 0, t) for t in _DIGITS.split(text) if t])

@@ -18,6 +18,7 @@ from h5batch import inventory
 from h5batch.config import job_from_dict
 from h5batch.layouts import discover
 from h5batch.layouts.incremental import rediscover
+from h5batch.manifest import Reject
 
 FSDD = r"(?P<label>\d)_(?P<speaker>[a-z]+)_(?P<index>\d+)\.(wav|flac)"
 
@@ -70,7 +71,7 @@ def _assert_same_as_full(job, r) -> None:
     assert r.items == len(full.items)
     keys, stamps, extra = inventory.of_manifest(full)
     got_keys, got_stamps, got = r.inventory
-    assert got_keys.tolist() == keys.tolist() and got_stamps.tolist() == stamps.tolist()
+    assert got_keys == keys and got_stamps.tolist() == stamps.tolist()
     for k in inventory.EXTRA:
         assert np.array_equal(got[k], extra[k]), k
     assert got["memo"] == extra["memo"]
@@ -99,6 +100,37 @@ def test_pattern_add_change_remove_reject_new_label(tmp_path):
     assert sorted(r.removed) == sorted(["2_jackson_6.wav"] + [f"0_jackson_{i}.wav" for i in range(1, 7)])
     assert sorted(it.paths[0] for it in r.manifest.items) == sorted(
         ["7_theo_0.wav", "1_theo_12.wav", "0_jackson_100.wav", "2_jackson_10.wav", "1_jackson_3.wav"])
+
+
+def test_names_with_escapes_and_non_ascii_are_placed_and_matched(tmp_path):
+    """Stored records whose key JSON escapes (a quote, a backslash, non-ASCII) are decoded the
+    slow way during the bisection; the keys' bytes (inventory version 3) match them back."""
+    root = tmp_path / "c"
+    folders = {"cat": ['c"1', "c\\2", "c3", "c\u00e94", "c\u00e95", "c6"], "dog": ["d1", "d\u00fc2", "d3"]}
+    for c, names in folders.items():
+        for i, n in enumerate(names):
+            _file(root / "train" / c / f"{n}.wav", i)
+    job = _job(root, {"layout": "class_folders"})
+    m0 = discover(job)
+    for n in ('c"0', "c\u00e93", "c\u00e96", "c7", "d\u00fc1", "d\u00fc3"):
+        _file(root / "train" / ("cat" if n[0] == "c" else "dog") / f"{n}.wav", 9)
+    _bump(root / "train" / "cat" / "c\u00e94.wav")
+    (root / "train" / "dog" / "d\u00fc2.wav").unlink()
+    r = rediscover(job, _memory(m0), m0.rejects)
+    _assert_same_as_full(job, r)
+    assert r.changed == ["train/cat/c\u00e94.wav"] and r.removed == ["train/dog/d\u00fc2.wav"]
+    keys = r.inventory[0]
+    assert inventory.keys_of_blob(inventory.keys_blob(keys)) == keys
+
+
+def test_memory_find_matches_any_key_and_only_keys():
+    keys = sorted(["a", "a/b", "ab", "b\u00e9", "z" * 300, "\udcff-undecodable", "b\udc80", "c"])  # (bytes sort it elsewhere)
+    n = len(keys)
+    mem = inventory.Memory(keys, np.zeros(n, dtype=np.int64), np.zeros((n, 2), dtype=np.int64), np.arange(n),
+                           np.zeros(0, dtype=np.uint8), np.zeros(n, dtype=np.int64), [], ["train"], True)
+    wanted = ["c", "x", "a/b", "\udcff-undecodable", "b\u00e9", "", "z" * 300, "a", "b", "b\udc80"]
+    assert mem.find(wanted).tolist() == [keys.index(w) if w in keys else -1 for w in wanted]
+    assert mem.find([]).tolist() == []
 
 
 def test_class_folders_new_class_and_nothing_changed(tmp_path):
@@ -162,3 +194,28 @@ def test_a_job_the_layout_cannot_rediscover_says_why(tmp_path):
         "output": {"path": str(tmp_path / "out.h5")}}, "job.yaml")
     m0 = discover(job)
     assert rediscover(job, _memory(m0), m0.rejects) == "class_folders with several fields pairs files by stem"
+
+
+def test_memory_find_survives_hash_collisions(monkeypatch):
+    """Every hash the same: the byte check sees it and a dict answers instead."""
+    keys = [f"k{i}" for i in range(5)]
+    mem = inventory.Memory(keys, np.zeros(5, dtype=np.int64), np.zeros((5, 2), dtype=np.int64), np.arange(5),
+                           np.zeros(0, dtype=np.uint8), np.zeros(5, dtype=np.int64), [], ["train"], True)
+    monkeypatch.setattr(inventory, "_hashes", lambda table, width: np.zeros(len(table), dtype=np.uint64))
+    assert mem.find(["k3", "zz", "k0"]).tolist() == [3, -1, 0]
+
+
+def test_a_walk_reject_that_became_readable_becomes_an_item(tmp_path):
+    """A file the last walk could not stat (its reject says so) and that is readable now is
+    built, as a full discovery builds it; a path reject (not a match) is still carried."""
+    root = tmp_path / "c"
+    job = _fsdd(root)
+    m0 = discover(job)
+    _file(root / "1_jackson_9.wav", 4)  # not there for m0's walk: as if its stat had failed
+    _file(root / "2_jackson_9.wav", 4)  # the same, a regular file now where a FIFO was
+    was = [Reject("1_jackson_9.wav", "discover", "cannot stat: Permission denied"),
+           Reject("2_jackson_9.wav", "discover", "not a regular file")]
+    r = rediscover(job, _memory(m0), sorted(m0.rejects + was, key=lambda x: x.path))
+    _assert_same_as_full(job, r)
+    assert sorted(it.paths[0] for it in r.manifest.items) == ["1_jackson_9.wav", "2_jackson_9.wav"]
+    assert [x.path for x in r.manifest.rejects] == ["README.txt"]

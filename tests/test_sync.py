@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from h5batch import inventory
 from h5batch.torch import H5Dataset
 from tests.support.h5compare import assert_same_h5
 from tests.support.processes import group_members, wait_for
@@ -106,7 +107,7 @@ def _sync(job: Path, *extra: str, **kw):
 
 
 def _memory(path: Path) -> dict:
-    """The manifest hash and the whole inventory (h5batch.inventory, version 2)."""
+    """The manifest hash and the whole inventory (h5batch.inventory, version 3)."""
     with h5py.File(path, "r") as f:
         g = f["inventory"]
         out = {k: (g[k].asstr()[...].tolist() if g[k].dtype.kind == "O" else g[k][...].tolist()) for k in g}
@@ -191,7 +192,7 @@ def test_sync_fsdd_like_keeps_splits_and_rows(tmp_path):
         assert f["train/source"].asstr()[: len(old_train)].tolist() == old_train
         dead = f["train/tombstones"][...].tolist()
         assert dead == sorted([old_train.index("0_nicolas_6.wav"), old_train.index("2_jackson_7.wav")])
-        assert "inventory" in f and f["inventory/key"].shape[0] == len(list(root.iterdir()))
+        assert len(inventory.load(f)) == len(list(root.iterdir()))
     ds = H5Dataset(str(out), "train")
     assert len(ds) == len(old_train) - 1 + 3  # one removed; theo_5..7 are train (0..4: test)
     _same_as_fresh(job, out, root, tmp_path)
