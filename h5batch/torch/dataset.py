@@ -29,7 +29,7 @@ from .batch import Batch, Ragged, divide_in_place, empty_columns, float_copy, st
 from .chunks import ChunkStore, gather_padded, gather_rows, gather_span
 from .encoded import decode_columns, encoded_fields
 from .fieldinfo import FieldInfo, field_info
-from .preads import close_fd, map_file
+from .preads import map_file, read_fd
 from .recycle import shared_pool
 from .reuse import PrivatePool
 from .single import read_one
@@ -256,7 +256,7 @@ class H5Dataset(Dataset):
         self._stores: dict[str, ChunkStore] = {}
         self._sources: h5py.Dataset | None = None
         self._mapping: mmap.mmap | None = None
-        self._read_fd: int | None = None  # this process's descriptor for preadv (with _mapping)
+        self._read_fd: int | None = None  # HDF5's descriptor of _file, for preadv (torch/preads.py)
         self._private = PrivatePool() if self._pool is not None else None  # torch/reuse.py
 
     def _ensure_open(self) -> None:
@@ -270,7 +270,6 @@ class H5Dataset(Dataset):
                 self._file.close()
             except (OSError, ValueError, RuntimeError):
                 pass
-        close_fd(self._read_fd)  # a forked copy of the parent's descriptor
         self._clear_process_state()
         self._file = self._open()
         self._pid = pid
@@ -296,7 +295,8 @@ class H5Dataset(Dataset):
         """This process's read-only mapping of the file and ``_read_fd`` (torch/preads.py)."""
         if self._mapping is None and self.direct_chunks and self.mmap:
             try:
-                self._mapping, self._read_fd = map_file(self.path)
+                self._mapping = map_file(self.path)
+                self._read_fd = read_fd(self._file)
             except (OSError, ValueError):
                 self.mmap = False  # e.g. a file system without mmap: read chunks instead
         return self._mapping
@@ -317,7 +317,6 @@ class H5Dataset(Dataset):
         """Close this process's file handle and drop the caches (reopened on next access)."""
         if self._file is not None and self._pid == os.getpid():
             self._file.close()
-        close_fd(self._read_fd)
         self._clear_process_state()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -344,7 +343,8 @@ class H5Dataset(Dataset):
         """Read a whole batch; returns a :class:`Batch` (or a list when ``transform``)."""
         idx = self._check(indices)
         self._ensure_open()
-        shared = get_worker_info() is not None if self.shared_memory is None else self.shared_memory
+        in_worker = get_worker_info() is not None
+        shared = in_worker if self.shared_memory is None else self.shared_memory
         order = np.argsort(idx, kind="stable")
         b = len(idx)
         # Every output shape first, so all columns (and the labels) share one allocation.
@@ -352,7 +352,9 @@ class H5Dataset(Dataset):
         specs = [(self._out_shape(fi, b, shapes.get(fi.name)), self._convert(fi)[0]) for fi in self.fields]
         if self.labelled:
             specs.append(((b,), np.int64))
-        outs = empty_columns(specs, shared, self._pool, self._private)
+        # Not in a worker: the batch it sends is moved into shared memory in place, so a
+        # private pool there would reuse (overwrite) a batch the main process still holds.
+        outs = empty_columns(specs, shared, self._pool, None if in_worker else self._private)
         columns: dict[str, torch.Tensor | Ragged] = {}
         for fi, out in zip(self.fields, outs):
             if fi.fixed:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import mmap
 import os
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -75,24 +76,27 @@ def mover(copy: Callable[[np.ndarray, np.ndarray], None] | None) -> Callable[[np
     return move
 
 
-def map_file(path: str) -> tuple[mmap.mmap, int]:
-    """``path`` mapped read-only, and a descriptor of it for ``preadv`` (raises ``OSError``
-    or ``ValueError`` where it cannot be mapped; nothing is left open then)."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+def map_file(path: str) -> mmap.mmap:
+    """``path`` mapped read-only (raises ``OSError`` or ``ValueError`` where it cannot be
+    mapped). The mapping keeps its own descriptor; the one opened for it is closed here."""
+    with open(path, "rb", buffering=0) as fh:
+        return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+def read_fd(f: Any) -> int | None:
+    """The descriptor HDF5 reads the open file ``f`` (an ``h5py.File``) through, for
+    ``preadv``; None for a driver that has none (``core``, ``fileobj``). Reason: a
+    descriptor of our own would be one more per dataset and process, closed only by
+    :meth:`~h5batch.torch.dataset.H5Dataset.close` (a dataset dropped without it leaked one;
+    a ``ConcatDataset`` of thousands of files runs into the open-file limit); HDF5's lives
+    and dies with the file, and ``preadv`` does not move its offset."""
+    if getattr(f, "driver", None) != "sec2":
+        return None
     try:
-        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ), fd
-    except BaseException:
-        os.close(fd)
-        raise
+        fd = f.id.get_vfd_handle()
+    except (OSError, ValueError, RuntimeError):
+        return None
+    return fd if isinstance(fd, int) and fd >= 0 else None
 
 
-def close_fd(fd: int | None) -> None:
-    """Close a descriptor of :func:`map_file` (None: nothing to close)."""
-    if fd is not None:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-
-
-__all__ = ["SPAN_MIN_BYTES", "FileSpan", "close_fd", "map_file", "mover"]
+__all__ = ["SPAN_MIN_BYTES", "FileSpan", "map_file", "mover", "read_fd"]
