@@ -161,9 +161,11 @@ def _sync(job: JobConfig, opts: ConvertOptions, final: str, lock: OutputLock, ru
                            up_to_date=True, discover_seconds=t_discover, output_bytes=os.path.getsize(final))
     d = found.delta(old)
     # The writer starts now, on a thread: its imports overlap the rest of the preparation.
+    from .spares import SpareDecoder, close_all
     from .writer_start import PendingWriter
 
     pending = PendingWriter(lock.inheritable())
+    forked = SpareDecoder.start_all(job) if pending.forked and d.items else []  # spares.py
     say(f"sync: {d.new} new, {d.changed} changed, {d.removed} removed, {d.unchanged} unchanged")
     in_place = not readers_present(final)
     partial = final if in_place else final + COPY_SUFFIX
@@ -174,12 +176,16 @@ def _sync(job: JobConfig, opts: ConvertOptions, final: str, lock: OutputLock, ru
             shutil.copyfile(final, partial)
         plan = _plan(job, found, old, d, final, partial, in_place, run_id)
     except BaseException:
+        close_all(forked)
         inventory.remove_sidecar(final)
         writer = pending.get()
         writer.stop()
         writer.lifeline.close()
         raise
-    summary = _write(job, plan, d, final, pending, run_id, opts, say)
+    try:
+        summary = _write(job, plan, d, final, pending, run_id, opts, say, forked)
+    finally:
+        close_all(forked)
     counts = _live(old, d.tombstones, summary.counts)
     return SyncSummary(final, d.new, d.changed, d.removed, d.unchanged, counts, summary.rejects, 0.0,
                        in_place=in_place, discover_seconds=t_discover, convert_seconds=time.perf_counter() - t1,
@@ -222,8 +228,10 @@ def _plan(job, found: _Found, old, d, final: str, partial: str, in_place: bool, 
     return plan
 
 
-def _write(job, plan, d, final: str, pending: PendingWriter, run_id, opts, say):
-    """Run the writer (and, for new and changed items, the workers) over the delta."""
+def _write(job, plan, d, final: str, pending: PendingWriter, run_id, opts, say, forked=()):
+    """Run the writer (and, for new and changed items, the workers: ``forked``, the
+    decoders forked for an in-process run, :mod:`.spares`) over the delta."""
+    from ..writer.process import WriterGone, writer_context
     from .driver import Driver, abort
 
     spec = plan.spec
@@ -233,19 +241,21 @@ def _write(job, plan, d, final: str, pending: PendingWriter, run_id, opts, say):
         inventory.remove_sidecar(final)
         raise
     try:
-        writer.inbox.put(Start(spec))
         try:
+            writer.send(Start(spec))
             if d.items:
-                return Driver(job, opts, plan, writer, run_id, say).run()
-            writer.inbox.put(Finish(job.policy.max_reject_fraction))
+                spare_ctx = None if pending.forked else writer_context()
+                return Driver(job, opts, plan, writer, run_id, say, list(forked), spare_ctx).run()
+            writer.send(Finish(job.policy.max_reject_fraction))
             return _wait_done(writer)
+        except WriterGone as e:
+            raise ConvertError(f"{e}; {final} is as it was before the sync (the undo journal restores it "
+                               f"when the same command runs again)") from None
         except KeyboardInterrupt as e:
             abort(writer)
             raise ConvertError(f"{signals.signal_name(e)}: the sync stopped; {final} is as it was before it. "
                                f"Run the same command again to sync.", signals.exit_code(e)) from None
-        except ConvertError:
-            raise  # the writer has undone the sync already (too many rejects)
-        except BaseException:
+        except BaseException:  # abort() returns at once for a writer that ended (too many rejects: undone)
             abort(writer)
             raise
         finally:
