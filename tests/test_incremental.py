@@ -219,3 +219,34 @@ def test_a_walk_reject_that_became_readable_becomes_an_item(tmp_path):
     _assert_same_as_full(job, r)
     assert sorted(it.paths[0] for it in r.manifest.items) == ["1_jackson_9.wav", "2_jackson_9.wav"]
     assert [x.path for x in r.manifest.rejects] == ["README.txt"]
+
+
+def test_rejects_whose_names_tie_in_natural_order_hash_alike_in_any_order(tmp_path):
+    """"x01.txt" and "x1.txt" have one natural key: the path breaks the tie, so a sync that
+    finds them in another order than the walk gets the full discovery's hash."""
+    root = tmp_path / "c"
+    job = _fsdd(root)
+    for name in ("x1.txt", "x01.txt", "x001.txt"):
+        (root / name).write_text("no sample")
+    m0 = discover(job)
+    for name in ("x01.txt", "x1.txt", "x001.txt"):  # change their state and order
+        (root / name).unlink()
+        (root / name).write_text("no sample, written again")
+    _file(root / "1_theo_12.wav", 5)
+    r = rediscover(job, _memory(m0), list(reversed(m0.rejects)))
+    _assert_same_as_full(job, r)
+
+
+def test_a_column_rule_on_a_pattern_group_keeps_the_fast_path_with_nothing_new(tmp_path):
+    """A split taken from a pattern group (``split.column``) and no new file: nothing to
+    check the column against, and no fall-back (it said "no column 'fold'")."""
+    root = tmp_path / "c"
+    for fold in ("train", "test"):
+        for i in range(3):
+            _file(root / f"{fold}_{i}.wav", i)
+    job = _job(root, {"layout": "pattern", "pattern": r"(?P<fold>train|test)_(?P<index>\d+)\.wav",
+                      "split": {"column": "fold"}, "splits": ["train", "test"]})
+    m0 = discover(job)
+    r = rediscover(job, _memory(m0), m0.rejects)
+    assert not isinstance(r, str), r
+    _assert_same_as_full(job, r)

@@ -187,7 +187,8 @@ def join(root: Path, job: JobConfig, b: Builder) -> list[dict[str, Any]]:
     b.items = kept
     known = _known_columns(tables, cols)
     fields = _expand_all(job, tables)
-    _check_columns(job, fields, known)
+    if kept or tables:  # no item and no table (a sync's discovery of no new file): no column to check
+        _check_columns(job, fields, known)
     _fill(job, fields, b, cols)
     return cols
 

@@ -359,7 +359,11 @@ class Builder:
         corpus were rejected by the layout as files of no field: they are inputs of another
         kind, listed in the output, not rejects."""
         taken = set(self.annotations)
-        return sorted((r for r in self.rejects if r.path not in taken), key=lambda r: natural_key(r.path))
+        # The path's parts break ties of natural_key ("a01.wav", "a1.wav"): the order is then
+        # total, the same whatever order the rejects were found in (a sync's incremental
+        # discovery finds them in another order than a full walk, and hashes them).
+        return sorted((r for r in self.rejects if r.path not in taken),
+                      key=lambda r: (natural_key(r.path), r.path.split("/")))
 
 
 # The manifest hash, in three parts; h.update(a); h.update(b) is h.update(a + b), so a sync
