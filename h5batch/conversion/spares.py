@@ -31,6 +31,7 @@ found on processes by the resumed run (``inprocess.py``).
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing as mp
 import os
 import signal
@@ -81,6 +82,7 @@ class SpareDecoder:
             if not can_fork():
                 return []
             ctx = mp.get_context("fork")
+            _import_decoders(job)
         elif ctx.get_start_method() != "forkserver":
             return []  # spawn: a fresh interpreter per decoder costs more than it saves here
         out = []
@@ -122,6 +124,26 @@ class SpareDecoder:
             self.process.join(1.0)
         self.conn.close()
         self.alive = False
+
+
+def _import_decoders(job: JobConfig) -> None:
+    """The job's decoder packages (soundfile, Pillow, PyAV...) imported before the fork, so
+    every decoder has them: the driver imports them for the codec trial anyway (soundfile
+    and ``PIL.Image`` ~30 ms), and each child would otherwise pay it on its first batch. A
+    package that does not import is the pre-flight's to report."""
+    from .preflight import needed_packages
+
+    for name in sorted(needed_packages(job)):
+        module = _DECODER_MODULES.get(name, name)
+        if module:
+            try:
+                importlib.import_module(module)
+            except ImportError:
+                pass
+
+
+# needed_packages' names that are not the module a decoder imports
+_DECODER_MODULES = {"pillow": "PIL.Image", "python": "", "h5batch": "", "libsndfile": ""}
 
 
 def close_all(spares: list[SpareDecoder]) -> None:
