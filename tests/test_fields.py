@@ -238,7 +238,12 @@ def test_unregistered_kind_is_gone(tmp_path):
 
 def test_reader_scaling_by_the_kinds_divisor():
     src = np.array([[-32768, 0, 16384]], dtype=np.int16)
-    assert float_copy(np.int16, 32768.0) is to_float_into  # the usual divisors keep the exact paths
+    # the usual divisors keep the exact path: float_copy's specialised copy gives to_float_into's bytes
+    for stored, divisor, values in ((np.int16, 32768.0, src), (np.uint8, 255.0, np.array([[0, 51, 255]], np.uint8))):
+        exact, got = np.empty(values.shape, np.float32), np.empty(values.shape, np.float32)
+        to_float_into(exact, values)
+        float_copy(stored, divisor)(got, values)
+        assert got.tobytes() == exact.tobytes(), stored
     dst = np.empty(src.shape, dtype=np.float32)
     float_copy(np.float16, 2.0)(dst, np.array([[1, 3, -8]], dtype=np.float16))
     assert dst.tolist() == [[0.5, 1.5, -4.0]]
