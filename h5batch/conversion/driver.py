@@ -40,7 +40,7 @@ from ..writer.messages import (
     Stored,
     WriterDied,
 )
-from ..writer.process import WriterGone, WriterHandle
+from ..writer.process import WriterGone, WriterHandle, writer_context
 from . import inprocess
 from .cluster import connect
 from .decoder_warnings import WarningLog
@@ -94,16 +94,16 @@ class Driver:
     """Runs a :class:`~.plan.Plan` on a cluster, feeding the writer. Use :meth:`run`."""
 
     def __init__(self, job: JobConfig, opts: ConvertOptions, plan: Plan, writer: WriterHandle, run_id: str,
-                 say, spares: list[SpareDecoder] | None = None, spare_ctx: Any = None):
+                 say, spares: list[SpareDecoder] | None = None):
         self.opts, self.plan, self.writer, self.run_id, self.say = opts, plan, writer, run_id, say
         # cluster.kind auto: in-process for a small fresh job, a LocalCluster otherwise.
         m = plan.tasks.manifest
         self.choice = inprocess.choose_kind(job, m, len(m.items) - plan.tasks.first_item(plan.start),
                                             resuming=plan.start > 0 or plan.spec.resume is not None)
         self.job = job = inprocess.resolved(job, self.choice.kind)
-        # Decoders forked at the start (spares.py) serve an in-process run only; with
-        # spare_ctx (the writer's fork server) an in-process run starts them itself.
-        self.spares, self.spare_ctx = spares or [], spare_ctx
+        # Decoders forked at the start (spares.py) serve an in-process run only; where the
+        # writer came from the fork server, an in-process run starts them from it itself.
+        self.spares = spares or []
         if self.spares and job.cluster.kind != "inprocess":
             close_all(self.spares)
             self.spares = []
@@ -159,8 +159,8 @@ class Driver:
         in_proc = job.cluster.kind == "inprocess"
         with ExitStack() as stack:
             stack.enter_context(nullcontext() if in_proc else _dask_settings(job))
-            if in_proc and not self.spares and self.spare_ctx is not None:
-                self.spares = SpareDecoder.start_all(job, self.spare_ctx)
+            if in_proc and not self.spares and not self.writer.forked:
+                self.spares = SpareDecoder.start_all(job, writer_context())
             conn = stack.enter_context(inprocess.connect(job.cluster, self.spares) if in_proc else connect(job.cluster))
             self.client = conn.client
             if self.choice.why:

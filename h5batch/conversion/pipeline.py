@@ -13,7 +13,7 @@ from ..layouts import discover, resolved_job
 from ..transport import semaphores
 from ..transport.segments import new_run_id, remove_segments, remove_stale_segments
 from ..writer.messages import Start
-from ..writer.process import WriterGone, writer_context
+from ..writer.process import WriterGone
 from . import signals
 from .driver import Driver, abort
 from .generate import generate_corpus
@@ -67,10 +67,9 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
     # The writer process starts first, on a thread: its imports (h5py, the codecs) overlap
     # discovery, the codec trial and pre-flight. It waits for its spec, holding the lock with us.
     pending = PendingWriter(lock.inheritable(), codec_libraries(job))
-    # More decoders for an in-process run, forked while the driver has no thread, or later
-    # from the writer's fork server (spares.py).
+    # More decoders for an in-process run, forked while the driver has no thread (else the
+    # driver starts them from the writer's fork server: spares.py).
     forked = SpareDecoder.start_all(job) if pending.forked else []
-    spare_ctx = None if pending.forked else writer_context()
     started = False
     try:
         generate_corpus(job, say)
@@ -96,7 +95,7 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
         if plan.start:
             say(f"resuming {output.partial}: {plan.start} of {len(plan.tasks)} batches already committed")
         try:
-            summary = Driver(job, opts, plan, writer, run_id, say, forked, spare_ctx).run()
+            summary = Driver(job, opts, plan, writer, run_id, say, forked).run()
         except KeyboardInterrupt as e:
             abort(writer)
             why = "interrupted" if signals.signal_name(e) == "SIGINT" else f"stopped by {signals.signal_name(e)}"

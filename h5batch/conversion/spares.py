@@ -40,7 +40,7 @@ from typing import Any
 
 from .. import faults
 from ..config import JobConfig
-from ..writer.process import _without_main
+from ..writer.process import start_without_main
 from .cluster import default_workers
 from .writer_start import can_fork
 
@@ -53,13 +53,9 @@ def count(job: JobConfig) -> int:
     one per core, at most :data:`MAX_DECODERS`) less the driver's thread; 0 for other kinds
     and where ``auto`` would start a LocalCluster whatever the work (``workers`` > 1)."""
     cfg = job.cluster
-    if cfg.kind == "inprocess":
-        decoders = cfg.workers or min(MAX_DECODERS, default_workers())
-    elif cfg.kind == "auto" and cfg.workers in (None, 1):
-        decoders = cfg.workers or min(MAX_DECODERS, default_workers())
-    else:
-        decoders = 1
-    return max(0, decoders - 1)
+    if cfg.kind == "inprocess" or (cfg.kind == "auto" and cfg.workers in (None, 1)):
+        return (cfg.workers or min(MAX_DECODERS, default_workers())) - 1
+    return 0
 
 
 class SpareDecoder:
@@ -90,8 +86,7 @@ class SpareDecoder:
             ours, theirs = ctx.Pipe(duplex=True)
             process = ctx.Process(target=_serve, args=(theirs,), name="h5batch-decoder", daemon=True)
             try:
-                with _without_main():
-                    process.start()
+                start_without_main(process, ctx)
             except OSError:
                 ours.close()
                 theirs.close()
@@ -111,13 +106,15 @@ class SpareDecoder:
             self.alive = False
             raise
 
-    def close(self, timeout: float = CLOSE_SECONDS) -> None:
-        """Let the decoder go (it ends once its batch is done) and reap it; killed when it
-        has not ended within ``timeout``."""
+    def tell(self) -> None:
+        """Ask the decoder to end once its batch is done (a dead one needs no telling)."""
         try:
             self.conn.send(None)
         except (OSError, ValueError):
             pass
+
+    def reap(self, timeout: float = CLOSE_SECONDS) -> None:
+        """Wait for the decoder told to end; killed when it has not within ``timeout``."""
         self.process.join(timeout)
         if self.process.is_alive():
             self.process.kill()
@@ -147,14 +144,12 @@ _DECODER_MODULES = {"pillow": "PIL.Image", "python": "", "h5batch": "", "libsndf
 
 
 def close_all(spares: list[SpareDecoder]) -> None:
-    """Close every decoder of ``spares``: all are told first, then each is reaped."""
+    """End every decoder of ``spares``: all are told first, then each is reaped (closing
+    twice is harmless)."""
     for s in spares:
-        try:
-            s.conn.send(None)
-        except (OSError, ValueError):
-            pass
+        s.tell()
     for s in spares:
-        s.close()
+        s.reap()
 
 
 def _serve(conn: Connection) -> None:

@@ -231,7 +231,7 @@ def _plan(job, found: _Found, old, d, final: str, partial: str, in_place: bool, 
 def _write(job, plan, d, final: str, pending: PendingWriter, run_id, opts, say, forked=()):
     """Run the writer (and, for new and changed items, the workers: ``forked``, the
     decoders forked for an in-process run, :mod:`.spares`) over the delta."""
-    from ..writer.process import WriterGone, writer_context
+    from ..writer.process import WriterGone
     from .driver import Driver, abort
 
     spec = plan.spec
@@ -244,8 +244,7 @@ def _write(job, plan, d, final: str, pending: PendingWriter, run_id, opts, say, 
         try:
             writer.send(Start(spec))
             if d.items:
-                spare_ctx = None if pending.forked else writer_context()
-                return Driver(job, opts, plan, writer, run_id, say, list(forked), spare_ctx).run()
+                return Driver(job, opts, plan, writer, run_id, say, list(forked)).run()
             writer.send(Finish(job.policy.max_reject_fraction))
             return _wait_done(writer)
         except WriterGone as e:

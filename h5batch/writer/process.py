@@ -27,7 +27,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing import spawn
 from typing import Any
@@ -266,6 +266,17 @@ def _preparation_data(name: str, _real=spawn.get_preparation_data) -> dict[str, 
     return data
 
 
+def start_without_main(process: Any, ctx: Any) -> None:
+    """``process.start()`` without the caller's ``__main__`` (:func:`_without_main`) where
+    ``ctx`` would run it again; a fork needs no preparation data (and must not inherit
+    :data:`_LAUNCH_LOCK` held). For the writer and the forked decoders (conversion/spares.py)."""
+    if ctx.get_start_method() == "fork":
+        process.start()
+        return
+    with _without_main():
+        process.start()
+
+
 @contextmanager
 def _without_main() -> Iterator[None]:
     """Start the writer without the driver's ``__main__``.
@@ -317,6 +328,7 @@ class WriterHandle:
     inbox: PipeQueue  # driver -> writer
     outbox: PipeQueue  # writer -> driver
     lifeline: Any  # write end the driver holds open; closing it tells the writer we are gone
+    forked: bool = False  # forked from the driver itself (else from the fork server, or spawned)
 
     @classmethod
     def start(cls, lock_fd: int | None = None, ctx: Any = None, preload: tuple[str, ...] = ()) -> WriterHandle:
@@ -332,12 +344,10 @@ class WriterHandle:
         if ctx.get_start_method() == "fork":
             target, args = _forked_writer_main, (ours.fileno(), tuple(preload), *args)
         process = ctx.Process(target=target, args=args, name="h5batch-writer", daemon=True)
-        # A fork needs no preparation data (and must not inherit _without_main's lock held).
-        with _without_main() if ctx.get_start_method() != "fork" else nullcontext():
-            process.start()
+        start_without_main(process, ctx)
         theirs.close()
         inbox.close_reader()  # a send to a writer that died fails instead of blocking
-        return cls(process, inbox, outbox, ours)
+        return cls(process, inbox, outbox, ours, ctx.get_start_method() == "fork")
 
     def send(self, msg: Any) -> None:
         """Send ``msg`` to the writer; :class:`WriterGone` when it has died."""
