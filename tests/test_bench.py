@@ -257,6 +257,24 @@ def test_targets_are_marked_met_or_missed():
     assert t["read >= 10x naive HDF5 (num_workers=0)"]["met"] is False
 
 
+def test_writer_targets_take_the_best_peer_and_the_read_write_bound():
+    """Issue 19's conversion targets, warm and cold: >= 2x the fastest peer writer row
+    (whichever it is) and >= 0.8x the read+write bound row."""
+    res = _fake_results(h5_read=1000.0, naive_read=50.0)
+    res["records"] += [{"phase": "convert", "corpus": "c", "method": m, "codec": codec, "variant": "",
+                        "workers": None, "runs": [{}], "rate": {"median": rate}}
+                       for m, codec, rate in (("h5batch-auto", "auto", 300.0), ("webdataset-2p", "", 90.0),
+                                              ("litdata-fork", "", 120.0), ("webdataset-1p", "", 50.0),
+                                              (report.RW_BOUND, "", 200.0))]
+    t = {x["target"]: x for x in report.targets(res)}
+    warm = t["conversion (warm cluster) >= 2x best peer writer"]
+    assert warm["met"] is False and warm["value"] == pytest.approx(100 / 120) and "litdata-fork" in warm["detail"]
+    cold = t["conversion (cold, kind auto as `h5batch convert` runs) >= 2x best peer writer"]
+    assert cold["met"] is True and cold["value"] == pytest.approx(2.5)
+    assert t["conversion (warm cluster) >= 0.8x read+write bound"]["value"] == pytest.approx(0.5)
+    assert t["conversion (cold, kind auto as `h5batch convert` runs) >= 0.8x read+write bound"]["met"] is True
+
+
 def test_a_verdict_inside_the_spread_is_flagged():
     """9.6x naive from medians, but 8.0-12.0x over the repetitions: MISSED, within the spread;
     a wide margin is not flagged."""
@@ -304,7 +322,7 @@ def test_mini_bench_run_writes_json_markdown_png(tmp_path):
     keys = {r["key"] for r in data["records"]}
     main = data["main_corpus"]
     for k in (f"convert/{main}/h5batch/auto", f"convert/{main}/h5batch-cold/auto", f"convert/{main}/h5batch-auto/auto",
-              f"convert/{main}/floor", f"convert/{main}/naive/gzip",
+              f"convert/{main}/floor", f"convert/{main}/{report.RW_BOUND}", f"convert/{main}/naive/gzip",
               f"convert/{main}/h5batch-cold/auto/x2",
               f"read/{main}/h5batch/auto/chunk-shuffle/w0", f"read/{main}/h5batch/auto/random/w0",
               f"read/{main}/naive/gzip/random/w0", f"read/{main}/raw-files/random/w0",

@@ -19,6 +19,9 @@ LOADER = "ds.loader"
 #: on h5batch's threads into recycled shared memory), called ``memmap`` before issue 19
 MEMMAP_STRICT = "memmap-strict"
 MEMMAP_ROWWISE = "memmap-int16-rowwise"
+#: the read+write bound on conversion (``bench.physics``): the decode-only floor scaled by
+#: read / (read + write) measured beside it, the most a converter reaches on CPU-bound cores
+RW_BOUND = "rw-bound"
 #: (stored dtype, fixed shape) of the storages judged against the strict limit
 STRICT_STORAGES = (("int16", True), ("float32", True), ("int16", False), ("float32", False))
 

@@ -16,6 +16,7 @@ from .records import (
     MEMMAP_ROWWISE,
     MEMMAP_STRICT,
     PLAIN,
+    RW_BOUND,
     STRICT_STORAGES,
     strict_variant,
 )
@@ -129,7 +130,35 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             label = f" ({best['method']} {best['variant']})" if best else ""
             out.append(judged(f"read >= 1.5x best peer (num_workers={nw})", h, best, 1.5, label))
     out += strict_targets(results, judged)
+    out += writer_targets(results, judged)
     out += cold_targets(results, judged)
+    return out
+
+
+#: conversion rows judged against the best peer writer and the read+write bound: the warm
+#: cluster (start-up excluded) and ``cluster.kind: auto`` as ``h5batch convert`` runs it cold
+WRITER_ROWS = (("h5batch", "warm cluster"), ("h5batch-auto", "cold, kind auto as `h5batch convert` runs"))
+
+
+def writer_targets(results: dict[str, Any], judged: Any) -> list[dict[str, Any]]:
+    """Conversion >= 2x the best peer writer (the fastest WebDataset or LitData row) and
+    >= 0.8x the read+write bound (:data:`~h5batch.bench.records.RW_BOUND`), warm and cold."""
+    c = results["main_corpus"]
+    out: list[dict[str, Any]] = []
+    best: dict[str, Any] | None = None
+    for r in _records(results, "convert", c):
+        if r["method"].startswith(("webdataset-", "litdata-")) and (best is None or _rate(r) > _rate(best)):
+            best = r
+    bound = _find(results, phase="convert", corpus=c, method=RW_BOUND)
+    for method, what in WRITER_ROWS:
+        h = _find(results, phase="convert", corpus=c, method=method, codec=DEFAULT_CODEC, variant="")
+        if h is None or not h["runs"]:
+            continue
+        if best is not None:
+            out.append(judged(f"conversion ({what}) >= 2x best peer writer", h, best, 2.0,
+                              f" ({best['method']})"))
+        if bound is not None and bound["runs"]:
+            out.append(judged(f"conversion ({what}) >= 0.8x read+write bound", h, bound, 0.8))
     return out
 
 
@@ -226,7 +255,8 @@ def _label(r: dict[str, Any]) -> str:
     m = r["method"]
     names = {"h5batch": "h5batch (warm cluster)", "h5batch-cold": "h5batch (cold: incl. cluster start-up)",
              "h5batch-auto": "h5batch (cluster.kind auto, as `h5batch convert` runs)",
-             "floor": "decode-only floor (same cluster)", "naive": "naive recipe (1 process, dataset per sample)",
+             "floor": "decode-only floor (same cluster)",
+             RW_BOUND: "read+write bound (floor x read / (read + write), bench.physics)", "naive": "naive recipe (1 process, dataset per sample)",
              "h5batch-cli": "h5batch convert (whole command, fresh interpreter, job defaults)",
              "naive-cli": "naive recipe (whole script, fresh interpreter)"}
     text = names.get(m, m)

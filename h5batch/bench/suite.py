@@ -7,7 +7,8 @@ drift of the machine hits all of them alike):
 2. conversions, per corpus: a warm-up round on a small corpus, then ``reps`` rounds of
    h5batch (every codec, on a LocalCluster started once: start-up excluded), h5batch cold
    (``kind: local``, the cluster started inside ``convert``: start-up included), the
-   decode-only floor (``bench.decode_only`` on the same cluster), the naive recipe, the
+   decode-only floor (``bench.decode_only`` on the same cluster; for WAV corpora with the
+   read+write bound of ``bench.physics`` measured right after it), the naive recipe, the
    x``scale`` corpus (cold) and the peers;
 3. correctness: every output is compared with the source decoded in this process;
 4. reads through a DataLoader (batch 64, shuffle on), per corpus: for each configuration a
@@ -35,12 +36,12 @@ from ..codecs import choices
 from ..conversion.options import ConvertOptions
 from ..conversion.pipeline import convert
 from ..conversion.plan import make_tasks
-from . import baselines, cli_cold, corpus, peers, sampling, strict
+from . import baselines, cli_cold, corpus, peers, physics, sampling, strict
 from .checks import CheckPhase
 from .decode_only import decode_only
-from .measure import timed
+from .measure import Sample, timed
 from .reads import ReadPhase
-from .records import DEFAULT_CODEC, Record
+from .records import DEFAULT_CODEC, RW_BOUND, Record
 
 ALL_CODECS = choices()  # auto first, then every registered codec (h5batch/codecs/)
 
@@ -308,6 +309,20 @@ class Bench(CheckPhase, ReadPhase):
             sample.extra["files"] = nfiles
             if not warmup:
                 self.record("convert", name, "floor").runs.append(sample)
+                wavs = [p for ps in items for p in ps]
+                if wavs and all(p.endswith(".wav") for p in wavs):
+                    rw_bound(sample, wavs)
+
+        def rw_bound(floor_run: Sample, wavs: list[str]) -> None:
+            # bench.physics' read+write bound, measured beside the floor it scales: a row of
+            # floor x read / (read + write), the most any converter reaches on these cores.
+            # Writes of twice the decoded bytes, 64 MiB-1 GiB: enough to time, cheap for a mini run.
+            nbytes = min(1 << 30, max(64 << 20, int(2 * floor_run.nbytes))) >> 20 << 20
+            b = physics.bound_ratio(wavs, os.path.dirname(self.path("physics", "x")), nbytes, reps=2)
+            run = Sample(seconds=floor_run.seconds / b["ratio"], items=floor_run.items,
+                         nbytes=floor_run.nbytes, peak_rss=floor_run.peak_rss,
+                         baseline_rss=floor_run.baseline_rss, extra=dict(b))
+            self.record("convert", name, RW_BOUND).runs.append(run)
 
         def naive() -> None:
             out = self.path("naive", f"{cp.name}.h5")
