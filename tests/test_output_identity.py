@@ -41,7 +41,7 @@ def test_shipped_job_output_matches_its_fingerprint(name, tmp_path):
     # keys and order are compared, those by dtype and shape only.
     for fp in (golden, now):
         fp["/"]["attrs"].pop("manifest_hash")
-        for name in ("stamp", "stat", "record"):
-            fp.get(f"inventory/{name}", {}).pop("sha256", None)
+        for ds in ("stamp", "stat", "record"):  # not `name`: the message below names the job
+            fp.get(f"inventory/{ds}", {}).pop("sha256", None)
     diff = differences(golden, now)
     assert not diff, f"{name}: output differs from tests/golden/{name}.json:\n" + "\n".join(diff[:20])
