@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -356,6 +357,32 @@ def test_local_cluster_and_dashboard_bind_to_loopback():
         listening = listening_addresses(pids)
     assert {pid for pid, _, _ in listening} >= worker_pids  # workers do listen ...
     assert all(ip == "127.0.0.1" for _, ip, _ in listening), listening  # ... on loopback only
+
+
+def test_a_nanny_whose_worker_is_slow_to_come_back_is_kept():
+    """A worker killed (crash isolation) whose restart outlasts Dask's lost-worker timeout
+    comes back: the run's LocalCluster does not close its nanny (cluster.LOST_WORKER_TIMEOUT).
+    Dask's default is shortened to 1 s here; the restarted worker is held stopped for 4 s."""
+    import dask
+
+    with dask.config.set({"distributed.deploy.lost-worker-timeout": "1s"}):
+        with connect(ClusterConfig(kind="local", workers=1)) as conn:
+            (nanny,) = conn.cluster.workers.values()
+            old = nanny.process.pid
+            os.kill(old, signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while (nanny.process is None or nanny.process.pid in (None, old)) and time.monotonic() < deadline:
+                time.sleep(0.005)
+            new = nanny.process.pid
+            os.kill(new, signal.SIGSTOP)  # still importing: not registered yet
+            try:
+                time.sleep(4)
+                assert list(conn.cluster.workers.values()) == [nanny] and nanny.status.name == "running"
+            finally:
+                os.kill(new, signal.SIGCONT)
+            conn.client.wait_for_workers(1, timeout=60)
+            assert list(conn.client.run(os.getpid).values()) == [new]
+        assert dask.config.get("distributed.deploy.lost-worker-timeout") == "1s"  # put back
 
 
 # ---------------------------------------------------------------------------

@@ -371,29 +371,40 @@ def connect(cfg: ClusterConfig, wait_timeout: float = 300.0) -> Iterator[Connect
         client.close()
 
 
+#: Rule: a LocalCluster of a run never retires a nanny whose worker died; the nanny restarts
+#: it. Reason: Dask's SpecCluster closes a nanny for good when no worker of its name is back
+#: ``distributed.deploy.lost-worker-timeout`` (15 s) after the scheduler lost it, and nothing
+#: starts another. On a loaded machine a worker killed by crash isolation takes longer than
+#: that to come back (start-up, imports, and it may die again on the next crashing file):
+#: both nannies closed and the run waited out ``policy.no_worker_timeout`` with no worker.
+LOST_WORKER_TIMEOUT = "7 days"
+
+
 def _local(cfg: ClusterConfig) -> Iterator[Connection]:
     """A LocalCluster of ``cfg.workers`` single-threaded processes on 127.0.0.1."""
+    import dask
     from distributed import Client, LocalCluster
 
     security = make_security(cfg, own_cluster=True)
     n = cfg.workers or default_workers()
-    cluster = LocalCluster(
-        n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
-        # Port 0 even without a dashboard: the scheduler's HTTP server starts anyway, on
-        # 8787 by default, and a second run beside the first printed Dask's "Port 8787 is
-        # already in use" on the console.
-        dashboard_address="127.0.0.1:0", scheduler_kwargs={"dashboard": bool(cfg.dashboard)},
-        silence_logs=logging.ERROR, security=security,
-        protocol="tls://" if security is not None else None,
-        preload=["h5batch.conversion.worker_setup"],
-    )
-    client = None
-    try:
-        client = Client(cluster, security=security)
-        yield Connection(client, f"LocalCluster, {n} worker processes x 1 thread on 127.0.0.1"
-                                 + (" (TLS)" if security is not None else ""),
-                         client.dashboard_link if cfg.dashboard else None, cluster)
-    finally:
-        if client is not None:
-            client.close()
-        cluster.close()
+    with dask.config.set({"distributed.deploy.lost-worker-timeout": LOST_WORKER_TIMEOUT}):
+        cluster = LocalCluster(
+            n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
+            # Port 0 even without a dashboard: the scheduler's HTTP server starts anyway, on
+            # 8787 by default, and a second run beside the first printed Dask's "Port 8787 is
+            # already in use" on the console.
+            dashboard_address="127.0.0.1:0", scheduler_kwargs={"dashboard": bool(cfg.dashboard)},
+            silence_logs=logging.ERROR, security=security,
+            protocol="tls://" if security is not None else None,
+            preload=["h5batch.conversion.worker_setup"],
+        )
+        client = None
+        try:
+            client = Client(cluster, security=security)
+            yield Connection(client, f"LocalCluster, {n} worker processes x 1 thread on 127.0.0.1"
+                                     + (" (TLS)" if security is not None else ""),
+                             client.dashboard_link if cfg.dashboard else None, cluster)
+        finally:
+            if client is not None:
+                client.close()
+            cluster.close()

@@ -128,9 +128,9 @@ class Driver:
         """The next future or writer event. Rule: while it waits, the driver checks every
         :data:`WATCH_SECONDS` that a LocalCluster it started still has a worker, and gives up
         after ``policy.no_worker_timeout`` seconds without one. Reason: Dask keeps tasks waiting for
-        workers forever, and a nanny that fails to restart its worker (seen on a loaded
-        machine after crash isolation had killed workers repeatedly) closes for good: the
-        run hung with nothing left to run it. Clusters it did not start (a scheduler,
+        workers forever, and a nanny that cannot start its worker again closes for good: the
+        run would hang with nothing left to run it (``cluster.LOST_WORKER_TIMEOUT`` keeps
+        Dask from closing nannies itself, the cause seen on a loaded machine). Clusters it did not start (a scheduler,
         dask-jobqueue) may legitimately be without workers for a while: no limit there."""
         cluster = getattr(conn, "cluster", None) if self.job.cluster.kind == "local" else None
         limit = self.job.policy.no_worker_timeout
