@@ -196,13 +196,22 @@ def _sync(job: JobConfig, opts: ConvertOptions, final: str, lock: OutputLock, ru
 def _gc_paused():
     """The cyclic garbage collector off for the block. Reason: discovery makes a few hundred
     thousand small objects (a tuple per file) and no cycles; the collector's passes over
-    them cost ~5-10 % of an incremental discovery."""
+    them cost ~5-10 % of an incremental discovery.
+
+    When the block ends, what is alive then goes straight to the oldest generation
+    (``freeze`` + ``unfreeze``: two list moves, no scan) before the collector is on again.
+    Reason: the first collection after ``enable`` would otherwise scan every object the
+    block made, ~0.03 s for 100,000 files, only to promote them. Where a caller froze
+    objects of its own (``gc.get_freeze_count()``), they are left frozen: plain ``enable``."""
     was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if was:
+            if gc.get_freeze_count() == 0:
+                gc.freeze()
+                gc.unfreeze()  # into the oldest generation, which is scanned only at a full collection
             gc.enable()
 
 
