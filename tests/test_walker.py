@@ -61,3 +61,13 @@ def test_unlistable_folder_is_the_same_reject_in_both_modes(tmp_path):
         assert ("b", "cannot list folder: Permission denied") in _walk(tmp_path, ordered=False)[1]
     finally:
         locked.chmod(0o755)
+
+
+def test_unordered_walk_without_descriptor_listing_finds_the_same(tmp_path, monkeypatch):
+    """Where scandir cannot take a descriptor (not POSIX), the unordered walk lists by path."""
+    from h5batch.layouts import walker
+
+    _corpus(tmp_path)
+    by_fd = _walk(tmp_path, ordered=False)
+    monkeypatch.setattr(walker, "_BY_FD", False)
+    assert _walk(tmp_path, ordered=False) == by_fd == _walk(tmp_path, ordered=True)

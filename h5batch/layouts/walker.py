@@ -24,6 +24,8 @@ from ..manifest import Reject
 __all__ = ["Walker"]
 
 _name = operator.attrgetter("name")
+# Listing a folder through its descriptor needs scandir(fd) (fdopendir): POSIX systems.
+_BY_FD = os.scandir in os.supports_fd and hasattr(os, "O_DIRECTORY")
 
 
 class Walker:
@@ -56,8 +58,8 @@ class Walker:
         _stack = _stack | {os.path.realpath(base)}  # real paths of the folders being walked
         fd = None
         try:
-            if self.ordered:
-                entries = sorted(os.scandir(base), key=_name)
+            if self.ordered or not _BY_FD:
+                entries = sorted(os.scandir(base), key=_name) if self.ordered else list(os.scandir(base))
             else:  # listed through the folder's descriptor: each stat resolves one name (module docstring)
                 fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
                 entries = list(os.scandir(fd))
