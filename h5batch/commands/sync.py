@@ -8,6 +8,7 @@ Takes the same job-override flags as ``convert`` (``--output``, ``--set``, ``--w
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from . import convert as _convert
@@ -24,6 +25,11 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    # OpenBLAS starts a thread pool (and its buffers) when numpy is first imported: ~0.05-0.08 s
+    # of a sync's ~1-2 s, for linear algebra that neither the sync nor its decoders do. One
+    # thread unless the user chose otherwise (the writer and decoders inherit it). numpy is
+    # not imported yet here: h5batch.config, below, is what first imports it.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from ..config import load_job
     from ..conversion.options import ConvertOptions
     from ..conversion.sync import sync

@@ -46,9 +46,11 @@ class Plan:
 
 def make_plan(job: JobConfig, manifest: Manifest, record: CommitRecord | None, final: str, partial: str,
               run_id: str, say: Callable[[str], None], keep_codecs: dict[str, CodecSpec] | None = None,
-              measurer: Measurer | None = None) -> Plan:
+              measurer: Measurer | None = None, new_file: bool = True) -> Plan:
     """``keep_codecs``: fields whose datasets exist already (a sync) keep these codecs;
-    ``measurer``: who takes ``codec: auto``'s measurements (:func:`.auto.measure`)."""
+    ``measurer``: who takes ``codec: auto``'s measurements (:func:`.auto.measure`);
+    ``new_file`` False: the writer extends a finished file (a sync), which keeps the
+    versions it was made with, so none are read (~0.04 s of package metadata)."""
     auto = resolve(job, manifest, measurer, keep_codecs)
     for line in auto.describe(job):
         say(line)
@@ -78,7 +80,7 @@ def make_plan(job: JobConfig, manifest: Manifest, record: CommitRecord | None, f
         chunk_bytes=job.output.chunk_bytes, cache_bytes=job.output.cache_bytes,
         discovery_rejects=manifest.rejects, num_inputs=num_inputs,
         commit_every=job.policy.commit_every, threads=max(2, min(4, n_workers)),
-        resume=record, versions=versions(), batch_size=batch_size,
+        resume=record, versions=versions() if new_file else {}, batch_size=batch_size,
         codec_notes=codec_notes, cwd=os.getcwd(), umask=current_umask(), annotations=manifest.annotations,
     )
     tasks = make_tasks(job, manifest, run_id, hostname(), batch_size)

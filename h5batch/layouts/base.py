@@ -1,5 +1,5 @@
-"""What every layout shares: the :class:`Layout` base class and its registry, the file
-walker, the manifest builder and the path helpers.
+"""What every layout shares: the :class:`Layout` base class and its registry, the manifest
+builder and the path helpers (the file walker, :class:`~.walker.Walker`, is in :mod:`.walker`).
 
 Rule: this module names no layout; each layout is one module of this package. The config
 classes are imported for type checking only. Reason: :mod:`h5batch.config` builds its
@@ -19,13 +19,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import operator
 import os
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, ClassVar
 
 from ..fields import file_fields
 from ..manifest import Item, Manifest, Memo, Reject, natural_key
+from .walker import Walker
 
 if TYPE_CHECKING:
     from ..config import JobConfig, SourceConfig
@@ -98,89 +98,8 @@ def get(name: str) -> Layout:
 
 
 # ---------------------------------------------------------------------------
-# Walking and paths
+# Paths
 # ---------------------------------------------------------------------------
-
-
-class Walker:
-    """Lists regular files under a root, following symlinks only when they stay inside it.
-
-    :meth:`walk` returns ``(relative posix path, size, mtime_ns)`` per file; problems go to
-    ``rejects``, and ``ids`` maps each file's path to the ``(st_dev, st_ino)`` of the file it
-    resolves to (from the same ``stat`` that gave its size: no extra system call), which
-    :meth:`Builder.finish` uses to find one file reached through several symlinks. A layout
-    hands both to the builder with :meth:`Builder.walked`.
-    """
-
-    def __init__(self, root: Path, ordered: bool = True):
-        self.root = root
-        # False: a sync's stat pass (h5batch.layouts.incremental), entries in listing order and
-        # no file identities (it runs only where the corpus has no symlinks).
-        self.ordered = ordered
-        self.real_root = os.path.realpath(root)
-        self.rejects: list[Reject] = []
-        self.ids: dict[str, tuple[int, int]] = {}
-        self.symlinks = 0  # symlinks met (a sync rediscovers incrementally only without them)
-
-    def inside(self, path: str) -> bool:
-        real = os.path.realpath(path)
-        return real == self.real_root or real.startswith(self.real_root + os.sep)
-
-    def walk(self, rel: str = "", _stack: frozenset[str] = frozenset()) -> list[tuple[str, int, int]]:
-        out: list[tuple[str, int, int]] = []
-        base = self.root / rel if rel else self.root
-        _stack = _stack | {os.path.realpath(base)}  # real paths of the folders being walked
-        try:
-            entries = sorted(os.scandir(base), key=_name) if self.ordered else list(os.scandir(base))
-        except OSError as e:
-            self.rejects.append(Reject(rel or ".", "discover", f"cannot list folder: {e.strerror}"))
-            return out
-        prefix = f"{rel}/" if rel else ""
-        ids = self.ids if self.ordered else None
-        for entry in entries:
-            name = entry.name
-            if name.startswith("."):
-                continue
-            relpath = prefix + name
-            try:  # the common case first: a regular file (is_symlink/is_file: no system call)
-                plain = not entry.is_symlink() and entry.is_file()
-                st = entry.stat() if plain else None
-            except OSError as e:
-                self.rejects.append(Reject(relpath, "discover", f"cannot stat: {e.strerror}"))
-                continue
-            if st is not None:
-                if ids is not None:
-                    ids[relpath] = (st.st_dev, st.st_ino)
-                out.append((relpath, st.st_size, st.st_mtime_ns))
-                continue
-            if entry.is_symlink():
-                self.symlinks += 1
-                if not os.path.exists(entry.path):
-                    self.rejects.append(Reject(relpath, "discover", "broken symlink"))
-                    continue
-                if not self.inside(entry.path):
-                    self.rejects.append(Reject(relpath, "discover", "symlink points outside the corpus root"))
-                    continue
-            try:
-                if entry.is_dir():
-                    if entry.is_symlink() and os.path.realpath(entry.path) in _stack:
-                        self.rejects.append(Reject(relpath, "discover", "symlink loop: points to a folder that contains it"))
-                        continue
-                    out.extend(self.walk(relpath, _stack))
-                    continue
-                st = entry.stat()
-            except OSError as e:
-                self.rejects.append(Reject(relpath, "discover", f"cannot stat: {e.strerror}"))
-                continue
-            if not entry.is_file():
-                self.rejects.append(Reject(relpath, "discover", "not a regular file"))
-                continue
-            self.ids[relpath] = (st.st_dev, st.st_ino)
-            out.append((relpath, st.st_size, st.st_mtime_ns))
-        return out
-
-
-_name = operator.attrgetter("name")
 
 
 def _suffix_at(name: str) -> int:

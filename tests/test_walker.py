@@ -1,0 +1,73 @@
+"""The file walker's two modes (h5batch/layouts/walker.py): the unordered one of a sync's
+stat pass lists each folder through a descriptor of it, and must find what the ordered one
+of discovery finds: the same files with the same sizes and mtimes, the same rejects."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from h5batch.layouts.walker import Walker
+
+
+def _corpus(root: Path) -> None:
+    (root / "a" / "deep").mkdir(parents=True)
+    (root / "b").mkdir()
+    (root / ".hidden").mkdir()
+    for rel, size in [("x.wav", 10), ("a/y.wav", 20), ("a/deep/z.wav", 30), ("b/w.png", 40), (".dot.wav", 5),
+                      (".hidden/h.wav", 7), ("b/ü-nicode.wav", 3)]:
+        (root / rel).write_bytes(b"\0" * size)
+    os.utime(root / "a" / "y.wav", ns=(1_000_000_123, 2_000_000_456))
+    os.mkfifo(root / "b" / "pipe")
+    os.symlink("missing.wav", root / "b" / "broken.wav")
+    os.symlink("../x.wav", root / "a" / "link.wav")
+
+
+def _walk(root: Path, ordered: bool) -> tuple[list, list, int]:
+    w = Walker(root, ordered)
+    files = w.walk()
+    return sorted(files), sorted((r.path, r.reason) for r in w.rejects), w.symlinks
+
+
+def test_unordered_walk_finds_what_the_ordered_one_finds(tmp_path):
+    _corpus(tmp_path)
+    files, rejects, links = _walk(tmp_path, ordered=True)
+    assert _walk(tmp_path, ordered=False) == (files, rejects, links)
+    by_path = {p: (size, mtime) for p, size, mtime in files}
+    assert set(by_path) == {"x.wav", "a/y.wav", "a/deep/z.wav", "b/w.png", "b/ü-nicode.wav", "a/link.wav"}
+    assert by_path["a/y.wav"] == (20, 2_000_000_456)
+    assert by_path["a/deep/z.wav"][0] == 30
+    assert rejects == [("b/broken.wav", "broken symlink"), ("b/pipe", "not a regular file")]
+    assert links == 2
+
+
+def test_unordered_walk_closes_every_folder_descriptor(tmp_path):
+    _corpus(tmp_path)
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        _walk(tmp_path, ordered=False)
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads folders without the read permission")
+def test_unlistable_folder_is_the_same_reject_in_both_modes(tmp_path):
+    _corpus(tmp_path)
+    locked = tmp_path / "b"
+    locked.chmod(0)
+    try:
+        assert _walk(tmp_path, ordered=False) == _walk(tmp_path, ordered=True)
+        assert ("b", "cannot list folder: Permission denied") in _walk(tmp_path, ordered=False)[1]
+    finally:
+        locked.chmod(0o755)
+
+
+def test_unordered_walk_without_descriptor_listing_finds_the_same(tmp_path, monkeypatch):
+    """Where scandir cannot take a descriptor (not POSIX), the unordered walk lists by path."""
+    from h5batch.layouts import walker
+
+    _corpus(tmp_path)
+    by_fd = _walk(tmp_path, ordered=False)
+    monkeypatch.setattr(walker, "_BY_FD", False)
+    assert _walk(tmp_path, ordered=False) == by_fd == _walk(tmp_path, ordered=True)
