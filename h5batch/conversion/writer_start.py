@@ -111,8 +111,13 @@ class PendingWriter:
 def codec_libraries(job: JobConfig) -> tuple[str, ...]:
     """What a forked writer imports first for ``job``: the libraries of its codec's decode
     steps (blosc2, zstandard; the encoders use the same), or of ``codec: auto``'s candidate,
-    whose trial the writer measures (:meth:`PendingWriter.measure`)."""
-    from ..codecs import AUTO_CODEC, get
+    whose trial the writer measures (:meth:`PendingWriter.measure`). Nothing for ``auto``
+    with ``output.prefer: speed`` where the driver measures on Blosc2's C library
+    (:func:`~h5batch.codecs.lz4_trial.in_process`): that rule stores decoded media
+    uncompressed, and a writer that does get Blosc2-LZ4 imports it at the start of the job."""
+    from ..codecs import AUTO_CODEC, get, lz4_trial
 
+    if job.output.codec == "auto" and job.output.prefer == "speed" and lz4_trial.in_process():
+        return ()
     codec = get(AUTO_CODEC if job.output.codec == "auto" else job.output.codec)
     return tuple(sorted({s.library for s in codec.decode_steps().values() if s.library}))
