@@ -70,3 +70,15 @@ def test_a_writer_imports_blosc2_only_where_its_job_may_need_it(tmp_path, codec,
                          "output": {"path": str(tmp_path / "o.h5"), "codec": codec, "prefer": prefer}},
                         check_paths=False)
     assert codec_libraries(job) == expected
+
+
+def test_without_the_c_library_the_trial_uses_the_package_and_gets_the_same_figures(monkeypatch):
+    """Where the C library does not load (another blosc2 release), the trial imports the
+    package, and the writer measures (``in_process`` False): the chunks are the same."""
+    flat = np.concatenate([a.reshape(-1) for a in _samples()[:2]])
+    ours = lz4_trial.lz4_chunks(flat, 3, True, lz4_trial.RATIO_PIECE)
+    monkeypatch.setattr(blosc2_lib, "library", lambda: None)
+    assert not lz4_trial.in_process()
+    assert lz4_trial.lz4_chunks(flat, 3, True, lz4_trial.RATIO_PIECE) == ours
+    figures = lz4_trial.measure({"a": (flat, [flat])}, 3, True, 1.15)
+    assert figures["a"][0] == pytest.approx(flat.nbytes / sum(len(c) for c in ours))

@@ -9,10 +9,13 @@ Rule: the driver asks for the writer first and collects it only when it sends th
   ~1 s on this machine, and on a small corpus the driver waited for it: it was most of the
   demo's conversion time. A single-threaded process forks safely (no lock can be held by a
   thread that the child lacks); the writer inherits nothing it uses but the pipes made for
-  it and the output's lock. The forked writer then imports the job's codec library
-  (blosc2 for ``codec: auto``) on its own core, and :meth:`PendingWriter.measure` has it
-  take ``codec: auto``'s measurements (:mod:`h5batch.codecs.lz4_trial`) before the job
-  starts: the driver never imports blosc2, 0.3-0.7 s it spent before on a small job.
+  it and the output's lock. The forked writer then imports the job's codec library on its
+  own core (:func:`codec_libraries`). ``codec: auto``'s measurements
+  (:mod:`h5batch.codecs.lz4_trial`) run in the driver on Blosc2's C library
+  (:mod:`h5batch.codecs.blosc2_lib`, a few ms to load); where that library does not load,
+  the writer imports blosc2 and :meth:`PendingWriter.measure` has it take them before the
+  job starts. Either way the driver never imports blosc2, 0.3-0.7 s it spent before on a
+  small job.
 * Otherwise (threads are running: a Dask client, a notebook's kernel, an earlier
   conversion in the process; or no ``fork``): the fork server of
   :func:`~h5batch.writer.process.writer_context`, started on a thread so that its preload
