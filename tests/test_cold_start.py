@@ -235,7 +235,8 @@ print(json.dumps({"code": code, **{m: m in sys.modules for m in ("blosc2", "dask
 
 def test_a_command_line_driver_forks_its_writer_and_never_imports_blosc2_or_dask(demo_root, tmp_path):
     """The CLI's driver is single-threaded when the writer starts: the writer is forked from
-    it and takes codec: auto's measurements, so the driver imports neither blosc2 nor Dask.
+    it; codec: auto's measurements run on Blosc2's C library (or in the writer where it does
+    not load), so the driver imports neither blosc2 nor Dask.
     The file equals one made where the fork server starts the writer (a thread is running)
     and the driver measures itself: the codec choice depends on the samples alone."""
     import sys

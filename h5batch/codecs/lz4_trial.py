@@ -1,10 +1,13 @@
 """The two measurements ``codec: auto`` weighs (``h5batch/conversion/auto.py``): how much
 Blosc2-LZ4 shrinks the trial samples, and how fast it decodes them against a memory copy.
 
-Rule: numpy and blosc2 only, and blosc2 imported only when a trial needs it (through
-:mod:`.libraries`). Reason: the import costs 0.15-0.35 s, which a conversion whose codec is not ``auto`` never pays. (Measured
-in a process forked from the writer's fork server instead, the trial waited for that server's
-start-up, longer than the import: slower, so not done.)
+Rule: numpy and Blosc2 only: the wheel's C library through :mod:`.blosc2_lib` where it
+loads (:func:`in_process`), else the ``blosc2`` package, imported only when a trial needs it
+(through :mod:`.libraries`). Both make the same chunks. Reason: the import costs ~0.35 CPU-s,
+which a conversion whose codec is not ``auto`` never pays, and which an ``auto`` one now
+never pays either where the C library loads (a few ms). (Measured in a process forked from
+the writer's fork server instead, the trial waited for that server's start-up, longer than
+the import: slower, so not done.)
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import time
 
 import numpy as np
 
+from . import blosc2_lib
 from .libraries import load
 
 TIMING_ROUNDS = 5  # interleaved rounds of decode and copy timing; the best of each is kept
@@ -25,12 +29,17 @@ RATIO_PIECE = 1 << 20  # bytes per compressed piece for the ratio (the default c
 def lz4_chunks(flat: np.ndarray, level: int | None, shuffle: bool, piece: int) -> list[bytes]:
     """``flat`` compressed as ``blosc2-lz4``'s encoder compresses a chunk (Blosc2, LZ4, byte
     shuffle for items wider than a byte, one thread), in pieces of ``piece`` bytes."""
-    blosc2 = load("blosc2")
-
     itemsize = flat.dtype.itemsize
     raw = flat.view(np.uint8)
+    clevel = 5 if level is None else level
+    lib = blosc2_lib.library()
+    if lib is not None:
+        filt = "shuffle" if shuffle and itemsize > 1 else "none"
+        return [blosc2_lib.compress2(lib, raw[pos: pos + piece], itemsize, clevel, "lz4", filt)
+                for pos in range(0, raw.size, piece)]
+    blosc2 = load("blosc2")
     filt = blosc2.Filter.SHUFFLE if shuffle and itemsize > 1 else blosc2.Filter.NOFILTER
-    return [blosc2.compress2(raw[pos: pos + piece], typesize=itemsize, clevel=5 if level is None else level,
+    return [blosc2.compress2(raw[pos: pos + piece], typesize=itemsize, clevel=clevel,
                              codec=blosc2.Codec.LZ4, filters=[filt], nthreads=1)
             for pos in range(0, raw.size, piece)]
 
@@ -47,7 +56,15 @@ def speeds(arrays: list[np.ndarray], level: int | None, shuffle: bool) -> tuple[
     makes for each stored chunk, ``h5batch/codecs/_blosc2.py``), and ``numpy.copyto`` of the
     same bytes; both timed in :data:`TIMING_ROUNDS` interleaved rounds, the best of each kept.
     Blosc2's global settings are left alone."""
-    blosc2 = load("blosc2")
+    lib = blosc2_lib.library()
+    if lib is not None:
+        def decompress(chunk: bytes, dst: np.ndarray) -> None:
+            blosc2_lib.decompress2(lib, chunk, dst)
+    else:
+        blosc2 = load("blosc2")
+
+        def decompress(chunk: bytes, dst: np.ndarray) -> None:
+            blosc2.decompress2(chunk, dst=dst, nthreads=1)
 
     share = max(1, TIMING_BYTES // max(1, len(arrays)) // arrays[0].itemsize)
     flat = np.ascontiguousarray(np.concatenate([a.reshape(-1)[:share] for a in arrays]))
@@ -59,12 +76,18 @@ def speeds(arrays: list[np.ndarray], level: int | None, shuffle: bool) -> tuple[
     for _ in range(TIMING_ROUNDS):
         t0 = time.perf_counter()
         for (a, b), chunk in zip(spans, chunks):
-            blosc2.decompress2(chunk, dst=dst[a:b], nthreads=1)
+            decompress(chunk, dst[a:b])
         t1 = time.perf_counter()
         np.copyto(out, flat)
         t2 = time.perf_counter()
         best_decode, best_copy = min(best_decode, t1 - t0), min(best_copy, t2 - t1)
     return flat.nbytes / max(best_decode, 1e-9) / 1e9, flat.nbytes / max(best_copy, 1e-9) / 1e9
+
+
+def in_process() -> bool:
+    """True where the trial runs on the C library (:mod:`.blosc2_lib`): measuring costs no
+    import, so the driver measures itself instead of asking a writer that has ``blosc2``."""
+    return blosc2_lib.library() is not None
 
 
 Figures = tuple[float, "float | None", "float | None"]  # ratio, decode GB/s, copy GB/s

@@ -291,12 +291,15 @@ Measurer = Callable[[dict, "int | None", bool, float], "dict | None"]
 
 def measure(arrays: dict[str, list[np.ndarray]], level: int | None, shuffle: bool,
             elsewhere: Measurer | None = None) -> dict[str, lz4_trial.Figures]:
-    """Ratio and speeds per field that has trial samples (:func:`lz4_trial.measure`), by
+    """Ratio and speeds per field that has trial samples (:func:`lz4_trial.measure`): here
+    where that needs no ``import blosc2`` (:func:`lz4_trial.in_process`), else by
     ``elsewhere`` when given and it answers (a forked writer that has blosc2 loaded:
     ``conversion/writer_start.py``), else here."""
     fields = {name: (_flat(a), a) for name, a in arrays.items() if a}
     if not fields:
         return {}
+    if lz4_trial.in_process():
+        elsewhere = None
     got = elsewhere(fields, level, shuffle, MIN_RATIO) if elsewhere is not None else None
     return got if got is not None else lz4_trial.measure(fields, level, shuffle, MIN_RATIO)
 

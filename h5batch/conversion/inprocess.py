@@ -241,7 +241,10 @@ def check_packages(job: JobConfig) -> str:
     :class:`~h5batch.errors.PreflightError` naming a package that does not import."""
     from .preflight import collect_versions, needed_packages
 
-    versions, errors = collect_versions(sorted(needed_packages(job)))
+    # Not python nor h5batch: this process runs both, and h5batch's version hashes every
+    # source file (~20 ms on the way to the first batch), for a comparison with workers
+    # that an in-process run does not have.
+    versions, errors = collect_versions(sorted(needed_packages(job) - {"python", "h5batch"}))
     if errors:
         raise PreflightError([f"driver: cannot import {name}: {why}" for name, why in sorted(errors.items())], 1, 1)
     shown = ", ".join(f"{k} {versions[k]}" for k in ("numpy", "soundfile", "libsndfile", "pillow") if k in versions)

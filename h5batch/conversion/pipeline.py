@@ -82,9 +82,13 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
         output.check_not_there()
         output.require_samples(manifest)
         record = output.resume_record(manifest)
+        # Written before the plan: where the writer takes codec: auto's measurement (no
+        # Blosc2 C library, codecs/blosc2_lib.py), the plan waits for the writer's blosc2
+        # import, and the driver's own work fills that wait.
+        sidecar = inventory.write_sidecar(output.partial, manifest)
         plan = make_plan(job, manifest, record, output.final, output.partial, run_id, say,
                          measurer=pending.measure)
-        plan.spec.inventory = inventory.write_sidecar(output.partial, manifest)
+        plan.spec.inventory = sidecar
         # Decoding may begin while the writer is still importing: batches queue in its pipe.
         writer = pending.get()
         try:

@@ -12,13 +12,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from .. import __version__
 from ..batches import BatchTask
 from ..codecs import CodecSpec, self_check
 from ..config import JobConfig
@@ -28,6 +26,7 @@ from ..transport.segments import hostname
 from ..writer.commit import CommitRecord
 from ..writer.messages import WriterSpec
 from ..writer.process import current_umask
+from ..writer.versions import versions  # noqa: F401 - h5batch.bench reads them here
 from .auto import Measurer, resolve
 from .cluster import default_workers
 
@@ -80,36 +79,13 @@ def make_plan(job: JobConfig, manifest: Manifest, record: CommitRecord | None, f
         chunk_bytes=job.output.chunk_bytes, cache_bytes=job.output.cache_bytes,
         discovery_rejects=manifest.rejects, num_inputs=num_inputs,
         commit_every=job.policy.commit_every, threads=max(2, min(4, n_workers)),
-        resume=record, versions=versions() if new_file else {}, batch_size=batch_size,
+        # a new file's versions are read by the writer; a sync keeps the file's own
+        resume=record, versions=None if new_file else {}, batch_size=batch_size,
         codec_notes=codec_notes, cwd=os.getcwd(), umask=current_umask(), annotations=manifest.annotations,
     )
     tasks = make_tasks(job, manifest, run_id, hostname(), batch_size)
     written = {split: p.samples for split, p in record.splits.items()} if record else {}
     return Plan(tasks, spec, record.next_batch if record else 0, written, batch_size * auto.item_bytes, num_inputs)
-
-
-def versions() -> dict[str, str]:
-    """Versions of what shapes the bytes of the output (stored in the file).
-
-    Read from the installed distributions' metadata, not by importing the packages: dask and
-    blosc2 alone take ~1 s to import, which a small in-process conversion never needs
-    (issue 19 item 1). The strings are the same as the packages' ``__version__``."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as installed
-
-    import h5py  # the HDF5 library's version is known only to h5py's extension
-
-    out = {"h5batch": __version__, "h5py": h5py.__version__, "hdf5": h5py.version.hdf5_version,
-           "numpy": np.__version__}
-    for key, dist in (("hdf5plugin", "hdf5plugin"), ("soundfile", "soundfile"), ("pillow", "pillow"),
-                      ("dask", "dask")):
-        out[key] = installed(dist)
-    out["python"] = sys.version.split()[0]
-    try:
-        out["blosc2"] = installed("blosc2")
-    except PackageNotFoundError:
-        pass
-    return out
 
 
 class TaskList(Sequence):

@@ -9,10 +9,13 @@ Rule: the driver asks for the writer first and collects it only when it sends th
   ~1 s on this machine, and on a small corpus the driver waited for it: it was most of the
   demo's conversion time. A single-threaded process forks safely (no lock can be held by a
   thread that the child lacks); the writer inherits nothing it uses but the pipes made for
-  it and the output's lock. The forked writer then imports the job's codec library
-  (blosc2 for ``codec: auto``) on its own core, and :meth:`PendingWriter.measure` has it
-  take ``codec: auto``'s measurements (:mod:`h5batch.codecs.lz4_trial`) before the job
-  starts: the driver never imports blosc2, 0.3-0.7 s it spent before on a small job.
+  it and the output's lock. The forked writer then imports the job's codec library on its
+  own core (:func:`codec_libraries`). ``codec: auto``'s measurements
+  (:mod:`h5batch.codecs.lz4_trial`) run in the driver on Blosc2's C library
+  (:mod:`h5batch.codecs.blosc2_lib`, a few ms to load); where that library does not load,
+  the writer imports blosc2 and :meth:`PendingWriter.measure` has it take them before the
+  job starts. Either way the driver never imports blosc2, 0.3-0.7 s it spent before on a
+  small job.
 * Otherwise (threads are running: a Dask client, a notebook's kernel, an earlier
   conversion in the process; or no ``fork``): the fork server of
   :func:`~h5batch.writer.process.writer_context`, started on a thread so that its preload
@@ -111,8 +114,13 @@ class PendingWriter:
 def codec_libraries(job: JobConfig) -> tuple[str, ...]:
     """What a forked writer imports first for ``job``: the libraries of its codec's decode
     steps (blosc2, zstandard; the encoders use the same), or of ``codec: auto``'s candidate,
-    whose trial the writer measures (:meth:`PendingWriter.measure`)."""
-    from ..codecs import AUTO_CODEC, get
+    whose trial the writer measures (:meth:`PendingWriter.measure`). Nothing for ``auto``
+    with ``output.prefer: speed`` where the driver measures on Blosc2's C library
+    (:func:`~h5batch.codecs.lz4_trial.in_process`): that rule stores decoded media
+    uncompressed, and a writer that does get Blosc2-LZ4 imports it at the start of the job."""
+    from ..codecs import AUTO_CODEC, get, lz4_trial
 
+    if job.output.codec == "auto" and job.output.prefer == "speed" and lz4_trial.in_process():
+        return ()
     codec = get(AUTO_CODEC if job.output.codec == "auto" else job.output.codec)
     return tuple(sorted({s.library for s in codec.decode_steps().values() if s.library}))

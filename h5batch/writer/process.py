@@ -202,7 +202,8 @@ def _forked_writer_main(lifeline_write_fd: int, preload: tuple[str, ...], *args:
     ``Interrupted`` here), and the driver's end of the lifeline is closed, or the pipe would
     never turn readable when the driver dies (the writer would hold it open itself). Then
     ``preload`` is imported (the codecs' libraries, on this process's core while the driver
-    discovers), as the fork server would have."""
+    discovers), as the fork server would have, and the output's versions are read
+    (:mod:`.versions`)."""
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, signal.SIG_IGN)
     os.close(lifeline_write_fd)
@@ -213,6 +214,12 @@ def _forked_writer_main(lifeline_write_fd: int, preload: tuple[str, ...], *args:
             load(name)
         except ImportError:  # the store that needs it reports it, with the codec's name
             pass
+    from .versions import versions
+
+    try:
+        versions()  # read now, while the driver discovers: the job's Start needs them
+    except Exception:  # noqa: BLE001, S110 - the file's creation reads them again and reports it
+        pass
     writer_main(*args)
 
 
