@@ -133,6 +133,37 @@ def test_forked_decoders_are_for_jobs_that_may_decode_in_process():
     assert count(job("auto", 2)) == 0 and count(job("auto", 1)) == 0 and count(job("local", None)) == 0
 
 
+def _lock_type(lock, pause: float) -> str:
+    time.sleep(pause)
+    return type(lock).__name__
+
+
+def test_a_call_that_cannot_reach_a_forked_decoder_runs_on_the_drivers_thread():
+    """Arguments that do not pickle (a lock) cannot go to a forked decoder: the call is
+    decoded on the driver's thread instead, and every future resolves (the feed thread
+    used to die with the batch unresolved, and the driver waited for ever)."""
+    import threading
+
+    from h5batch.conversion.spares import SpareDecoder
+
+    data = {"name": "x", "source": {"root": ".", "layout": "class_folders"},
+            "fields": {"audio": {"type": "audio", "extensions": [".wav"]}}, "output": {"path": "x.h5"},
+            "cluster": {"kind": "inprocess", "workers": 2}}
+    spares = SpareDecoder.start_all(job_from_dict(data, "job.yaml", check_paths=False))
+    assert len(spares) == 1
+    client = inprocess.InProcessClient(spares)
+    try:
+        futs = [client.submit(_lock_type, threading.Lock(), 0.05) for _ in range(6)]
+        assert [f.result(timeout=20) for f in futs] == ["lock"] * 6
+        assert client.served["died"] == 1 and client.served["thread"] == 6, client.served
+        assert not spares[0].alive
+    finally:
+        client.close()
+        for s in spares:
+            s.tell()
+            s.reap()
+
+
 def _alive_with(text: str) -> list[int]:
     """Processes whose command line mentions ``text`` (a test's own output path)."""
     pids = []

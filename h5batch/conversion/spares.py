@@ -98,13 +98,19 @@ class SpareDecoder:
     def call(self, fn: Any, args: tuple) -> tuple[bool, Any]:
         """``fn(*args)`` in the decoder: ``(False, result)``, or ``(True, the exception it
         raised)``; raises :class:`EOFError` or :class:`OSError` when the decoder is gone (it
-        is then marked dead)."""
+        is then marked dead). A call that cannot cross the pipe (its arguments or result
+        do not pickle) leaves the pipe mid-message: the decoder is killed and the call
+        raises :class:`OSError` too, so its caller hands it to the driver's own thread."""
         try:
             self.conn.send((fn, args))
             return self.conn.recv()
         except (EOFError, OSError):
             self.alive = False
             raise
+        except Exception as e:  # noqa: BLE001 - pickling errors are TypeError, PicklingError, ...
+            self.alive = False
+            self.process.kill()
+            raise OSError(f"forked decoder: the call could not cross the pipe ({e})") from e
 
     def tell(self) -> None:
         """Ask the decoder to end once its batch is done (a dead one needs no telling)."""
