@@ -259,11 +259,27 @@ def memory(f) -> Memory | str:
     g = f[GROUP]
     if "memo" not in g.attrs or any(k not in g for k in EXTRA):
         return "the output's inventory predates incremental discovery (version 1)"
-    memo = json.loads(g.attrs["memo"])
-    if memo.get("version") not in READS:
-        return f"the output's inventory is version {memo.get('version')}, this h5batch reads {READS}"
-    ds = g[KEY]
-    blob = ds[...] if ds.dtype.kind != "O" else None
-    return Memory(read_keys(ds) if blob is None else keys_of_blob(blob), g[STAMP][...], g["stat"][...].reshape(-1, 2),
-                  g["order"][...], g["record"][...], g["record_end"][...], memo["inputs"], list(memo["splits"]),
-                  bool(memo["plain"]), blob)
+    # Rule: an inventory that does not parse or whose arrays disagree is a reason for a full
+    # discovery (which rewrites it), never a traceback: it is a cache of what the file holds.
+    try:
+        memo = json.loads(g.attrs["memo"])
+        if not isinstance(memo, dict):
+            raise ValueError("the memo is not a JSON object")
+        if memo.get("version") not in READS:
+            return f"the output's inventory is version {memo.get('version')}, this h5batch reads {READS}"
+        ds = g[KEY]
+        blob = ds[...] if ds.dtype.kind != "O" else None
+        mem = Memory(read_keys(ds) if blob is None else keys_of_blob(blob), g[STAMP][...],
+                     g["stat"][...].reshape(-1, 2), g["order"][...], g["record"][...], g["record_end"][...],
+                     memo["inputs"], list(memo["splits"]), bool(memo["plain"]), blob)
+        n = len(mem.keys)
+        sizes = {"stamp": len(mem.stamps), "stat": len(mem.stat), "order": len(mem.order),
+                 "record_end": len(mem.record_end)}
+        bad = [k for k, v in sizes.items() if v != n]
+        if bad:
+            raise ValueError(f"{n} keys but {', '.join(f'{sizes[k]} {k} rows' for k in bad)}")
+        if n and int(mem.record_end[-1]) != len(mem.record):
+            raise ValueError(f"record ends at {int(mem.record_end[-1])} of {len(mem.record)} bytes")
+    except (ValueError, KeyError, TypeError, OSError, UnicodeDecodeError) as e:
+        return f"the output's inventory is unreadable ({e})"
+    return mem

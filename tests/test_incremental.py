@@ -250,3 +250,36 @@ def test_a_column_rule_on_a_pattern_group_keeps_the_fast_path_with_nothing_new(t
     r = rediscover(job, _memory(m0), m0.rejects)
     assert not isinstance(r, str), r
     _assert_same_as_full(job, r)
+
+
+def test_an_unreadable_inventory_is_a_reason_not_a_traceback(tmp_path):
+    """A corrupt memo or arrays that disagree make ``inventory.memory`` say why (a sync then
+    runs a full discovery, which rewrites the inventory); an intact one reads back."""
+    import h5py
+
+    root = tmp_path / "c"
+    m = discover(_fsdd(root))
+    keys, stamps, extra = inventory.of_manifest(m)
+    path = tmp_path / "o.h5"
+    with h5py.File(path, "w") as f:
+        inventory.store(f, keys, stamps, extra)
+    with h5py.File(path, "r") as f:
+        mem = inventory.memory(f)
+        assert isinstance(mem, inventory.Memory) and mem.keys == sorted(mem.keys) and len(mem.keys) == len(m.items)
+    for damage, reason in (("memo", "unreadable (Expecting"), ("memo-list", "not a JSON object"),
+                           ("order", "rows"), ("record", "bytes")):
+        with h5py.File(path, "r+") as f:
+            g = f[inventory.GROUP]
+            if damage == "memo":
+                g.attrs["memo"] = '{"version": 3, "inputs": ['
+            elif damage == "memo-list":
+                g.attrs["memo"] = "[3]"
+            else:
+                old = g[damage][...]
+                del g[damage]
+                g.create_dataset(damage, data=old[:-1])
+        with h5py.File(path, "r") as f:
+            got = inventory.memory(f)
+        assert isinstance(got, str) and got.startswith("the output's inventory is unreadable") and reason in got, got
+        with h5py.File(path, "r+") as f:  # put the intact inventory back for the next damage
+            inventory.store(f, keys, stamps, extra)
