@@ -142,14 +142,18 @@ def test_a_call_that_cannot_reach_a_forked_decoder_runs_on_the_drivers_thread():
     """Arguments that do not pickle (a lock) cannot go to a forked decoder: the call is
     decoded on the driver's thread instead, and every future resolves (the feed thread
     used to die with the batch unresolved, and the driver waited for ever)."""
+    import multiprocessing as mp
     import threading
 
-    from h5batch.conversion.spares import SpareDecoder
+    from h5batch.conversion.spares import SpareDecoder, can_fork
 
     data = {"name": "x", "source": {"root": ".", "layout": "class_folders"},
             "fields": {"audio": {"type": "audio", "extensions": [".wav"]}}, "output": {"path": "x.h5"},
             "cluster": {"kind": "inprocess", "workers": 2}}
-    spares = SpareDecoder.start_all(job_from_dict(data, "job.yaml", check_paths=False))
+    # Forked from here where that is safe; under pytest-xdist (execnet's threads) from a fork
+    # server, as the Driver does in a threaded process.
+    ctx = None if can_fork() else mp.get_context("forkserver")
+    spares = SpareDecoder.start_all(job_from_dict(data, "job.yaml", check_paths=False), ctx)
     assert len(spares) == 1
     client = inprocess.InProcessClient(spares)
     try:
