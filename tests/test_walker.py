@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from h5batch.layouts.walker import Walker
+from h5batch.layouts.walker import Walker, stat_listed
 
 
 def _corpus(root: Path) -> None:
@@ -71,3 +71,24 @@ def test_unordered_walk_without_descriptor_listing_finds_the_same(tmp_path, monk
     by_fd = _walk(tmp_path, ordered=False)
     monkeypatch.setattr(walker, "_BY_FD", False)
     assert _walk(tmp_path, ordered=False) == by_fd == _walk(tmp_path, ordered=True)
+
+
+def test_a_deferred_walk_stat_ed_later_finds_the_same_files(tmp_path):
+    _corpus(tmp_path)
+    w = Walker(tmp_path, ordered=False, defer=True)
+    listed = w.walk()
+    links = [p for p, size, _ in listed if size != -1]  # a symlink's stat is not deferred
+    assert links == ["a/link.wav"]
+    stat, failed = stat_listed(tmp_path, [p for p, _, _ in listed])
+    assert failed == []
+    got = sorted((p, int(s), int(m)) for (p, _, _), (s, m) in zip(listed, stat.tolist()))
+    files, rejects, symlinks = _walk(tmp_path, ordered=False)
+    assert got == files
+    assert sorted((r.path, r.reason) for r in w.rejects) == rejects
+
+
+def test_stat_listed_names_what_it_could_not_stat(tmp_path):
+    _corpus(tmp_path)
+    stat, failed = stat_listed(tmp_path, ["x.wav", "gone.wav", "nofolder/y.wav", "a/y.wav"])
+    assert failed == [(1, "cannot stat: No such file or directory"), (2, "cannot stat: No such file or directory")]
+    assert stat.tolist() == [[10, os.stat(tmp_path / "x.wav").st_mtime_ns], [-1, -1], [-1, -1], [20, 2_000_000_456]]

@@ -27,25 +27,15 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue
-import sys
 import threading
 from typing import TYPE_CHECKING
 
+from ..forking import can_fork
 from ..writer.messages import Measure, Measured
 from ..writer.process import WriterHandle, writer_context
 
 if TYPE_CHECKING:
     from ..config import JobConfig
-
-
-def can_fork() -> bool:
-    """True where forking this process is safe: Linux (elsewhere ``fork`` is missing or,
-    on macOS, unsafe with system frameworks) and no Python thread but this one. Native
-    threads are not counted: numpy's OpenBLAS starts its pool at import (``/proc/self/task``
-    lists 2 threads in a bare ``import numpy``) and re-creates it in a child through its
-    ``pthread_atfork`` handlers, as the many programs that fork numpy rely on."""
-    return sys.platform.startswith("linux") and "fork" in mp.get_all_start_methods() \
-        and threading.active_count() == 1
 
 
 class PendingWriter:

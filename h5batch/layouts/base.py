@@ -154,6 +154,7 @@ class Builder:
         self.resolved: dict = {}  # field configs completed by the annotation stage
         self.symlinks = False  # a walk met a symlink (see Memo.plain)
         self.ordered_walk = True  # Walker(root, b.ordered_walk): False for a sync's stat pass
+        self.defer_stat = False  # Walker(..., defer): True in a stat pass that splits its stats (stat_pass)
 
     def walked(self, walker: Walker) -> None:
         """Take a finished walk's rejects and file identities (call once per walker)."""

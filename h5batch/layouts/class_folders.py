@@ -25,7 +25,7 @@ class ClassFolders(Layout):
 
     def walk(self, root: Path, src: SourceConfig, b: Builder) -> tuple[list[tuple[str, int, int]], list[str]]:
         splits = split_dirs(root, src, b)
-        walker = Walker(root, b.ordered_walk)
+        walker = Walker(root, b.ordered_walk, b.defer_stat)
         files = [f for split in splits for f in walker.walk(split)]
         b.walked(walker)
         return files, splits

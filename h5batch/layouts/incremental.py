@@ -54,10 +54,10 @@ from ..manifest import Item, Manifest, Reject, natural_key
 from . import annotate, exclude
 from . import splits as split_rules
 from .base import Builder, get, hash_inputs, hash_rejects, input_stats, item_record
+from .stat_pass import StatPass, Walked, columns
 
 if TYPE_CHECKING:
     from ..config import JobConfig
-    from .stat_pass import StatPass
 
 __all__ = ["Rediscovery", "rediscover"]
 
@@ -134,7 +134,8 @@ def rediscover(job: JobConfig, mem: Memory, old_rejects: list[Reject], walked: S
     else:
         walk = Builder(job)
         walk.ordered_walk = False  # the stat pass is compared in numpy, in any order
-        files, folders = layout.walk(root, job.source, walk)
+        listed, folders = layout.walk(root, job.source, walk)
+        files = columns(listed)
     if walk.symlinks:
         return "the corpus has symlinks"
     rule = job.source.split
@@ -163,10 +164,9 @@ def _inputs_changed(root: Path, job: JobConfig, mem: Memory) -> str | None:
     return None
 
 
-def _rediscover(job, layout, mem: Memory, old_rejects, root: Path, walk: Builder, files, folders) -> Rediscovery | str:
+def _rediscover(job, layout, mem: Memory, old_rejects, root: Path, walk: Builder, files: Walked, folders) -> Rediscovery | str:
     n = len(mem.keys)
-    rels, sizes, mtimes = (list(c) for c in zip(*files)) if files else ([], [], [])
-    stat = np.stack([np.array(sizes, dtype=np.int64), np.array(mtimes, dtype=np.int64)], axis=1).reshape(-1, 2)
+    rels, stat = files.paths, files.stat
     found = mem.find(rels)
     hit = found >= 0
     at = np.maximum(found, 0)
@@ -177,9 +177,9 @@ def _rediscover(job, layout, mem: Memory, old_rejects, root: Path, walk: Builder
     carried = [r for r in old_rejects if r.stage in _DISCOVERY_STAGES and not _found_by_walk(r)]
     rejected = {r.path for r in carried}
     changed_at = np.flatnonzero(hit & ~same)
-    todo = [files[i] for i in np.flatnonzero(~hit) if files[i][0] not in rejected]
-    changed = [files[i][0] for i in changed_at]
-    todo += [files[i] for i in changed_at]
+    todo = [files.row(i) for i in np.flatnonzero(~hit).tolist() if rels[i] not in rejected]
+    changed = [rels[i] for i in changed_at.tolist()]
+    todo += [files.row(i) for i in changed_at.tolist()]
 
     b = Builder(job)
     b.rejects = list(walk.rejects)

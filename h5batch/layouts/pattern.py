@@ -26,7 +26,7 @@ class Pattern(Layout):
     incremental = True  # a file's item depends on its own path: h5batch sync rediscovers incrementally
 
     def walk(self, root: Path, src: SourceConfig, b: Builder) -> tuple[list[tuple[str, int, int]], None]:
-        walker = Walker(root, b.ordered_walk)
+        walker = Walker(root, b.ordered_walk, b.defer_stat)
         files = walker.walk()
         b.walked(walker)
         return files, None

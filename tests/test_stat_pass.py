@@ -1,0 +1,134 @@
+"""A sync's stat pass (h5batch/layouts/stat_pass.py): walked in a forked child where the
+process may fork, on a thread where it may not, and the same result either way: the same
+files with the same sizes and mtimes, the same rejects, symlinks and split folders as the
+layout's own walk in the process. The child keeps no inherited descriptor (the output's
+lock) and no child outlives the block, however it ends.
+
+The forked mode needs a process without other threads (pytest-xdist's workers have
+some): those checks run in a fresh interpreter started by the test."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+_SCRIPT = textwrap.dedent(r"""
+    import json, os, signal, sys, threading, time
+    from pathlib import Path
+    from h5batch.config import load_job
+    from h5batch.layouts import stat_pass
+    from h5batch.layouts.base import Builder, get
+
+    root, out, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+    job = load_job(Path(root) / "job.yaml", [f"source.root={root}", f"output.path={out}"], check_paths=False)
+    if mode == "thread":
+        threading.Thread(target=time.sleep, args=(3,), daemon=True).start()  # no fork with a thread
+    stat_pass.SPLIT_MIN = 64  # the child's stats split with a second child even on this small corpus
+    lock = os.open(out + ".lock", os.O_CREAT | os.O_RDWR)  # stands for the output's lock
+    report = {}
+
+    def dump(b, files, folders):
+        rows = sorted(files.row(i) for i in range(len(files)))
+        return {"files": rows, "rejects": sorted((r.path, r.reason) for r in b.rejects),
+                "symlinks": bool(b.symlinks), "folders": folders}
+
+    with stat_pass.started(job) as w:
+        report["forked"] = bool(w._pid)
+        if w._pid:  # the child blocks on its pipe (its result is over a pipe's 64 KiB) until result()
+            deadline = time.monotonic() + 10
+            while True:
+                fds = sorted(int(f) for f in os.listdir(f"/proc/{w._pid}/fd"))
+                if lock not in fds or time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
+            report["child_fds"], report["lock"] = fds, lock
+        if mode == "killed" and w._pid:
+            os.kill(w._pid, signal.SIGKILL)  # a child that dies: the walk is done here instead
+        report["pass"] = dump(*w.result())
+        report["left"] = w._pid
+    b = Builder(job)
+    b.ordered_walk = False
+    listed, folders = get(job.source.layout).walk(Path(root), job.source, b)
+    report["inline"] = dump(b, stat_pass.columns(listed), folders)
+    if mode == "raised":
+        try:
+            with stat_pass.started(job) as w:
+                pid = w._pid
+                raise RuntimeError("the sync failed")
+        except RuntimeError:
+            pass
+        report["after_raise"] = os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z"
+    print(json.dumps(report))
+""")
+
+
+_MANY = 2000  # files enough that the walk's result fills a pipe: the child waits for the parent
+
+
+def _corpus(root: Path) -> None:
+    (root / "train/many").mkdir(parents=True)
+    for i in range(_MANY):
+        (root / f"train/many/a-long-file-name-for-the-pipe-{i:05d}.wav").write_bytes(b"")
+    for rel, size in [("train/dog/a.wav", 10), ("train/dog/b.wav", 20), ("train/cat/ü.wav", 30),
+                      ("test/cat/c.wav", 40), ("test/notes.txt", 5), ("train/dog/.hidden.wav", 7)]:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(b"\0" * size)
+    os.utime(root / "train/dog/b.wav", ns=(1_000_000_123, 2_000_000_456))
+    os.mkfifo(root / "train/cat/pipe.wav")
+    (root / "job.yaml").write_text(textwrap.dedent("""
+        source: {root: ., layout: class_folders}
+        fields:
+          audio: {type: audio, extensions: [.wav]}
+        output: {path: out.h5}
+    """))
+
+
+def _run(root: Path, mode: str) -> dict:
+    p = subprocess.run([sys.executable, "-c", _SCRIPT, str(root), str(root / "out.h5"), mode],
+                       capture_output=True, text=True, timeout=120, cwd=root)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def test_forked_walk_finds_what_the_layouts_walk_finds(tmp_path):
+    _corpus(tmp_path)
+    r = _run(tmp_path, "forked")
+    assert r["forked"], "a single-threaded Linux process walks in a forked child"
+    assert r["pass"] == r["inline"]
+    files = {p: (size, mtime) for p, size, mtime in r["pass"]["files"]}
+    assert set(files) - {p for p in files if p.startswith("train/many/")} == {
+        "train/dog/a.wav", "train/dog/b.wav", "train/cat/ü.wav", "test/cat/c.wav", "test/notes.txt"}
+    assert len(files) == 5 + _MANY
+    assert files["train/dog/b.wav"] == (20, 2_000_000_456)
+    assert r["pass"]["rejects"] == [["train/cat/pipe.wav", "not a regular file"]]
+    assert sorted(r["pass"]["folders"]) == ["test", "train"]
+    # the child holds its pipe and the standard three, not the lock the parent had open
+    assert r["lock"] not in r["child_fds"]
+    assert len(r["child_fds"]) == 4, r["child_fds"]
+    assert r["left"] == 0
+
+
+def test_thread_walk_where_the_process_has_threads(tmp_path):
+    _corpus(tmp_path)
+    r = _run(tmp_path, "thread")
+    assert not r["forked"]
+    assert r["pass"] == r["inline"]
+    assert len(r["pass"]["files"]) == 5 + _MANY
+
+
+def test_a_child_that_dies_is_walked_again_in_the_process(tmp_path):
+    _corpus(tmp_path)
+    r = _run(tmp_path, "killed")
+    assert r["forked"]
+    assert r["pass"] == r["inline"]
+    assert len(r["pass"]["files"]) == 5 + _MANY
+
+
+def test_no_child_outlives_a_block_that_raised(tmp_path):
+    _corpus(tmp_path)
+    r = _run(tmp_path, "raised")
+    assert r["after_raise"] is False
