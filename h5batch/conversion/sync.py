@@ -133,6 +133,8 @@ def _discover(job: JobConfig, old, say, walked=None) -> _Found:
     from ..layouts.incremental import rediscover
 
     mem = old.memory()
+    if walked is not None and not isinstance(mem, str):
+        mem.index()  # needed once the walk is in; made while it is not
     if walked is not None and walked.running():
         _import_writing()
     r = mem if isinstance(mem, str) else rediscover(job, mem, old.rejects, walked)

@@ -166,8 +166,8 @@ def _inputs_changed(root: Path, job: JobConfig, mem: Memory) -> str | None:
 
 def _rediscover(job, layout, mem: Memory, old_rejects, root: Path, walk: Builder, files: Walked, folders) -> Rediscovery | str:
     n = len(mem.keys)
-    rels, stat = files.paths, files.stat
-    found = mem.find(rels)
+    stat = files.stat
+    found = mem.find(None, files.names, files.hashes) if files.names is not None else mem.find(files.paths)
     hit = found >= 0
     at = np.maximum(found, 0)
     same = hit & (mem.stat[at] == stat).all(axis=1) if n else hit
@@ -177,8 +177,8 @@ def _rediscover(job, layout, mem: Memory, old_rejects, root: Path, walk: Builder
     carried = [r for r in old_rejects if r.stage in _DISCOVERY_STAGES and not _found_by_walk(r)]
     rejected = {r.path for r in carried}
     changed_at = np.flatnonzero(hit & ~same)
-    todo = [files.row(i) for i in np.flatnonzero(~hit).tolist() if rels[i] not in rejected]
-    changed = [rels[i] for i in changed_at.tolist()]
+    todo = [row for row in map(files.row, np.flatnonzero(~hit).tolist()) if row[0] not in rejected]
+    changed = [files.path(i) for i in changed_at.tolist()]
     todo += [files.row(i) for i in changed_at.tolist()]
 
     b = Builder(job)
@@ -188,7 +188,7 @@ def _rediscover(job, layout, mem: Memory, old_rejects, root: Path, walk: Builder
     split_rules.apply(root, job, b, annotate.join(root, job, b))
     if b.resolved:
         return "discovery completed field configs from the samples"
-    walked = set(rels) if rejected else set()
+    walked = set(files.paths) if rejected else set()
     b.rejects += [r for r in carried if r.path in walked]
     order = {s: i for i, s in enumerate(mem.splits)}
     if any(it.split not in order for it in b.items):

@@ -12,8 +12,9 @@ one, and the main thread, busy importing and reading, holds it for its whole swi
 interval (5 ms): measured, the thread had done next to nothing when the main thread came
 to wait for it (0.5 s of a 1.55 s sync spent waiting). A child has its own interpreter
 and runs on the other core; it costs a fork (~5 ms, copy-on-write) and sends its result
-as columns (the paths as one NUL-separated byte string, sizes and mtimes as int64 bytes:
-~10 ms to read back for 100,000 files, against ~0.1 s to unpickle the list of tuples).
+as columns (the paths as the bytes of a numpy ``S`` array with their lookup hashes, sizes
+and mtimes as int64: ~10 ms to read back for 100,000 files, against ~0.1 s to unpickle the
+list of tuples; the paths are decoded only where they are used).
 The child lists the corpus with its ``stat`` calls deferred (:class:`~.walker.Walker`'s
 ``defer``), then stats the first half of the files while a child of its own stats the
 second (:func:`_stat_in_two`). Reason: the calls are ~80 % of the walk and they are what
@@ -42,7 +43,6 @@ import pickle
 import select
 import signal
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,6 +50,7 @@ import numpy as np
 
 from ..fields import value_fields
 from ..forking import can_fork
+from ..inventory import name_hashes, names_of
 from ..manifest import Reject
 from .base import Builder, get
 from .walker import stat_listed
@@ -66,26 +67,37 @@ _UTF8 = ("utf-8", "surrogateescape")  # undecodable bytes of a file name come ba
 SPLIT_MIN = 4096
 
 
-@dataclass
 class Walked:
-    """A walk's files as columns: ``paths`` (relative posix paths) and ``stat`` (int64
-    ``(n, 2)``: size, mtime_ns), in the walk's order."""
+    """A walk's files as columns, in the walk's order: ``stat`` (int64 ``(n, 2)``: size,
+    mtime_ns) and the relative posix paths, as a list of str (``paths``) or as the numpy
+    ``S`` array of their bytes with its :func:`~h5batch.inventory.name_hashes`
+    (``names``, ``hashes``: what the child sends; a path is decoded where it is used)."""
 
-    paths: list[str]
-    stat: np.ndarray
+    def __init__(self, stat: np.ndarray, paths: list[str] | None = None,
+                 names: np.ndarray | None = None, hashes: np.ndarray | None = None):
+        self.stat, self._paths, self.names, self.hashes = stat, paths, names, hashes
 
     def __len__(self) -> int:
-        return len(self.paths)
+        return len(self.stat)
+
+    @property
+    def paths(self) -> list[str]:
+        if self._paths is None:
+            self._paths = [b.decode(*_UTF8) for b in self.names.tolist()]  # type: ignore[union-attr]
+        return self._paths
+
+    def path(self, i: int) -> str:
+        return self._paths[i] if self._paths is not None else bytes(self.names[i]).decode(*_UTF8)  # type: ignore[index]
 
     def row(self, i: int) -> tuple[str, int, int]:
         """File ``i`` as a layout's walk gives it: ``(path, size, mtime_ns)``."""
-        return self.paths[i], int(self.stat[i, 0]), int(self.stat[i, 1])
+        return self.path(i), int(self.stat[i, 0]), int(self.stat[i, 1])
 
 
 def columns(files: list[tuple[str, int, int]]) -> Walked:
     """A layout's walk (a list of ``(path, size, mtime_ns)``) as :class:`Walked`."""
     stat = np.array([(f[1], f[2]) for f in files], dtype=np.int64).reshape(-1, 2)
-    return Walked([f[0] for f in files], stat)
+    return Walked(stat, [f[0] for f in files])
 
 
 class StatPass:
@@ -124,7 +136,8 @@ class StatPass:
             b.rejects += [Reject(paths[i], "discover", reason) for i, reason in failed]
             keep = [i for i in range(len(paths)) if i not in bad]
             paths, stat = [paths[i] for i in keep], stat[keep]
-        return Walked(paths, stat), folders
+        names = names_of(paths)
+        return Walked(stat, paths, names, name_hashes(names)), folders
 
     def _run(self) -> None:
         try:
@@ -174,8 +187,9 @@ class StatPass:
             return
         b = self.builder
         b.rejects, b.symlinks = meta["rejects"], meta["symlinks"]
-        paths = blob.decode(*_UTF8).split("\0")[:-1] if blob else []
-        self._result = Walked(paths, np.frombuffer(stat, dtype=np.int64).reshape(-1, 2)), meta["folders"]
+        names = np.frombuffer(blob, dtype=f"S{meta['width']}")
+        hashes = np.frombuffer(meta["hashes"], dtype=np.uint64)
+        self._result = Walked(np.frombuffer(stat, dtype=np.int64).reshape(-1, 2), None, names, hashes), meta["folders"]
 
     def running(self) -> bool:
         """Whether the walk is still under way (a child that has begun sending is done)."""
@@ -213,9 +227,9 @@ class StatPass:
 def _send(fd: int, walked: tuple[Walked, list[str] | None], b: Builder) -> None:
     """(the child) The walk's columns and what it put in its builder, as one pickle."""
     files, folders = walked
-    blob = ("\0".join(files.paths) + "\0").encode(*_UTF8) if len(files) else b""
-    meta = {"folders": folders, "rejects": b.rejects, "symlinks": b.symlinks}
-    _write_all(fd, pickle.dumps((meta, blob, files.stat.tobytes()), protocol=pickle.HIGHEST_PROTOCOL))
+    meta = {"folders": folders, "rejects": b.rejects, "symlinks": b.symlinks, "width": files.names.itemsize,
+            "hashes": files.hashes.tobytes()}
+    _write_all(fd, pickle.dumps((meta, files.names.tobytes(), files.stat.tobytes()), protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def _stat_in_two(root: Path, paths: list[str]) -> tuple[np.ndarray, list[tuple[int, str]]]:
