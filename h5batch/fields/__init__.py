@@ -112,6 +112,13 @@ def value_fields(fields: dict[str, Any]) -> list[str]:
     return [name for name, fc in fields.items() if not reads_files(fc)]
 
 
+def needs_every_value(fields: dict[str, Any]) -> str | None:
+    """The first value field whose config discovery completes from every sample's value
+    (:meth:`~.base.FieldKind.resolves_incrementally` False), or None: a sync rediscovers
+    such a job in full."""
+    return next((n for n in value_fields(fields) if not kind_of(fields[n]).resolves_incrementally(fields[n])), None)
+
+
 def value_array(value: Any, fc: Any) -> np.ndarray:
     """The stored array of one annotation value (raises :class:`~h5batch.errors.DecodeError`)."""
     return kind_of(fc).from_value(value, fc)
@@ -238,5 +245,5 @@ __all__ = [
     "ValueField", "content_settings", "decode_field", "decode_field_into", "default_float_scale",
     "field_attrs", "file_fields", "fixed_sample_shape", "format_version", "stored_decoder", "validate_field", "is_fixed_shape", "kind_by_modality", "kind_of",
     "needed_packages", "reads_files", "reader_hooks", "register", "resolve_field", "rows_per_chunk",
-    "unregister", "value_array", "value_fields",
+    "unregister", "value_array", "value_fields", "needs_every_value",
 ]

@@ -130,6 +130,15 @@ class FieldKind(ABC):
         job and hash say it. Default: ``fc`` unchanged."""
         return fc
 
+    def resolves_incrementally(self, fc: Any) -> bool:
+        """Whether :meth:`resolve` may be given the values of new samples only, by a sync
+        that rediscovers only the new and changed files (:mod:`h5batch.layouts.incremental`):
+        True where what it learns from them, appended to what the output already has, is
+        what the sync keeps (``h5batch sync`` keeps category names in the output's order and
+        appends new ones, :func:`h5batch.conversion.sync`). Default: True for a kind that
+        resolves nothing (does not override :meth:`resolve`), else False."""
+        return type(self).resolve is FieldKind.resolve
+
     def from_value(self, value: Any, fc: Any) -> np.ndarray:
         """The stored array of one annotation value (only for fields that do not
         :meth:`reads_files`); raise :class:`~h5batch.errors.DecodeError` (path ``""``: the

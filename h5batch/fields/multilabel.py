@@ -70,6 +70,9 @@ class MultiLabelKind(FieldKind):
         met = {lab for v in values for lab in _labels(v, fc.sep)}
         return dataclasses.replace(fc, names=sorted(met, key=natural_key))
 
+    def resolves_incrementally(self, fc: MultiLabelField) -> bool:
+        return bool(fc.names or fc.columns)  # target names from every sample otherwise
+
     def from_value(self, value: Any, fc: MultiLabelField) -> np.ndarray:
         out = np.zeros(len(fc.names), dtype=np.uint8)
         if fc.column:

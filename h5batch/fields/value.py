@@ -79,6 +79,9 @@ class ValueKind(FieldKind):
             met.add(fc.missing)
         return dataclasses.replace(fc, categories=sorted(met, key=natural_key))
 
+    def resolves_incrementally(self, fc: ValueField) -> bool:
+        return True  # categories: a sync keeps the output's and appends the new ones
+
     def from_value(self, value: Any, fc: ValueField) -> np.ndarray:
         cells = [_parse(c, fc) for c in _cells(value)]
         a = np.asarray(cells, dtype=_DTYPES[fc.dtype])

@@ -26,8 +26,9 @@ their concatenation), so it equals a full discovery's.
 
 Whenever the fast path cannot vouch for that, :func:`rediscover` returns the reason instead
 and sync runs the full discovery (and logs the reason): the layout is not incremental (or
-the job pairs several fields), the job has value fields (their categories come from every
-sample), the last discovery had items that depended on each other (:attr:`Memo.plain`), an
+the job pairs several fields), a value field takes its names from every sample's value
+(:func:`~h5batch.fields.needs_every_value`; category names do not: the new items' are
+appended to the output's, as a sync keeps them), the last discovery had items that depended on each other (:attr:`Memo.plain`), an
 annotation file (table, split list) changed or a table's glob matches other files, the
 split folders changed, a new split appeared, a new item's key clashes with another's, or a
 changed file's item moved.
@@ -48,7 +49,7 @@ import numpy as np
 
 from .. import format as fmt
 from ..errors import ConfigError
-from ..fields import value_fields
+from ..fields import needs_every_value
 from ..inventory import Memory, memo_json, stamp
 from ..manifest import Item, Manifest, Reject, natural_key
 from . import annotate, exclude
@@ -121,8 +122,9 @@ def rediscover(job: JobConfig, mem: Memory, old_rejects: list[Reject], walked: S
     why = layout.cannot_sync_incrementally(job)
     if why:
         return why
-    if value_fields(job.fields):
-        return "the job has value fields (their categories come from every sample)"
+    blocker = needs_every_value(job.fields)
+    if blocker:
+        return f"field {blocker!r} takes its names from every sample's value"
     if not mem.plain:
         return "items of the last discovery depended on each other (a key with its extension, a duplicate, a symlink)"
     root = Path(job.source.root)
@@ -186,8 +188,6 @@ def _rediscover(job, layout, mem: Memory, old_rejects, root: Path, walk: Builder
     layout.build(root, job.source, b, todo, folders)
     exclude.apply(job.source, b)
     split_rules.apply(root, job, b, annotate.join(root, job, b))
-    if b.resolved:
-        return "discovery completed field configs from the samples"
     walked = set(files.paths) if rejected else set()
     b.rejects += [r for r in carried if r.path in walked]
     order = {s: i for i, s in enumerate(mem.splits)}
@@ -314,7 +314,7 @@ def _merge(mem: Memory, b: Builder, new: list[Item], at: list[int], replaced: di
     names = tuple(mem.splits)
     manifest = Manifest(root=str(root), fields=b.fields, splits=tuple(s for s in names if any(it.split == s for it in items)),
                         items=items, rejects=rejects, class_names=tuple(sorted({it.label for it in items if it.label is not None}, key=natural_key)),
-                        hash=h.hexdigest(), annotations=tuple(b.annotations), stats=b.stats)
+                        hash=h.hexdigest(), annotations=tuple(b.annotations), stats=b.stats, resolved=dict(b.resolved))
     return Rediscovery(manifest, changed, removed, len(src), (keys, stamps_[by_key], extra))
 
 

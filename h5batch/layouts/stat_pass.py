@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..fields import value_fields
+from ..fields import needs_every_value
 from ..forking import can_fork
 from ..inventory import name_hashes, names_of
 from ..manifest import Reject
@@ -303,7 +303,7 @@ def started(job: JobConfig) -> Iterator[StatPass | None]:
     incremental), ended when the block ends: joined, or stopped when it ends by an
     exception."""
     layout = get(job.source.layout)
-    if layout.cannot_sync_incrementally(job) or value_fields(job.fields):
+    if layout.cannot_sync_incrementally(job) or needs_every_value(job.fields):
         yield None
         return
     walk = StatPass(job)

@@ -87,8 +87,21 @@ class Walker:
 
     def _scan(self, entries: list, base: str, rel: str, _stack: frozenset[str], out: list) -> None:
         prefix = f"{rel}/" if rel else ""
+        if self.defer:  # regular files listed (-1: stat later); the others take the path below
+            rest = []
+            for entry in entries:
+                name = entry.name
+                if name[0] == ".":
+                    continue
+                try:
+                    if entry.is_file(follow_symlinks=False):  # no system call where d_type says
+                        out.append((prefix + name, -1, -1))
+                        continue
+                except OSError:
+                    pass  # the path below says what is wrong with it
+                rest.append(entry)
+            entries = rest
         ids = self.ids if self.ordered else None
-        later = self.defer
         for entry in entries:
             name = entry.name
             if name.startswith("."):
@@ -96,7 +109,7 @@ class Walker:
             relpath = prefix + name
             try:  # the common case first: a regular file (is_symlink/is_file: no system call)
                 plain = not entry.is_symlink() and entry.is_file()
-                st = (_LATER if later else entry.stat()) if plain else None
+                st = entry.stat() if plain else None
             except OSError as e:
                 self.rejects.append(Reject(relpath, "discover", f"cannot stat: {e.strerror}"))
                 continue
@@ -130,15 +143,6 @@ class Walker:
                 continue
             self.ids[relpath] = (st.st_dev, st.st_ino)
             out.append((relpath, st.st_size, st.st_mtime_ns))
-
-
-class _Later:
-    """The stat of a regular file whose ``stat`` is deferred (:func:`stat_listed`)."""
-
-    st_size = st_mtime_ns = -1
-
-
-_LATER = _Later()
 
 
 def stat_listed(root: Path, paths: list[str]) -> tuple[np.ndarray, list[tuple[int, str]]]:

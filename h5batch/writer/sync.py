@@ -13,7 +13,8 @@ of a file people already use:
   that is renamed over the output at the end (readers keep the old file);
 * at the end it rewrites what describes the whole corpus: the rejects (carried over,
   plus this discovery's, plus the new decode rejects), ``/class_names`` (old names keep
-  their numbers, new ones follow), the tombstones of removed and changed samples, the
+  their numbers, new ones follow), a field's attributes where its config changed (category
+  names, appended likewise), the tombstones of removed and changed samples, the
   inventory, and the root attributes of the corpus (``manifest_hash``, ``num_inputs``,
   ``splits``, ``annotations``, ``synced``).
 """
@@ -29,6 +30,8 @@ import numpy as np
 
 from .. import faults
 from .. import format as fmt
+from ..fields import field_attrs
+from ..fields.base import settings
 from .journal import JournalFile, rollback
 from .messages import FinalSummary, WriterSpec
 from .output import OutputWriter
@@ -129,6 +132,7 @@ class SyncWriter(OutputWriter):
                 del g[fmt.TOMBSTONES]
             if len(dead):
                 g.create_dataset(fmt.TOMBSTONES, data=dead)
+        self._field_configs()
         self.store_inventory()
         a = f.attrs
         a[fmt.ATTR_MANIFEST_HASH] = spec.manifest_hash
@@ -142,6 +146,22 @@ class SyncWriter(OutputWriter):
         a[fmt.ATTR_JOB] = spec.job_json
         a[fmt.ATTR_JOB_HASH] = spec.job_hash
         a[ATTR_SYNCED] = datetime.now(UTC).isoformat(timespec="seconds")
+
+
+    def _field_configs(self) -> None:
+        """Each field's attributes that follow its config, where the config changed: the
+        category names a sync appended (``h5batch.conversion.sync``), in every split that
+        has the field, so that a reader maps every stored code to its name. The codec and
+        the choice behind it stay as the datasets were created."""
+        f = self.f
+        splits = [s for s in json.loads(f.attrs[fmt.ATTR_SPLITS]) + list(self.spec.splits) if s in f]
+        for name, fc in self.spec.fields:
+            config = fmt.dumps(settings(fc))
+            now = {"config": config, **field_attrs(fc)}
+            for s in dict.fromkeys(splits):
+                node = f[s].get(name)
+                if node is not None and node.attrs.get("config") != config:
+                    node.attrs.update(now)
 
 
 def _sorted_unique(rows: np.ndarray) -> np.ndarray:
