@@ -23,8 +23,10 @@ import soundfile as sf
 
 from h5batch import inventory
 from h5batch.torch import H5Dataset
+from tests.conftest import REPO
 from tests.support.h5compare import assert_same_h5
 from tests.support.processes import group_members, wait_for
+from tests.support.replicas import make_speech_commands
 from tests.support.run import convert, h5batch_cmd, run_h5batch, start
 
 RATE = 8000
@@ -258,60 +260,36 @@ def test_incremental_and_full_discovery_sync_to_the_same_file(tmp_path, layout):
     assert json.loads(res.stdout)["new"] == 1
 
 
-def _speech_commands(root: Path) -> None:
-    """A miniature Speech Commands v0.02: <word>/<speaker>_nohash_<n>.wav, the split lists
-    at the root, _background_noise_/ excluded."""
-    for w, word in enumerate(("yes", "no", "up")):
-        for speaker in ("4a1e736b", "c1d39ce8", "e0c782d5"):
-            for n in range(2):
-                _wav(root / word / f"{speaker}_nohash_{n}.wav", seed=w * 100 + n + int(speaker[:2], 16), frames=RATE // 8)
-    _wav(root / "_background_noise_" / "white_noise.wav", seed=7, frames=RATE)
-    (root / "validation_list.txt").write_text("yes/c1d39ce8_nohash_0.wav\nno/c1d39ce8_nohash_1.wav\n")
-    (root / "testing_list.txt").write_text("up/e0c782d5_nohash_0.wav\n")
-    (root / "README.md").write_text("speech commands")
-
-
 def test_sync_speech_commands_with_a_speaker_field_is_incremental(tmp_path):
-    """A value field (the speaker, a category from the path) no longer forces a full
-    discovery: the new samples' speakers are appended to the output's categories (old
+    """jobs/speech_commands.yaml (a speaker category from the path, split lists,
+    _background_noise_ excluded) on a miniature replica: a value field no longer forces a
+    full discovery. The new samples' speakers are appended to the output's categories (old
     codes kept), and the output yields what a fresh conversion yields, speakers by name."""
     root, out = tmp_path / "sc", tmp_path / "out.h5"
-    _speech_commands(root)
-    job = tmp_path / "sc.yaml"
-    job.write_text(textwrap.dedent(f"""\
-        name: sync-speech-commands
-        source:
-          root: {root}
-          layout: pattern
-          pattern: '(?P<label>[^/]+)/(?P<speaker>[0-9a-f]+)_nohash_(?P<utterance>\\d+)\\.wav'
-          exclude: [_background_noise_, README.md]
-          split:
-            lists: {{val: validation_list.txt, test: testing_list.txt}}
-            default: train
-        fields:
-          audio: {{type: audio, extensions: [.wav], sample_rate: {RATE}, dtype: int16}}
-          speaker: {{type: value, column: speaker, dtype: category}}
-        output: {{path: {out}, codec: none}}
-        cluster: {{kind: auto, workers: 1}}
-        """))
-    convert(job, check=True)
+    make_speech_commands(root)
+    job = REPO / "jobs" / "speech_commands.yaml"
+    where = ("--set", f"source.root={root}", "--output", str(out))
+    convert(job, "--set", f"source.root={root}", output=out, check=True)
     old = _speakers(out)
-    _wav(root / "yes" / "0b77ee66_nohash_0.wav", seed=500)  # a new speaker that sorts first
-    _wav(root / "go" / "4a1e736b_nohash_0.wav", seed=501)  # a new word, an old speaker
-    _wav(root / "no" / "4a1e736b_nohash_1.wav", seed=502, frames=RATE // 5)  # changed
-    (root / "up" / "c1d39ce8_nohash_1.wav").unlink()
-    res = _sync(job, "--json")
+    for i, rel in enumerate(["yes/00000000_nohash_0.wav",  # a new speaker that sorts first
+                             "go/0a7c2a8d_nohash_0.wav",  # a new word, an old speaker
+                             "up/1b4c9b89_nohash_1.wav"]):  # changed (another length)
+        (root / rel).parent.mkdir(exist_ok=True)
+        sf.write(root / rel, (np.sin(np.arange(4000 + 500 * i) / (3 + i)) * 9000).astype(np.int16), 16000)
+    (root / "no/c50f55b8_nohash_0.wav").unlink()
+    res = _sync(job, *where, "--json")
     assert res.returncode == 0, res.stderr
     assert "full discovery" not in res.stderr, res.stderr
     s = json.loads(res.stdout)
     assert (s["new"], s["changed"], s["removed"]) == (2, 1, 1), s
     now = _speakers(out)
     assert now["categories"][:len(old["categories"])] == old["categories"]
-    assert now["categories"][len(old["categories"]):] == ["0b77ee66"]
-    assert now["by_source"]["train"]["yes/4a1e736b_nohash_0.wav"] == "4a1e736b"
-    fresh = _fresh(job, root, tmp_path, "fresh.h5")
-    assert _speakers(fresh)["categories"][0] == "0b77ee66"  # a fresh conversion sorts them
-    assert _speakers(out)["by_source"] == _speakers(fresh)["by_source"]
+    assert now["categories"][len(old["categories"]):] == ["00000000"]
+    assert now["by_source"]["train"]["yes/00000000_nohash_0.wav"] == "00000000"
+    fresh = tmp_path / "fresh.h5"
+    convert(job, "--set", f"source.root={root}", output=fresh, check=True)
+    assert _speakers(fresh)["categories"][0] == "00000000"  # a fresh conversion sorts them
+    assert now["by_source"] == _speakers(fresh)["by_source"]
     assert _yielded(out) == _yielded(fresh)
     assert _rejects(out) == _rejects(fresh)
     assert _memory(out)["manifest_hash"] == _memory(fresh)["manifest_hash"]
