@@ -132,3 +132,21 @@ def test_no_child_outlives_a_block_that_raised(tmp_path):
     _corpus(tmp_path)
     r = _run(tmp_path, "raised")
     assert r["after_raise"] is False
+
+
+def test_walked_contains_by_hash_and_by_set_when_hashes_collide():
+    import numpy as np
+
+    from h5batch.inventory import name_hashes, names_of
+    from h5batch.layouts.stat_pass import Walked
+
+    paths = ["a/x.wav", "b/ü.wav", "README.md", "c/" + "long" * 20 + ".wav"]
+    names = names_of(paths)
+    stat = np.zeros((4, 2), dtype=np.int64)
+    asked = ["README.md", "nope.txt", "b/ü.wav", "c/" + "long" * 20 + ".wav", "a/x.wa"]
+    want = [True, False, True, True, False]
+    assert Walked(stat, None, names, name_hashes(names)).contains(asked) == want
+    same = np.zeros(4, dtype=np.uint64)  # every hash alike: the byte check cannot tell, a set does
+    assert Walked(stat, None, names, same).contains(asked) == want
+    assert Walked(stat, paths).contains(asked) == want
+    assert Walked(stat[:0], []).contains(asked) == [False] * 5

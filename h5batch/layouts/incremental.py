@@ -188,8 +188,7 @@ def _rediscover(job, layout, mem: Memory, old_rejects, root: Path, walk: Builder
     layout.build(root, job.source, b, todo, folders)
     exclude.apply(job.source, b)
     split_rules.apply(root, job, b, annotate.join(root, job, b))
-    walked = set(files.paths) if rejected else set()
-    b.rejects += [r for r in carried if r.path in walked]
+    b.rejects += [r for r, there in zip(carried, files.contains([r.path for r in carried])) if there]
     order = {s: i for i, s in enumerate(mem.splits)}
     if any(it.split not in order for it in b.items):
         return "a new split appeared"
@@ -203,22 +202,41 @@ def _rediscover(job, layout, mem: Memory, old_rejects, root: Path, walk: Builder
         if it is None or old.item(p) != (it.split, it.key):
             return f"the item of the changed file {path} is not the one it was"
         replaced[p] = it
-    new = sorted(by_path.values(), key=lambda it: (order[it.split], it.split, natural_key(it.key)))
+    found_new = list(by_path.values())
+    sort_keys = [(order[it.split], it.split, natural_key(it.key)) for it in found_new]
+    rank = sorted(range(len(found_new)), key=sort_keys.__getitem__)
+    new = [found_new[i] for i in rank]
     gone = position[~present]
-    wanted = [(order[it.split], it.split, natural_key(it.key)) for it in new]
-    where = _insertion_points(old, wanted, [_hints(mem, position, it.paths[0]) for it in new])
+    wanted = [sort_keys[i] for i in rank]
+    where = _insertion_points(old, wanted, [_hints(mem, old, position, it.paths[0], it.split) for it in new])
     for i, (it, k, p) in enumerate(zip(new, wanted, where)):
         if (p < n and old[p] == k and present[mem.order[p]]) or (i and k == wanted[i - 1]):
             return f"the key {it.key!r} of {it.paths[0]} clashes with another item's"
     return _merge(mem, b, new, where, replaced, gone, changed, removed, root)
 
 
-def _hints(mem: Memory, position: np.ndarray, path: str) -> tuple[int, ...]:
-    """Where a new item most likely goes in the stored order: before the item whose key
-    follows ``path`` among the sorted keys, or after the one before it (path order and
-    manifest order mostly agree locally)."""
+def _hints(mem: Memory, old: _OldKeys, position: np.ndarray, path: str, split: str) -> tuple[int, ...]:
+    """Where a new item most likely goes in the stored order: before the item of the same
+    split whose key follows ``path`` among the sorted keys, or after the one of that split
+    before it (path order and manifest order mostly agree locally within a split). Up to
+    :data:`_HINT_REACH` keys are looked at each way, reading only their split (no natural
+    key): the nearest key is often another split's (Speech Commands' lists, FSDD's test
+    indexes), which made the plain neighbours wrong hints and sent the item to a bisection."""
     j = bisect.bisect_left(mem.keys, path)
-    return tuple(int(position[i]) + d for i, d in ((j, 0), (j - 1, 1)) if 0 <= i < len(mem.keys))
+    n = len(mem.keys)
+    out = []
+    for i in range(j, min(n, j + _HINT_REACH)):
+        if old.item(int(position[i]))[0] == split:
+            out.append(int(position[i]))
+            break
+    for i in range(j - 1, max(-1, j - 1 - _HINT_REACH), -1):
+        if old.item(int(position[i]))[0] == split:
+            out.append(int(position[i]) + 1)
+            break
+    return tuple(out)
+
+
+_HINT_REACH = 64
 
 
 def _insertion_points(old: _OldKeys, wanted: list[tuple], hints: list[tuple[int, ...]]) -> list[int]:

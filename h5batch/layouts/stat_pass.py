@@ -89,6 +89,22 @@ class Walked:
     def path(self, i: int) -> str:
         return self._paths[i] if self._paths is not None else bytes(self.names[i]).decode(*_UTF8)  # type: ignore[index]
 
+    def contains(self, paths: list[str]) -> list[bool]:
+        """Whether the walk found each of ``paths`` (by hash and bytes: no path of the
+        walk decoded; by a set of the paths where two of the walk's hashes collide)."""
+        if not paths or not len(self):
+            return [False] * len(paths)
+        if self.names is not None:
+            by = np.argsort(self.hashes, kind="stable")
+            hashes = self.hashes[by]
+            if not (hashes[1:] == hashes[:-1]).any():
+                want = names_of(paths)
+                sought = name_hashes(want)
+                at = np.minimum(np.searchsorted(hashes, sought), len(hashes) - 1)
+                return ((hashes[at] == sought) & (self.names[by[at]] == want)).tolist()
+        found = set(self.paths)
+        return [p in found for p in paths]
+
     def row(self, i: int) -> tuple[str, int, int]:
         """File ``i`` as a layout's walk gives it: ``(path, size, mtime_ns)``."""
         return self.path(i), int(self.stat[i, 0]), int(self.stat[i, 1])
