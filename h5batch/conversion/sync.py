@@ -140,6 +140,8 @@ def _discover(job: JobConfig, old, say, walked=None) -> _Found:
     r = mem if isinstance(mem, str) else rediscover(job, mem, old.rejects, walked)
     if isinstance(r, str):
         say(f"sync: full discovery ({r})")
+        if walked is not None:
+            walked.stop()  # its walk is not used: its processes would compete with the full discovery
         m = discover(job)
         n = len(m.items)
         return _Found(m, n, sum(len(it.paths) for it in m.items) + len(m.rejects), None, upgrade=isinstance(mem, str))

@@ -31,8 +31,8 @@ The walk sees the corpus as it is a few milliseconds earlier than a walk after o
 output would: the same as the user having started the sync a moment sooner. What the walk
 finds goes into its own :class:`~.base.Builder` (rejects, symlinks), as before. Where the
 sync then falls back to a full discovery (the output's inventory predates version 2, an
-annotation file changed, ...), this walk was for nothing: it runs beside that discovery's
-own walk and is ended after it.
+annotation file changed, ...), this walk was for nothing: it is stopped (its child killed)
+before that discovery starts.
 """
 
 from __future__ import annotations
@@ -174,8 +174,8 @@ class StatPass:
             try:
                 os.close(r)
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
-                for sig in (signal.SIGTERM, signal.SIGHUP):
-                    signal.signal(sig, signal.SIG_DFL)
+                signal.signal(signal.SIGHUP, signal.SIG_DFL)
+                signal.signal(signal.SIGTERM, _end_child)  # stop(): the second child goes too
                 os.closerange(3, w)
                 os.closerange(w + 1, _max_fd())
                 _send(w, self._walk(split=True), self.builder)  # an exception: nothing sent, the parent walks again
@@ -220,10 +220,11 @@ class StatPass:
             self._thread.join()
 
     def stop(self) -> None:
-        """End the walk at once (a child is killed), its result unread."""
+        """End the walk at once (the child, and the child it started, are ended), its
+        result unread."""
         if self._pid:
             with contextlib.suppress(OSError):
-                os.kill(self._pid, signal.SIGKILL)
+                os.kill(self._pid, signal.SIGTERM)
             os.close(self._fd)
             _reap(self._pid)
             self._pid, self._fd = 0, -1
@@ -256,9 +257,11 @@ def _stat_in_two(root: Path, paths: list[str]) -> tuple[np.ndarray, list[tuple[i
     if len(paths) < SPLIT_MIN:
         return stat_listed(root, paths)
     r, w = os.pipe()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # until _second names the child
     try:
         pid = os.fork()
     except OSError:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         os.close(r)
         os.close(w)
         return stat_listed(root, paths)
@@ -266,24 +269,41 @@ def _stat_in_two(root: Path, paths: list[str]) -> tuple[np.ndarray, list[tuple[i
         code = 1
         try:
             os.close(r)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
             stat, failed = stat_listed(root, paths[half:])
             _write_all(w, pickle.dumps((stat.tobytes(), failed), protocol=pickle.HIGHEST_PROTOCOL))
             code = 0
         finally:
             os._exit(code)
     os.close(w)
+    global _second
+    _second = pid
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     first, failed = stat_listed(root, paths[:half])
     try:
         data = _read_all(r)
     finally:
         os.close(r)
         _reap(pid)
+        _second = 0
     try:
         stat_bytes, rest_failed = pickle.loads(data)
         rest = np.frombuffer(stat_bytes, dtype=np.int64).reshape(-1, 2)
     except Exception:  # noqa: BLE001 - the second child failed: its half here
         rest, rest_failed = stat_listed(root, paths[half:])
     return np.concatenate([first, rest]), failed + [(i + half, why) for i, why in rest_failed]
+
+
+_second = 0  # (the child) the pid of the child that stats the second half, while it runs
+
+
+def _end_child(signum, frame) -> None:
+    """(the child) SIGTERM from :meth:`StatPass.stop`: end the second child, then this one."""
+    if _second:
+        with contextlib.suppress(OSError):
+            os.kill(_second, signal.SIGKILL)
+    os._exit(1)
 
 
 def _write_all(fd: int, data: bytes) -> None:
