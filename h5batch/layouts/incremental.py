@@ -74,8 +74,9 @@ _HEAD = re.compile(rb'\["([^"\\]*)", "([^"\\]*)"')  # an item record's split and
 class Rediscovery:
     """What changed, and the corpus's state after it.
 
-    ``manifest`` has the whole corpus's hash, rejects, annotations and splits, but only the
-    new and changed items (in manifest order); ``inventory`` is the ``(keys, stamps, extra)``
+    ``manifest`` has the whole corpus's hash, rejects and annotations, but only the new and
+    changed items (in manifest order), and as ``splits`` only those of these items (the
+    sync takes the others from the output); ``inventory`` is the ``(keys, stamps, extra)``
     of the whole corpus for the synced output (:func:`h5batch.inventory.write_arrays`)."""
 
     manifest: Manifest
