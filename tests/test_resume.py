@@ -87,9 +87,11 @@ def test_kill_9_process_group_then_resume_is_identical(corpus, reference, tmp_pa
     done_before = committed_batches(out)
     assert done_before >= (2 if point == "commit:2" else 25)
 
-    res = run(cmd(corpus, out))
+    # --overwrite is about a finished output: the interrupted run is resumed all the same, and says so
+    res = run(cmd(corpus, out, *(["--overwrite"] if point == "commit:25" else [])))
     assert res.returncode == 0, res.stderr
     assert f"{done_before} of 50 batches already committed" in res.stderr
+    assert ("is resumed first, not redone (--restart redoes it)" in res.stderr) == (point == "commit:25"), res.stderr
     assert_same_h5(reference, out)
     assert not Path(str(out) + ".partial").exists()
     assert not stale_segments(), "stale shared-memory segments survived the resumed run"

@@ -142,6 +142,9 @@ class OutputFiles:
         if problem:
             self.say(f"partial output {self.partial} cannot be trusted ({problem}); starting over")
             return self.discard_partial()
+        if self.overwrite:  # --overwrite is about the finished output, not the same job's interrupted run
+            self.say(f"--overwrite replaces {self.final} when this run ends; the interrupted run of the same "
+                     f"job and corpus ({self.partial}) is resumed first, not redone (--restart redoes it)")
         return record
 
     def discard_partial(self) -> None:
