@@ -102,6 +102,24 @@ class ValueKind(FieldKind):
         return None  # numbers are returned as stored
 
 
+_CODES: dict[int, tuple[list, dict[str, int]]] = {}  # id(categories) -> (that list, name -> code)
+
+
+def _codes(categories: list[str]) -> dict[str, int]:
+    """Each category name's code (its first index), made once per categories list. Reason:
+    ``list.index`` per sample cost ~38 us with Speech Commands' 2,600 speakers, 3.8 s of a
+    100,000-file discovery. Field configs are frozen: their lists are not changed in place."""
+    hit = _CODES.get(id(categories))
+    if hit is None or hit[0] is not categories:
+        if len(_CODES) > 64:
+            _CODES.clear()
+        codes: dict[str, int] = {}
+        for i, c in enumerate(categories):
+            codes.setdefault(c, i)
+        hit = _CODES[id(categories)] = (categories, codes)
+    return hit[1]
+
+
 def _parse(cell: Any, fc: ValueField) -> Any:
     text = "" if cell is None else str(cell).strip()
     if text == "":
@@ -109,10 +127,10 @@ def _parse(cell: Any, fc: ValueField) -> Any:
             raise DecodeError("", "empty value (give missing: to accept empty cells)")
         text = fc.missing
     if fc.dtype == "category":
-        try:
-            return fc.categories.index(text)
-        except ValueError:
-            raise DecodeError("", f"category {text!r} is not one of categories: {fc.categories[:8]}") from None
+        code = _codes(fc.categories).get(text)
+        if code is None:
+            raise DecodeError("", f"category {text!r} is not one of categories: {fc.categories[:8]}")
+        return code
     if fc.dtype == "int64":
         try:
             return int(text)

@@ -9,7 +9,9 @@ excludes everything inside it), with :mod:`fnmatch` rules (``*`` also crosses ``
 
 from __future__ import annotations
 
-from fnmatch import fnmatchcase
+import fnmatch
+import functools
+import re
 from typing import TYPE_CHECKING
 
 from ..format import STAGE_EXCLUDED as STAGE
@@ -22,13 +24,29 @@ if TYPE_CHECKING:
 
 def matching(path: str, patterns: list[str]) -> str | None:
     """The first pattern that excludes ``path`` (root-relative, POSIX), else None."""
-    parts = path.split("/")
-    prefixes = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    anyone, each = _compiled(tuple(patterns))
+    if anyone.match(path) is None:
+        return None
+    return next(pat for pat, rx in each if rx.match(path))
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled(patterns: tuple[str, ...]) -> tuple[re.Pattern, list[tuple[str, re.Pattern]]]:
+    """One regex for all of ``patterns`` and one per pattern, each matching a path that the
+    pattern matches or that lies in a folder it matches: ``fnmatch``'s translation of the
+    pattern followed by ``(/.*)?``. Reason: the path's folder prefixes tried one by one,
+    pattern by pattern, cost ~14 us a path (1.4 s of a 100,000-file discovery with
+    Speech Commands' four patterns); one match is ~1 us. The same paths match: a prefix
+    that matches ends where a ``/`` follows, which is what ``(/.*)?`` asks."""
+    bodies = []
     for pat in patterns:
-        pat = pat.rstrip("/")
-        if any(fnmatchcase(p, pat) for p in prefixes):
-            return pat
-    return None
+        t = fnmatch.translate(pat.rstrip("/"))  # '(?s:BODY)\\Z'
+        if not (t.startswith("(?s:") and t.endswith(")\\Z")):  # pragma: no cover - another Python's format
+            raise RuntimeError(f"unexpected fnmatch translation {t!r}")
+        bodies.append(t[4:-3])
+    each = [(pat.rstrip("/"), re.compile(f"(?s:(?:{b})(?:/.*)?)\\Z")) for pat, b in zip(patterns, bodies)]
+    anyone = re.compile("(?s:(?:" + "|".join(f"(?:{b})" for b in bodies) + ")(?:/.*)?)\\Z") if bodies else re.compile("(?!)")
+    return anyone, each
 
 
 def apply(src: SourceConfig, b: Builder) -> None:

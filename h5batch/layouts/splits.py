@@ -16,13 +16,12 @@ stay in the layouts.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
-from ..manifest import Reject, natural_key
+from ..manifest import Item, Reject, natural_key
 
 if TYPE_CHECKING:
     from ..config import JobConfig, SplitRule
@@ -85,7 +84,8 @@ def apply(root: Path, job: JobConfig, b: Builder, cols: list[dict[str, Any]]) ->
         else:
             key = str(c.get(rule.hash_key) or "") if rule.hash_key else it.key
             split = by_hash(key, rule)
-        kept.append(dataclasses.replace(it, split=split))
+        # The constructor, not dataclasses.replace (~3x its cost): this runs once per file.
+        kept.append(it if it.split == split else Item(it.key, split, it.paths, it.label, it.values, it.columns))
     b.items = kept
     order = list(job.source.splits or [])
     if rule.lists:
