@@ -1,13 +1,26 @@
-"""Whether this process may fork (:func:`can_fork`): the one rule every forked helper
-process of a run follows (the writer, the in-process decoders, a sync's stat pass)."""
+"""Forked helper processes: whether this process may fork (:func:`can_fork`), the one rule
+every forked helper of a run follows (the writer, the in-process decoders, a sync's stat
+pass), and a child that computes one result and sends it back (:class:`Child`).
+
+Rule for a :class:`Child`: it closes every descriptor it inherited but its pipe and the
+standard three (an output's lock, another child's pipe: a lock goes with its owner, an EOF
+reaches its reader), ignores SIGINT (its parent decides), dies on SIGTERM and SIGHUP, and
+leaves by ``os._exit`` (no atexit handler, no buffer of the parent's flushed twice). A
+child whose work raises sends nothing: to its parent, a result that does not arrive whole
+is no result, and the parent does the work itself.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
+import os
+import signal
 import sys
 import threading
+from collections.abc import Callable
 
-__all__ = ["can_fork"]
+__all__ = ["can_fork", "Child", "write_all", "read_all"]
 
 
 def can_fork() -> bool:
@@ -18,3 +31,93 @@ def can_fork() -> bool:
     ``pthread_atfork`` handlers, as the many programs that fork numpy rely on."""
     return sys.platform.startswith("linux") and "fork" in mp.get_all_start_methods() \
         and threading.active_count() == 1
+
+
+class Child:
+    """``work()`` run in a forked child, its bytes sent back through a pipe (see the module
+    docstring). :meth:`start` returns None where the process may not fork or the fork
+    fails. Read the result once (:meth:`result`), or :meth:`end` it; either reaps it."""
+
+    def __init__(self, pid: int, fd: int):
+        self.pid, self.fd = pid, fd
+
+    @classmethod
+    def start(cls, work: Callable[[], bytes]) -> Child | None:
+        if not can_fork():
+            return None
+        r, w = os.pipe()
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(r)
+            os.close(w)
+            return None
+        if pid == 0:
+            code = 1
+            try:
+                os.close(r)
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                for sig in (signal.SIGTERM, signal.SIGHUP):
+                    signal.signal(sig, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGHUP})
+                os.closerange(3, w)
+                os.closerange(w + 1, _max_fd())
+                write_all(w, work())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        return cls(pid, r)
+
+    @property
+    def alive(self) -> bool:
+        return self.pid != 0
+
+    def done(self) -> bool:
+        """Whether the child has begun sending (its work is done)."""
+        import select
+
+        return bool(self.pid) and bool(select.select([self.fd], [], [], 0)[0])
+
+    def result(self) -> bytes:
+        """What the child sent (b"" or a truncated result if it failed or was killed)."""
+        try:
+            return read_all(self.fd)
+        finally:
+            self._close()
+
+    def end(self) -> None:
+        """End the child at once (SIGTERM), its result unread."""
+        if self.pid:
+            with contextlib.suppress(OSError):
+                os.kill(self.pid, signal.SIGTERM)
+            self._close()
+
+    def _close(self) -> None:
+        if self.pid:
+            os.close(self.fd)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(self.pid, 0)
+            self.pid, self.fd = 0, -1
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def read_all(fd: int) -> bytes:
+    chunks = []
+    while True:
+        b = os.read(fd, 1 << 20)
+        if not b:
+            return b"".join(chunks)
+        chunks.append(b)
+
+
+def _max_fd() -> int:
+    try:
+        return os.sysconf("SC_OPEN_MAX")
+    except (ValueError, OSError):
+        return 1 << 16

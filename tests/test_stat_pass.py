@@ -37,19 +37,21 @@ _SCRIPT = textwrap.dedent(r"""
                 "symlinks": bool(b.symlinks), "folders": folders}
 
     with stat_pass.started(job) as w:
-        report["forked"] = bool(w._pid)
-        if w._pid:  # the child blocks on its pipe (its result is over a pipe's 64 KiB) until result()
+        report["forked"] = w.forked
+        if w.forked:  # the child blocks on its pipe (its result is over a pipe's 64 KiB) until result()
+            pid = w._child.pid
             deadline = time.monotonic() + 10
             while True:
-                fds = sorted(int(f) for f in os.listdir(f"/proc/{w._pid}/fd"))
+                fds = sorted(int(f) for f in os.listdir(f"/proc/{pid}/fd"))
                 if lock not in fds or time.monotonic() > deadline:
                     break
                 time.sleep(0.01)
             report["child_fds"], report["lock"] = fds, lock
-        if mode == "killed" and w._pid:
-            os.kill(w._pid, signal.SIGKILL)  # a child that dies: the walk is done here instead
+        if mode == "killed" and w.forked:
+            os.kill(w._child.pid, signal.SIGKILL)  # a child that dies: the walk is done here instead
         report["pass"] = dump(*w.result())
-        report["left"] = w._pid
+        report["left"] = w.forked
+        report["used"] = w.from_child
     b = Builder(job)
     b.ordered_walk = False
     listed, folders = get(job.source.layout).walk(Path(root), job.source, b)
@@ -57,7 +59,7 @@ _SCRIPT = textwrap.dedent(r"""
     if mode == "raised":
         try:
             with stat_pass.started(job) as w:
-                pid = w._pid
+                pid = w._child.pid
                 raise RuntimeError("the sync failed")
         except RuntimeError:
             pass
@@ -109,7 +111,8 @@ def test_forked_walk_finds_what_the_layouts_walk_finds(tmp_path):
     # the child holds its pipe and the standard three, not the lock the parent had open
     assert r["lock"] not in r["child_fds"]
     assert len(r["child_fds"]) == 4, r["child_fds"]
-    assert r["left"] == 0
+    assert r["left"] is False
+    assert r["used"], "the child's walk is the one used"
 
 
 def test_thread_walk_where_the_process_has_threads(tmp_path):
@@ -123,7 +126,7 @@ def test_thread_walk_where_the_process_has_threads(tmp_path):
 def test_a_child_that_dies_is_walked_again_in_the_process(tmp_path):
     _corpus(tmp_path)
     r = _run(tmp_path, "killed")
-    assert r["forked"]
+    assert r["forked"] and not r["used"]
     assert r["pass"] == r["inline"]
     assert len(r["pass"]["files"]) == 5 + _MANY
 

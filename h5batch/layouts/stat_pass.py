@@ -22,10 +22,11 @@ one core cannot make faster; measured over 100,000 files (loaded machine, real-t
 priority): walk done 0.37-0.48 s after the start, against 0.58-0.77 s on a thread with
 the main thread idle, and 24-55 s on a thread beside a main thread that computes.
 
-The child closes every descriptor it inherited but its pipe (the output's lock among them:
-should the sync be killed, the lock goes with the sync, not a moment later), ignores SIGINT
-(the sync decides), and is killed when the block ends early. A child that dies or sends
-nothing usable is not an error: the walk is done again on this thread.
+Both children are :class:`h5batch.forking.Child`: they keep no inherited descriptor (the
+output's lock among them: should the sync be killed, the lock goes with the sync, not a
+moment later) and ignore SIGINT (the sync decides). When the block ends early the first is
+sent SIGTERM and ends the second before it goes. A child that dies or sends nothing usable
+is not an error: its walk (or half of the stats) is done again by its parent.
 
 The walk sees the corpus as it is a few milliseconds earlier than a walk after opening the
 output would: the same as the user having started the sync a moment sooner. What the walk
@@ -40,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
-import select
 import signal
 import threading
 from pathlib import Path
@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..fields import needs_every_value
-from ..forking import can_fork
+from ..forking import Child
 from ..inventory import name_hashes, names_of
 from ..manifest import Reject
 from .base import Builder, get
@@ -127,11 +127,9 @@ class StatPass:
         self._result: tuple | None = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
-        self._pid = 0
-        self._fd = -1
-        if can_fork():
-            self._fork()
-        if not self._pid:
+        self.from_child = False  # the result came from the child (else: walked here)
+        self._child = Child.start(self._payload)
+        if self._child is None:
             self._thread = threading.Thread(target=self._run, name="h5batch-stat-pass", daemon=True)
             self._thread.start()
 
@@ -161,60 +159,47 @@ class StatPass:
         except BaseException as e:  # handed to the caller by result()
             self._error = e
 
-    def _fork(self) -> None:
-        r, w = os.pipe()
-        try:
-            pid = os.fork()
-        except OSError:
-            os.close(r)
-            os.close(w)
-            return
-        if pid == 0:  # the child: walk, send, leave (os._exit: no atexit, no buffers of the parent's)
-            code = 1
-            try:
-                os.close(r)
-                signal.signal(signal.SIGINT, signal.SIG_IGN)
-                signal.signal(signal.SIGHUP, signal.SIG_DFL)
-                signal.signal(signal.SIGTERM, _end_child)  # stop(): the second child goes too
-                os.closerange(3, w)
-                os.closerange(w + 1, _max_fd())
-                _send(w, self._walk(split=True), self.builder)  # an exception: nothing sent, the parent walks again
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(w)
-        self._pid, self._fd = pid, r
+    def _payload(self) -> bytes:
+        """(the child) The walk's columns and what it put in its builder, as one pickle."""
+        signal.signal(signal.SIGTERM, _end_child)  # stop(): the second child goes too
+        files, folders = self._walk(split=True)
+        b = self.builder
+        meta = {"folders": folders, "rejects": b.rejects, "symlinks": b.symlinks,
+                "width": files.names.itemsize, "hashes": files.hashes.tobytes()}
+        return pickle.dumps((meta, files.names.tobytes(), files.stat.tobytes()), protocol=pickle.HIGHEST_PROTOCOL)
 
     def _collect(self) -> None:
-        """Read the child's result and reap it; on a child that failed, walk here."""
-        try:
-            data = _read_all(self._fd)
-        finally:
-            os.close(self._fd)
-            self._fd = -1
-            _reap(self._pid)
-            self._pid = 0
+        """Read the child's result and reap it; where the child failed, died or was killed,
+        walk here."""
+        data = self._child.result()  # type: ignore[union-attr]
+        self._child = None
         try:
             meta, blob, stat = pickle.loads(data)
-        except Exception:  # noqa: BLE001 - the child failed, died or was killed: walk on this thread
+        except Exception:  # noqa: BLE001 - see the docstring
             self.builder = Builder(self.job)
             self.builder.ordered_walk = False
             self._run()
             return
         b = self.builder
         b.rejects, b.symlinks = meta["rejects"], meta["symlinks"]
+        self.from_child = True
         names = np.frombuffer(blob, dtype=f"S{meta['width']}")
         hashes = np.frombuffer(meta["hashes"], dtype=np.uint64)
         self._result = Walked(np.frombuffer(stat, dtype=np.int64).reshape(-1, 2), None, names, hashes), meta["folders"]
 
+    @property
+    def forked(self) -> bool:
+        """Whether the walk runs (or ran, unread) in a child process."""
+        return self._child is not None
+
     def running(self) -> bool:
         """Whether the walk is still under way (a child that has begun sending is done)."""
-        if self._pid:
-            return not select.select([self._fd], [], [], 0)[0]
+        if self._child is not None:
+            return not self._child.done()
         return self._thread is not None and self._thread.is_alive()
 
     def join(self) -> None:
-        if self._pid:
+        if self._child is not None:
             self._collect()
         elif self._thread is not None:
             self._thread.join()
@@ -222,12 +207,9 @@ class StatPass:
     def stop(self) -> None:
         """End the walk at once (the child, and the child it started, are ended), its
         result unread."""
-        if self._pid:
-            with contextlib.suppress(OSError):
-                os.kill(self._pid, signal.SIGTERM)
-            os.close(self._fd)
-            _reap(self._pid)
-            self._pid, self._fd = 0, -1
+        if self._child is not None:
+            self._child.end()
+            self._child = None
         elif self._thread is not None:
             self._thread.join()
 
@@ -241,14 +223,6 @@ class StatPass:
         return self.builder, files, folders
 
 
-def _send(fd: int, walked: tuple[Walked, list[str] | None], b: Builder) -> None:
-    """(the child) The walk's columns and what it put in its builder, as one pickle."""
-    files, folders = walked
-    meta = {"folders": folders, "rejects": b.rejects, "symlinks": b.symlinks, "width": files.names.itemsize,
-            "hashes": files.hashes.tobytes()}
-    _write_all(fd, pickle.dumps((meta, files.names.tobytes(), files.stat.tobytes()), protocol=pickle.HIGHEST_PROTOCOL))
-
-
 def _stat_in_two(root: Path, paths: list[str]) -> tuple[np.ndarray, list[tuple[int, str]]]:
     """(the child) :func:`~.walker.stat_listed` of ``paths``, the second half in a child of
     this process (forked here: the walk's process has one thread), where there are enough
@@ -256,37 +230,23 @@ def _stat_in_two(root: Path, paths: list[str]) -> tuple[np.ndarray, list[tuple[i
     half = len(paths) // 2
     if len(paths) < SPLIT_MIN:
         return stat_listed(root, paths)
-    r, w = os.pipe()
+    global _second
+
+    def second() -> bytes:
+        stat, failed = stat_listed(root, paths[half:])
+        return pickle.dumps((stat.tobytes(), failed), protocol=pickle.HIGHEST_PROTOCOL)
+
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # until _second names the child
     try:
-        pid = os.fork()
-    except OSError:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-        os.close(r)
-        os.close(w)
-        return stat_listed(root, paths)
-    if pid == 0:
-        code = 1
-        try:
-            os.close(r)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-            stat, failed = stat_listed(root, paths[half:])
-            _write_all(w, pickle.dumps((stat.tobytes(), failed), protocol=pickle.HIGHEST_PROTOCOL))
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(w)
-    global _second
-    _second = pid
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-    first, failed = stat_listed(root, paths[:half])
-    try:
-        data = _read_all(r)
+        child = Child.start(second)
+        _second = child.pid if child is not None else 0
     finally:
-        os.close(r)
-        _reap(pid)
-        _second = 0
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    first, failed = stat_listed(root, paths[:half if child is not None else len(paths)])
+    if child is None:
+        return first, failed
+    data = child.result()
+    _second = 0
     try:
         stat_bytes, rest_failed = pickle.loads(data)
         rest = np.frombuffer(stat_bytes, dtype=np.int64).reshape(-1, 2)
@@ -306,40 +266,12 @@ def _end_child(signum, frame) -> None:
     os._exit(1)
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def _read_all(fd: int) -> bytes:
-    chunks = []
-    while True:
-        b = os.read(fd, 1 << 20)
-        if not b:
-            return b"".join(chunks)
-        chunks.append(b)
-
-
-def _reap(pid: int) -> None:
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, 0)
-
-
-def _max_fd() -> int:
-    try:
-        return os.sysconf("SC_OPEN_MAX")
-    except (ValueError, OSError):
-        return 1 << 16
-
-
 @contextlib.contextmanager
 def started(job: JobConfig) -> Iterator[StatPass | None]:
     """A :class:`StatPass` of ``job`` for the block (None: its discovery cannot be
     incremental), ended when the block ends: joined, or stopped when it ends by an
     exception."""
-    layout = get(job.source.layout)
-    if layout.cannot_sync_incrementally(job) or needs_every_value(job.fields):
+    if get(job.source.layout).cannot_sync_incrementally(job) or needs_every_value(job.fields):
         yield None
         return
     walk = StatPass(job)
