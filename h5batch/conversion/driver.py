@@ -94,12 +94,13 @@ class Driver:
     """Runs a :class:`~.plan.Plan` on a cluster, feeding the writer. Use :meth:`run`."""
 
     def __init__(self, job: JobConfig, opts: ConvertOptions, plan: Plan, writer: WriterHandle, run_id: str,
-                 say, spares: list[SpareDecoder] | None = None):
+                 say, spares: list[SpareDecoder] | None = None, choice: inprocess.KindChoice | None = None):
         self.opts, self.plan, self.writer, self.run_id, self.say = opts, plan, writer, run_id, say
-        # cluster.kind auto: in-process for a small fresh job, a LocalCluster otherwise.
+        # cluster.kind auto: in-process for a small fresh job, a LocalCluster otherwise
+        # (``choice``: made already, before the plan sized the batches for it).
         m = plan.tasks.manifest
-        self.choice = inprocess.choose_kind(job, m, len(m.items) - plan.tasks.first_item(plan.start),
-                                            resuming=plan.start > 0 or plan.spec.resume is not None)
+        self.choice = choice or inprocess.choose_kind(job, m, len(m.items) - plan.tasks.first_item(plan.start),
+                                                      resuming=plan.start > 0 or plan.spec.resume is not None)
         self.job = job = inprocess.resolved(job, self.choice.kind)
         # Decoders forked at the start (spares.py) serve an in-process run only; where the
         # writer came from the fork server, an in-process run starts them from it itself.
