@@ -14,7 +14,7 @@ from ..transport import semaphores
 from ..transport.segments import new_run_id, remove_segments, remove_stale_segments
 from ..writer.messages import Start
 from ..writer.process import WriterGone
-from . import signals
+from . import inprocess, signals
 from .driver import Driver, abort
 from .generate import generate_corpus
 from .lock import OutputLock
@@ -82,12 +82,14 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
         output.check_not_there()
         output.require_samples(manifest)
         record = output.resume_record(manifest)
+        # cluster.kind auto is settled before the plan: batch_size auto depends on it.
+        choice = inprocess.choose_kind(job, manifest, len(manifest.items), resuming=record is not None)
         # Written before the plan: where the writer takes codec: auto's measurement (no
         # Blosc2 C library, codecs/blosc2_lib.py), the plan waits for the writer's blosc2
         # import, and the driver's own work fills that wait.
         sidecar = inventory.write_sidecar(output.partial, manifest)
         plan = make_plan(job, manifest, record, output.final, output.partial, run_id, say,
-                         measurer=pending.measure)
+                         measurer=pending.measure, kind=choice.kind)
         plan.spec.inventory = sidecar
         # Decoding may begin while the writer is still importing: batches queue in its pipe.
         writer = pending.get()
@@ -99,7 +101,7 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
         if plan.start:
             say(f"resuming {output.partial}: {plan.start} of {len(plan.tasks)} batches already committed")
         try:
-            summary = Driver(job, opts, plan, writer, run_id, say, forked).run()
+            summary = Driver(job, opts, plan, writer, run_id, say, forked, choice).run()
         except KeyboardInterrupt as e:
             abort(writer)
             why = "interrupted" if signals.signal_name(e) == "SIGINT" else f"stopped by {signals.signal_name(e)}"

@@ -45,12 +45,13 @@ class Plan:
 
 def make_plan(job: JobConfig, manifest: Manifest, record: CommitRecord | None, final: str, partial: str,
               run_id: str, say: Callable[[str], None], keep_codecs: dict[str, CodecSpec] | None = None,
-              measurer: Measurer | None = None, new_file: bool = True) -> Plan:
+              measurer: Measurer | None = None, new_file: bool = True, kind: str | None = None) -> Plan:
     """``keep_codecs``: fields whose datasets exist already (a sync) keep these codecs;
     ``measurer``: who takes ``codec: auto``'s measurements (:func:`.auto.measure`);
     ``new_file`` False: the writer extends a finished file (a sync), which keeps the
-    versions it was made with, so none are read (~0.04 s of package metadata)."""
-    auto = resolve(job, manifest, measurer, keep_codecs)
+    versions it was made with, so none are read (~0.04 s of package metadata); ``kind``:
+    the cluster kind the run will use (``auto`` resolved), which sizes ``batch_size: auto``."""
+    auto = resolve(job, manifest, measurer, keep_codecs, kind)
     for line in auto.describe(job):
         say(line)
     codecs = {name: c.codec for name, c in auto.codecs.items()}
