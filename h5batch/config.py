@@ -148,7 +148,7 @@ class ClusterConfig:
     workers: int | None = None
     address: str | None = None
     scheduler_file: str | None = None
-    batch_size: int | Literal["auto"] = "auto"  # items per Dask task; auto: ~16 MB decoded (auto.py)
+    batch_size: int | Literal["auto"] = "auto"  # items per task; auto: ~32 MB decoded on workers, 16 MB in process (auto.py)
     max_in_flight: int | None = None
     transport: Literal["auto", "shm", "network"] = "auto"
     # Where whole chunks of fixed-shape fields are compressed. "auto": in the writer on a
