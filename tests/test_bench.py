@@ -346,8 +346,11 @@ def test_cli_registers_bench():
 
 
 def test_mini_bench_run_writes_json_markdown_png(tmp_path):
+    # Every phase and row type, as small as it goes: one codec, one repetition, 0 workers,
+    # and one Dask worker (the cold rows still start their LocalCluster inside convert, of
+    # one worker: on 2 cores two workers per start cost ~60 of this test's ~100 s).
     cfg = quick_config(pairs=16, images=4, scale=2, reps=1, codecs=("auto",), workers=(0,), consume=True,
-                       read_samples=16, warmup=False, cache=str(tmp_path / "cache"),
+                       read_samples=16, warmup=False, dask_workers=1, cache=str(tmp_path / "cache"),
                        out_root=str(tmp_path / "results"))
     results = Bench(cfg, log=open(os.devnull, "w")).run()
     paths = report.write(results)

@@ -290,7 +290,9 @@ class Bench(CheckPhase, ReadPhase):
             def run() -> None:
                 src = spec["scaled"] if scaled else cp
                 out = self.path("h5", f"{src.name}-{codec}{'-cold' if cold else ''}{'-auto' if auto else ''}.h5")
-                cl = {"kind": "auto"} if auto else {"workers": self.cfg.dask_workers} if cold else addr
+                # cold: kind local, as the row says (auto would decode a 1-worker job in the driver)
+                cold_cl = {"kind": "local", "workers": self.cfg.dask_workers}
+                cl = {"kind": "auto"} if auto else cold_cl if cold else addr
                 j = src.job(out, codec, cl)
                 remove_output(out)
                 sample, s = timed(lambda: convert(j, ConvertOptions(overwrite=True, restart=True, progress="none",
