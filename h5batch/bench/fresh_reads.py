@@ -31,6 +31,8 @@ import json
 import os
 import pickle
 import resource
+import select
+import signal
 import struct
 import subprocess
 import sys
@@ -46,6 +48,8 @@ from .records import close_loader
 __all__ = ["FreshRead", "Zygote", "measure_loader", "to_sample"]
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+#: seconds a row's child may take (warm-up and timed epochs) before it is killed
+ROW_TIMEOUT = 900.0
 
 
 def measure_loader(loader: Any, epochs: int, consume: bool = False) -> dict[str, Any]:
@@ -202,10 +206,14 @@ def _fork_row(data: bytes) -> bytes:
         os._exit(0)
     os.close(w)
     with os.fdopen(r, "rb") as f:
-        reply_bytes = f.read()
+        ready, _, _ = select.select([f], [], [], ROW_TIMEOUT)
+        if not ready:  # a row that hangs must not hang the bench
+            os.kill(pid, signal.SIGKILL)
+        reply_bytes = f.read() if ready else b""
     _, status = os.waitpid(pid, 0)
     if not reply_bytes:
-        reply_bytes = json.dumps({"ok": False, "error": f"the child died (wait status {status})"}).encode()
+        why = f"no answer in {ROW_TIMEOUT:g} s, killed" if not ready else f"the child died (wait status {status})"
+        reply_bytes = json.dumps({"ok": False, "error": why}).encode()
     return reply_bytes
 
 
