@@ -1,10 +1,11 @@
 """The read phase of a benchmark run: every reader through a real DataLoader (batch 64,
 shuffle on), one warm-up epoch then the timed epochs per configuration, interleaved.
 
-Every row is a :class:`~h5batch.bench.loaders.Recipe`; rows at ``num_workers=0`` are each
-measured in a fresh interpreter (:mod:`h5batch.bench.fresh_reads`: in the bench's own process
-their figures moved with its heap's history), rows with workers in the bench's process, both
-by :func:`~h5batch.bench.fresh_reads.measure_loader`."""
+Every row is a :class:`~h5batch.bench.loaders.Recipe`; rows at ``num_workers=0`` (and the
+strict rows at any worker count) are each measured in a process of their own, forked from one
+clean interpreter (:mod:`h5batch.bench.fresh_reads`: in the bench's own process their figures
+moved with its heap's history), the other rows in the bench's process, all by
+:func:`~h5batch.bench.fresh_reads.measure_loader`."""
 
 from __future__ import annotations
 
