@@ -102,6 +102,12 @@ class Zygote:
 
     def __init__(self, code: str | None = None):
         self.code = code or _ROOT
+        # The environment as it is now: construct the zygote before any LocalCluster starts.
+        # BEWARE: distributed leaves its workers' settings in the client's os.environ
+        # (OMP_NUM_THREADS, MKL_NUM_THREADS and OPENBLAS_NUM_THREADS 1, MALLOC_TRIM_THRESHOLD_
+        # 65536); a zygote started after the conversions with them ran torch on one thread
+        # (memmap-int16-rowwise 3,093 samples/s against ~6,000-10,000 in the bench's process).
+        self.env = dict(os.environ)
         self._log: Any = None
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -109,7 +115,7 @@ class Zygote:
         """The server, started on the first row (a read phase without one starts nothing)."""
         if self._proc is None:
             self._log = tempfile.TemporaryFile()
-            env = dict(os.environ)
+            env = dict(self.env)
             env["PYTHONPATH"] = os.pathsep.join([self.code, *filter(None, [env.get("PYTHONPATH")])])
             self._proc = subprocess.Popen([sys.executable, "-m", "h5batch.bench.fresh_reads", "--serve"], env=env,
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log)

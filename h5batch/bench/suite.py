@@ -173,6 +173,9 @@ class Bench(CheckPhase, ReadPhase):
         self.say(f"h5batch bench ({self.cfg.mode}) -> {self.out_dir}")
         jobs = self._corpora()
         peer_ok = self._peers_available() if self.cfg.peers else {}
+        # What the 0-worker read rows fork from (bench.fresh_reads), made before any cluster
+        # leaves its workers' settings in os.environ; its process starts at the first such row.
+        zygote = Zygote()
         self._start_cluster()
         try:
             for spec in jobs:
@@ -185,7 +188,7 @@ class Bench(CheckPhase, ReadPhase):
             self._check_phase(spec, peer_ok if spec["peers"] else {})
             spec.pop("reference", None)  # free it: forked loader workers would inherit it
         gc.collect()
-        with Zygote() as zygote:  # one clean interpreter the 0-worker read rows fork from
+        with zygote:
             for spec in jobs:
                 self._read_phase(spec, peer_ok if spec["peers"] else {}, zygote)
         sampling_results = sampling.phase(self.folder("sampling"), self.say, self.skipped, self.cfg.pairs < 512)
