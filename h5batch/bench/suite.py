@@ -173,9 +173,7 @@ class Bench(CheckPhase, ReadPhase):
         self.say(f"h5batch bench ({self.cfg.mode}) -> {self.out_dir}")
         jobs = self._corpora()
         peer_ok = self._peers_available() if self.cfg.peers else {}
-        # What the 0-worker read rows fork from (bench.fresh_reads), made before any cluster
-        # leaves its workers' settings in os.environ; its process starts at the first such row.
-        zygote = Zygote()
+        zygote = Zygote()  # the 0-worker reads fork from it: made before a cluster alters os.environ
         self._start_cluster()
         try:
             for spec in jobs:
@@ -293,8 +291,7 @@ class Bench(CheckPhase, ReadPhase):
             def run() -> None:
                 src = spec["scaled"] if scaled else cp
                 out = self.path("h5", f"{src.name}-{codec}{'-cold' if cold else ''}{'-auto' if auto else ''}.h5")
-                # cold: kind local, as the row says (auto would decode a 1-worker job in the driver)
-                cold_cl = {"kind": "local", "workers": self.cfg.dask_workers}
+                cold_cl = {"kind": "local", "workers": self.cfg.dask_workers}  # auto: 1 worker = in the driver
                 cl = {"kind": "auto"} if auto else cold_cl if cold else addr
                 j = src.job(out, codec, cl)
                 remove_output(out)
