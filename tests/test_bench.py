@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import sys
 import time
 
@@ -14,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from h5batch import commands
-from h5batch.bench import baselines, corpus, measure, peers, report, strict
+from h5batch.bench import baselines, corpus, fresh_reads, loaders, measure, peers, report, strict
 from h5batch.bench.records import STRICT_STORAGES
 from h5batch.bench.suite import Bench, quick_config
 from h5batch.cli import build_parser
@@ -128,6 +129,40 @@ def test_strict_targets_ask_07x_in_process_and_15x_with_workers():
                            "workers": 0, "runs": [{}], "rate": {"median": 1250.0}})
     assert t and {x["target"]: x for x in report.targets(res)}[
         "read >= 0.5x memmap int16 row-wise (num_workers=0)"]["value"] == pytest.approx(0.8)
+
+
+def test_read_rows_are_recipes_that_pickle_and_read_the_same_samples(pairs, tmp_path):
+    """Every read row is a Recipe (a module-level builder and its arguments): pickled, it
+    builds the same loader, which reads every sample of the corpus once."""
+    c, m, ref = pairs
+    fields = tuple(c.job(str(tmp_path / "x.h5")).fields.items())
+    mm = baselines.write_memmaps(ref, str(tmp_path / "mm"))
+    for recipe in (loaders.Recipe(loaders.memmap_rowwise, {"paths": mm, "workers": 0, "batch": 5}),
+                   loaders.Recipe(loaders.raw_strict, {"items": corpus.item_paths(m), "fields": fields,
+                                                       "workers": 0, "batch": 5})):
+        again = pickle.loads(pickle.dumps(recipe))
+        assert again == recipe and "items=" not in str(recipe)
+        got = torch.cat([b["data"] for b in again()]).numpy()
+        want = ref["data"].astype(np.float32) / 32768
+        assert sorted(map(bytes, got)) == sorted(map(bytes, want)), recipe
+
+
+def test_a_zero_worker_row_runs_in_a_child_forked_from_a_clean_interpreter(pairs, tmp_path):
+    c, m, ref = pairs
+    mm = baselines.write_memmaps(ref, str(tmp_path / "mm"))
+    row = fresh_reads.FreshRead(loaders.Recipe(loaders.memmap_rowwise, {"paths": mm, "workers": 0, "batch": 5}))
+    bad = fresh_reads.FreshRead(loaders.Recipe(loaders.memmap_rowwise, {"paths": {"data": str(tmp_path / "no.npy")},
+                                                                         "workers": 0, "batch": 5}))
+    with fresh_reads.Zygote() as zygote:
+        a, b = row.run(zygote, 3), row.run(zygote, 3)
+        assert a["samples"] == b["samples"] == 48 and a["warmup_samples"] == 16
+        assert len({a["pid"], b["pid"], os.getpid()}) == 3  # a process of its own per row
+        with pytest.raises(RuntimeError, match=r"memmap_rowwise\(.*no\.npy.*failed in its own process.*"
+                                               r"FileNotFoundError"):
+            bad.run(zygote, 1)
+        s = row.sample(zygote, 2, 10.0)  # the zygote outlives a failed row
+    assert s.items == 32 and s.nbytes == 320.0 and s.seconds > 0 and s.peak_rss >= s.baseline_rss > 0
+    assert s.extra["fresh_process"] and s.extra["warmup_samples"] == 16 and s.extra["faults_per_batch"] >= 0
 
 
 def test_float_collate_pads_variable_lengths():
@@ -311,8 +346,11 @@ def test_cli_registers_bench():
 
 
 def test_mini_bench_run_writes_json_markdown_png(tmp_path):
+    # Every phase and row type, as small as it goes: one codec, one repetition, 0 workers,
+    # and one Dask worker (the cold rows still start their LocalCluster inside convert, of
+    # one worker: on 2 cores two workers per start cost ~60 of this test's ~100 s).
     cfg = quick_config(pairs=16, images=4, scale=2, reps=1, codecs=("auto",), workers=(0,), consume=True,
-                       read_samples=16, warmup=False, cache=str(tmp_path / "cache"),
+                       read_samples=16, warmup=False, dask_workers=1, cache=str(tmp_path / "cache"),
                        out_root=str(tmp_path / "results"))
     results = Bench(cfg, log=open(os.devnull, "w")).run()
     paths = report.write(results)
@@ -339,6 +377,8 @@ def test_mini_bench_run_writes_json_markdown_png(tmp_path):
         if r["phase"] == "read":
             want = r["info"]["epochs"] * r["info"]["samples_per_epoch"]
             assert all(run["items"] == want for run in r["runs"]), r["key"]
+            # every 0-worker row in a process of its own (bench/fresh_reads.py)
+            assert all(run.get("fresh_process") for run in r["runs"]), r["key"]
     md = open(paths["markdown"]).read()
     assert "| auto → none |" in md  # what auto chose for the generated (incompressible) audio
     assert "## Targets" in md and "### Conversion" in md and "### Read" in md and "## Scaling" in md

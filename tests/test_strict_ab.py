@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from types import SimpleNamespace
 
 import h5py
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 
 from h5batch import generate
 from h5batch.bench import strict_ab
+from h5batch.bench.fresh_reads import Zygote
 from h5batch.bench.reads import ReadPhase
 from h5batch.bench.records import Record
 from h5batch.bench.strict import StrictMemmapDataset
@@ -45,13 +47,23 @@ def test_each_row_runs_in_its_own_process_and_reports_its_samples(files):
 
 
 def test_the_bench_records_a_fresh_row_as_one_sample(files):
+    """The bench's strict rows (the limit and ds.loader, here with 2 workers) run in children
+    forked from one clean interpreter (bench/fresh_reads.py), each recorded as one sample."""
     path, folder = files
-    rec = Record("read", "c", "h5batch", "none", "ds.loader float32 fixed", 2, info={"epochs": 1})
-    ReadPhase._read_once(None, rec, strict_ab.FreshRow(str(path), str(folder), workers=2, batch=8), 32000.0)
-    (s,) = rec.runs
-    assert rec.info["epochs"] == strict_ab.MIN_EPOCHS  # asked for 1: timed over at least MIN_EPOCHS
-    assert s.items == strict_ab.MIN_EPOCHS * 24 and s.nbytes == s.items * 32000.0
-    assert s.seconds > 0 and s.extra["fresh_process"]
+    bench = SimpleNamespace(cfg=SimpleNamespace(batch_size=8, seed=0, consume=False),
+                            record=lambda *key: Record(*key, info={"epochs": 1}))
+    spec = {"corpus": SimpleNamespace(name="c"), "strict_memmap": {k: str(folder / f"{k}.npy") for k in FIELDS},
+            "strict_files": [("float32", True, "none", str(path), {"data": "none"})]}
+    plan = strict_ab.read_plan(bench, spec, 2)
+    assert [r.method for r, _ in plan] == [strict_ab.LIMIT, "h5batch"]
+    assert plan[1][0].info["field_codecs"] == {"data": "none"}
+    with Zygote() as zygote:
+        for rec, row in plan:
+            ReadPhase._read_once(None, rec, row, 32000.0, zygote)
+            (s,) = rec.runs
+            assert rec.info["epochs"] == strict_ab.MIN_EPOCHS  # asked for 1: timed over at least MIN_EPOCHS
+            assert s.items == strict_ab.MIN_EPOCHS * 24 and s.nbytes == s.items * 32000.0
+            assert s.seconds > 0 and s.extra["fresh_process"] and s.extra["warmup_samples"] == 24
 
 
 def test_a_failing_row_raises_naming_the_row(files, tmp_path):

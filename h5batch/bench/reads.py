@@ -1,140 +1,115 @@
 """The read phase of a benchmark run: every reader through a real DataLoader (batch 64,
-shuffle on), one warm-up epoch then one timed epoch per configuration, interleaved."""
+shuffle on), one warm-up epoch then the timed epochs per configuration, interleaved.
+
+Every row is a :class:`~h5batch.bench.loaders.Recipe`; rows at ``num_workers=0`` (and the
+strict rows at any worker count) are each measured in a process of their own, forked from one
+clean interpreter (:mod:`h5batch.bench.fresh_reads`: in the bench's own process their figures
+moved with its heap's history), the other rows in the bench's process, all by
+:func:`~h5batch.bench.fresh_reads.measure_loader`."""
 
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable
 from typing import Any
 
-from . import baselines, corpus, peers, strict_ab
+from . import corpus, loaders, strict_ab
 from .checks import train_count
-from .measure import PeakRss, Sample, drain
-from .records import DEFAULT_CODEC, LOADER, MEMMAP_ROWWISE, PLAIN, Record, close_loader
+from .fresh_reads import FreshRead, Zygote, measure_loader, to_sample
+from .loaders import Recipe
+from .records import DEFAULT_CODEC, LOADER, MEMMAP_ROWWISE, PLAIN, Record
 from .report import STRICT_LITDATA, STRICT_RAW
+
+Row = Recipe | FreshRead
 
 
 class ReadPhase:
     """Mixed into :class:`~h5batch.bench.suite.Bench` (uses its records, config and log)."""
 
-    def _read_plan(self, spec: dict[str, Any], peer_ok: dict[str, bool]) -> list[tuple[Record, Callable[[], Any]]]:
-        from torch.utils.data import DataLoader
-
-        from ..torch import ChunkShuffleSampler, H5Dataset, collate
+    def _read_plan(self, spec: dict[str, Any], peer_ok: dict[str, bool]) -> list[tuple[Record, Row]]:
+        from .baselines import TypicalRawDataset
 
         cp = spec["corpus"]
         m = spec["manifest"]
         bs = self.cfg.batch_size
+        seed = self.cfg.seed
         train = train_count(m)
         items = corpus.item_paths(m)[:train]
         job = cp.job(self.path("h5", "x.h5"))
         fields = tuple(job.fields.items())
         names = list(cp.fields)
-        plan: list[tuple[Record, Callable[[], Any]]] = []
-
-        def dl(ds: Any, nw: int, **kw: Any) -> Any:
-            return DataLoader(ds, batch_size=bs, num_workers=nw, persistent_workers=nw > 0, **kw)
+        plan: list[tuple[Record, Row]] = []
 
         for nw in self.cfg.workers:
+            rows: list[tuple[Record, Recipe]] = []
+
+            def add(method: str, codec: str, variant: str, build: Any, **args: Any) -> None:
+                rows.append((self.record("read", cp.name, method, codec, variant, nw),  # noqa: B023
+                             Recipe(build, {**args, "workers": nw, "batch": bs})))  # noqa: B023
+
             for codec in spec["codecs"]:
                 rec = self.records.get(f"convert/{cp.name}/h5batch/{codec}")
                 if rec is None:
                     continue
                 path = rec.info["path"]
-
-                def chunked(path: str = path, nw: int = nw) -> Any:
-                    ds = H5Dataset(path, "train", as_float=True)
-                    return dl(ds, nw, sampler=ChunkShuffleSampler(ds, seed=self.cfg.seed), collate_fn=collate)
-
-                def full(path: str = path, nw: int = nw) -> Any:
-                    return dl(H5Dataset(path, "train", as_float=True), nw, shuffle=True, collate_fn=collate)
-
-                plan.append((self.record("read", cp.name, "h5batch", codec, "chunk-shuffle", nw), chunked))
+                add("h5batch", codec, "chunk-shuffle", loaders.h5_chunk_shuffle, path=path, seed=seed)
                 if codec == DEFAULT_CODEC or self.cfg.random_all_codecs:
-                    plan.append((self.record("read", cp.name, "h5batch", codec, "random", nw), full))
+                    add("h5batch", codec, "random", loaders.h5_random, path=path)
                 if codec == DEFAULT_CODEC and cp.fixed:
                     # The plain path: how most training scripts build a loader (torch's default
                     # collate, shuffle=True): fixed-length fields only, as default_collate
                     # cannot stack variable lengths (FSDD's full run stopped there).
-                    plan.append((self.record("read", cp.name, "h5batch", codec, PLAIN, nw),
-                                 lambda path=path, nw=nw: dl(H5Dataset(path, "train"), nw, shuffle=True)))
+                    add("h5batch", codec, PLAIN, loaders.h5_plain, path=path)
                 if codec == DEFAULT_CODEC:
-                    # The one-call fast path, ds.loader().
-                    plan.append((self.record("read", cp.name, "h5batch", codec, LOADER, nw),
-                                 lambda path=path, nw=nw: H5Dataset(path, "train").loader(
-                                     batch_size=bs, num_workers=nw, seed=self.cfg.seed)))
+                    add("h5batch", codec, LOADER, loaders.h5_loader, path=path, seed=seed)  # ds.loader()
             naive = self.records.get(f"convert/{cp.name}/naive/gzip")
             if naive is not None:
-                plan.append((self.record("read", cp.name, "naive", "gzip", "random", nw),
-                             lambda nw=nw, p=naive.info["path"]: dl(baselines.NaiveDataset(p, names, train), nw,
-                                                                      shuffle=True, collate_fn=baselines.float_collate)))
+                add("naive", "gzip", "random", loaders.naive, path=naive.info["path"], names=names, n=train)
             # Raw files as a training script reads them (soundfile / Pillow per file, torch's
             # default_collate) is the baseline; raw files given h5batch's decoder and batch
             # assembly isolates what the storage layout alone is worth. Fields the script way
             # cannot batch (variable length, resampling) get only the second, as the baseline.
-            strict = lambda nw=nw: dl(baselines.RawFileDataset(items, fields), nw, shuffle=True,  # noqa: E731
-                                      collate_fn=baselines.float_collate)
-            if baselines.TypicalRawDataset.supports(fields):
-                plan.append((self.record("read", cp.name, "raw-files", "", "random", nw),
-                             lambda nw=nw: dl(baselines.TypicalRawDataset(items, fields), nw, shuffle=True)))
-                plan.append((self.record("read", cp.name, STRICT_RAW, "", "random", nw), strict))
+            if TypicalRawDataset.supports(fields):
+                add("raw-files", "", "random", loaders.raw_typical, items=items, fields=fields)
+                add(STRICT_RAW, "", "random", loaders.raw_strict, items=items, fields=fields)
             else:
-                plan.append((self.record("read", cp.name, "raw-files", "", "random", nw), strict))
+                add("raw-files", "", "random", loaders.raw_strict, items=items, fields=fields)
             if "memmap" in spec:
-                plan.append((self.record("read", cp.name, MEMMAP_ROWWISE, "", "random", nw),
-                             lambda nw=nw: dl(baselines.MemmapDataset(spec["memmap"]), nw, shuffle=True,
-                                              collate_fn=baselines.passthrough)))
-            plan += strict_ab.read_plan(self, spec, nw)  # the strict limit and h5batch beside it, fresh processes
+                add(MEMMAP_ROWWISE, "", "random", loaders.memmap_rowwise, paths=spec["memmap"])
             for prec in list(self.records.values()):
                 if prec.phase != "convert" or prec.corpus != cp.name or not prec.info.get("verify", {}).get("ok"):
                     continue
+                p = prec.info["path"]
                 if prec.method == f"webdataset-{self.cfg.dask_workers}p":
-                    plan.append((self.record("read", cp.name, "webdataset", "", "shard+buffer", nw),
-                                 lambda nw=nw, p=prec.info["path"]: peers.wds_loader(p, names, nw, bs)))
+                    add("webdataset", "", "shard+buffer", loaders.webdataset, path=p, names=names)
                 elif prec.method == "litdata-fork":
-                    plan.append((self.record("read", cp.name, "litdata", "", "default", nw),
-                                 lambda nw=nw, p=prec.info["path"]: peers.litdata_loader(p, names, nw, bs)))
-                    plan.append((self.record("read", cp.name, "litdata", "", "batch_decode=0", nw),
-                                 lambda nw=nw, p=prec.info["path"]: peers.litdata_loader(p, names, nw, bs,
-                                                                                          batch_decode=0)))
+                    add("litdata", "", "default", loaders.litdata, path=p, names=names)
+                    add("litdata", "", "batch_decode=0", loaders.litdata, path=p, names=names, batch_decode=0)
                     # its fastest configuration again, batched by h5batch's collate
-                    plan.append((self.record("read", cp.name, STRICT_LITDATA, "", "batch_decode=0", nw),
-                                 lambda nw=nw, p=prec.info["path"]: peers.litdata_loader(
-                                     p, names, nw, bs, batch_decode=0, assembly="h5batch")))
+                    add(STRICT_LITDATA, "", "batch_decode=0", loaders.litdata, path=p, names=names,
+                        batch_decode=0, assembly="h5batch")
+            fresh = nw == 0 and self.cfg.fresh_reads
+            plan += [(rec, FreshRead(r, seed, self.cfg.consume) if fresh else r) for rec, r in rows]
+            plan += strict_ab.read_plan(self, spec, nw)  # the strict limit and h5batch beside it, own processes
         epochs = max(1, -(-spec["read_samples"] // max(train, 1)))
         for rec, _ in plan:
             rec.info.update(samples_per_epoch=train, epochs=epochs)
         return plan
 
-    def _read_once(self, rec: Record, make: Callable[[], Any], nbytes_per_sample: float) -> None:
-        if isinstance(make, strict_ab.FreshRow):  # the strict rows: each in its own process (bench/strict_ab.py)
+    def _read_once(self, rec: Record, row: Row, nbytes_per_sample: float, zygote: Zygote | None = None) -> None:
+        if isinstance(row, FreshRead):  # in a process of its own: its start is not timed
             rec.info["epochs"] = max(rec.info["epochs"], strict_ab.MIN_EPOCHS)
-            rec.runs.append(make.sample(rec.info["epochs"], nbytes_per_sample))
+            rec.runs.append(row.sample(zygote, rec.info["epochs"], nbytes_per_sample))
             return
-        loader = make()
-        sampler = getattr(loader, "sampler", None)
-        try:
-            warm = drain(loader)  # warm-up epoch: worker start, file opens, caches
-            with PeakRss() as mem:
-                t0 = time.perf_counter()
-                n = 0
-                for epoch in range(rec.info["epochs"]):
-                    if hasattr(sampler, "set_epoch"):  # as a training loop must, for a new order
-                        sampler.set_epoch(epoch + 1)
-                    n += drain(loader, consume=self.cfg.consume)
-                seconds = time.perf_counter() - t0
-        finally:
-            close_loader(loader)
-        rec.runs.append(Sample(seconds, n, n * nbytes_per_sample, mem.peak, mem.baseline,
-                               {"warmup_samples": warm}))
+        r = measure_loader(row(), rec.info["epochs"], self.cfg.consume)
+        rec.runs.append(to_sample(r, nbytes_per_sample, row.args.get("batch")))
 
-    def _read_phase(self, spec: dict[str, Any], peer_ok: dict[str, bool]) -> None:
+    def _read_phase(self, spec: dict[str, Any], peer_ok: dict[str, bool], zygote: Zygote) -> None:
+        """``zygote``: what the 0-worker rows' processes fork from (bench.fresh_reads)."""
         cp = spec["corpus"]
         plan = self._read_plan(spec, peer_ok)
         os.sync()  # the conversions' outputs, written back now rather than during the reads
         for rep in range(self.cfg.reps):
             self.say(f"read {cp.name}: round {rep + 1}/{self.cfg.reps} ({len(plan)} configurations)")
             k = rep % max(1, len(plan))
-            for rec, make in plan[k:] + plan[:k]:
-                self._read_once(rec, make, spec["sample_bytes"])
+            for rec, row in plan[k:] + plan[:k]:
+                self._read_once(rec, row, spec["sample_bytes"], zygote)

@@ -7,8 +7,9 @@ process: in the bench's read phase, where every configuration runs in one proces
 limit measured 4,028-15,312 samples/s on the same machine, and h5batch's ratio to it moved
 with it. Here every row (the limit, h5batch on each storage, optionally under several code
 trees) runs alone in a new interpreter: one warm-up epoch, then ``epochs`` timed epochs
-(wall and process CPU time). The bench's read phase measures its strict rows this way
-(:class:`FreshRow`, :func:`read_plan`). Rows are rotated each repetition and the ratio is taken per
+(wall and process CPU time). The bench's read phase measures its strict rows in processes of
+their own too, forked from one clean interpreter (:func:`read_plan`,
+:mod:`h5batch.bench.fresh_reads`). Rows are rotated each repetition and the ratio is taken per
 repetition against the limit of the same repetition, so a drift of the machine's speed
 cancels; the report gives the median and the range of those ratios.
 
@@ -80,24 +81,18 @@ def _child(args: argparse.Namespace) -> None:
     only, not its DataLoader workers)."""
     import torch
 
+    from . import loaders
     from .baselines import passthrough
     from .measure import PeakRss, drain
     from .records import close_loader
 
-    if args.row in (LIMIT, PREALLOC):
-        from torch.utils.data import DataLoader
-
-        from .strict import StrictMemmapDataset
-
-        paths = {f[:-4]: os.path.join(args.memmap, f) for f in sorted(os.listdir(args.memmap)) if f.endswith(".npy")}
-        ds = StrictMemmapDataset(paths) if args.row == LIMIT else PreallocMemmapDataset(paths)
-        loader: Any = DataLoader(ds, batch_size=args.batch, shuffle=True, num_workers=args.workers,
-                                 persistent_workers=args.workers > 0, collate_fn=passthrough)
+    if args.row == LIMIT:
+        loader: Any = loaders.memmap_strict(args.memmap, args.workers, args.batch)
+    elif args.row == PREALLOC:
+        loader = loaders.dataloader(PreallocMemmapDataset(loaders.memmap_paths(args.memmap)), args.workers,
+                                    args.batch, shuffle=True, collate_fn=passthrough)
     else:
-        from ..torch import H5Dataset
-
-        loader = H5Dataset(args.row, "train").loader(batch_size=args.batch, num_workers=args.workers,
-                                                     seed=args.seed)
+        loader = loaders.h5_loader(args.row, args.workers, args.batch, args.seed)
     torch.manual_seed(args.seed)
     sampler = getattr(loader, "sampler", None)
     try:
@@ -140,35 +135,32 @@ class FreshRow:
                                f"{done.stderr[-2000:]}")
         return json.loads(done.stdout.strip().splitlines()[-1])
 
-    def sample(self, epochs: int, nbytes_per_sample: float) -> Any:
-        """The run as a bench :class:`~h5batch.bench.measure.Sample` (the read phase asks for
-        at least :data:`MIN_EPOCHS` epochs: the child's start is not timed, so they cost little)."""
-        from .measure import Sample
 
-        r = self.run(epochs)
-        extra = {k: r[k] for k in ("warmup_samples", "faults_per_batch", "cpu")}
-        return Sample(r["seconds"], int(r["samples"]), r["samples"] * nbytes_per_sample, int(r["peak_rss"]),
-                      int(r["baseline_rss"]), {**extra, "fresh_process": True})
-
-
-def read_plan(bench: Any, spec: dict[str, Any], nw: int) -> list[tuple[Any, FreshRow]]:
+def read_plan(bench: Any, spec: dict[str, Any], nw: int) -> list[tuple[Any, Any]]:
     """The bench's read rows of the strict limit and of h5batch on every storage at
-    ``num_workers=nw`` (:mod:`h5batch.bench.strict`), each a :class:`FreshRow`: the read
-    phase measures it in a new interpreter, so the limit's figure does not depend on what the
-    bench's process ran before it (its two fresh 8 MB arrays a batch fault in or not as the C
-    library's heap history decides: 4,000-15,000 samples/s in one process)."""
+    ``num_workers=nw`` (:mod:`h5batch.bench.strict`), each a
+    :class:`~h5batch.bench.fresh_reads.FreshRead`: the read phase measures it in a process of
+    its own (forked from a clean interpreter), so the limit's figure does not depend on what
+    the bench's process ran before it (its two fresh 8 MB arrays a batch fault in or not as
+    the C library's heap history decides: 4,000-15,000 samples/s in one process)."""
     if "strict_memmap" not in spec:
         return []
+    from . import loaders
+    from .fresh_reads import FreshRead
+    from .loaders import Recipe
     from .records import MEMMAP_STRICT, strict_variant
 
     cp = spec["corpus"]
-    kw: dict[str, Any] = dict(workers=nw, batch=bench.cfg.batch_size, seed=bench.cfg.seed, consume=bench.cfg.consume)
+    kw: dict[str, Any] = dict(workers=nw, batch=bench.cfg.batch_size)
+    fresh = dict(seed=bench.cfg.seed, consume=bench.cfg.consume)
     folder = os.path.dirname(next(iter(spec["strict_memmap"].values())))
-    plan = [(bench.record("read", cp.name, MEMMAP_STRICT, "", "random", nw), FreshRow(MEMMAP_STRICT, folder, **kw))]
+    plan = [(bench.record("read", cp.name, MEMMAP_STRICT, "", "random", nw),
+             FreshRead(Recipe(loaders.memmap_strict, {"folder": folder, **kw}), **fresh))]
     for dtype, fixed, codec, path, chosen in spec["strict_files"]:
         rec = bench.record("read", cp.name, "h5batch", codec, strict_variant(dtype, fixed), nw)
         rec.info["field_codecs"] = chosen
-        plan.append((rec, FreshRow(path, folder, **kw)))
+        plan.append((rec, FreshRead(Recipe(loaders.h5_loader, {"path": path, "seed": bench.cfg.seed, **kw}),
+                                    **fresh)))
     return plan
 
 

@@ -12,7 +12,8 @@ drift of the machine hits all of them alike):
    x``scale`` corpus (cold) and the peers;
 3. correctness: every output is compared with the source decoded in this process;
 4. reads through a DataLoader (batch 64, shuffle on), per corpus: for each configuration a
-   warm-up epoch, then one timed epoch; every configuration reads the same samples.
+   warm-up epoch, then the timed epochs; every configuration reads the same samples; rows at
+   ``num_workers=0`` each in a fresh interpreter (``bench.fresh_reads``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from ..conversion.plan import make_tasks
 from . import baselines, cli_cold, corpus, peers, physics, sampling, strict
 from .checks import CheckPhase
 from .decode_only import decode_only
+from .fresh_reads import Zygote
 from .measure import Sample, timed
 from .reads import ReadPhase
 from .records import DEFAULT_CODEC, RW_BOUND, Record
@@ -71,6 +73,7 @@ class BenchConfig:
     keep: bool = False  # keep converted outputs (else deleted at the end)
     warmup: bool = True  # a warm-up conversion round on a small corpus before the timed rounds
     consume: bool = False  # reads: sum every tensor of every batch in the main process (measure.drain)
+    fresh_reads: bool = True  # reads at num_workers=0: each measurement in a new interpreter (bench.fresh_reads)
     seed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -170,6 +173,7 @@ class Bench(CheckPhase, ReadPhase):
         self.say(f"h5batch bench ({self.cfg.mode}) -> {self.out_dir}")
         jobs = self._corpora()
         peer_ok = self._peers_available() if self.cfg.peers else {}
+        zygote = Zygote()  # the 0-worker reads fork from it: made before a cluster alters os.environ
         self._start_cluster()
         try:
             for spec in jobs:
@@ -182,8 +186,9 @@ class Bench(CheckPhase, ReadPhase):
             self._check_phase(spec, peer_ok if spec["peers"] else {})
             spec.pop("reference", None)  # free it: forked loader workers would inherit it
         gc.collect()
-        for spec in jobs:
-            self._read_phase(spec, peer_ok if spec["peers"] else {})
+        with zygote:
+            for spec in jobs:
+                self._read_phase(spec, peer_ok if spec["peers"] else {}, zygote)
         sampling_results = sampling.phase(self.folder("sampling"), self.say, self.skipped, self.cfg.pairs < 512)
         self.load["end"] = os.getloadavg()
         results = {
@@ -286,7 +291,8 @@ class Bench(CheckPhase, ReadPhase):
             def run() -> None:
                 src = spec["scaled"] if scaled else cp
                 out = self.path("h5", f"{src.name}-{codec}{'-cold' if cold else ''}{'-auto' if auto else ''}.h5")
-                cl = {"kind": "auto"} if auto else {"workers": self.cfg.dask_workers} if cold else addr
+                cold_cl = {"kind": "local", "workers": self.cfg.dask_workers}  # auto: 1 worker = in the driver
+                cl = {"kind": "auto"} if auto else cold_cl if cold else addr
                 j = src.job(out, codec, cl)
                 remove_output(out)
                 sample, s = timed(lambda: convert(j, ConvertOptions(overwrite=True, restart=True, progress="none",
