@@ -18,7 +18,6 @@ from h5batch import generate
 from h5batch.config import job_from_dict, load_job
 from h5batch.conversion import inprocess
 from h5batch.layouts import discover
-from h5batch.transport.segments import stale_segments
 from tests.conftest import REPO
 from tests.support import run
 from tests.support.h5compare import assert_same_h5
@@ -86,7 +85,7 @@ def test_auto_decodes_a_small_job_in_process_and_writes_the_same_file_as_local(d
     assert "cluster: LocalCluster, 2 worker processes" in res.stderr and "cluster auto" not in res.stderr
     assert_same_h5(a, b)
     assert stored_chunks(a) == stored_chunks(b)  # byte for byte, compressed image chunks included
-    assert not stale_segments()
+    assert not run.own_stale_segments()
 
 
 def test_auto_chooses_by_the_estimated_work(demo_root, monkeypatch):
@@ -194,7 +193,7 @@ def test_forked_decoders_share_the_batches_and_write_the_same_file(demo_root, tm
     assert_same_h5(one, more)
     assert stored_chunks(one) == stored_chunks(more)
     assert not _alive_with(str(more)), "a forked decoder outlived its run"
-    assert not stale_segments()
+    assert not run.own_stale_segments()
 
 
 def test_a_forked_decoder_that_dies_has_its_batch_decoded_again(demo_root, tmp_path):
@@ -209,7 +208,7 @@ def test_a_forked_decoder_that_dies_has_its_batch_decoded_again(demo_root, tmp_p
                      r"1 forked decoder died, its batch decoded again", res.stderr), res.stderr
     assert_same_h5(ref, out)
     assert not _alive_with(str(out))
-    assert not stale_segments()
+    assert not run.own_stale_segments()
 
 
 def test_a_file_that_crashes_its_decoder_is_still_rejected_under_auto(paired, tmp_path):
@@ -223,7 +222,7 @@ def test_a_file_that_crashes_its_decoder_is_still_rejected_under_auto(paired, tm
     rej = [r for r in rejects(out) if r["path"].endswith("/5.wav")]
     assert sorted(r["path"] for r in rej) == ["test/data/5.wav", "test/label/5.wav", "train/data/5.wav", "train/label/5.wav"]
     assert all(r["stage"] == "worker" and "worker failed while decoding" in r["reason"] for r in rej)
-    assert not stale_segments()
+    assert not run.own_stale_segments()
 
 
 def test_decode_timeout_holds_in_process(paired, tmp_path):
@@ -236,7 +235,7 @@ def test_decode_timeout_holds_in_process(paired, tmp_path):
     assert all(r["stage"] == "timeout" for r in rej), rej
     with h5py.File(out, "r") as f:
         assert f["train"]["source"].shape[0] == 47 and f["test"]["source"].shape[0] == 15
-    assert not stale_segments()
+    assert not run.own_stale_segments()
 
 
 def test_after_a_crash_in_process_the_next_auto_run_resumes_on_processes(paired, tmp_path):
@@ -256,7 +255,7 @@ def test_after_a_crash_in_process_the_next_auto_run_resumes_on_processes(paired,
     res = convert(PAIRED, paired, ref, "inprocess", *NO_TRIAL)
     assert res.returncode == 0, res.stderr
     assert_same_h5(ref, out)
-    assert not stale_segments()
+    assert not run.own_stale_segments()
 
 
 # A command line's conversion, with a report of what its driver imported (stdout, JSON).
@@ -324,4 +323,4 @@ def test_a_driver_with_threads_starts_its_decoders_from_the_fork_server(demo_roo
     assert "cluster: in-process, 1 decode thread + 1 forked decoder" in outs[2][1]
     assert_same_h5(outs[1][0], outs[2][0])
     assert not [p for p in mp.active_children() if p.name == "h5batch-decoder"]
-    assert not stale_segments()
+    assert not run.own_stale_segments()

@@ -18,11 +18,10 @@ import h5py
 import pytest
 
 from h5batch import generate
-from h5batch.transport.segments import stale_segments
 from tests.conftest import REPO
 from tests.support.h5compare import assert_same_h5
 from tests.support.processes import group_members, holder_of, wait_for
-from tests.support.run import convert_cmd, run
+from tests.support.run import convert_cmd, own_stale_segments, run
 from tests.support.run import start as start_process
 
 JOB = REPO / "jobs" / "paired_audio.yaml"
@@ -98,7 +97,7 @@ def test_kill_9_process_group_then_resume_is_identical(corpus, reference, tmp_pa
     assert ("is resumed first, not redone (--restart redoes it)" in res.stderr) == (point == "commit:25"), res.stderr
     assert_same_h5(reference, out)
     assert not Path(str(out) + ".partial").exists()
-    assert not stale_segments(), "stale shared-memory segments survived the resumed run"
+    assert not own_stale_segments(), "stale shared-memory segments survived the resumed run"
 
 
 def test_resume_with_another_batch_size_cuts_the_same_batches(corpus, reference, tmp_path):

@@ -113,3 +113,14 @@ def convert(job: str | Path, *extra: str, env: Mapping[str, str] | None = None,
     if check:
         assert res.returncode == 0, f"convert failed ({res.returncode}):\n{res.stderr}"
     return res
+
+
+def own_stale_segments() -> list[str]:
+    """Stale h5batch segments (their run's driver is gone) of the runs this test process
+    started (:data:`SPAWNED`) or ran itself. Reason: under xdist another worker may have just
+    killed a run whose segments its rerun is about to remove; a global check would judge
+    that run's leftovers as this test's."""
+    from h5batch.transport.segments import owner_pid, stale_segments
+
+    mine = SPAWNED | {os.getpid()}
+    return [s for s in stale_segments() if owner_pid(s) in mine]
