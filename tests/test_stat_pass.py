@@ -20,6 +20,7 @@ _SCRIPT = textwrap.dedent(r"""
     import json, os, signal, sys, threading, time
     from pathlib import Path
     from h5batch.config import load_job
+    from h5batch import walk_ahead
     from h5batch.layouts import stat_pass
     from h5batch.layouts.base import Builder, get
 
@@ -27,7 +28,7 @@ _SCRIPT = textwrap.dedent(r"""
     job = load_job(Path(root) / "job.yaml", [f"source.root={root}", f"output.path={out}"], check_paths=False)
     if mode == "thread":
         threading.Thread(target=time.sleep, args=(3,), daemon=True).start()  # no fork with a thread
-    stat_pass.SPLIT_MIN = 64  # the child's stats split with a second child even on this small corpus
+    walk_ahead.SPLIT_MIN = 64  # the child's stats split with a second child even on this small corpus
     lock = os.open(out + ".lock", os.O_CREAT | os.O_RDWR)  # stands for the output's lock
     report = {}
 
@@ -36,7 +37,16 @@ _SCRIPT = textwrap.dedent(r"""
         return {"files": rows, "rejects": sorted((r.path, r.reason) for r in b.rejects),
                 "symlinks": bool(b.symlinks), "folders": folders}
 
-    with stat_pass.started(job) as w:
+    ahead = None
+    if mode.startswith("ahead"):  # the walk h5batch sync starts from the job file, before loading the job
+        where = root if mode == "ahead" else str(Path(root) / "train")  # ahead-elsewhere: not the job's root
+        ahead = walk_ahead.ahead_of(str(Path(root) / "job.yaml"), [f"source.root={where}"])
+        ahead_pid = ahead._child.pid
+    with stat_pass.started(job, ahead) as w:
+        if ahead is not None:
+            report["ahead_taken"] = ahead._child is None
+            report["ahead_gone"] = not os.path.exists(f"/proc/{ahead_pid}")
+            report["ahead_used"] = w._child is not None and w._child.pid == ahead_pid
         report["forked"] = w.forked
         if w.forked:  # the child blocks on its pipe (its result is over a pipe's 64 KiB) until result()
             pid = w._child.pid
@@ -76,13 +86,16 @@ def _corpus(root: Path) -> None:
     for i in range(_MANY):
         (root / f"train/many/a-long-file-name-for-the-pipe-{i:05d}.wav").write_bytes(b"")
     for rel, size in [("train/dog/a.wav", 10), ("train/dog/b.wav", 20), ("train/cat/ü.wav", 30),
-                      ("test/cat/c.wav", 40), ("test/notes.txt", 5), ("train/dog/.hidden.wav", 7)]:
+                      ("test/cat/c.wav", 40), ("test/notes.txt", 5), ("train/dog/.hidden.wav", 7),
+                      ("README.md", 9), ("notes/extra.wav", 3)]:
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes(b"\0" * size)
     os.utime(root / "train/dog/b.wav", ns=(1_000_000_123, 2_000_000_456))
     os.mkfifo(root / "train/cat/pipe.wav")
+    # Not part of the corpus: a folder that source.splits does not list, a symlink in it.
+    os.symlink("missing.wav", root / "notes" / "broken.wav")
     (root / "job.yaml").write_text(textwrap.dedent("""
-        source: {root: ., layout: class_folders}
+        source: {root: ., layout: class_folders, splits: [train, test]}
         fields:
           audio: {type: audio, extensions: [.wav]}
         output: {path: out.h5}
@@ -113,6 +126,27 @@ def test_forked_walk_finds_what_the_layouts_walk_finds(tmp_path):
     assert len(r["child_fds"]) == 4, r["child_fds"]
     assert r["left"] is False
     assert r["used"], "the child's walk is the one used"
+
+
+def test_the_walk_started_before_the_job_loads_is_taken_over(tmp_path):
+    """``h5batch sync`` walks the root the job file names before it loads the job; the
+    class_folders layout derives its walk from that whole-root walk: the same files,
+    rejects, symlinks and split folders as its own walk (the top-level README, the unlisted
+    folder and its broken symlink are no part of the corpus)."""
+    _corpus(tmp_path)
+    r = _run(tmp_path, "ahead")
+    assert r["ahead_taken"] and r["ahead_used"]
+    assert r["used"] and r["pass"] == r["inline"]
+    assert r["pass"]["symlinks"] is False
+    assert len(r["pass"]["files"]) == 5 + _MANY
+
+
+def test_a_walk_ahead_of_another_root_is_ended_and_the_pass_walks_its_own(tmp_path):
+    _corpus(tmp_path)
+    r = _run(tmp_path, "ahead-elsewhere")
+    assert not r["ahead_used"] and r["ahead_gone"], "the walk of the wrong root is ended at once"
+    assert r["used"] and r["pass"] == r["inline"]
+    assert len(r["pass"]["files"]) == 5 + _MANY
 
 
 def test_thread_walk_where_the_process_has_threads(tmp_path):

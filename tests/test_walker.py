@@ -1,4 +1,4 @@
-"""The file walker's two modes (h5batch/layouts/walker.py): the unordered one of a sync's
+"""The file walker's two modes (h5batch/walker.py): the unordered one of a sync's
 stat pass lists each folder through a descriptor of it, and must find what the ordered one
 of discovery finds: the same files with the same sizes and mtimes, the same rejects."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from h5batch.layouts.walker import Walker, stat_listed
+from h5batch.walker import Walker, stat_listed
 
 
 def _corpus(root: Path) -> None:
@@ -65,7 +65,7 @@ def test_unlistable_folder_is_the_same_reject_in_both_modes(tmp_path):
 
 def test_unordered_walk_without_descriptor_listing_finds_the_same(tmp_path, monkeypatch):
     """Where scandir cannot take a descriptor (not POSIX), the unordered walk lists by path."""
-    from h5batch.layouts import walker
+    from h5batch import walker
 
     _corpus(tmp_path)
     by_fd = _walk(tmp_path, ordered=False)
@@ -76,12 +76,13 @@ def test_unordered_walk_without_descriptor_listing_finds_the_same(tmp_path, monk
 def test_a_deferred_walk_stat_ed_later_finds_the_same_files(tmp_path):
     _corpus(tmp_path)
     w = Walker(tmp_path, ordered=False, defer=True)
-    listed = w.walk()
-    links = [p for p, size, _ in listed if size != -1]  # a symlink's stat is not deferred
-    assert links == ["a/link.wav"]
-    stat, failed = stat_listed(tmp_path, [p for p, _, _ in listed])
+    rest = w.walk()
+    assert [p for p, _, _ in rest] == ["a/link.wav"]  # a symlink's stat is not deferred
+    assert "a/link.wav" not in w.deferred and "a/deep/z.wav" in w.deferred
+    listed = w.deferred + [p for p, _, _ in rest]
+    stat, failed = stat_listed(tmp_path, listed)
     assert failed == []
-    got = sorted((p, int(s), int(m)) for (p, _, _), (s, m) in zip(listed, stat.tolist()))
+    got = sorted((p, int(s), int(m)) for p, (s, m) in zip(listed, stat.tolist()))
     files, rejects, symlinks = _walk(tmp_path, ordered=False)
     assert got == files
     assert sorted((r.path, r.reason) for r in w.rejects) == rejects

@@ -42,8 +42,6 @@ def add_arguments(p) -> None:
 
 def job_overrides(args) -> list[str]:
     """The ``--set`` list plus the overrides the other flags stand for."""
-    from ..config import load_job
-
     over = list(args.overrides)
     if args.workers is not None:
         over.append(f"cluster.workers={args.workers}")
@@ -53,6 +51,8 @@ def job_overrides(args) -> list[str]:
     if scheduler is None and not args.scheduler_file and os.environ.get("DASK_SCHEDULER_ADDRESS"):
         # Dask's standard variable picks the scheduler for jobs that would start a LocalCluster;
         # it must not silently override a job that asks for SLURM or a scheduler of its own.
+        from ..config import load_job
+
         kind = load_job(args.job, over, check_paths=False).cluster.kind
         if kind in ("local", "auto"):
             scheduler = os.environ["DASK_SCHEDULER_ADDRESS"]

@@ -30,12 +30,22 @@ def run(args) -> int:
     # thread unless the user chose otherwise (the writer and decoders inherit it). numpy is
     # not imported yet here: h5batch.config, below, is what first imports it.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    from ..config import load_job
-    from ..conversion.options import ConvertOptions
-    from ..conversion.sync import sync
+    overrides = _convert.job_overrides(args)
+    # The corpus's walk starts now, from the job file alone, and overlaps the imports and the
+    # job's loading below (~0.1 s); the sync takes it over if it walks the job's root.
+    from ..walk_ahead import ahead_of
 
-    job = load_job(args.job, _convert.job_overrides(args))
-    s = sync(job, ConvertOptions(progress=args.progress))
+    ahead = ahead_of(args.job, overrides)
+    try:
+        from ..config import load_job
+        from ..conversion.options import ConvertOptions
+        from ..conversion.sync import sync
+
+        job = load_job(args.job, overrides)
+        s = sync(job, ConvertOptions(progress=args.progress), ahead=ahead)
+    finally:
+        if ahead is not None:
+            ahead.end()  # not taken over (an error, another root): its children go now
     counts = ", ".join(f"{k} {v}" for k, v in s.counts.items())
     if s.up_to_date:
         print(f"{s.path} is up to date with its corpus ({counts}); nothing to do "

@@ -44,6 +44,7 @@ from .lock import OutputLock
 from .options import ConvertOptions
 
 if TYPE_CHECKING:
+    from ..walk_ahead import RootWalk
     from .writer_start import PendingWriter
 
 # The driver, the plan, the writer's start and its messages are imported when there is
@@ -83,9 +84,11 @@ def recover(final: str, say) -> None:
         say(f"removed {copy}, left by an interrupted sync")
 
 
-def sync(job: JobConfig, opts: ConvertOptions | None = None) -> SyncSummary:
+def sync(job: JobConfig, opts: ConvertOptions | None = None, ahead: RootWalk | None = None) -> SyncSummary:
     """Sync the output of ``job`` with its corpus (see the module docstring). Raises
-    :class:`~h5batch.errors.ConvertError` with the command line's exit code."""
+    :class:`~h5batch.errors.ConvertError` with the command line's exit code. ``ahead``: the
+    corpus's walk, started before the job was loaded (:func:`h5batch.walk_ahead.ahead_of`);
+    taken over where it walks the job's root, else ended."""
     opts = opts or ConvertOptions()
     log = opts.log or sys.stderr
 
@@ -105,7 +108,7 @@ def sync(job: JobConfig, opts: ConvertOptions | None = None) -> SyncSummary:
             remove_stale_segments()
             semaphores.remove_stale()
             with semaphores.tagged():
-                s = _sync(job, opts, final, lock, run_id, say)
+                s = _sync(job, opts, final, lock, run_id, say, ahead)
         finally:
             lock.release()
     s.seconds = time.perf_counter() - t0
@@ -158,10 +161,11 @@ def _import_writing() -> None:
     from . import driver, plan, spares, writer_start  # noqa: F401
 
 
-def _sync(job: JobConfig, opts: ConvertOptions, final: str, lock: OutputLock, run_id: str, say) -> SyncSummary:
+def _sync(job: JobConfig, opts: ConvertOptions, final: str, lock: OutputLock, run_id: str, say,
+          ahead: RootWalk | None = None) -> SyncSummary:
     t0 = time.perf_counter()
     generate_corpus(job, say)
-    with stat_pass.started(job) as walked, _gc_paused():
+    with stat_pass.started(job, ahead) as walked, _gc_paused():
         old = deltas.read_output(final)
         if not old.has_inventory:
             raise ConvertError(f"{final} was written by an h5batch that kept no inventory of its inputs, so a sync "

@@ -1,5 +1,5 @@
 """What every layout shares: the :class:`Layout` base class and its registry, the manifest
-builder and the path helpers (the file walker, :class:`~.walker.Walker`, is in :mod:`.walker`).
+builder and the path helpers (the file walker, :class:`~h5batch.walker.Walker`, is in :mod:`h5batch.walker`).
 
 Rule: this module names no layout; each layout is one module of this package. The config
 classes are imported for type checking only. Reason: :mod:`h5batch.config` builds its
@@ -25,10 +25,11 @@ from typing import TYPE_CHECKING, ClassVar
 
 from ..fields import file_fields
 from ..manifest import Item, Manifest, Memo, Reject, natural_key
-from .walker import Walker
+from ..walker import Walker
 
 if TYPE_CHECKING:
     from ..config import JobConfig, SourceConfig
+    from .stat_pass import Walked
 
 
 class Layout:
@@ -55,6 +56,13 @@ class Layout:
         """(an incremental layout) Every file :meth:`build` looks at, as ``(relative path,
         size, mtime_ns)``, the walk's rejects put in ``b``; and the split order when the
         folders fix it (None when the items' splits do)."""
+        raise NotImplementedError
+
+    def from_root_walk(self, root: Path, src: SourceConfig, b: Builder, walked: Walked) -> tuple[Walked, list[str] | None]:
+        """(an incremental layout) What :meth:`walk` returns, derived from ``walked``, a
+        whole-root walk (:mod:`h5batch.walk_ahead`) whose rejects and symlinks are in ``b``
+        already: the same files, rejects and split order as :meth:`walk` would give
+        (a sync's stat pass, :mod:`.stat_pass`)."""
         raise NotImplementedError
 
     def build(self, root: Path, src: SourceConfig, b: Builder, files: list[tuple[str, int, int]],
@@ -154,7 +162,6 @@ class Builder:
         self.resolved: dict = {}  # field configs completed by the annotation stage
         self.symlinks = False  # a walk met a symlink (see Memo.plain)
         self.ordered_walk = True  # Walker(root, b.ordered_walk): False for a sync's stat pass
-        self.defer_stat = False  # Walker(..., defer): True in a stat pass that splits its stats (stat_pass)
 
     def walked(self, walker: Walker) -> None:
         """Take a finished walk's rejects and file identities (call once per walker)."""

@@ -19,6 +19,7 @@ from .base import Builder, Layout, Walker, declared_then_found, not_accepted, re
 
 if TYPE_CHECKING:
     from ..config import SourceConfig
+    from .stat_pass import Walked
 
 
 class Pattern(Layout):
@@ -26,10 +27,13 @@ class Pattern(Layout):
     incremental = True  # a file's item depends on its own path: h5batch sync rediscovers incrementally
 
     def walk(self, root: Path, src: SourceConfig, b: Builder) -> tuple[list[tuple[str, int, int]], None]:
-        walker = Walker(root, b.ordered_walk, b.defer_stat)
+        walker = Walker(root, b.ordered_walk)
         files = walker.walk()
         b.walked(walker)
         return files, None
+
+    def from_root_walk(self, root: Path, src: SourceConfig, b: Builder, walked: Walked) -> tuple[Walked, None]:
+        return walked, None  # the pattern is matched against every file under the root
 
     def build(self, root: Path, src: SourceConfig, b: Builder, files: list[tuple[str, int, int]],
               splits: list[str] | None) -> list[str]:

@@ -6,33 +6,50 @@ followed only while they stay inside the root (and not into a folder that contai
 
 Two modes. Ordered (discovery): each folder's entries sorted by name, and each file's
 identity (``st_dev``, ``st_ino``) kept for finding one file reached through several
-symlinks. Unordered (a sync's stat pass, :mod:`.stat_pass`): entries in listing order, no
+symlinks. Unordered (a sync's stat pass, :mod:`h5batch.walk_ahead`): entries in listing order, no
 identities, and each folder is listed through an open descriptor of it, so that each
 ``stat`` resolves the file's name in that folder instead of its whole path from the root
 (``fstatat``; ~10 % of the pass over 100,000 files of one folder, which is the largest fixed
 cost of a sync). Both give the same files, sizes, mtimes and rejects.
 
-An unordered walk may also *defer* the regular files' ``stat`` (``defer=True``): they are
-listed with size and mtime -1, and :func:`stat_listed` stats any share of them afterwards.
-Reason: the ``stat`` calls are ~80 % of a walk (100,000 files: listing ~0.1 s, stat-ing
-~0.4 s, in C as in Python: the system call is the cost), and split over two processes
-they take half the time (:mod:`.stat_pass`). A file that cannot be stat-ed then is the
-same reject as in a walk that stats at once.
+An unordered walk may also *defer* the regular files' ``stat`` (``defer=True``): their
+paths are listed in :attr:`Walker.deferred` instead of the walk's result (a folder's
+entries sorted out in one C-level pass, by their ``d_type``), and :func:`stat_lists` stats
+any share of them afterwards. Reason: the ``stat`` calls are ~80 % of a walk (100,000
+files: listing ~0.05 s, stat-ing ~0.24 s, in C as in Python: the system call is the cost),
+and split over two processes they take half the time (:mod:`h5batch.walk_ahead`). A file
+that cannot be stat-ed then is the same reject as in a walk that stats at once.
+
+Rule: this module imports nothing at its top but the standard library (numpy and the
+manifest's ``Reject`` on first use). Reason: a sync's walk starts before the job's
+imports (:mod:`h5batch.walk_ahead`).
 """
 
 from __future__ import annotations
 
 import operator
 import os
+from itertools import compress
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
-from ..manifest import Reject
+    from .manifest import Reject
 
-__all__ = ["Walker", "stat_listed"]
+__all__ = ["Walker", "stat_listed", "stat_lists"]
 
 _name = operator.attrgetter("name")
+_is_plain = operator.methodcaller("is_file", follow_symlinks=False)  # a regular file, not through a symlink
+_hidden = operator.methodcaller("startswith", ".")
+
+
+def _plain_or_false(entry) -> bool:
+    try:
+        return entry.is_file(follow_symlinks=False)
+    except OSError:
+        return False
 # Listing a folder through its descriptor needs scandir(fd) (fdopendir): POSIX systems.
 _BY_FD = os.scandir in os.supports_fd and hasattr(os, "O_DIRECTORY")
 
@@ -49,14 +66,25 @@ class Walker:
 
     def __init__(self, root: Path, ordered: bool = True, defer: bool = False):
         self.root = root
-        self.defer = defer and not ordered  # regular files listed now, stat-ed by stat_listed()
+        self.defer = defer and not ordered  # regular files listed in deferred, stat-ed by stat_listed()
+        self.deferred: list[str] = []  # (defer) the regular files' relative paths, not in walk()'s result
         # False: a sync's stat pass (h5batch.layouts.incremental), entries in listing order and
         # no file identities (it runs only where the corpus has no symlinks).
         self.ordered = ordered
         self.real_root = os.path.realpath(root)
         self.rejects: list[Reject] = []
         self.ids: dict[str, tuple[int, int]] = {}
-        self.symlinks = 0  # symlinks met (a sync rediscovers incrementally only without them)
+        self.links: list[str] = []  # the symlinks met (a sync rediscovers incrementally only without them)
+
+    @property
+    def symlinks(self) -> int:
+        return len(self.links)
+
+    def _reject(self, path: str, reason: str) -> None:
+        # Imported on first use: a walk ahead of the job's imports has none (h5batch.walk_ahead).
+        from .manifest import Reject
+
+        self.rejects.append(Reject(path, "discover", reason))
 
     def inside(self, path: str) -> bool:
         real = os.path.realpath(path)
@@ -76,7 +104,7 @@ class Walker:
         except OSError as e:
             if fd is not None:
                 os.close(fd)
-            self.rejects.append(Reject(rel or ".", "discover", f"cannot list folder: {e.strerror}"))
+            self._reject(rel or ".", f"cannot list folder: {e.strerror}")
             return out
         try:  # the entries' stat() goes through fd: it stays open until they are done with
             self._scan(entries, str(base), rel, _stack, out)
@@ -87,20 +115,16 @@ class Walker:
 
     def _scan(self, entries: list, base: str, rel: str, _stack: frozenset[str], out: list) -> None:
         prefix = f"{rel}/" if rel else ""
-        if self.defer:  # regular files listed (-1: stat later); the others take the path below
-            rest = []
-            for entry in entries:
-                name = entry.name
-                if name[0] == ".":
-                    continue
-                try:
-                    if entry.is_file(follow_symlinks=False):  # no system call where d_type says
-                        out.append((prefix + name, -1, -1))
-                        continue
-                except OSError:
-                    pass  # the path below says what is wrong with it
-                rest.append(entry)
-            entries = rest
+        if self.defer:  # regular files listed in self.deferred; the others take the path below
+            try:  # one C-level pass (d_type: no system call): ~2x a loop over the entries
+                plain = list(map(_is_plain, entries))
+            except OSError:  # d_type unknown and lstat failed: the path below says what is wrong
+                plain = [_plain_or_false(e) for e in entries]
+            names = list(map(_name, compress(entries, plain)))
+            if any(map(_hidden, names)):
+                names = [n for n in names if n[0] != "."]
+            self.deferred.extend(map(prefix.__add__, names) if prefix else names)
+            entries = list(compress(entries, map(operator.not_, plain)))
         ids = self.ids if self.ordered else None
         for entry in entries:
             name = entry.name
@@ -111,7 +135,7 @@ class Walker:
                 plain = not entry.is_symlink() and entry.is_file()
                 st = entry.stat() if plain else None
             except OSError as e:
-                self.rejects.append(Reject(relpath, "discover", f"cannot stat: {e.strerror}"))
+                self._reject(relpath, f"cannot stat: {e.strerror}")
                 continue
             if st is not None:
                 if ids is not None:
@@ -120,26 +144,26 @@ class Walker:
                 continue
             path = os.path.join(base, name)  # entry.path is the bare name when listed through fd
             if entry.is_symlink():
-                self.symlinks += 1
+                self.links.append(relpath)
                 if not os.path.exists(path):
-                    self.rejects.append(Reject(relpath, "discover", "broken symlink"))
+                    self._reject(relpath, "broken symlink")
                     continue
                 if not self.inside(path):
-                    self.rejects.append(Reject(relpath, "discover", "symlink points outside the corpus root"))
+                    self._reject(relpath, "symlink points outside the corpus root")
                     continue
             try:
                 if entry.is_dir():
                     if entry.is_symlink() and os.path.realpath(path) in _stack:
-                        self.rejects.append(Reject(relpath, "discover", "symlink loop: points to a folder that contains it"))
+                        self._reject(relpath, "symlink loop: points to a folder that contains it")
                         continue
                     out.extend(self.walk(relpath, _stack))
                     continue
                 st = entry.stat()
             except OSError as e:
-                self.rejects.append(Reject(relpath, "discover", f"cannot stat: {e.strerror}"))
+                self._reject(relpath, f"cannot stat: {e.strerror}")
                 continue
             if not entry.is_file():
-                self.rejects.append(Reject(relpath, "discover", "not a regular file"))
+                self._reject(relpath, "not a regular file")
                 continue
             self.ids[relpath] = (st.st_dev, st.st_ino)
             out.append((relpath, st.st_size, st.st_mtime_ns))
@@ -148,8 +172,17 @@ class Walker:
 def stat_listed(root: Path, paths: list[str]) -> tuple[np.ndarray, list[tuple[int, str]]]:
     """Size and mtime_ns (int64 ``(n, 2)``) of each of ``paths`` (files of a deferred walk
     under ``root``), and ``(index, reason)`` of those that could not be stat-ed (their rows
-    -1). Each run of one folder's files is stat-ed through one descriptor of the folder, as
-    the unordered walk does."""
+    -1): :func:`stat_lists` as a numpy array."""
+    import numpy as np
+
+    sizes, mtimes, failed = stat_lists(root, paths)
+    return np.ascontiguousarray(np.array([sizes, mtimes], dtype=np.int64).T), failed
+
+
+def stat_lists(root: Path, paths: list[str]) -> tuple[list[int], list[int], list[tuple[int, str]]]:
+    """(sizes, mtimes_ns, failed) of ``paths``, as lists (no numpy: a walk ahead of the
+    job's imports runs before numpy is imported). Each run of one folder's files is stat-ed
+    through one descriptor of the folder, as the unordered walk does."""
     sizes: list[int] = []
     mtimes: list[int] = []
     failed: list[tuple[int, str]] = []
@@ -181,4 +214,4 @@ def stat_listed(root: Path, paths: list[str]) -> tuple[np.ndarray, list[tuple[in
     finally:
         if fd >= 0:
             os.close(fd)
-    return np.ascontiguousarray(np.array([sizes, mtimes], dtype=np.int64).T), failed
+    return sizes, mtimes, failed
