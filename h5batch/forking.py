@@ -20,7 +20,7 @@ import sys
 import threading
 from collections.abc import Callable
 
-__all__ = ["can_fork", "Child", "write_all", "read_all"]
+__all__ = ["can_fork", "Child", "close_inherited", "write_all", "read_all"]
 
 
 def can_fork() -> bool:
@@ -60,8 +60,7 @@ class Child:
                 for sig in (signal.SIGTERM, signal.SIGHUP):
                     signal.signal(sig, signal.SIG_DFL)
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGHUP})
-                os.closerange(3, w)
-                os.closerange(w + 1, _max_fd())
+                close_inherited(w)
                 write_all(w, work())
                 code = 0
             finally:
@@ -114,6 +113,16 @@ def read_all(fd: int) -> bytes:
         if not b:
             return b"".join(chunks)
         chunks.append(b)
+
+
+def close_inherited(keep: int) -> None:
+    """(a forked helper) Close every descriptor but the standard three and ``keep``: the
+    rule of every process h5batch forks (the stat pass's children, the in-process decoders).
+    Reason: an inherited descriptor outlives its owner, an output's lock among them (the
+    lock would not go with a killed sync), and a pipe's write end held elsewhere keeps its
+    reader from seeing EOF."""
+    os.closerange(3, keep)
+    os.closerange(keep + 1, _max_fd())
 
 
 def _max_fd() -> int:

@@ -21,8 +21,9 @@ A decoder is a worker without Dask: :func:`~.worker.decode_batch` creates its ba
 this process's own shared-memory segments (named with the run id, so the driver's clean-up
 removes them), captures its decoders' warnings on its own fd 2, and keeps the decode
 timeout. It closes every file descriptor it inherited but its pipe and the standard three
-(the output's lock, the writer's pipes: the writer must see EOF on its lifeline when the
-driver dies), ignores SIGINT (the driver decides, as for the writer) and ends when its pipe
+(:func:`h5batch.forking.close_inherited`, the rule of every forked helper: the output's
+lock, the writer's pipes; the writer must see EOF on its lifeline when the driver dies),
+ignores SIGINT (the driver decides, as for the writer) and ends when its pipe
 closes: with the driver, whatever way the driver ends. A decoder that dies (a decoder
 library that kills its process) has its batch decoded again on the driver's thread, and is
 not used again: the run goes on as with one thread, and a file that kills the driver too is
@@ -33,13 +34,13 @@ from __future__ import annotations
 
 import importlib
 import multiprocessing as mp
-import os
 import signal
 from multiprocessing.connection import Connection
 from typing import Any
 
 from .. import faults
 from ..config import JobConfig
+from ..forking import close_inherited
 from ..writer.process import start_without_main
 from .cluster import default_workers
 from .writer_start import can_fork
@@ -164,9 +165,7 @@ def _serve(conn: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
-    keep = conn.fileno()
-    os.closerange(3, keep)
-    os.closerange(keep + 1, _max_fd())
+    close_inherited(conn.fileno())
     while True:
         try:
             msg = conn.recv()
@@ -183,10 +182,3 @@ def _serve(conn: Connection) -> None:
             conn.send(reply)
         except (OSError, ValueError):
             return
-
-
-def _max_fd() -> int:
-    try:
-        return os.sysconf("SC_OPEN_MAX")
-    except (ValueError, OSError):
-        return 1 << 16
