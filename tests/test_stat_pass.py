@@ -187,3 +187,34 @@ def test_walked_contains_by_hash_and_by_set_when_hashes_collide():
     assert Walked(stat, None, names, same).contains(asked) == want
     assert Walked(stat, paths).contains(asked) == want
     assert Walked(stat[:0], []).contains(asked) == [False] * 5
+
+
+def test_a_sync_that_stops_before_its_stat_pass_ends_the_walk_ahead(tmp_path):
+    """``sync(job, ahead=...)`` ends a walk it did not take over, however it ends: here the
+    output does not exist, which is an error before any walk is looked at."""
+    _corpus(tmp_path)
+    script = textwrap.dedent(r"""
+        import json, os, sys
+        from pathlib import Path
+        from h5batch import walk_ahead
+        from h5batch.config import load_job
+        from h5batch.conversion.sync import sync
+        from h5batch.errors import ConvertError
+        root = sys.argv[1]
+        ahead = walk_ahead.ahead_of(str(Path(root) / "job.yaml"), [f"source.root={root}"])
+        pid = ahead._child.pid
+        job = load_job(Path(root) / "job.yaml", [f"source.root={root}", f"output.path={root}/none.h5"],
+                       check_paths=False)
+        try:
+            sync(job, ahead=ahead)
+            message = None
+        except ConvertError as e:
+            message = str(e)
+        print(json.dumps({"message": message, "gone": not os.path.exists(f"/proc/{pid}")}))
+    """)
+    p = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert "none.h5 does not exist" in r["message"]
+    assert r["gone"], "the walk's child is ended and reaped"

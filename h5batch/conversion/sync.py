@@ -97,20 +97,24 @@ def sync(job: JobConfig, opts: ConvertOptions | None = None, ahead: RootWalk | N
 
     t0 = time.perf_counter()
     final = os.path.abspath(job.output.path)
-    if not os.path.exists(final) and not has_journal(final):
-        raise ConvertError(f"{final} does not exist: there is nothing to sync; run `h5batch convert` first",
-                           EXIT_BAD_INPUT)
-    with signals.graceful():
-        run_id = new_run_id()
-        lock = OutputLock.acquire(final, run_id, say)
-        try:
-            recover(final, say)
-            remove_stale_segments()
-            semaphores.remove_stale()
-            with semaphores.tagged():
-                s = _sync(job, opts, final, lock, run_id, say, ahead)
-        finally:
-            lock.release()
+    try:
+        if not os.path.exists(final) and not has_journal(final):
+            raise ConvertError(f"{final} does not exist: there is nothing to sync; run `h5batch convert` first",
+                               EXIT_BAD_INPUT)
+        with signals.graceful():
+            run_id = new_run_id()
+            lock = OutputLock.acquire(final, run_id, say)
+            try:
+                recover(final, say)
+                remove_stale_segments()
+                semaphores.remove_stale()
+                with semaphores.tagged():
+                    s = _sync(job, opts, final, lock, run_id, say, ahead)
+            finally:
+                lock.release()
+    finally:
+        if ahead is not None:
+            ahead.end()  # not taken over (the sync stopped before its stat pass): its children go now
     s.seconds = time.perf_counter() - t0
     return s
 
