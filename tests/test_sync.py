@@ -7,6 +7,7 @@ Real files, real conversions in subprocesses, real kill -9 of the process group.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -148,11 +149,27 @@ def test_sync_class_folders_equals_a_fresh_conversion(tmp_path):
     res = convert(job)
     assert res.returncode == 2 and "h5batch sync" in res.stderr, res.stderr
 
+    # A dry run names what a sync would do and writes nothing.
+    digest, mtime = hashlib.sha256(out.read_bytes()).hexdigest(), out.stat().st_mtime_ns
+    rejects_file = Path(str(out).removesuffix(".h5") + ".rejects.jsonl")
+    rejects_before = rejects_file.read_bytes()
+    res = _sync(job, "--dry-run", "--json")
+    assert res.returncode == 0, res.stderr
+    dry = json.loads(res.stdout)
+    assert dry["dry_run"] and "dry run: nothing written" in res.stderr
+    assert sorted(dry["paths"]["new"]) == ["test/cat/junk.wav", "test/dog/dog20.wav", "train/bird/b1.wav",
+                                           "train/bird/b2.wav", "train/cat/broken.wav"]
+    assert dry["paths"]["changed"] == ["train/dog/dog3.wav"] and dry["paths"]["removed"] == ["train/cat/cat5.wav"]
+    assert hashlib.sha256(out.read_bytes()).hexdigest() == digest and out.stat().st_mtime_ns == mtime
+    assert rejects_file.read_bytes() == rejects_before
+
     res = _sync(job, "--json")
     assert res.returncode == 0, res.stderr
     assert "full discovery" not in res.stderr  # incremental: built items for the 6 new and changed files only
     s = json.loads(res.stdout)
     assert (s["new"], s["changed"], s["removed"]) == (5, 1, 1), s  # broken.wav, a reject before, counts as new
+    # junk.wav is new but fails to decode: the dry run counted it in, the sync rejects it
+    assert {k: v for k, v in dry["counts"].items()} == {k: s["counts"][k] + (k == "test") for k in s["counts"]}
     assert s["in_place"] and not s["up_to_date"]
     after = _yielded(out)
     # Old class numbers kept, the new class appended.

@@ -22,6 +22,9 @@ DESCRIPTION = ("Discover the corpus of JOB again and compare it with the output'
 
 def add_arguments(p) -> None:
     _convert.add_job_arguments(p, job_help="job file (YAML) that made the output")
+    p.add_argument("--dry-run", "-n", action="store_true",
+                   help="say what a sync would do (with --json: the new, changed and removed files) "
+                        "and write nothing")
 
 
 def run(args) -> int:
@@ -42,12 +45,16 @@ def run(args) -> int:
         from ..conversion.sync import sync
 
         job = load_job(args.job, overrides)
-        s = sync(job, ConvertOptions(progress=args.progress), ahead=ahead)
+        s = sync(job, ConvertOptions(progress=args.progress), ahead=ahead, dry_run=args.dry_run)
     finally:
         if ahead is not None:
             ahead.end()  # not taken over (an error, another root): its children go now
     counts = ", ".join(f"{k} {v}" for k, v in s.counts.items())
-    if s.up_to_date:
+    if s.dry_run and not s.up_to_date:
+        print(f"{s.path}: a sync would bring in {s.new} new and {s.changed} changed files and remove "
+              f"{s.removed}, {s.unchanged} unchanged; then {counts} (dry run: nothing written, "
+              f"{s.discover_seconds:.1f}s)", file=sys.stderr)
+    elif s.up_to_date:
         print(f"{s.path} is up to date with its corpus ({counts}); nothing to do "
               f"({s.seconds:.1f}s)", file=sys.stderr)
     else:
@@ -60,5 +67,6 @@ def run(args) -> int:
                           "unchanged": s.unchanged, "counts": s.counts, "rejects": s.rejects,
                           "seconds": s.seconds, "discover_seconds": s.discover_seconds,
                           "convert_seconds": s.convert_seconds, "in_place": s.in_place,
-                          "up_to_date": s.up_to_date}))
+                          "up_to_date": s.up_to_date, "dry_run": s.dry_run,
+                          **({"paths": s.paths} if s.dry_run else {})}))
     return 0

@@ -105,6 +105,11 @@ class Delta:
     removed: int = 0
     unchanged: int = 0
     notes: list[str] = field(default_factory=list)
+    # The files behind the counts (each item's first path; a removed item's key), in manifest
+    # order: what `h5batch sync --dry-run --json` lists.
+    new_paths: list[str] = field(default_factory=list)
+    changed_paths: list[str] = field(default_factory=list)
+    removed_paths: list[str] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -189,6 +194,7 @@ def compute(old: OldOutput, m: Manifest) -> Delta:
         if key not in seen:
             d.tombstones.setdefault(split, []).append(row)
             d.removed += 1
+            d.removed_paths.append(key)
     return _ordered(d, old, m)
 
 
@@ -200,8 +206,10 @@ def _add(d: Delta, it: Item, at: tuple[str, int] | None) -> None:
         if it.split != at[0]:
             it = dataclasses.replace(it, split=at[0])
         d.changed += 1
+        d.changed_paths.append(it.paths[0])
     else:
         d.new += 1
+        d.new_paths.append(it.paths[0])
     d.items.append(it)
 
 
@@ -231,6 +239,7 @@ def from_rediscovery(old: OldOutput, r) -> Delta:
         if at is not None:
             d.tombstones.setdefault(at[0], []).append(at[1])
             d.removed += 1
+            d.removed_paths.append(key)
     d.unchanged = r.items - d.new - d.changed
     return _ordered(d, old, m)
 

@@ -25,7 +25,7 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .. import format as fmt
@@ -71,6 +71,8 @@ class SyncSummary:
     discover_seconds: float = 0.0
     convert_seconds: float = 0.0
     output_bytes: int = 0
+    dry_run: bool = False  # nothing was written: the counts (and paths) say what a sync would do
+    paths: dict[str, list[str]] = field(default_factory=dict)  # (dry run) "new", "changed", "removed"
 
 
 def recover(final: str, say) -> None:
@@ -84,11 +86,15 @@ def recover(final: str, say) -> None:
         say(f"removed {copy}, left by an interrupted sync")
 
 
-def sync(job: JobConfig, opts: ConvertOptions | None = None, ahead: RootWalk | None = None) -> SyncSummary:
+def sync(job: JobConfig, opts: ConvertOptions | None = None, ahead: RootWalk | None = None,
+         dry_run: bool = False) -> SyncSummary:
     """Sync the output of ``job`` with its corpus (see the module docstring). Raises
     :class:`~h5batch.errors.ConvertError` with the command line's exit code. ``ahead``: the
     corpus's walk, started before the job was loaded (:func:`h5batch.walk_ahead.ahead_of`);
-    taken over where it walks the job's root, else ended."""
+    taken over where it walks the job's root, else ended. ``dry_run``: discover and compare
+    only, and say what a sync would do (the summary's counts and ``paths``); nothing is
+    written (an interrupted sync found under the lock is still undone first, as by any
+    command that takes the lock)."""
     opts = opts or ConvertOptions()
     log = opts.log or sys.stderr
 
@@ -109,7 +115,7 @@ def sync(job: JobConfig, opts: ConvertOptions | None = None, ahead: RootWalk | N
                 remove_stale_segments()
                 semaphores.remove_stale()
                 with semaphores.tagged():
-                    s = _sync(job, opts, final, lock, run_id, say, ahead)
+                    s = _sync(job, opts, final, lock, run_id, say, ahead, dry_run)
             finally:
                 lock.release()
     finally:
@@ -166,7 +172,7 @@ def _import_writing() -> None:
 
 
 def _sync(job: JobConfig, opts: ConvertOptions, final: str, lock: OutputLock, run_id: str, say,
-          ahead: RootWalk | None = None) -> SyncSummary:
+          ahead: RootWalk | None = None, dry_run: bool = False) -> SyncSummary:
     t0 = time.perf_counter()
     generate_corpus(job, say)
     with stat_pass.started(job, ahead) as walked, _gc_paused():
@@ -180,10 +186,20 @@ def _sync(job: JobConfig, opts: ConvertOptions, final: str, lock: OutputLock, ru
     job = _job_for(job, manifest, old)
     t_discover = time.perf_counter() - t0
     if manifest.hash == old.manifest_hash and not found.upgrade:
-        fmt.write_rejects(fmt.rejects_file(final), old.rejects)
+        if not dry_run:
+            fmt.write_rejects(fmt.rejects_file(final), old.rejects)
         return SyncSummary(final, 0, 0, 0, found.items, _live(old, {}), len(old.rejects), 0.0,
-                           up_to_date=True, discover_seconds=t_discover, output_bytes=os.path.getsize(final))
+                           up_to_date=True, discover_seconds=t_discover, output_bytes=os.path.getsize(final),
+                           dry_run=dry_run, paths={"new": [], "changed": [], "removed": []} if dry_run else {})
     d = found.delta(old)
+    if dry_run:
+        rows = dict(old.n_rows)
+        for it in d.items:
+            rows[it.split] = rows.get(it.split, 0) + 1
+        return SyncSummary(final, d.new, d.changed, d.removed, d.unchanged, _live(old, d.tombstones, rows),
+                           len(old.rejects), 0.0, discover_seconds=t_discover,
+                           output_bytes=os.path.getsize(final), dry_run=True,
+                           paths={"new": d.new_paths, "changed": d.changed_paths, "removed": d.removed_paths})
     # The writer starts now, on a thread: its imports overlap the rest of the preparation.
     from .spares import SpareDecoder, close_all
     from .writer_start import PendingWriter
