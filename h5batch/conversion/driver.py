@@ -185,6 +185,7 @@ class Driver:
                                      mode=self.opts.progress, log=log)
             threading.Thread(target=self._pump_writer, daemon=True).start()
             next_submit = next_forward = self.plan.start
+            released = False
             while self.acked < len(tasks):
                 while next_submit < len(tasks) and next_submit - self.acked < window:
                     self.slots[next_submit] = _Slot(self.rows.place(tasks[next_submit]))
@@ -193,6 +194,9 @@ class Driver:
                 kind, payload = self._next_event(conn)
                 if kind == "future":
                     self._on_future(payload)
+                    if in_proc and not released and not self.futures and next_submit == len(tasks):
+                        self.client.release()  # all decoded: the forked decoders exit while the writer stores
+                        released = True
                     while next_forward in self.slots and self.slots[next_forward].complete():
                         slot = self.slots[next_forward]
                         for k, part in enumerate(slot.parts):
