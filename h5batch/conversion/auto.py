@@ -46,8 +46,10 @@ that. So a task should carry megabytes: ``auto`` puts about :data:`TARGET_BATCH_
 decoded samples in a batch decoded in process (``cluster.kind: inprocess``, or ``auto``
 before it is resolved), and :data:`TARGET_TASK_BYTES` in a task for worker processes, but
 cuts a small corpus into at least :data:`MIN_BATCHES` batches so the workers and the writer
-overlap. Reason for the two: a Dask task costs ~12 ms of CPU across the driver, the
-scheduler and the worker on a 2-core machine (32 empty tasks on a 2-worker LocalCluster:
+overlap. The count is then rounded down to whole chunks of every fixed-shape field
+(:func:`whole_chunks`), so the writer stores each batch straight from shared memory.
+Reason for the two: a Dask task costs ~12 ms of CPU across the driver, the scheduler and the
+worker on a 2-core machine (32 empty tasks on a 2-worker LocalCluster:
 0.39 CPU-s; 16: 0.22), about a third of what decoding 16 MB of PCM costs; an in-process
 batch costs ~1 ms (its decode thread, the fd 2 capture), and a smaller one starts the writer
 sooner and leaves it less to do alone at the end.
