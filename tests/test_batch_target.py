@@ -63,3 +63,27 @@ def test_inprocess_conversion_uses_the_in_process_size(tmp_path):
         data = f["train/data"]
         assert data.shape == (PAIRS, LENGTH)
         assert not data[7, 200:].any() and data[7, :200].any()
+
+
+def test_auto_batches_hold_whole_chunks(tmp_path):
+    """``batch_size: auto`` is rounded down to whole chunks of every fixed-shape field
+    (``auto.whole_chunks``): 64,000-byte rows in 1 MiB chunks are 16 rows a chunk."""
+    from h5batch.conversion.auto import MIN_BATCHES, whole_chunks
+
+    rng = np.random.default_rng(1)
+    pairs = 200  # 25 a batch at least (MIN_BATCHES), rounded to 16
+    for i in range(pairs):
+        for folder in ("data", "label"):
+            d = tmp_path / "train" / folder
+            d.mkdir(parents=True, exist_ok=True)
+            sf.write(d / f"{i}.wav", rng.integers(-999, 999, 50, dtype=np.int16), SR, subtype="PCM_16")
+    field = {"type": "audio", "extensions": [".wav"], "sample_rate": SR, "length": 32000}
+    job = job_from_dict({"name": "wc", "source": {"root": str(tmp_path), "layout": "paired_folders"},
+                         "fields": {"data": {**field, "folder": "data"}, "target": {**field, "folder": "label"}},
+                         "output": {"path": str(tmp_path / "x.h5"), "codec": "none"}}, file="<test>")
+    bs = resolve(job, discover(job)).batch_size
+    unrounded = min(round(TARGET_BATCH_BYTES / 128000), -(-pairs // MIN_BATCHES))
+    assert unrounded == 25 and bs == 16
+    fixed = {"a": ((32000,), np.dtype("int16")), "b": ((8000,), np.dtype("int16")), "c": None}  # 16 and 65 rows
+    assert whole_chunks(131, job, fixed) == 131  # below one step (1,040 rows): kept
+    assert whole_chunks(2100, job, fixed) == 2080

@@ -374,3 +374,25 @@ def test_discover_runs_the_registered_layout(tmp_path: Path, monkeypatch) -> Non
     job = dataclasses.replace(job, source=dataclasses.replace(job.source, layout=Flat.name))
     m = discover(job)
     assert [it.key for it in m.items] == ["2", "10"] and m.splits == ("all",) and len(m.hash) == 64
+
+
+ODD_NAMES = ['a"b', "a\\b", "é", "a\x7f", "a\x1f", "tab\t", "日本", "x y", "", "'", "\u2028", "7"]
+
+
+@pytest.mark.parametrize("name", ODD_NAMES)
+@pytest.mark.parametrize("label", [None, 0, 12, True])
+def test_an_item_record_is_json_dumps_whatever_the_names(name, label):
+    """The manifest hash takes each item's record (base.item_record): its text is put
+    together without json where that gives the same bytes, so stored hashes stay valid."""
+    from h5batch.layouts.base import _VALUES_JSON, item_record
+    from h5batch.manifest import Item
+
+    stats = {"data/1.wav": (10, 123), f"label/{name}": None}
+    for paths in ((), ("data/1.wav",), ("data/1.wav", f"label/{name}")):
+        for values in ((), (name, 1.5, None)):
+            it = Item(name, f"train{name}", paths, label, values)
+            want = json.dumps([it.split, it.key, it.paths, it.label]).encode()
+            if values:
+                want += _VALUES_JSON.encode(values).encode()
+            want += b"".join(repr(stats.get(p)).encode() for p in paths)
+            assert item_record(it, stats) == want

@@ -113,6 +113,7 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
         finally:
             remove_segments(run_id)
         output.check_finished(summary)
+        writer.process.join(timeout=30)  # its exit overlapped the two steps above (Driver.run)
         summary.resumed_from = plan.start
         return summary
     finally:
@@ -121,6 +122,8 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
         if not started:  # never got a job: let it go
             writer.stop()
         writer.lifeline.close()
+        if started:  # a run that failed after Done (the output's checks): the writer exits by itself
+            writer.process.join(timeout=30)
 
 
 def _timed(summary: ConvertSummary, t0: float) -> ConvertSummary:

@@ -302,7 +302,9 @@ def _write(job, plan, d, found: _Found, final: str, pending: PendingWriter, run_
             writer.send(Start(spec))
             _write_inventory(final, found)
             if d.items:
-                return Driver(job, opts, plan, writer, run_id, say, list(forked)).run()
+                summary = Driver(job, opts, plan, writer, run_id, say, list(forked)).run()
+                writer.process.join(timeout=30)
+                return summary
             writer.send(Finish(job.policy.max_reject_fraction))
             return _wait_done(writer)
         except WriterGone as e:

@@ -302,14 +302,29 @@ class Builder:
 _VALUES_JSON = json.JSONEncoder(default=str)
 
 
+def _head(it: Item) -> str:
+    """``json.dumps([it.split, it.key, it.paths, it.label])``. Rule: where every string is
+    printable ASCII without a quote or a backslash, and the label an int or None, the same
+    text is put together directly; anything else goes through json. Reason: json.dumps
+    was ~60 % of item_record, ~7 ms of a 4,096-pair discovery on the way to the first batch,
+    and the bytes must stay those of json.dumps (stored manifest hashes and records)."""
+    label = it.label
+    text = it.split + it.key + "".join(it.paths)
+    if (label is None or type(label) is int) and text.isascii() and text.isprintable() \
+            and '"' not in text and "\\" not in text:
+        paths = '", "'.join(it.paths)
+        return (f'["{it.split}", "{it.key}", ["{paths}"], {"null" if label is None else label}]' if it.paths else
+                f'["{it.split}", "{it.key}", [], {"null" if label is None else label}]')
+    return json.dumps([it.split, it.key, it.paths, label])
+
+
 def item_record(it: Item, stats: dict) -> bytes:
     """What the manifest hash takes from one item."""
-    r = json.dumps([it.split, it.key, it.paths, it.label]).encode()
+    r = _head(it)
     if it.values:  # (absent before value fields: older hashes stay the same)
-        r += _VALUES_JSON.encode(it.values).encode()
-    for p in it.paths:
-        r += repr(stats.get(p)).encode()
-    return r
+        r += _VALUES_JSON.encode(it.values)
+    get = stats.get
+    return (r + "".join([repr(get(p)) for p in it.paths])).encode()
 
 
 def input_stats(root: str, annotations: list[str] | tuple[str, ...]) -> list:

@@ -146,9 +146,15 @@ class Attached:
 
     def samples(self, block: Block) -> list[np.ndarray]:
         """Per-sample array views (valid until :meth:`release`)."""
+        dt = np.dtype(block.dtype)
+        shapes = block.shapes
+        if shapes and shapes[0] and all(s == shapes[0] for s in shapes):
+            # One shape (a fixed field): the rows of one view, made in C. Not for scalar
+            # samples, whose rows would be numpy scalars instead of 0-d views.
+            n = len(shapes) * math.prod(shapes[0]) * dt.itemsize
+            return list(self.flat[block.offset: block.offset + n].view(dt).reshape(len(shapes), *shapes[0]))
         out = []
         pos = block.offset
-        dt = np.dtype(block.dtype)
         for shape in block.shapes:
             n = math.prod(shape) * dt.itemsize  # math.prod: np.prod's call overhead, per sample, is not
             out.append(self.flat[pos:pos + n].view(dt).reshape(shape))

@@ -115,10 +115,12 @@ class OutputWriter:
             chunked = {c.name: (c, per_field.pop(c.block)[1]) for c in r.packed.chunks}
             keep = list(range(r.n_samples))
             late: list[Reject] = []
-            for name, (_, samples) in per_field.items():
+            for name, (block, samples) in per_field.items():
                 if name in chunked:
                     continue  # the worker checked these rows' shape and dtype
                 fs = store.fields[name]
+                if fs.block_fits(block):
+                    continue  # every sample of the block passes: none to check one by one
                 for i in list(keep):
                     why = fs.check(samples[i])
                     if why:
@@ -132,12 +134,12 @@ class OutputWriter:
                     continue
                 flat = att.field_bytes(block) if all_kept else None
                 store.fields[name].append([samples[i] for i in keep], flat)
-            srcs = [r.sources[i] for i in keep]
+            srcs = r.sources if all_kept else [r.sources[i] for i in keep]
             store.source.append(np.array([s if len(s) > 1 else s[0] for s in srcs], dtype=object)
                                 if srcs else [])
-            store.checksum.append(r.checksums[keep])
+            store.checksum.append(r.checksums if all_kept else r.checksums[keep])
             if store.label is not None:
-                store.label.append(r.labels[keep])
+                store.label.append(r.labels if all_kept else r.labels[keep])
             store.n += len(keep)
             self.bytes_written += r.packed.nbytes
         finally:
