@@ -34,11 +34,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from .manifest import Reject
 
-__all__ = ["Walker", "stat_listed", "stat_lists"]
+__all__ = ["Walker", "stat_lists"]
 
 _name = operator.attrgetter("name")
 _is_plain = operator.methodcaller("is_file", follow_symlinks=False)  # a regular file, not through a symlink
@@ -66,7 +64,7 @@ class Walker:
 
     def __init__(self, root: Path, ordered: bool = True, defer: bool = False):
         self.root = root
-        self.defer = defer and not ordered  # regular files listed in deferred, stat-ed by stat_listed()
+        self.defer = defer and not ordered  # regular files listed in deferred, stat-ed by stat_lists()
         self.deferred: list[str] = []  # (defer) the regular files' relative paths, not in walk()'s result
         # False: a sync's stat pass (h5batch.layouts.incremental), entries in listing order and
         # no file identities (it runs only where the corpus has no symlinks).
@@ -167,16 +165,6 @@ class Walker:
                 continue
             self.ids[relpath] = (st.st_dev, st.st_ino)
             out.append((relpath, st.st_size, st.st_mtime_ns))
-
-
-def stat_listed(root: Path, paths: list[str]) -> tuple[np.ndarray, list[tuple[int, str]]]:
-    """Size and mtime_ns (int64 ``(n, 2)``) of each of ``paths`` (files of a deferred walk
-    under ``root``), and ``(index, reason)`` of those that could not be stat-ed (their rows
-    -1): :func:`stat_lists` as a numpy array."""
-    import numpy as np
-
-    sizes, mtimes, failed = stat_lists(root, paths)
-    return np.ascontiguousarray(np.array([sizes, mtimes], dtype=np.int64).T), failed
 
 
 def stat_lists(root: Path, paths: list[str]) -> tuple[list[int], list[int], list[tuple[int, str]]]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from h5batch.walker import Walker, stat_listed
+from h5batch.walker import Walker, stat_lists
 
 
 def _corpus(root: Path) -> None:
@@ -80,16 +80,17 @@ def test_a_deferred_walk_stat_ed_later_finds_the_same_files(tmp_path):
     assert [p for p, _, _ in rest] == ["a/link.wav"]  # a symlink's stat is not deferred
     assert "a/link.wav" not in w.deferred and "a/deep/z.wav" in w.deferred
     listed = w.deferred + [p for p, _, _ in rest]
-    stat, failed = stat_listed(tmp_path, listed)
+    sizes, mtimes, failed = stat_lists(tmp_path, listed)
     assert failed == []
-    got = sorted((p, int(s), int(m)) for p, (s, m) in zip(listed, stat.tolist()))
+    got = sorted(zip(listed, sizes, mtimes))
     files, rejects, symlinks = _walk(tmp_path, ordered=False)
     assert got == files
     assert sorted((r.path, r.reason) for r in w.rejects) == rejects
 
 
-def test_stat_listed_names_what_it_could_not_stat(tmp_path):
+def test_stat_lists_names_what_it_could_not_stat(tmp_path):
     _corpus(tmp_path)
-    stat, failed = stat_listed(tmp_path, ["x.wav", "gone.wav", "nofolder/y.wav", "a/y.wav"])
+    sizes, mtimes, failed = stat_lists(tmp_path, ["x.wav", "gone.wav", "nofolder/y.wav", "a/y.wav"])
     assert failed == [(1, "cannot stat: No such file or directory"), (2, "cannot stat: No such file or directory")]
-    assert stat.tolist() == [[10, os.stat(tmp_path / "x.wav").st_mtime_ns], [-1, -1], [-1, -1], [20, 2_000_000_456]]
+    assert list(zip(sizes, mtimes)) == [(10, os.stat(tmp_path / "x.wav").st_mtime_ns), (-1, -1), (-1, -1),
+                                        (20, 2_000_000_456)]
