@@ -17,11 +17,12 @@ TEST_JOBS ?= 2
 
 .PHONY: venv convert test bench lint clean distclean
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml setup.py constraints.txt h5batch/_stat_many.c
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[torch,bench,cluster,audio,features,dev]'
-	@# An editable install compiles nothing, and with PYTHONDONTWRITEBYTECODE set every run
+	@# setup.py builds h5batch/_stat_many*.so in place (optional: skipped without a C compiler).
+	@# An editable install compiles no Python, and with PYTHONDONTWRITEBYTECODE set every run
 	@# compiled h5batch's ~150 modules again (0.5-0.8 s of each command): compile them once.
 	$(BIN)/python -m compileall -q h5batch
 	@touch $(STAMP)

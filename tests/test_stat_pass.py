@@ -16,6 +16,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 _SCRIPT = textwrap.dedent(r"""
     import json, os, signal, sys, threading, time
     from pathlib import Path
@@ -29,6 +31,10 @@ _SCRIPT = textwrap.dedent(r"""
     if mode == "thread":
         threading.Thread(target=time.sleep, args=(3,), daemon=True).start()  # no fork with a thread
     walk_ahead.SPLIT_MIN = 64  # the child's stats split with a second child even on this small corpus
+    walk_ahead.THREAD_MIN = 64  # or with a second thread, where the walker's C loop is built
+    if mode.endswith("-pyloop"):  # the path of an install built without a C compiler
+        mode = mode.removesuffix("-pyloop")
+        walk_ahead.FAST_STAT = False
     lock = os.open(out + ".lock", os.O_CREAT | os.O_RDWR)  # stands for the output's lock
     report = {}
 
@@ -128,13 +134,15 @@ def test_forked_walk_finds_what_the_layouts_walk_finds(tmp_path):
     assert r["used"], "the child's walk is the one used"
 
 
-def test_the_walk_started_before_the_job_loads_is_taken_over(tmp_path):
+@pytest.mark.parametrize("loop", ["", "-pyloop"])
+def test_the_walk_started_before_the_job_loads_is_taken_over(tmp_path, loop):
     """``h5batch sync`` walks the root the job file names before it loads the job; the
     class_folders layout derives its walk from that whole-root walk: the same files,
     rejects, symlinks and split folders as its own walk (the top-level README, the unlisted
-    folder and its broken symlink are no part of the corpus)."""
+    folder and its broken symlink are no part of the corpus). With the walker's C loop (two
+    threads) and without it (a second child)."""
     _corpus(tmp_path)
-    r = _run(tmp_path, "ahead")
+    r = _run(tmp_path, "ahead" + loop)
     assert r["ahead_taken"] and r["ahead_used"]
     assert r["used"] and r["pass"] == r["inline"]
     assert r["pass"]["symlinks"] is False

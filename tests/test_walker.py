@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from h5batch import walker
 from h5batch.walker import Walker, stat_lists
 
 
@@ -94,3 +95,37 @@ def test_stat_lists_names_what_it_could_not_stat(tmp_path):
     assert failed == [(1, "cannot stat: No such file or directory"), (2, "cannot stat: No such file or directory")]
     assert list(zip(sizes, mtimes)) == [(10, os.stat(tmp_path / "x.wav").st_mtime_ns), (-1, -1), (-1, -1),
                                         (20, 2_000_000_456)]
+
+
+@pytest.mark.parametrize("loop", ["c", "python"])
+def test_stat_blob_gives_what_stat_lists_gives(tmp_path, monkeypatch, loop):
+    """The paths as the walk ahead sends them (NUL-padded UTF-8, surrogateescape): the C loop
+    of the optional extension and its Python fallback both answer as stat_lists does, for
+    any slice, with runs of one folder, a missing file, a missing folder, a name that is not
+    UTF-8 and a symlink (followed)."""
+    if loop == "c" and not walker.FAST_STAT:
+        pytest.skip("h5batch._stat_many was not built (no C compiler at install)")
+    if loop == "python":
+        monkeypatch.setattr(walker, "_c_stat_blob", None)
+    _corpus(tmp_path)
+    raw = os.fsencode(tmp_path / "b") + b"/caf\xe9.wav"  # Latin-1 bytes: not UTF-8
+    with open(raw, "wb") as f:
+        f.write(b"12345")
+    odd = os.fsdecode(b"b/caf\xe9.wav")
+    paths = ["x.wav", "a/y.wav", "a/deep/z.wav", "gone.wav", "nofolder/y.wav", "b/w.png", odd, "b/ü-nicode.wav",
+             "a/link.wav", "a/y.wav"]
+    enc = [p.encode("utf-8", "surrogateescape") for p in paths]
+    width = max(map(len, enc))
+    blob = b"".join(e.ljust(width, b"\0") for e in enc)
+    want_sizes, want_mtimes, want_failed = stat_lists(tmp_path, paths)
+    assert want_failed == [(3, "cannot stat: No such file or directory"), (4, "cannot stat: No such file or directory")]
+    assert want_sizes[6] == 5
+    for start, stop in [(0, len(paths)), (2, 7), (5, 5), (9, 10)]:
+        sizes, mtimes, failed = walker.stat_blob(str(tmp_path), blob, width, start, stop)
+        assert list(sizes) == want_sizes[start:stop]
+        assert list(mtimes) == want_mtimes[start:stop]
+        assert failed == [(i, why) for i, why in want_failed if start <= i < stop]
+    sizes, _, failed = walker.stat_blob(str(tmp_path / "nowhere"), blob, width, 0, 2)
+    assert list(sizes) == [-1, -1] and [i for i, _ in failed] == [0, 1]
+    with pytest.raises(ValueError):
+        walker.stat_blob(str(tmp_path), blob, width, 0, len(paths) + 1)
