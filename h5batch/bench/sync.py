@@ -8,14 +8,16 @@ whole CLI command in a subprocess, timed from its start to its exit (what a user
 for), the page cache hot, ``sync(2)`` before each so the previous command's writeback does
 not land in it:
 
-1. ``h5batch convert`` of the corpus without the held files (the full conversion), ``--fulls``
-   times: their median is what the syncs are judged against (a conversion of 100,000
-   files moves by 1.5x from one run to the next on this shared 2-core machine);
+1. ``h5batch convert`` of the corpus without the held files (the full conversion); its
+   output is kept as the copy each sync starts from;
 2. ``h5batch sync`` with nothing changed;
-3. the held files put back (+1 %), then ``--syncs`` times: the converted output restored
-   from its copy, ``h5batch sync`` (its ``--json`` split: discovery, change);
-4. ``h5batch verify`` of the last synced output; the held files moved out again, so the
-   next run starts from the same corpus.
+3. then, alternating, a +1 % sync (the held files put back, the converted output restored
+   from its copy, ``h5batch sync``, its ``--json`` split: discovery, change; the held files
+   moved out again) and another full conversion, until ``--syncs`` syncs and ``--fulls``
+   conversions are done: the median of the conversions is what the syncs are judged
+   against (a conversion of 100,000 files moves by 1.5-2x between runs on this shared
+   2-core machine, and alternating keeps the two measured at the same speed);
+4. ``h5batch verify`` of the last synced output.
 
 Shapes:
 
@@ -175,28 +177,42 @@ def _h5batch(*args: str) -> tuple[float, str]:
 
 
 def run_shape(shape: Shape, base: Path, files: int, syncs: int, fulls: int = 3) -> dict:
+    """Full conversions and +1 % syncs, alternating (full, sync, full, sync, ..., then the
+    remaining syncs or fulls). Reason: this machine's speed drifts by 1.5-2x within minutes
+    (the disk's above all: a full conversion writes and fsyncs ~1-3 GB), and all fulls first,
+    then all syncs, measured the two at different speeds."""
     root, held, hold = prepared(shape, base, files)
     out, copy = base / "out.h5", base / "converted.h5"
     common = [shape.job, "--set", f"source.root={root}", *[a for kv in shape.overrides for a in ("--set", kv)],
               "--output", str(out)]
-    fulls_s = [_h5batch("convert", *common, "--overwrite")[0] for _ in range(max(1, fulls))]
-    full = statistics.median(fulls_s)
+    fulls_s: list[float] = []
+    rows: list[dict] = []
+
+    def full() -> None:
+        fulls_s.append(_h5batch("convert", *common, "--overwrite")[0])
+
+    full()
     shutil.copyfile(out, copy)
     same, _ = _h5batch("sync", *common)
-    rows = []
-    _move(held, root, hold)
-    try:
-        for _ in range(syncs):
-            shutil.copyfile(copy, out)
-            wall, text = _h5batch("sync", *common, "--json")
-            info = json.loads(text.strip().splitlines()[-1])
-            if info["new"] != len(hold):
-                raise SystemExit(f"[{shape.name}] sync found {info['new']} new files, not {len(hold)}")
-            rows.append({"wall": wall, "discover": info["discover_seconds"], "change": info["convert_seconds"]})
-        _h5batch("verify", str(out))
-    finally:
-        _move(root, held, hold)
-    return {"shape": shape.name, "files": files, "added": len(hold), "full": full, "fulls": fulls_s,
+    for k in range(max(syncs, fulls - 1)):
+        if k < syncs:
+            _move(held, root, hold)
+            try:
+                shutil.copyfile(copy, out)
+                wall, text = _h5batch("sync", *common, "--json")
+                info = json.loads(text.strip().splitlines()[-1])
+                if info["new"] != len(hold):
+                    raise SystemExit(f"[{shape.name}] sync found {info['new']} new files, not {len(hold)}")
+                rows.append({"wall": wall, "discover": info["discover_seconds"], "change": info["convert_seconds"],
+                             "after_full": len(fulls_s)})
+                if k == syncs - 1:
+                    _h5batch("verify", str(out))
+            finally:
+                _move(root, held, hold)
+        if k < fulls - 1:
+            full()
+    full_s = statistics.median(fulls_s)
+    return {"shape": shape.name, "files": files, "added": len(hold), "full": full_s, "fulls": fulls_s,
             "no_change": same, "syncs": rows}
 
 
