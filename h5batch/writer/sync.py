@@ -17,12 +17,23 @@ of a file people already use:
   names, appended likewise), the tombstones of removed and changed samples, the
   inventory, and the root attributes of the corpus (``manifest_hash``, ``num_inputs``,
   ``splits``, ``annotations``, ``synced``).
+
+Two steps of the end are taken early, after the first stored batch, while the driver
+decodes the next ones (the writer waits for them ~60 % of a small sync; the end is on the
+sync's critical path): ``/inventory`` is written then (its sidecar is in place before the
+first ``Store`` is sent; ~14 MB for 100,000 inputs), and :class:`_Writeback` flushes what is
+written so far to the disk on a thread (``fdatasync``) after each stored batch, so the
+commit's ``fsync`` finds little left to write. Both are safe at any moment: every overwrite
+of the old file's bytes is journaled (and the journal fsync'ed) before it is made, so the
+kernel may write any page of the file out whenever it likes, and a crash is undone as
+before.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 from datetime import UTC, datetime
 
 import h5py
@@ -45,6 +56,8 @@ class SyncWriter(OutputWriter):
 
     def __init__(self, spec: WriterSpec):
         self.journal: JournalFile | None = None
+        self.inventory_stored = False
+        self.writeback: _Writeback | None = None
         super().__init__(spec)
         # The rejects are rebuilt: those carried over first, the new ones are appended.
         for k in self.rej_ds.values():
@@ -62,6 +75,21 @@ class SyncWriter(OutputWriter):
 
     def commit(self):  # noqa: D102 - a sync does not commit part-way (module docstring)
         return None
+
+    def after_store(self) -> None:
+        """The end's early steps (module docstring)."""
+        if not self.inventory_stored:
+            self.store_inventory()
+            self.inventory_stored = True
+        if self.writeback is None:
+            self.writeback = _Writeback(self.spec.final_path if self.spec.sync.in_place else self.spec.partial_path)
+        self.writeback.kick()
+
+    def close(self) -> None:
+        if self.writeback is not None:
+            self.writeback.close()
+            self.writeback = None
+        super().close()
 
     def abort(self) -> None:
         """Undo everything: the output is as it was before the sync."""
@@ -133,7 +161,8 @@ class SyncWriter(OutputWriter):
             if len(dead):
                 g.create_dataset(fmt.TOMBSTONES, data=dead)
         self._field_configs()
-        self.store_inventory()
+        if not self.inventory_stored:  # no batch was stored (a sync that only removes)
+            self.store_inventory()
         a = f.attrs
         a[fmt.ATTR_MANIFEST_HASH] = spec.manifest_hash
         a[fmt.ATTR_INPUTS] = spec.num_inputs
@@ -162,6 +191,39 @@ class SyncWriter(OutputWriter):
                 node = f[s].get(name)
                 if node is not None and node.attrs.get("config") != config:
                     node.attrs.update(now)
+
+
+class _Writeback:
+    """``fdatasync`` of the file at ``path`` on a thread, asked for by :meth:`kick` and done
+    once per ask that finds it idle (asks while it runs fold into one more). Reason and
+    safety: the module docstring. An error is left for the commit's own ``fsync`` to raise."""
+
+    def __init__(self, path: str):
+        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self.wanted = threading.Event()
+        self.stopped = False
+        self.thread = threading.Thread(target=self._run, name="h5batch-writeback", daemon=True)
+        self.thread.start()
+
+    def kick(self) -> None:
+        self.wanted.set()
+
+    def _run(self) -> None:
+        while True:
+            self.wanted.wait()
+            self.wanted.clear()
+            if self.stopped:
+                return
+            try:
+                os.fdatasync(self.fd)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.stopped = True
+        self.wanted.set()
+        self.thread.join()
+        os.close(self.fd)
 
 
 def _sorted_unique(rows: np.ndarray) -> np.ndarray:
