@@ -11,6 +11,14 @@ removing the journal; until then :func:`rollback` puts every saved byte back and
 file to its old length, which gives the old file byte for byte, whatever moment the crash
 came at (a journal record cut short by the crash was never followed by its write).
 
+Overwrites of the old bytes are held back in memory (reads see them) and made in one go,
+after one ``fsync`` of the journal records written for them, at the driver's ``flush``, at a
+``truncate``, at the commit, or once they hold :data:`PENDING_MAX` bytes. Reason: HDF5
+rewrites its metadata in dozens of small writes per flush (a 100,000-sample sync: ~30),
+and an ``fsync`` of the journal before each was ~1 ms apiece on the sync's critical path.
+The rule holds as before: no old byte is overwritten before its record is durable. Writes
+past the old end go to the file at once (nothing there needs undoing).
+
 Journal layout: a header line ``h5batch-journal 1 <old size>\\n``, then records of
 ``offset (8 bytes LE) | length (8) | crc32 of the bytes (4) | the old bytes``.
 
@@ -29,6 +37,7 @@ import zlib
 SUFFIX = ".sync-journal"
 _MAGIC = b"h5batch-journal 1 "
 _REC = struct.Struct("<QQI")
+PENDING_MAX = 16 << 20  # held-back overwrites (bytes) that are made at once, without waiting for a flush
 
 
 def journal_path(path: str) -> str:
@@ -78,6 +87,9 @@ class JournalFile:
         self.old_size = os.fstat(self.fd).st_size
         self.pos = 0
         self.saved: list[tuple[int, int]] = []  # sorted, disjoint [start, end) ranges already journaled
+        self.pending: list[tuple[int, bytes]] = []  # held-back overwrites of old bytes, in write order
+        self.pending_bytes = 0
+        self.hold = True  # overwrites held back (module docstring); off after a truncate below the old end
         jp = journal_path(path)
         self.jfd = os.open(jp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.write(self.jfd, _MAGIC + str(self.old_size).encode() + b"\n")
@@ -102,36 +114,53 @@ class JournalFile:
     def readinto(self, buf) -> int:
         mv = memoryview(buf).cast("B")
         n = os.preadv(self.fd, [mv], self.pos)
+        if self.pending:
+            self._overlay(mv, self.pos, n)
         self.pos += n
         return n
 
     def read(self, size: int = -1) -> bytes:
         if size is None or size < 0:
             size = max(0, os.fstat(self.fd).st_size - self.pos)
-        data = os.pread(self.fd, size, self.pos)
-        self.pos += len(data)
-        return data
+        buf = bytearray(size)
+        n = self.readinto(buf)
+        return bytes(buf[:n])
 
     def write(self, data) -> int:
         mv = memoryview(data).cast("B")
         n = len(mv)
-        if self.pos < self.old_size:
-            self._save(self.pos, min(self.pos + n, self.old_size))
+        start = self.pos
         done = 0
+        if start < self.old_size:  # the old bytes: journaled now, overwritten later (module docstring)
+            end = min(start + n, self.old_size)
+            if self.hold:
+                self._save(start, end)
+                self.pending.append((start, bytes(mv[:end - start])))
+                self.pending_bytes += end - start
+                done = end - start
+            elif self._save(start, end):
+                os.fsync(self.jfd)
         while done < n:
-            done += os.pwrite(self.fd, mv[done:], self.pos + done)
+            done += os.pwrite(self.fd, mv[done:], start + done)
         self.pos += n
+        if self.pending_bytes >= PENDING_MAX:
+            self._apply()
         return n
 
     def truncate(self, size: int | None = None) -> int:
         size = self.pos if size is None else size
+        self._apply()
         if size < self.old_size:
-            self._save(size, self.old_size)
+            if self._save(size, self.old_size):
+                os.fsync(self.jfd)
+            # Bytes written below the old end from here on may lie past the file's end, where
+            # a read could not see them held back: each is made at once, as it comes.
+            self.hold = False
         os.ftruncate(self.fd, size)
         return size
 
     def flush(self) -> None:
-        pass
+        self._apply()
 
     def readable(self) -> bool:
         return True
@@ -144,8 +173,9 @@ class JournalFile:
 
     # -- journal -----------------------------------------------------------------------------
 
-    def _save(self, start: int, end: int) -> None:
-        """Journal the old bytes of ``[start, end)`` not journaled yet, then fsync."""
+    def _save(self, start: int, end: int) -> bool:
+        """Journal the old bytes of ``[start, end)`` not journaled yet (made durable by the
+        next :meth:`_apply`, before any of them is overwritten); whether any were."""
         todo, pos = [], start
         for a, b in self.saved:
             if b <= pos:
@@ -158,15 +188,35 @@ class JournalFile:
         if pos < end:
             todo.append((pos, end))
         if not todo:
-            return
+            return False
         for a, b in todo:
             old = os.pread(self.fd, b - a, a)
             os.write(self.jfd, _REC.pack(a, len(old), zlib.crc32(old)) + old)
-        os.fsync(self.jfd)
         self.saved = _merge(self.saved + todo)
+        return True
+
+    def _apply(self) -> None:
+        """Make the held-back overwrites: their records durable first, then the writes."""
+        if not self.pending:
+            return
+        os.fsync(self.jfd)
+        for off, data in self.pending:
+            done = 0
+            while done < len(data):
+                done += os.pwrite(self.fd, data[done:], off + done)
+        self.pending.clear()
+        self.pending_bytes = 0
+
+    def _overlay(self, mv: memoryview, pos: int, n: int) -> None:
+        """The held-back overwrites that fall in ``[pos, pos + n)``, copied over ``mv``."""
+        for off, data in self.pending:
+            a, b = max(off, pos), min(off + len(data), pos + n)
+            if a < b:
+                mv[a - pos:b - pos] = data[a - off:b - off]
 
     def commit(self) -> None:
         """Make the new file durable, then drop the journal: from here on it is the file."""
+        self._apply()
         os.fsync(self.fd)
         os.close(self.jfd)
         os.unlink(journal_path(self.path))
