@@ -184,3 +184,22 @@ def test_quick_exit_takes_the_normal_way_while_an_hdf5_file_is_open(tmp_path):
     with h5py.File(path, "r") as f:
         assert np.array_equal(f["x"][:], np.arange(1000))
     assert (tmp_path / "atexit.txt").read_text() == "ran"
+
+
+def test_a_parser_of_one_command_parses_its_line_as_the_whole_parser_does():
+    """main() builds only the named command's parser (its start-up cost): the same
+    namespace as the parser of every command, the same usage in its errors; a name that is
+    no command gets the whole parser, whose error lists them all."""
+    lines = [["sync", "job.yaml", "--set", "source.root=x", "--dry-run"], ["convert", "job.yaml", "--restart"],
+             ["inspect", "out.h5", "--sample", "3"], ["verify", "out.h5"]]
+    for argv in lines:
+        one, every = cli.build_parser(argv[0]).parse_args(argv), cli.build_parser().parse_args(argv)
+        assert vars(one) == vars(every), argv
+    res = run_h5batch("sync", "job.yaml", "--bogus", timeout=60)
+    assert res.returncode == 2 and "unrecognized arguments: --bogus" in res.stderr
+    assert res.stderr.startswith("usage: h5batch ")
+    res = run_h5batch("nosuch", timeout=60)
+    assert res.returncode == 2 and "invalid choice: 'nosuch'" in res.stderr
+    assert all(name in res.stderr for name in NAMES)
+    res = run_h5batch("--help", timeout=60)
+    assert all(name in res.stdout for name in NAMES)
