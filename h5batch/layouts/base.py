@@ -304,17 +304,21 @@ _VALUES_JSON = json.JSONEncoder(default=str)
 
 def _head(it: Item) -> str:
     """``json.dumps([it.split, it.key, it.paths, it.label])``. Rule: where every string is
-    printable ASCII without a quote or a backslash, and the label an int or None, the same
+    printable ASCII without a quote or a backslash, and the label a string, an int or None, the same
     text is put together directly; anything else goes through json. Reason: json.dumps
     was ~60 % of item_record, ~7 ms of a 4,096-pair discovery on the way to the first batch,
     and the bytes must stay those of json.dumps (stored manifest hashes and records)."""
     label = it.label
     text = it.split + it.key + "".join(it.paths)
-    if (label is None or type(label) is int) and text.isascii() and text.isprintable() \
-            and '"' not in text and "\\" not in text:
+    if type(label) is str:  # a class name (folder, pattern group): quoted like the other strings
+        text += label
+        shown = f'"{label}"'
+    else:
+        shown = "null" if label is None else str(label) if type(label) is int else ""
+    if shown and text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
         paths = '", "'.join(it.paths)
-        return (f'["{it.split}", "{it.key}", ["{paths}"], {"null" if label is None else label}]' if it.paths else
-                f'["{it.split}", "{it.key}", [], {"null" if label is None else label}]')
+        return (f'["{it.split}", "{it.key}", ["{paths}"], {shown}]' if it.paths else
+                f'["{it.split}", "{it.key}", [], {shown}]')
     return json.dumps([it.split, it.key, it.paths, label])
 
 
