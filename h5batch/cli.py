@@ -64,8 +64,16 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
+# Commands whose set-up runs with the garbage collector paused (h5batch.gcpause).
+PAUSE_GC = frozenset({"convert", "sync"})
+
+
 def entry() -> None:
     """The ``h5batch`` console command: :func:`main`, then :func:`quick_exit`."""
+    if sys.argv[1:2] and sys.argv[1] in PAUSE_GC:
+        from .gcpause import pause
+
+        pause()
     quick_exit(main())
 
 

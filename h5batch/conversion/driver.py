@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from .. import format as fmt
+from .. import gcpause
 from ..batches import BatchResult, BatchTask
 from ..config import JobConfig
 from ..errors import ConvertError
@@ -188,6 +189,7 @@ class Driver:
             self.progress = Progress(len(tasks.manifest.items), tasks.first_item(self.plan.start),
                                      mode=self.opts.progress, log=log)
             threading.Thread(target=self._pump_writer, daemon=True).start()
+            gcpause.resume()  # the set-up is done: collection on again for the run
             next_submit = next_forward = self.plan.start
             released = False
             while self.acked < len(tasks):

@@ -38,7 +38,7 @@ import signal
 from multiprocessing.connection import Connection
 from typing import Any
 
-from .. import faults
+from .. import faults, gcpause
 from ..config import JobConfig
 from ..forking import close_inherited
 from ..writer.process import start_without_main
@@ -162,6 +162,7 @@ def close_all(spares: list[SpareDecoder]) -> None:
 def _serve(conn: Connection) -> None:
     """The decoder's loop: ``(fn, args)`` in, ``(raised, value)`` out, until None or EOF."""
     faults.in_forked_decoder = True
+    gcpause.resume()  # forked during the driver's set-up: collection on for the decoder's run
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)

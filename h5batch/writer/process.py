@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from multiprocessing import spawn
 from typing import Any
 
-from .. import faults
+from .. import faults, gcpause
 from ..transport.pipe import PipeQueue
 from .messages import (
     Abort,
@@ -162,6 +162,7 @@ def writer_main(inbox, outbox, lifeline, lock: SharedFd | None = None) -> None:
     output's lock file, held open (and so locked) until this process exits."""
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, signal.SIG_IGN)
+    gcpause.resume()  # forked from a driver still setting up: collection on for the writer's run
 
     def driver_gone() -> bool:
         return lifeline.poll()
