@@ -272,7 +272,8 @@ def test_a_command_line_driver_forks_its_writer_and_never_imports_blosc2_or_dask
     it; codec: auto's measurements run on Blosc2's C library (or in the writer where it does
     not load), so the driver imports neither blosc2 nor Dask.
     The file equals one made where the fork server starts the writer (a thread is running)
-    and the driver measures itself: the codec choice depends on the samples alone."""
+    and the driver measures itself: the same samples and trial figures (the codec auto
+    picks from them also weighs a speed measured at run time: see assert_same_h5)."""
     import sys
     import threading
 
