@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.h5batch-installed
+PEERS  := $(VENV)/.h5batch-peers
 JOB    ?= jobs/demo.yaml
 ARGS   ?=
 BENCH  ?= --quick
@@ -15,7 +16,7 @@ PYTEST_ARGS ?=
 # writer and decoder processes). The leak checks count only their own runs' segments.
 TEST_JOBS ?= 2
 
-.PHONY: venv convert test bench lint clean distclean
+.PHONY: venv peers convert test bench lint clean distclean
 
 $(STAMP): pyproject.toml setup.py constraints.txt h5batch/_stat_many.c
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,13 +30,22 @@ $(STAMP): pyproject.toml setup.py constraints.txt h5batch/_stat_many.c
 
 venv: $(STAMP)
 
+# The peers of the full bench (WebDataset, LitData; requirements-peers.txt says why two steps).
+$(PEERS): $(STAMP) requirements-peers.txt requirements-peers-nodeps.txt
+	$(BIN)/python -m pip install -q -c constraints.txt -r requirements-peers.txt
+	$(BIN)/python -m pip install -q -c constraints.txt --no-deps -r requirements-peers-nodeps.txt
+	@touch $(PEERS)
+
+peers: $(PEERS)
+
 convert: $(STAMP)
 	$(BIN)/h5batch convert $(JOB) $(ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
 
-bench: $(STAMP)
+# Quick mode runs without the peers; any other BENCH (the full mode) installs them first.
+bench: $(STAMP) $(if $(findstring --quick,$(BENCH)),,$(PEERS))
 	$(BIN)/h5batch bench $(BENCH)
 
 lint: $(STAMP)
