@@ -91,6 +91,8 @@ def validate(job: JobConfig, check_paths: bool) -> None:
         raise ConfigError(f, "policy.decode_timeout", "must be > 0 seconds")
     if p.no_worker_timeout <= 0:
         raise ConfigError(f, "policy.no_worker_timeout", "must be > 0 seconds")
+    if p.frozen_worker_timeout <= 0:
+        raise ConfigError(f, "policy.frozen_worker_timeout", "must be > 0 seconds")
     if check_paths:
         root = Path(s.root)
         if not root.is_dir() and not s.generate:

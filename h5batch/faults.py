@@ -9,19 +9,22 @@ where a fault can be injected. With the variable unset each call is one dictiona
 
 ``H5BATCH_FAULTS`` is a comma-separated list of ``mode=value``:
 
-=====================  =================================================================
-``crash_on=NAME``      the process decoding a file named NAME kills itself with SIGKILL,
-                       every time (like a decoder that segfaults)
-``hang_on=NAME``       decoding a file named NAME never returns
-``kill_once=B:MARKER`` the worker that runs batch B kills itself, the first time only
-                       (MARKER is a file it creates to remember that it did)
-``kill_forked=MARKER`` a decoder forked by an in-process run (``conversion/spares.py``)
-                       kills itself before its first batch, the first time only
-``pause_at=POINT``     the writer stops for good at POINT: ``commit:N`` right after its
-                       N-th commit, ``store:N`` right after its N-th stored batch part,
-                       ``finalize`` just before the final rename; it first
-                       writes ``<partial>.paused`` so a test knows it is there
-=====================  =================================================================
+==========================  ===============================================================
+``crash_on=NAME``           the process decoding a file named NAME kills itself with SIGKILL,
+                            every time (like a decoder that segfaults)
+``hang_on=NAME``            decoding a file named NAME never returns
+``freeze_once=NAME:MARKER`` the process decoding a file named NAME stops itself (SIGSTOP: no
+                            thread of it runs, like a native call that holds the GIL forever),
+                            the first time only (MARKER remembers that it did)
+``kill_once=B:MARKER``      the worker that runs batch B kills itself, the first time only
+                            (MARKER is a file it creates to remember that it did)
+``kill_forked=MARKER``      a decoder forked by an in-process run (``conversion/spares.py``)
+                            kills itself before its first batch, the first time only
+``pause_at=POINT``          the writer stops for good at POINT: ``commit:N`` right after its
+                            N-th commit, ``store:N`` right after its N-th stored batch part,
+                            ``finalize`` just before the final rename; it first
+                            writes ``<partial>.paused`` so a test knows it is there
+==========================  ===============================================================
 
 An unknown mode is an error (a typo must not silently test nothing).
 """
@@ -34,7 +37,7 @@ import time
 from functools import cache
 
 ENV = "H5BATCH_FAULTS"
-MODES = ("crash_on", "hang_on", "kill_once", "kill_forked", "pause_at")
+MODES = ("crash_on", "hang_on", "freeze_once", "kill_once", "kill_forked", "pause_at")
 
 # Set in a decoder forked by an in-process run (conversion/spares.py), for kill_forked.
 in_forked_decoder = False
@@ -68,6 +71,12 @@ def before_decode(path: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if faults.get("hang_on") == name:
         time.sleep(3600)
+    spec = faults.get("freeze_once")
+    if spec:
+        target, _, marker = spec.partition(":")
+        if target == name and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def before_batch(index: int) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from h5batch import generate
 from h5batch.transport.segments import list_segments, owner_pid
+from tests.support import hang_report
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "corpora"
@@ -41,6 +42,27 @@ def no_leaked_segments():
 
         leaked = {s for s in leaked if owner_pid(s) in SPAWNED | {os.getpid()}}
     assert not leaked, f"shared-memory segments leaked: {sorted(leaked)}"
+
+
+# One name per pytest session, shared by its xdist workers (they inherit the environment).
+_SESSION = os.environ.setdefault("H5BATCH_TEST_SESSION", f"{os.getpid()}")
+
+
+@pytest.fixture(autouse=True)
+def stacks_before_timeout(request):
+    """A test about to reach its pytest-timeout limit leaves the stacks of the processes it
+    started in a report printed at the end of the session (tests/support/hang_report.py)."""
+    marker = request.node.get_closest_marker("timeout")
+    limit = float(marker.args[0]) if marker and marker.args else float(request.config.getini("timeout") or 0)
+    timer = hang_report.Timer(request.node.nodeid, limit, _SESSION) if limit >= 60 else None
+    yield
+    if timer is not None:
+        timer.cancel()
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        hang_report.print_reports(_SESSION, terminalreporter.write)
 
 
 @pytest.fixture(scope="session")

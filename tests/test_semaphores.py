@@ -11,6 +11,7 @@ from pathlib import Path
 
 from h5batch import generate
 from h5batch.transport import semaphores
+from tests.conftest import PARALLEL
 from tests.support.processes import wait_for
 from tests.support.run import convert_cmd, run, start
 
@@ -36,5 +37,9 @@ def test_killed_run_leaves_no_semaphore_after_the_next_run(tmp_path):
     res = run(cmd)  # resumes, and first removes what the dead run left
     assert res.returncode == 0, res.stderr
     said = re.search(r"removed (\d+) semaphores left in /dev/shm by dead runs", res.stderr)
-    assert said and int(said[1]) >= len(left), res.stderr  # (and any of other dead runs)
+    # Beside this test, a conversion of the other xdist worker that started meanwhile removes
+    # every dead run's semaphores too (seen in CI): then none is left for this run to remove.
+    # Without any clean-up at all, the check below still fails.
+    if said or not PARALLEL:
+        assert said and int(said[1]) >= len(left), res.stderr  # (and any of other dead runs)
     assert not semaphores.list_tagged(proc.pid)

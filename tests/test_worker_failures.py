@@ -5,6 +5,7 @@ through ``H5BATCH_FAULTS`` (the worker really dies by SIGKILL, or really hangs).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -89,6 +90,23 @@ def test_hanging_decode_is_bounded_by_timeout(corpus, reference, tmp_path):
     assert "restarting worker" in res.stderr
 
 
+def test_a_frozen_worker_is_restarted_and_its_batch_decoded_again(corpus, reference, tmp_path):
+    """A worker process that stops running altogether (SIGSTOP: no heartbeat, and its own
+    decode watch cannot run either) is restarted by the driver after
+    policy.frozen_worker_timeout, not after Dask's 5-minute worker-ttl; its batch is decoded
+    again and the output is the reference's."""
+    out = tmp_path / "out.h5"
+    marker = tmp_path / "frozen-once"
+    res = convert(corpus, out, f"freeze_once=3.wav:{marker}", "--set", "policy.frozen_worker_timeout=3")
+    assert res.returncode == 0, res.stderr
+    assert marker.exists(), "the fault did not fire: no worker froze"
+    assert re.search(r"worker tcp://\S+ has sent no heartbeat for \d+ s \(policy.frozen_worker_timeout 3 s\): "
+                     r"restarting it", res.stderr), res.stderr
+    assert res.stderr.count("has sent no heartbeat") == 1, res.stderr  # the other worker was left alone
+    assert_same_h5(reference, out)  # every sample exactly once, same order, same bytes
+    assert not orphaned_segments()
+
+
 def test_a_local_cluster_left_without_workers_stops_the_wait_instead_of_hanging(corpus):
     """A LocalCluster of the run that has no worker left (its nannies gone: here scaled to
     zero) would keep the tasks waiting forever; the driver's wait gives up after
@@ -103,14 +121,14 @@ def test_a_local_cluster_left_without_workers_stops_the_wait_instead_of_hanging(
 
     from h5batch.config import load_job
     from h5batch.conversion.cluster import Connection
-    from h5batch.conversion.driver import Driver
+    from h5batch.conversion.driver import Driver, WorkerWatch
     from h5batch.errors import ConvertError
 
     job = load_job(JOB, [f"source.root={corpus}", "cluster.kind=local", "policy.no_worker_timeout=1"])
     with LocalCluster(n_workers=1, processes=False, threads_per_worker=1, dashboard_address=None) as cluster, \
             Client(cluster) as client:
         d = Driver.__new__(Driver)
-        d.job, d.client, d.events = job, client, queue.Queue()
+        d.job, d.client, d.events, d.watch = job, client, queue.Queue(), WorkerWatch()
         d.plan = SimpleNamespace(spec=SimpleNamespace(partial_path="out.h5.partial", sync=None))
         conn = Connection(client, "LocalCluster", None, cluster)
         d.events.put(("future", 1))
