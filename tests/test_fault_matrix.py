@@ -123,6 +123,15 @@ def kill_worker(corpus, out) -> tuple[Run, int]:
     return r, code
 
 
+def freeze_worker(corpus, out) -> tuple[Run, int]:
+    marker = out.parent / "frozen-once"
+    r = Run(start(cmd(corpus, out, "policy.frozen_worker_timeout=3"), {"H5BATCH_FAULTS": f"freeze_once=30.wav:{marker}"},
+                  new_session=True), out)
+    code = r.wait()
+    assert marker.exists(), "no worker froze"
+    return r, code
+
+
 def signal_to(target: str, sig: int) -> Callable:
     def fault(corpus, out) -> tuple[Run, int]:
         r = _running(corpus, out)
@@ -174,6 +183,7 @@ MATRIX = {
     "kill -9 of the driver": (kill_driver, (-9,), None),
     "kill -9 of the writer": (kill_writer, (1,), "writer process died (exit code -9)"),
     "kill -9 of a Dask worker": (kill_worker, (0,), None),
+    "a Dask worker frozen": (freeze_worker, (0,), "has sent no heartbeat for"),
     "Ctrl-C (SIGINT to the process group)": (signal_to("group", signal.SIGINT), (130,),
                                              "interrupted; progress is committed in"),
     "SIGTERM to the driver": (signal_to("driver", signal.SIGTERM), (143,), "stopped by SIGTERM; progress is committed in"),

@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 from contextlib import ExitStack, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -44,6 +44,7 @@ from ..writer.messages import (
 from ..writer.process import WriterGone, WriterHandle, writer_context
 from . import inprocess
 from .cluster import connect
+from .cluster_watch import ClusterWatch
 from .decoder_warnings import WarningLog
 from .options import ConvertOptions, ConvertSummary
 from .plan import Plan, RowPredictor
@@ -54,7 +55,6 @@ from .worker import decode_batch
 
 WINDOW_BYTES = 1 << 30  # decoded bytes waiting in shared memory, at most (about)
 ABORT_SECONDS = 60  # how long the writer may take to commit after an abort
-WATCH_SECONDS = 5.0  # how often a waiting driver checks that its own cluster has workers
 
 
 def _empty_result(task: BatchTask, rejects: list[Reject], nfields: int) -> BatchResult:
@@ -86,16 +86,6 @@ class _Slot:
         return all(p.result is not None for p in self.parts)
 
 
-@dataclass
-class WorkerWatch:
-    """What the driver's look at its own LocalCluster keeps between looks (:meth:`Driver._watch_workers`)."""
-
-    due: float = 0.0  # monotonic time of the next look
-    no_worker_since: float | None = None  # monotonic time the cluster was first seen empty
-    restarted: set[str] = field(default_factory=set)  # workers restarted for a missing heartbeat
-    seen: dict[str, tuple[float, float]] = field(default_factory=dict)  # address -> (last_seen, monotonic)
-
-
 # Seconds to fetch a finished batch's result from its worker before the part counts as
 # failed (a result is descriptors and metadata: it takes milliseconds when the worker lives).
 RESULT_TIMEOUT = 60.0
@@ -122,7 +112,7 @@ class Driver:
         self.events: queue.Queue = queue.Queue()
         self.slots: dict[int, _Slot] = {}
         self.futures: dict[Any, tuple[int, int]] = {}  # future -> (batch index, part position)
-        self.watch = WorkerWatch()
+        self.watch: ClusterWatch | None = None  # started at the first wait on a LocalCluster
         self.acked = plan.start
         self.submissions = 0
         self.rejects = 0
@@ -138,50 +128,18 @@ class Driver:
     # -- the loop --------------------------------------------------------------------------
 
     def _next_event(self, conn: Any) -> tuple[str, Any]:
-        """The next future or writer event. Rule: while it runs on a LocalCluster it started,
-        the driver looks at the cluster's workers every :data:`WATCH_SECONDS` (events or
-        not, :meth:`_watch_workers`): it gives up after ``policy.no_worker_timeout`` seconds
-        without any worker, and restarts a worker silent for ``policy.frozen_worker_timeout``.
-        Reason: Dask keeps tasks waiting for workers forever, and a nanny that cannot start
-        its worker again closes for good: the run would hang with nothing left to run it
-        (``cluster.LOST_WORKER_TIMEOUT`` keeps Dask from closing nannies itself, the cause
-        seen on a loaded machine). Clusters it did not start (a scheduler, dask-jobqueue)
-        may legitimately be without workers for a while, and Dask's ``worker-ttl`` watches
-        their heartbeats: no limit there."""
+        """The next future or writer event. On a LocalCluster the run started, a thread looks
+        at its workers meanwhile (:mod:`.cluster_watch`) and may stop the run through here."""
         cluster = getattr(conn, "cluster", None) if self.job.cluster.kind == "local" else None
-        if cluster is None:
-            return self.events.get()
-        policy = self.job.policy
-        every = min(WATCH_SECONDS, policy.no_worker_timeout, policy.frozen_worker_timeout / 2)
-        while True:
-            now = time.monotonic()
-            if now >= self.watch.due:
-                self.watch.due = now + every
-                self._watch_workers()
-            try:
-                return self.events.get(timeout=max(0.0, self.watch.due - time.monotonic()))
-            except queue.Empty:
-                pass
-
-    def _watch_workers(self) -> None:
-        """One look at the run's own LocalCluster (see :meth:`_next_event`)."""
-        try:
-            info = self.client.scheduler_info(n_workers=-1)["workers"]
-        except Exception:  # noqa: BLE001 - a closing scheduler: the next wait tells
-            return
-        if info:
-            self.watch.no_worker_since = None
-            self._restart_frozen(info)
-            return
-        limit = self.job.policy.no_worker_timeout
-        since = self.watch.no_worker_since = self.watch.no_worker_since or time.monotonic()
-        if time.monotonic() - since > limit:
+        if cluster is not None and self.watch is None:
             spec = self.plan.spec
             then = ("the sync is undone; run the same command again" if spec.sync is not None else
                     f"progress is committed in {spec.partial_path}; run the same command again to resume")
-            raise ConvertError(f"every worker of the local Dask cluster is gone and none came back in "
-                               f"{limit:g} s (policy.no_worker_timeout; the machine may be short of memory or "
-                               f"CPU); {then}")
+            self.watch = ClusterWatch(self.client, cluster, self.job.policy, self.say, self.events, then).start()
+        kind, payload = self.events.get()
+        if kind == "watch":
+            raise payload
+        return kind, payload
 
     def run(self) -> ConvertSummary:
         """Decode and store every batch from ``plan.start`` on, then finish the file.
@@ -197,6 +155,7 @@ class Driver:
                 self.spares = SpareDecoder.start_all(job, writer_context())
             conn = stack.enter_context(inprocess.connect(job.cluster, self.spares) if in_proc else connect(job.cluster))
             self.client = conn.client
+            stack.callback(lambda: self.watch and self.watch.stop())  # before the cluster closes
             if self.choice.why:
                 self.say(self.choice.describe())
             self.say(f"cluster: {conn.description}" + (f"; dashboard {conn.dashboard}" if conn.dashboard else ""))
@@ -394,38 +353,10 @@ class Driver:
         sub = slot.task.sub(lo_, hi_)
         part.result = _empty_result(sub, [Reject(p, "worker", reason) for p in paths], len(sub.fields))
 
-    def _restart_frozen(self, workers: dict[str, dict]) -> None:
-        """Restart the workers of the run's own LocalCluster that have not sent the scheduler a
-        heartbeat for ``policy.frozen_worker_timeout`` seconds. Reason: a worker sends one
-        every 0.5 s from its event loop; one silent that long is frozen (a native call that
-        holds the GIL, a deadlock, swapping), and then its own decode watch cannot run
-        either. Dask would restart it only after ``worker-ttl`` (5 minutes by default);
-        meanwhile the run waited with nothing to say. The restart fails its task, which is
-        run again and, when it freezes its worker again, split down to the file like a
-        crash."""
-        limit = self.job.policy.frozen_worker_timeout
-        now = time.monotonic()
-        seen = self.watch.seen
-        for address, w in workers.items():
-            # Silence is timed on this process's monotonic clock from the moment the worker's
-            # last heartbeat time was seen to change, not from that wall-clock time itself: a
-            # clock step or a suspended laptop must not look like frozen workers.
-            beat = w.get("last_seen")
-            if address not in seen or seen[address][0] != beat:
-                seen[address] = (beat, now)
-                continue
-            silent = now - seen[address][1]
-            if silent > limit and address not in self.watch.restarted:
-                self.watch.restarted.add(address)
-                self.say(f"worker {address} has sent no heartbeat for {silent:.0f} s "
-                         f"(policy.frozen_worker_timeout {limit:g} s): restarting it, its batch is decoded again")
-                self._restart_worker(address, say=False)
-
-    def _restart_worker(self, address: str, say: bool = True) -> None:
+    def _restart_worker(self, address: str) -> None:
         """Reclaim a worker whose decode thread is stuck on a hung file (in the background;
         workers without a nanny cannot be restarted and just keep the lost thread)."""
-        if say:
-            self.say(f"restarting worker {address}: a decode there exceeded policy.decode_timeout")
+        self.say(f"restarting worker {address}: a decode there exceeded policy.decode_timeout")
         client = self.client
 
         def restart() -> None:
