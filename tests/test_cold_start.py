@@ -181,10 +181,12 @@ def _alive_with(text: str) -> list[int]:
 
 def test_forked_decoders_share_the_batches_and_write_the_same_file(demo_root, tmp_path):
     one, more = tmp_path / "one.h5", tmp_path / "forked.h5"
-    res = convert(DEMO, demo_root, one, "inprocess", "cluster.workers=1", "cluster.batch_size=16")
+    # A named codec: codec auto weighs measured speeds, and two runs may choose differently.
+    codec = "output.codec=blosc2-lz4"
+    res = convert(DEMO, demo_root, one, "inprocess", "cluster.workers=1", "cluster.batch_size=16", codec)
     assert res.returncode == 0, res.stderr
     assert "cluster: in-process, 1 decode thread (no worker processes)" in res.stderr
-    res = convert(DEMO, demo_root, more, "inprocess", "cluster.workers=3", "cluster.batch_size=16")
+    res = convert(DEMO, demo_root, more, "inprocess", "cluster.workers=3", "cluster.batch_size=16", codec)
     assert res.returncode == 0, res.stderr
     assert "cluster: in-process, 1 decode thread + 2 forked decoders (no worker processes)" in res.stderr
     line = next(x for x in res.stderr.splitlines() if x.startswith("in-process decoding: "))
