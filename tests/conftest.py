@@ -46,6 +46,7 @@ def no_leaked_segments():
 
 # One name per pytest session, shared by its xdist workers (they inherit the environment).
 _SESSION = os.environ.setdefault("H5BATCH_TEST_SESSION", f"{os.getpid()}")
+os.environ.setdefault("H5BATCH_EVENT_LOG", str(hang_report.event_log(_SESSION)))
 
 
 @pytest.fixture(autouse=True)

@@ -28,9 +28,10 @@ def corpus(tmp_path_factory) -> Path:
     return root
 
 
-def convert(root: Path, out: Path, faults: str = "", *extra: str, workers: int | None = 2) -> subprocess.CompletedProcess:
+def convert(root: Path, out: Path, faults: str = "", *extra: str, workers: int | None = 2,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``workers=None``: ``cluster.kind: auto`` decides (this corpus: in the driver)."""
-    return run.convert(JOB, *extra, workers=workers, output=out, root=root, env_extra={"H5BATCH_FAULTS": faults},
+    return run.convert(JOB, *extra, workers=workers, output=out, root=root, env_extra={"H5BATCH_FAULTS": faults, **(env or {})},
                        settings=("cluster.batch_size=8", "policy.retries=1", "policy.max_reject_fraction=0.2"),
                        timeout=400)
 
@@ -97,12 +98,16 @@ def test_a_frozen_worker_is_killed_and_its_batch_decoded_again(corpus, reference
     decoded again and the output is the reference's."""
     out = tmp_path / "out.h5"
     marker = tmp_path / "frozen-once"
-    res = convert(corpus, out, f"freeze_once=3.wav:{marker}", "--set", "policy.frozen_worker_timeout=3")
+    events = tmp_path / "events.log"  # this run's kill, not the session's (tests/support/hang_report.py)
+    res = convert(corpus, out, f"freeze_once=3.wav:{marker}", "--set", "policy.frozen_worker_timeout=3",
+                  env={"H5BATCH_EVENT_LOG": str(events)})
     assert res.returncode == 0, res.stderr
     assert marker.exists(), "the fault did not fire: no worker froze"
     assert re.search(r"worker tcp://\S+ has sent no heartbeat for \d+ s \(policy.frozen_worker_timeout 3 s\): "
                      r"killed it", res.stderr), res.stderr
     assert res.stderr.count("has sent no heartbeat") == 1, res.stderr  # the other worker was left alone
+    logged = events.read_text().splitlines()
+    assert len(logged) == 1 and logged[0].startswith(f"{out}: worker tcp://") and "killed it" in logged[0], logged
     assert_same_h5(reference, out)  # every sample exactly once, same order, same bytes
     assert not orphaned_segments()
 
@@ -129,7 +134,7 @@ def test_a_local_cluster_left_without_workers_stops_the_wait_instead_of_hanging(
             Client(cluster) as client:
         d = Driver.__new__(Driver)
         d.job, d.client, d.events, d.watch, d.say = job, client, queue.Queue(), None, print
-        d.plan = SimpleNamespace(spec=SimpleNamespace(partial_path="out.h5.partial", sync=None))
+        d.plan = SimpleNamespace(spec=SimpleNamespace(partial_path="out.h5.partial", final_path="out.h5", sync=None))
         conn = Connection(client, "LocalCluster", None, cluster)
         d.events.put(("future", 1))
         assert d._next_event(conn) == ("future", 1)  # with workers: the event, at once

@@ -24,6 +24,10 @@ Rules, and why:
   like a crash. Silence is timed on this process's monotonic clock from the moment the
   worker's last heartbeat time was seen to change, not from that wall-clock time: a clock
   step or a suspended laptop must not look like frozen workers.
+* Each kill is also appended to the file named by ``H5BATCH_EVENT_LOG``, when it is set.
+  Reason: the test suite sets it and prints the kills of a session at its end: a freeze that
+  the watch ends leaves a passing test, and its message would otherwise go unseen (the hang
+  it stands in for was never reproduced outside CI).
 """
 
 from __future__ import annotations
@@ -39,16 +43,19 @@ from ..config import PolicyConfig
 from ..errors import ConvertError
 
 WATCH_SECONDS = 5.0  # how often the driver looks at its own cluster's workers
+EVENT_LOG = "H5BATCH_EVENT_LOG"  # see the module docstring
 
 
 class ClusterWatch:
     """The looks of one run at its LocalCluster, on a thread (see the module docstring): a
     stop is put in ``events`` as ``("watch", ConvertError)``; ``then`` says what the user
-    does after it."""
+    does after it; ``output`` names the run in the event log."""
 
-    def __init__(self, client: Any, cluster: Any, policy: PolicyConfig, say, events: queue.Queue, then: str):
+    def __init__(self, client: Any, cluster: Any, policy: PolicyConfig, say, events: queue.Queue, then: str,
+                 output: str = ""):
         self.client, self.cluster, self.policy, self.say, self.events, self.then = \
             client, cluster, policy, say, events, then
+        self.output = output
         self.every = min(WATCH_SECONDS, policy.no_worker_timeout, policy.frozen_worker_timeout / 2)
         self.no_worker_since: float | None = None
         self.seen: dict[str, tuple[Any, float]] = {}  # address -> (its last heartbeat time, when seen)
@@ -102,8 +109,10 @@ class ClusterWatch:
                 pid = self._pid(address)
                 if pid is None:
                     continue  # not a worker process of this run's nannies: nothing to kill
-                self.say(f"worker {address} has sent no heartbeat for {silent:.0f} s "
-                         f"(policy.frozen_worker_timeout {limit:g} s): killed it, its batch is decoded again")
+                text = (f"worker {address} has sent no heartbeat for {silent:.0f} s "
+                        f"(policy.frozen_worker_timeout {limit:g} s): killed it, its batch is decoded again")
+                self.say(text)
+                _record(f"{self.output}: {text}")
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -117,3 +126,14 @@ class ClusterWatch:
                 pid = getattr(getattr(process, "process", None), "pid", None)
                 return pid if isinstance(pid, int) and pid > 0 else None
         return None
+
+
+def _record(line: str) -> None:
+    """Append ``line`` to the event log, where there is one (see the module docstring)."""
+    path = os.environ.get(EVENT_LOG)
+    if path:
+        try:
+            with open(path, "a") as f:
+                f.write(line + "\n")
+        except OSError:
+            pass

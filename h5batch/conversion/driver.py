@@ -135,7 +135,8 @@ class Driver:
             spec = self.plan.spec
             then = ("the sync is undone; run the same command again" if spec.sync is not None else
                     f"progress is committed in {spec.partial_path}; run the same command again to resume")
-            self.watch = ClusterWatch(self.client, cluster, self.job.policy, self.say, self.events, then).start()
+            self.watch = ClusterWatch(self.client, cluster, self.job.policy, self.say, self.events, then,
+                                      spec.final_path).start()
         kind, payload = self.events.get()
         if kind == "watch":
             raise payload

@@ -9,7 +9,10 @@ doing was lost with them. py-spy reads a process from outside, GIL held or not.
 
 The report lands in files under :data:`DIR` (an xdist worker has no terminal), and the
 session's controller prints those of its own session at the end (:func:`print_reports`),
-where a CI log's tail shows them.
+where a CI log's tail shows them. So do the workers that the driver's cluster watch killed
+for a missing heartbeat during the session (``H5BATCH_EVENT_LOG``, set for the session by
+:func:`event_log`; ``h5batch/conversion/cluster_watch.py``): such a kill ends a freeze and
+the test passes, so its message would otherwise go unseen.
 """
 
 from __future__ import annotations
@@ -79,10 +82,23 @@ class Timer:
         self._timer.cancel()
 
 
+def event_log(session: str) -> Path:
+    """The event log of ``session`` (its folder made)."""
+    DIR.mkdir(exist_ok=True)
+    return DIR / f"{session}-events.log"
+
+
 def print_reports(session: str, write) -> None:
-    """Write the reports of ``session`` with ``write`` (the terminal reporter's), and remove them."""
+    """Write the reports and the event log of ``session`` with ``write`` (the terminal
+    reporter's), and remove them."""
     if not DIR.is_dir():
         return
     for path in sorted(DIR.glob(f"{session}-*.txt")):
         write(path.read_text())
         path.unlink()
+    events = event_log(session)
+    if events.exists():
+        lines = events.read_text().splitlines()
+        write(f"\n== {len(lines)} frozen Dask worker(s) killed by the cluster watch this session ==\n")
+        write("".join(line + "\n" for line in lines))
+        events.unlink()
