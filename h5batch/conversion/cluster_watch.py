@@ -122,9 +122,7 @@ class ClusterWatch:
         """The process id of the worker at ``address``, from the cluster's nannies."""
         for nanny in list(getattr(self.cluster, "workers", {}).values()):
             if getattr(nanny, "worker_address", None) == address:
-                process = getattr(nanny, "process", None)
-                pid = getattr(getattr(process, "process", None), "pid", None)
-                return pid if isinstance(pid, int) and pid > 0 else None
+                return getattr(nanny, "pid", None) or None  # None: its process is not running
         return None
 
 
