@@ -42,7 +42,7 @@ from ..writer.messages import (
     WriterDied,
 )
 from ..writer.process import WriterGone, WriterHandle, writer_context
-from . import inprocess
+from . import inprocess, signals
 from .cluster import connect
 from .cluster_watch import ClusterWatch
 from .decoder_warnings import WarningLog
@@ -181,6 +181,7 @@ class Driver:
             next_submit = next_forward = self.plan.start
             released = False
             while self.acked < len(tasks):
+                signals.raise_pending()
                 while next_submit < len(tasks) and next_submit - self.acked < window:
                     self.slots[next_submit] = _Slot(self.rows.place(tasks[next_submit]))
                     self._submit(next_submit, 0, len(tasks[next_submit].items))
@@ -199,6 +200,7 @@ class Driver:
                         next_forward += 1
                 else:
                     self._on_writer(payload)
+            signals.raise_pending()
             self.progress.close()
             if in_proc and self.spares:
                 self.say(self.client.report())

@@ -9,6 +9,11 @@ hint. A second signal while that shutdown runs ends the driver at once, with the
 default action: the writer then sees the driver gone and commits by itself, and a commit
 record is replaced atomically, so it is never half written.
 
+A raise from a signal handler is lost where Python ignores exceptions: inside a ``__del__``
+or a weakref callback (seen in CI: SIGINT arrived while Dask's ``Future.__del__`` ran, and the
+conversion went on to exit 0). So the handler also keeps the exception, and the driver's loop
+raises it again at its safe points (:func:`raise_pending`) if it never got there.
+
 The writer process ignores all three (a signal sent to the process group reaches it too):
 what to do is the driver's decision, and a writer whose driver is gone commits and exits.
 """
@@ -48,13 +53,26 @@ def exit_code(exc: BaseException) -> int:
 
 
 _depth = 0  # graceful() blocks entered (the cluster of a batch system nests one)
+_pending: Interrupted | None = None  # the first signal's exception, until a safe point took it
 
 
 def _raise_once(signum, frame) -> None:
+    global _pending
     # From now on a second signal of any of the three ends the process at once.
     for s in HANDLED:
         signal.signal(s, _die)
-    raise Interrupted(signum)
+    _pending = Interrupted(signum)
+    raise _pending
+
+
+def raise_pending() -> None:
+    """Raise the first signal's :class:`Interrupted` again, once, where the handler's own
+    raise was swallowed (see the module docstring). Called at the driver loop's safe points:
+    a raise that propagated left that loop, so no later point of the run sees it twice."""
+    global _pending
+    if _pending is not None:
+        e, _pending = _pending, None
+        raise e
 
 
 def _die(signum, frame) -> None:
@@ -74,7 +92,10 @@ def graceful() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    global _pending
     shutting_down = signal.getsignal(signal.SIGTERM) is _die
+    if _depth == 0 and not shutting_down:
+        _pending = None  # a new run: an earlier run's signal is no business of this one
     old = {s: signal.signal(s, _die if shutting_down else _raise_once) for s in HANDLED}
     _depth += 1
     try:
