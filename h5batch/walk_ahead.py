@@ -10,7 +10,11 @@ walker's rules (:mod:`h5batch.walker`) and the forked-child abstraction
 needs (numpy, the config classes: ~0.1 s) need not come first: started ahead of them, the
 walk overlaps them.
 
-The child lists the corpus with its ``stat`` calls deferred (:class:`~h5batch.walker.Walker`'s
+Where the walker's C extension was built and the corpus is plain files and folders, the
+child lists it in C (:func:`~h5batch.walker.scan_files`: the paths come out encoded, as the
+stat loop reads them) and two threads stat a half each with the GIL released; 100,000 files
+of one folder: ~0.13 s, against ~0.25 s listed through ``os.scandir``. Else the child lists
+the corpus with its ``stat`` calls deferred (:class:`~h5batch.walker.Walker`'s
 ``defer``), then stats the files on two cores (:func:`_stat_in_two`): where the walker's C
 loop was built (:data:`h5batch.walker.FAST_STAT`), it encodes the paths and two threads stat
 a half each with the GIL released; else it stats the first half while a child of its own
@@ -40,7 +44,7 @@ from array import array
 from pathlib import Path
 
 from .forking import Child
-from .walker import FAST_STAT, Walker, stat_blob, stat_lists
+from .walker import FAST_STAT, Walker, scan_files, stat_blob, stat_lists
 
 __all__ = ["RootWalk", "start", "ahead_of", "unpack", "SPLIT_MIN"]
 
@@ -112,13 +116,24 @@ def unpack(data: bytes) -> tuple[bytes, array, list[tuple[str, str]], list[str]]
 
 
 def _walk(root: str) -> bytes:
-    """(the child) The walk of ``root``, packed for :func:`unpack`."""
+    """(the child) The walk of ``root``, packed for :func:`unpack`: listed in C where the
+    tree is plain files and folders (:func:`~h5batch.walker.scan_files`), else by the
+    deferred :class:`~h5batch.walker.Walker`."""
     signal.signal(signal.SIGTERM, _end_child)  # RootWalk.end(): the second child goes too
-    walker = Walker(Path(root), ordered=False, defer=True)
-    rest = walker.walk()  # what is not a plain regular file (symlinks): stat-ed again below, as the others
-    paths = walker.deferred + [f[0] for f in rest] if rest else walker.deferred
-    stat, failed, blob = _stat_in_two(root, paths)
-    rejects = [(r.path, r.reason) for r in walker.rejects]
+    scanned = scan_files(root)
+    if scanned is not None:
+        blob, width, n = scanned
+        stat, failed = _stat_blob_in_two(root, blob, width, n)
+        paths = _decoded(blob, width) if failed else []
+        rejects: list[tuple[str, str]] = []
+        links: list[str] = []
+    else:
+        walker = Walker(Path(root), ordered=False, defer=True)
+        rest = walker.walk()  # what is not a plain regular file (symlinks): stat-ed again below, as the others
+        paths = walker.deferred + [f[0] for f in rest] if rest else walker.deferred
+        stat, failed, blob = _stat_in_two(root, paths)
+        rejects = [(r.path, r.reason) for r in walker.rejects]
+        links = walker.links
     if failed:  # gone or unreadable since the listing: the walk's own reject for it
         bad = {i for i, _ in failed}
         rejects += [(paths[i], reason) for i, reason in failed]
@@ -126,7 +141,13 @@ def _walk(root: str) -> bytes:
         n = len(paths)
         stat = array("q", [stat[i] for i in keep] + [stat[n + i] for i in keep])
         blob = _encoded([paths[i] for i in keep])
-    return pickle.dumps((blob, stat.tobytes(), rejects, walker.links), protocol=pickle.HIGHEST_PROTOCOL)
+    return pickle.dumps((blob, stat.tobytes(), rejects, links), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _decoded(blob: bytes, width: int) -> list[str]:
+    """The paths of a blob of :func:`_encoded`'s form (the rare path: a file went between
+    the listing and its stat)."""
+    return [blob[i:i + width].rstrip(b"\0").decode(*_UTF8) for i in range(0, len(blob), width)]
 
 
 def _encoded(paths: list[str]) -> bytes:
@@ -190,11 +211,16 @@ def _stat_in_two(root: str, paths: list[str]) -> tuple[array, list[tuple[int, st
 
 def _stat_in_threads(root: str, paths: list[str]) -> tuple[array, list[tuple[int, str]], bytes]:
     """(the child) :func:`_stat_in_two` with the C loop: the paths encoded first (the loop
-    reads them), the second half stat-ed on a second thread. A thread that failed has its
-    half stat-ed here."""
+    reads them), then :func:`_stat_blob_in_two`."""
     blob = _encoded(paths)
     n = len(paths)
-    width = len(blob) // n if n else 1
+    return (*_stat_blob_in_two(root, blob, len(blob) // n if n else 1, n), blob)
+
+
+def _stat_blob_in_two(root: str, blob: bytes, width: int, n: int) -> tuple[array, list[tuple[int, str]]]:
+    """(the child) :func:`~h5batch.walker.stat_blob` of the ``n`` paths of ``blob`` as one
+    int64 ``array`` (the sizes, then the mtimes), the second half stat-ed on a second thread
+    (the C loop releases the GIL). A thread that failed has its half stat-ed here."""
     half = n // 2 if n >= THREAD_MIN else n
     rest: list = []
     second = threading.Thread(target=lambda: rest.append(stat_blob(root, blob, width, half, n)), daemon=True)
@@ -208,7 +234,7 @@ def _stat_in_threads(root: str, paths: list[str]) -> tuple[array, list[tuple[int
         mtimes.extend(more_mtimes)
         failed += more_failed
     sizes.extend(mtimes)
-    return sizes, failed, blob
+    return sizes, failed
 
 
 _second = 0  # (the child) the pid of the child that stats the second half, while it runs

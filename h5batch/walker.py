@@ -24,7 +24,9 @@ as in a walk that stats at once.
 :func:`stat_blob` runs the loop in C where setup.py's optional extension
 ``h5batch._stat_many`` was built (~0.25 CPU-s for those 100,000 files, with the GIL released,
 so two threads of one process stat on two cores), else in Python through
-:func:`stat_lists`; both give the same answers.
+:func:`stat_lists`; both give the same answers. The same extension lists a tree of plain
+files and folders (:func:`scan_files`: ~0.04 s for those 100,000 files, against ~0.1 s for
+the deferred walk's listing and ~0.04 s more to encode its paths for :func:`stat_blob`).
 
 Rule: this module imports nothing at its top but the standard library (numpy and the
 manifest's ``Reject`` on first use). Reason: a sync's walk starts before the job's
@@ -43,12 +45,13 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .manifest import Reject
 
-__all__ = ["Walker", "stat_lists", "stat_blob", "FAST_STAT"]
+__all__ = ["Walker", "stat_lists", "stat_blob", "scan_files", "FAST_STAT"]
 
-try:  # setup.py's optional C loop (module docstring); None where the install built without it
+try:  # setup.py's optional C loops (module docstring); None where the install built without them
+    from ._stat_many import scan_tree as _c_scan_tree
     from ._stat_many import stat_blob as _c_stat_blob
 except ImportError:
-    _c_stat_blob = None
+    _c_stat_blob = _c_scan_tree = None
 FAST_STAT = _c_stat_blob is not None  # stat_blob releases the GIL: threads stat in parallel
 
 _name = operator.attrgetter("name")
@@ -237,3 +240,12 @@ def stat_blob(root: str, blob: bytes, width: int, start: int, stop: int) -> tupl
              for i in range(start, stop)]
     s, m, failed = stat_lists(Path(root), paths)
     return array("q", s), array("q", m), [(i + start, why) for i, why in failed]
+
+
+def scan_files(root: str) -> tuple[bytes, int, int] | None:
+    """The regular files under ``root`` as :func:`stat_blob` takes them: ``(blob, width,
+    count)``, the relative paths in listing order, hidden names skipped as :class:`Walker`
+    skips them. None where the C extension was not built, or where the tree holds anything
+    but regular files and folders (a symlink, a special file, a folder that cannot be
+    listed): :class:`Walker` then walks it, and says what each such entry is."""
+    return _c_scan_tree(root) if _c_scan_tree is not None else None

@@ -35,8 +35,11 @@ _SCRIPT = textwrap.dedent(r"""
     if mode.endswith("-pyloop"):  # the path of an install built without a C compiler
         mode = mode.removesuffix("-pyloop")
         walk_ahead.FAST_STAT = False
+        walk_ahead.scan_files = lambda root: None
+    from h5batch import walker
+    report_scan = walker.scan_files(root) is not None and walk_ahead.scan_files is walker.scan_files
     lock = os.open(out + ".lock", os.O_CREAT | os.O_RDWR)  # stands for the output's lock
-    report = {}
+    report = {"scan": report_scan}  # the tree is plain files and folders: the child lists it in C
 
     def dump(b, files, folders):
         rows = sorted(files.row(i) for i in range(len(files)))
@@ -87,7 +90,8 @@ _SCRIPT = textwrap.dedent(r"""
 _MANY = 2000  # files enough that the walk's result fills a pipe: the child waits for the parent
 
 
-def _corpus(root: Path) -> None:
+def _corpus(root: Path, plain: bool = False) -> None:
+    """``plain``: regular files and folders only (no fifo, no symlink)."""
     (root / "train/many").mkdir(parents=True)
     for i in range(_MANY):
         (root / f"train/many/a-long-file-name-for-the-pipe-{i:05d}.wav").write_bytes(b"")
@@ -97,9 +101,10 @@ def _corpus(root: Path) -> None:
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes(b"\0" * size)
     os.utime(root / "train/dog/b.wav", ns=(1_000_000_123, 2_000_000_456))
-    os.mkfifo(root / "train/cat/pipe.wav")
-    # Not part of the corpus: a folder that source.splits does not list, a symlink in it.
-    os.symlink("missing.wav", root / "notes" / "broken.wav")
+    if not plain:
+        os.mkfifo(root / "train/cat/pipe.wav")
+        # Not part of the corpus: a folder that source.splits does not list, a symlink in it.
+        os.symlink("missing.wav", root / "notes" / "broken.wav")
     (root / "job.yaml").write_text(textwrap.dedent("""
         source: {root: ., layout: class_folders, splits: [train, test]}
         fields:
@@ -132,6 +137,23 @@ def test_forked_walk_finds_what_the_layouts_walk_finds(tmp_path):
     assert len(r["child_fds"]) == 4, r["child_fds"]
     assert r["left"] is False
     assert r["used"], "the child's walk is the one used"
+
+
+@pytest.mark.parametrize("loop", ["", "-pyloop"])
+def test_a_tree_of_plain_files_is_listed_in_c_and_found_the_same(tmp_path, loop):
+    """No symlink or special file: the child lists the tree with the C scan (where it was
+    built), and the pass finds what the layout's own walk finds, as without it."""
+    from h5batch import walker
+
+    _corpus(tmp_path, plain=True)
+    (tmp_path / "out.h5").write_bytes(b"")  # the job's output, in the root: a file of the walk, not of the corpus
+    r = _run(tmp_path, "ahead" + loop)
+    assert r["scan"] is (walker._c_scan_tree is not None and not loop)
+    assert r["ahead_taken"] and r["ahead_used"] and r["used"]
+    assert r["pass"] == r["inline"]
+    files = {p: (size, mtime) for p, size, mtime in r["pass"]["files"]}
+    assert len(files) == 5 + _MANY and files["train/dog/b.wav"] == (20, 2_000_000_456)
+    assert r["pass"]["rejects"] == [] and r["pass"]["symlinks"] is False
 
 
 @pytest.mark.parametrize("loop", ["", "-pyloop"])

@@ -129,3 +129,89 @@ def test_stat_blob_gives_what_stat_lists_gives(tmp_path, monkeypatch, loop):
     assert list(sizes) == [-1, -1] and [i for i, _ in failed] == [0, 1]
     with pytest.raises(ValueError):
         walker.stat_blob(str(tmp_path), blob, width, 0, len(paths) + 1)
+
+
+def _plain_tree(root: Path) -> set[str]:
+    """Regular files and folders only (what scan_files lists itself); the relative paths of
+    the files the walker lists."""
+    (root / "a" / "deep" / "deeper").mkdir(parents=True)
+    (root / "empty").mkdir()
+    (root / ".hidden").mkdir()
+    rels = ["x.wav", "a/y.wav", "a/deep/z.wav", "a/deep/deeper/w.wav", "b ü-nicode.wav", ".dot.wav", ".hidden/h.wav",
+            "a/.also-hidden.wav"] + [f"a/many-{i:04d}.wav" for i in range(300)]
+    for i, rel in enumerate(rels):
+        (root / rel).write_bytes(b"\0" * i)
+    with open(os.fsencode(root / "a") + b"/caf\xe9.wav", "wb") as f:  # Latin-1 bytes: not UTF-8
+        f.write(b"12345")
+    return {r for r in rels if not any(part.startswith(".") for part in r.split("/"))} | {os.fsdecode(b"a/caf\xe9.wav")}
+
+
+def _scanned(root: Path) -> list[str] | None:
+    got = walker.scan_files(str(root))
+    if got is None:
+        return None
+    blob, width, n = got
+    assert len(blob) == width * n
+    return [blob[i * width:(i + 1) * width].rstrip(b"\0").decode("utf-8", "surrogateescape") for i in range(n)]
+
+
+@pytest.fixture
+def c_scan():
+    if walker._c_scan_tree is None:
+        pytest.skip("h5batch._stat_many was not built (no C compiler at install)")
+
+
+def test_scan_files_lists_the_files_the_walker_lists(tmp_path, c_scan):
+    """A tree of plain files and folders (nested, empty, hidden, a name that is not UTF-8):
+    the C listing finds each file once, with the path the walker gives it, and stat_blob
+    of its blob gives the walker's sizes and mtimes."""
+    want = _plain_tree(tmp_path)
+    listed = _scanned(tmp_path)
+    assert listed is not None and len(listed) == len(set(listed))
+    assert set(listed) == want
+    files, rejects, links = _walk(tmp_path, ordered=False)
+    assert rejects == [] and links == 0
+    blob, width, n = walker.scan_files(str(tmp_path))
+    sizes, mtimes, failed = walker.stat_blob(str(tmp_path), blob, width, 0, n)
+    assert failed == []
+    assert sorted(zip(listed, sizes, mtimes)) == files
+
+
+@pytest.mark.parametrize("odd", ["symlink", "fifo", "folder symlink"])
+def test_scan_files_leaves_a_tree_with_anything_else_to_the_walker(tmp_path, c_scan, odd):
+    """A symlink or a special file anywhere in the tree: None, and the walker says what it is."""
+    _plain_tree(tmp_path)
+    where = tmp_path / "a" / "deep"
+    if odd == "symlink":
+        os.symlink("z.wav", where / "link.wav")
+    elif odd == "fifo":
+        os.mkfifo(where / "pipe")
+    else:
+        os.symlink("..", where / "up")
+    assert walker.scan_files(str(tmp_path)) is None
+
+
+def test_scan_files_skips_hidden_entries_of_any_kind(tmp_path, c_scan):
+    want = _plain_tree(tmp_path)
+    os.symlink("z.wav", tmp_path / "a" / "deep" / ".hidden-link")
+    os.mkfifo(tmp_path / ".pipe")
+    assert set(_scanned(tmp_path)) == want
+
+
+def test_scan_files_of_no_folder_is_none(tmp_path, c_scan):
+    assert walker.scan_files(str(tmp_path / "nowhere")) is None
+    (tmp_path / "file").write_bytes(b"")
+    assert walker.scan_files(str(tmp_path / "file")) is None
+    assert walker.scan_files(str(tmp_path)) == (b"file", 4, 1)
+    os.unlink(tmp_path / "file")
+    assert walker.scan_files(str(tmp_path)) == (b"", 1, 0)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads folders without the read permission")
+def test_scan_files_of_a_tree_with_an_unlistable_folder_is_none(tmp_path, c_scan):
+    _plain_tree(tmp_path)
+    (tmp_path / "a" / "deep").chmod(0)
+    try:
+        assert walker.scan_files(str(tmp_path)) is None
+    finally:
+        (tmp_path / "a" / "deep").chmod(0o755)
