@@ -95,18 +95,25 @@ class _OldKeys:
     (a bisection reads a few of them)."""
 
     def __init__(self, mem: Memory, order: dict[str, int]):
-        self.mem, self.order, self._cache = mem, order, {}
+        self.mem, self.order, self._cache, self._items = mem, order, {}, {}
+        self._record, self._ends = mem.record.data, mem.record_end.tolist()
 
     def __len__(self) -> int:
         return len(self.mem.record_end)
 
     def item(self, i: int) -> tuple[str, str]:
-        rec = self.mem.record_of(i)
-        m = _HEAD.match(rec)  # two strings without escapes first: no JSON decoding needed
-        if m is not None:
-            return m.group(1).decode(), m.group(2).decode()
-        split, key = _JSON.raw_decode(rec.decode())[0][:2]
-        return split, key
+        """(split, key) of stored item ``i`` (each record decoded once: the hints and the
+        bisection read many of the same ones)."""
+        got = self._items.get(i)
+        if got is None:
+            rec = bytes(self._record[(self._ends[i - 1] if i else 0):self._ends[i]])
+            m = _HEAD.match(rec)  # two strings without escapes first: no JSON decoding needed
+            if m is not None:
+                got = m.group(1).decode(), m.group(2).decode()
+            else:
+                got = tuple(_JSON.raw_decode(rec.decode())[0][:2])
+            self._items[i] = got
+        return got
 
     def __getitem__(self, i: int) -> tuple:
         if i not in self._cache:
@@ -299,17 +306,20 @@ def _merge(mem: Memory, b: Builder, new: list[Item], at: list[int], replaced: di
     # Runs of consecutive stored items (a record slice each), broken by a new or changed item.
     starts_at = np.flatnonzero(~special & np.concatenate([[True], (src[1:] != src[:-1] + 1) | special[:-1]]))
     ends_at = np.flatnonzero(~special & np.concatenate([(src[1:] != src[:-1] + 1) | special[1:], [True]]))
-    runs = {int(j): int(e) for j, e in zip(starts_at, ends_at)}
+    runs = dict(zip(starts_at.tolist(), ends_at.tolist()))
     items: list[Item] = []
-    record = mem.record
+    record = mem.record.data  # runs are sliced as views of it: hashed and joined without a copy each
+    first = starts.tolist()
+    end = mem.record_end.tolist()
+    srcs = src.tolist()
     j = 0
-    while j < len(src):
+    while j < len(srcs):
         if j in runs:
             e = runs[j]
-            pieces.append(record[starts[src[j]]:mem.record_end[src[e]]].tobytes())
+            pieces.append(record[first[srcs[j]]:end[srcs[e]]])
             j = e + 1
             continue
-        s = int(src[j])
+        s = srcs[j]
         it = replaced[s] if s >= 0 else new[-s - 1]
         rec = item_record(it, b.stats)
         pieces.append(rec)
