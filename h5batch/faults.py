@@ -22,7 +22,8 @@ where a fault can be injected. With the variable unset each call is one dictiona
                             kills itself before its first batch, the first time only
 ``pause_at=POINT``          the writer stops for good at POINT: ``commit:N`` right after its
                             N-th commit, ``store:N`` right after its N-th stored batch part,
-                            ``finalize`` just before the final rename; it first
+                            ``finalize`` just before the final rename (``compact``:
+                            ``h5batch compact`` before its rename); it first
                             writes ``<partial>.paused`` so a test knows it is there
 ==========================  ===============================================================
 
@@ -95,7 +96,7 @@ def before_batch(index: int) -> None:
 
 
 def pause(point: str, partial_path: str) -> None:
-    """Called by the writer at ``commit:N`` and ``finalize``: stops there when asked."""
+    """Called by the writer at ``commit:N`` and ``finalize`` (and by ``compact``): stops there when asked."""
     if active().get("pause_at") == point:
         with open(partial_path + ".paused", "w") as fh:
             fh.write(point)

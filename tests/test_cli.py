@@ -25,7 +25,8 @@ NAMES = [cmd.NAME for cmd in commands.COMMANDS]
 
 
 def test_registry_modules_define_the_command_interface():
-    assert NAMES == ["convert", "sync", "inspect", "verify", "view", "preview", "export", "cluster-script", "bench"]
+    assert NAMES == ["convert", "sync", "compact", "inspect", "verify", "view", "preview", "export", "cluster-script",
+                     "bench"]
     for cmd in commands.COMMANDS:
         assert isinstance(cmd.NAME, str) and isinstance(cmd.HELP, str) and cmd.HELP, cmd
         assert callable(cmd.add_arguments) and callable(cmd.run), cmd

@@ -34,9 +34,10 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import bench, cluster_script, convert, export, inspect, preview, sync, verify, view
+from . import bench, cluster_script, compact, convert, export, inspect, preview, sync, verify, view
 
-COMMANDS: tuple[ModuleType, ...] = (convert, sync, inspect, verify, view, preview, export, cluster_script, bench)
+COMMANDS: tuple[ModuleType, ...] = (convert, sync, compact, inspect, verify, view, preview, export, cluster_script,
+                                    bench)
 
 
 def by_name() -> dict[str, ModuleType]:

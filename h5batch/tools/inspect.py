@@ -10,6 +10,7 @@ import h5py
 import numpy as np
 
 from .. import format as fmt
+from .compact import dataset_bytes
 
 
 def _storage(ds: h5py.Dataset) -> dict[str, Any]:
@@ -95,6 +96,8 @@ def describe(path: str) -> dict[str, Any]:
         out["stored_bytes"] = stored_total
         out["compression_ratio"] = raw_total / stored_total if stored_total else None
         rej = f.get(fmt.REJECTS)
+        out["dataset_bytes"] = dataset_bytes(f)
+        out["synced"] = str(a.get("synced", ""))  # h5batch.writer.sync.ATTR_SYNCED: when the last sync ended
         out["rejects"] = []
         if rej is not None and rej["path"].shape[0]:
             out["rejects"] = [{"path": p, "stage": s, "reason": r} for p, s, r in
@@ -159,6 +162,10 @@ def render(d: dict[str, Any], max_rejects: int = 20) -> str:
     ratio = d["compression_ratio"]
     lines.append(f"total: {_human(d['raw_bytes'])} of samples stored in {_human(d['stored_bytes'])}"
                  + (f" (compression ratio {ratio:.2f}x)" if ratio else ""))
+    if d.get("synced"):  # a sync leaves what it replaced as unused space (h5batch.tools.compact)
+        other = d["file_bytes"] - d["dataset_bytes"]
+        lines.append(f"space: {_human(d['dataset_bytes'])} in datasets, {_human(other)} else: metadata, and what "
+                     f"syncs replaced (last sync {d['synced']}), which `h5batch compact` gives back")
     n_samples = sum(i["samples"] for i in d["splits"].values())
     lines.append(f"inputs: {d['inputs']} files discovered; {n_samples} samples; {len(d['rejects'])} rejects")
     for r in d["rejects"][:max_rejects]:
