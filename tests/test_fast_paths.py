@@ -182,6 +182,26 @@ def test_auto_batch_size_from_the_first_samples(corpus, tmp_path):
     assert resolve(job, m).batch_size == 8
 
 
+def test_the_trial_leaves_no_thread_behind(corpus, tmp_path):
+    """The trial's decode threads end with it: a process with a thread besides its main one
+    may not fork (h5batch.forking.can_fork), and a later conversion or sync in the same
+    process (a notebook's) would lose its forked writer, decoders and stat pass."""
+    import threading
+
+    from h5batch.conversion.auto import resolve
+    from h5batch.layouts import discover
+
+    root, _ = corpus
+    field = {"type": "audio", "extensions": [".wav"], "sample_rate": SR, "length": LENGTH}
+    job = job_from_dict({"name": "threads", "source": {"root": str(root), "layout": "paired_folders"},
+                         "fields": {"data": {**field, "folder": "data"}, "target": {**field, "folder": "label"}},
+                         "output": {"path": str(tmp_path / "x.h5")}}, file="<test>")
+    m = discover(job)
+    for _ in range(2):
+        assert resolve(job, m).codecs["data"].samples > 0
+        assert not [t for t in threading.enumerate() if t.name == "h5batch-trial"]
+
+
 def test_trial_gives_up_on_a_file_that_hangs(corpus, tmp_path, monkeypatch):
     """The codec trial runs in the driver, before the workers' watchdog: a decode that
     hangs is abandoned after policy.decode_timeout and left out of the trial."""

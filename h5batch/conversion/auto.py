@@ -192,49 +192,60 @@ class Trial:
         # few items past TRIAL_BYTES, which are dropped.
         wave = max(1, min(TRIAL_WAVE, os.cpu_count() or 1))
         files, vals = file_fields(job.fields), value_fields(job.fields)
-        for name in fields:
-            fc = job.fields[name]
-            if name in vals:  # annotation values: nothing to decode (discovery checked them)
-                j = vals.index(name)
-                out[name] = [value_array(manifest.items[i].values[j], fc) for i in picks]
-                continue
-            k = files.index(name)
-            paths = [os.path.join(root, manifest.items[i].paths[k]) for i in picks]
-            arrays: list[np.ndarray] = []
-            nbytes = 0
-            for start in range(0, len(paths), wave):
-                if nbytes >= TRIAL_BYTES:
-                    break
-                for a in guard.decode_all(paths[start:start + wave], fc):
-                    if a is None or nbytes >= TRIAL_BYTES:
-                        continue
-                    arrays.append(a)
-                    nbytes += a.nbytes
-            out[name] = arrays
+        try:
+            for name in fields:
+                fc = job.fields[name]
+                if name in vals:  # annotation values: nothing to decode (discovery checked them)
+                    j = vals.index(name)
+                    out[name] = [value_array(manifest.items[i].values[j], fc) for i in picks]
+                    continue
+                k = files.index(name)
+                paths = [os.path.join(root, manifest.items[i].paths[k]) for i in picks]
+                arrays: list[np.ndarray] = []
+                nbytes = 0
+                for start in range(0, len(paths), wave):
+                    if nbytes >= TRIAL_BYTES:
+                        break
+                    for a in guard.decode_all(paths[start:start + wave], fc):
+                        if a is None or nbytes >= TRIAL_BYTES:
+                            continue
+                        arrays.append(a)
+                        nbytes += a.nbytes
+                out[name] = arrays
+        finally:
+            _THREADS.stop()  # see _TrialThreads
         return cls(out)
 
 
 class _TrialThreads:
-    """Daemon threads that decode trial files, kept for the life of the process.
+    """Daemon threads that decode trial files, kept for one trial (:meth:`stop`).
 
     Daemon threads, not an executor: one stuck on a stalled mount or a decoder in a loop is
-    abandoned (and replaced) and must not keep the process from exiting. Kept, not started
-    per file: a thread start waits for the new thread to get the GIL, up to the GIL's switch
-    interval while Dask's event loop is busy, and the trial decodes up to 64 files.
+    abandoned (and replaced) and must not keep the process from exiting. Kept for the whole
+    trial, not started per file: a thread start waits for the new thread to get the GIL, up
+    to the GIL's switch interval while Dask's event loop is busy, and the trial decodes up to
+    64 files. Stopped after it: a process with a thread besides its main one may not fork
+    (:func:`h5batch.forking.can_fork`), and kept for the process's life they cost every
+    later conversion or sync in it (a notebook's) the forked writer, decoders and stat pass:
+    a no-change sync of a 100,000-file output after a conversion in the same process took
+    0.59-0.87 s with its walk on a thread, 0.21-0.27 s forked.
     """
 
     def __init__(self) -> None:
         self.pid: int | None = None
         self.lock = threading.Lock()
+        self.threads: list[threading.Thread] = []
 
     def run(self, jobs: list[Callable[[], None]], timeout: float) -> None:
         """Run ``jobs`` on up to :data:`TRIAL_WAVE` threads; return once all are done or
         ``timeout`` seconds have passed (the late ones are abandoned)."""
         with self.lock:
             if self.pid != os.getpid():  # threads do not survive a fork
-                self.pid, self.queue, self.alive = os.getpid(), queue.SimpleQueue(), 0
+                self.pid, self.queue, self.alive, self.threads = os.getpid(), queue.SimpleQueue(), 0, []
             while self.alive < min(len(jobs), TRIAL_WAVE):
-                threading.Thread(target=self._serve, args=(self.queue,), name="h5batch-trial", daemon=True).start()
+                t = threading.Thread(target=self._serve, args=(self.queue,), name="h5batch-trial", daemon=True)
+                t.start()
+                self.threads.append(t)
                 self.alive += 1
             q = self.queue
         events = []
@@ -248,10 +259,27 @@ class _TrialThreads:
             with self.lock:  # their threads may be stuck for good: start others next time
                 self.alive = max(0, self.alive - late)
 
+    def stop(self, timeout: float = 1.0) -> None:
+        """End the idle threads (one stuck in a file is left to finish it, then ends too);
+        the next :meth:`run` starts new ones."""
+        with self.lock:
+            if self.pid != os.getpid() or not self.threads:
+                return
+            q, threads = self.queue, self.threads
+            for _ in threads:
+                q.put(None)
+            self.pid, self.threads, self.alive = None, [], 0  # a new queue next time
+        deadline = time.monotonic() + timeout
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+
     @staticmethod
     def _serve(q: queue.SimpleQueue) -> None:
         while True:
-            job, ev = q.get()
+            got = q.get()
+            if got is None:  # stop()
+                return
+            job, ev = got
             try:
                 job()
             except BaseException:  # noqa: S110  (a failed file is simply left out of the trial)
