@@ -97,7 +97,12 @@ def test_kill_9_inside_compact_leaves_the_output_as_it_was(tmp_path):
 
 def test_compact_refuses_what_is_not_a_finished_output(tmp_path):
     missing = run_h5batch("compact", str(tmp_path / "nothing.h5"))
-    assert missing.returncode != 0 and "nothing.h5" in missing.stderr
+    assert missing.returncode == 2 and "nothing.h5 does not exist" in missing.stderr, missing.stderr
+    assert not (tmp_path / "nothing.h5.lock").exists()
+    (tmp_path / "text.h5").write_text("not HDF5")
+    text = run_h5batch("compact", str(tmp_path / "text.h5"))
+    assert text.returncode == 2 and "text.h5: cannot make its compacted copy" in text.stderr, text.stderr
+    assert "Traceback" not in text.stderr and (tmp_path / "text.h5").read_text() == "not HDF5"
     with h5py.File(tmp_path / "plain.h5", "w") as f:
         f["x"] = [1, 2, 3]
     plain = run_h5batch("compact", str(tmp_path / "plain.h5"))

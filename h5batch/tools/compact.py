@@ -40,7 +40,7 @@ import h5py
 import numpy as np
 
 from .. import faults
-from ..errors import ConvertError
+from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, ConvertError
 from .index import check_complete, open_file
 
 __all__ = ["compact", "CompactReport", "TMP_SUFFIX", "dataset_bytes"]
@@ -83,9 +83,11 @@ def compact(path: str, verify: bool = True, say: Callable[[str], None] = lambda 
 
     from ..conversion.lock import OutputLock
     from ..conversion.sync import recover
-    from .views import _fsync, _fsync_dir
+    from .views import _fsync_dir
 
     final = os.path.abspath(path)
+    if not os.path.isfile(final):
+        raise ConvertError(f"{final} does not exist: there is nothing to compact", EXIT_BAD_INPUT)
     lock = OutputLock.acquire(final, f"compact-{secrets.token_hex(4)}", say)
     tmp = final + TMP_SUFFIX
     try:
@@ -94,17 +96,11 @@ def compact(path: str, verify: bool = True, say: Callable[[str], None] = lambda 
             os.unlink(tmp)  # left by a run that died before its rename
             say(f"removed {tmp}, left by an interrupted compact")
         before = os.path.getsize(final)
-        with open_file(final) as src:
-            check_complete(src, final)
-            # The writer's settings (h5batch.writer.output): the same format, and no reuse of
-            # freed space, so that a later sync or resume keeps its guarantees.
-            with h5py.File(tmp, "w", libver=("earliest", "v110"), fs_strategy="none") as dst:
-                for key, value in src.attrs.items():
-                    dst.attrs[key] = value
-                for name in src:
-                    src.copy(src[name], dst, name)
-        os.chmod(tmp, os.stat(final).st_mode & 0o7777)
-        _fsync(tmp)
+        try:
+            _copy_objects(final, tmp)
+        except OSError as e:  # not HDF5, unreadable, or no room for the copy
+            raise ConvertError(f"{final}: cannot make its compacted copy {tmp} ({e}); the output is unchanged",
+                               EXIT_BAD_INPUT if not os.path.exists(tmp) else EXIT_FAILED) from None
         faults.pause("compact", final)
         with open_file(final) as src, h5py.File(tmp, "r") as dst:
             why = _differences(src, dst)
@@ -124,6 +120,23 @@ def compact(path: str, verify: bool = True, say: Callable[[str], None] = lambda 
         if os.path.exists(tmp):
             os.unlink(tmp)
         lock.release()
+
+
+def _copy_objects(final: str, tmp: str) -> None:
+    """Every object and root attribute of ``final`` into a new file ``tmp``, fsync'ed."""
+    from .views import _fsync
+
+    with open_file(final) as src:
+        check_complete(src, final)
+        # The writer's settings (h5batch.writer.output): the same format, and no reuse of
+        # freed space, so that a later sync or resume keeps its guarantees.
+        with h5py.File(tmp, "w", libver=("earliest", "v110"), fs_strategy="none") as dst:
+            for key, value in src.attrs.items():
+                dst.attrs[key] = value
+            for name in src:
+                src.copy(src[name], dst, name)
+    os.chmod(tmp, os.stat(final).st_mode & 0o7777)
+    _fsync(tmp)
 
 
 def _differences(a: h5py.File, b: h5py.File) -> str:
