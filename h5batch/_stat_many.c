@@ -7,12 +7,13 @@
  * system call, and holds the GIL, so one process stats on one core. Here the loop makes no
  * Python object per file and releases the GIL: two threads of one process stat on two cores.
  *
- * stat_blob(root, blob, width, start, stop) -> (sizes, mtimes_ns, failed)
+ * stat_blob(root, blob, width, start, stop[, ids]) -> (sizes, mtimes_ns, failed[, devs, inos])
  *   root:  the folder the paths are relative to (str or bytes);
  *   blob:  the paths' bytes, each padded with NULs to `width` (a numpy "S" array's bytes: a
  *          path holds no NUL); entries [start, stop) are stat-ed;
  *   sizes, mtimes_ns: bytes of native int64, one per entry (-1 where it failed);
- *   failed: [(index, errno)], index counted from 0 for the whole blob.
+ *   failed: [(index, errno)], index counted from 0 for the whole blob;
+ *   devs, inos (ids true): bytes of native uint64, each file's st_dev and st_ino (0 where it failed).
  * Each run of one folder's files is stat-ed through one descriptor of that folder
  * (fstatat resolves one name, not the whole path), as h5batch.walker.stat_lists does; symlinks
  * are followed, as os.stat does. A folder that cannot be opened fails each of its files with
@@ -41,9 +42,11 @@ static PyObject *stat_blob(PyObject *self, PyObject *args) {
     PyObject *root_obj, *root_bytes = NULL;
     Py_buffer blob;
     Py_ssize_t width, start, stop;
-    if (!PyArg_ParseTuple(args, "Oy*nnn", &root_obj, &blob, &width, &start, &stop))
+    int want_ids = 0;
+    if (!PyArg_ParseTuple(args, "Oy*nnn|p", &root_obj, &blob, &width, &start, &stop, &want_ids))
         return NULL;
     PyObject *result = NULL, *sizes_obj = NULL, *mtimes_obj = NULL, *failed_obj = NULL;
+    PyObject *devs_obj = NULL, *inos_obj = NULL;
     Failure *failures = NULL;
     char *folder = NULL, *path = NULL;
     Py_ssize_t n_failed = 0;
@@ -61,10 +64,16 @@ static PyObject *stat_blob(PyObject *self, PyObject *args) {
     failures = PyMem_RawMalloc((size_t)(n > 0 ? n : 1) * sizeof(Failure));
     folder = PyMem_RawMalloc((size_t)width + 1);
     path = PyMem_RawMalloc((size_t)width + 1);
-    if (!sizes_obj || !mtimes_obj || !failures || !folder || !path) {
+    if (want_ids) {
+        devs_obj = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(uint64_t));
+        inos_obj = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(uint64_t));
+    }
+    if (!sizes_obj || !mtimes_obj || !failures || !folder || !path || (want_ids && (!devs_obj || !inos_obj))) {
         PyErr_NoMemory();
         goto done;
     }
+    uint64_t *devs = want_ids ? (uint64_t *)PyBytes_AS_STRING(devs_obj) : NULL;
+    uint64_t *inos = want_ids ? (uint64_t *)PyBytes_AS_STRING(inos_obj) : NULL;
     int64_t *sizes = (int64_t *)PyBytes_AS_STRING(sizes_obj);
     int64_t *mtimes = (int64_t *)PyBytes_AS_STRING(mtimes_obj);
     const char *base = PyBytes_AS_STRING(root_bytes);
@@ -111,9 +120,17 @@ static PyObject *stat_blob(PyObject *self, PyObject *args) {
             n_failed++;
             sizes[i - start] = -1;
             mtimes[i - start] = -1;
+            if (devs) {
+                devs[i - start] = 0;
+                inos[i - start] = 0;
+            }
         } else {
             sizes[i - start] = (int64_t)st.st_size;
             mtimes[i - start] = (int64_t)st.st_mtim.tv_sec * 1000000000 + (int64_t)st.st_mtim.tv_nsec;
+            if (devs) {
+                devs[i - start] = (uint64_t)st.st_dev;
+                inos[i - start] = (uint64_t)st.st_ino;
+            }
         }
     }
     if (fd >= 0 && fd != root_fd)
@@ -131,7 +148,8 @@ static PyObject *stat_blob(PyObject *self, PyObject *args) {
             goto done;
         PyList_SET_ITEM(failed_obj, k, pair);
     }
-    result = PyTuple_Pack(3, sizes_obj, mtimes_obj, failed_obj);
+    result = want_ids ? PyTuple_Pack(5, sizes_obj, mtimes_obj, failed_obj, devs_obj, inos_obj)
+                      : PyTuple_Pack(3, sizes_obj, mtimes_obj, failed_obj);
 
 done:
     PyBuffer_Release(&blob);
@@ -139,6 +157,8 @@ done:
     Py_XDECREF(sizes_obj);
     Py_XDECREF(mtimes_obj);
     Py_XDECREF(failed_obj);
+    Py_XDECREF(devs_obj);
+    Py_XDECREF(inos_obj);
     PyMem_RawFree(failures);
     PyMem_RawFree(folder);
     PyMem_RawFree(path);
@@ -287,7 +307,7 @@ static PyObject *scan_tree(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"stat_blob", stat_blob, METH_VARARGS,
-     "stat_blob(root, blob, width, start, stop) -> (sizes, mtimes_ns, failed): see the module source."},
+     "stat_blob(root, blob, width, start, stop[, ids]) -> (sizes, mtimes_ns, failed[, devs, inos]): see the module source."},
     {"scan_tree", scan_tree, METH_VARARGS,
      "scan_tree(root) -> (blob, width, n) or None: see the module source."},
     {NULL, NULL, 0, NULL},

@@ -215,3 +215,35 @@ def test_scan_files_of_a_tree_with_an_unlistable_folder_is_none(tmp_path, c_scan
         assert walker.scan_files(str(tmp_path)) is None
     finally:
         (tmp_path / "a" / "deep").chmod(0o755)
+
+
+def test_the_ordered_walk_in_c_gives_what_the_python_walk_gives(tmp_path, c_scan, monkeypatch):
+    """A discovery's walk of plain files and folders goes through the C listing and stat
+    loop: the same files in the same order (names that sort differently as paths and as
+    components: ``a/x`` before ``a-b``), sizes, mtimes, identities and rejects as the Python
+    walk, for the whole root and for a folder of it, on one thread and on two."""
+    _plain_tree(tmp_path)
+    for rel in ("a-b.wav", "a0/x.wav", "a.wav", "a/x.wav", "b/a b/c.wav", "b/a-b.wav", "b/a.b/d.wav"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"x" * len(rel))
+
+    def walked(rel: str, c: bool, threads_from: int = 1024):
+        monkeypatch.setattr(walker, "_THREAD_MIN", threads_from)
+        if not c:
+            monkeypatch.setattr(walker, "_c_scan_tree", None)
+        w = Walker(tmp_path)
+        files = w.walk(rel)
+        monkeypatch.undo()
+        return files, w.ids, [(r.path, r.reason) for r in w.rejects]
+
+    for rel in ("", "a", "b"):
+        want = walked(rel, c=False)
+        assert want[0] and not want[2]
+        assert walked(rel, c=True) == want
+        assert walked(rel, c=True, threads_from=2) == want
+    paths = [p for p, _, _ in walked("", c=True)[0]]
+    assert paths.index("a/x.wav") < paths.index("a-b.wav") < paths.index("a.wav") < paths.index("a0/x.wav")
+    os.symlink("../x.wav", tmp_path / "b" / "link.wav")  # anything but plain files: the Python walk
+    files, ids, _ = walked("", c=True)
+    assert "b/link.wav" in ids and ids["b/link.wav"] == ids["x.wav"]
+    assert [p for p, _, _ in files] == [p for p, _, _ in walked("", c=False)[0]]
