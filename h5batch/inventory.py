@@ -112,10 +112,6 @@ class Memory:
     blob: np.ndarray | None = None  # the keys as version 3 stores them (keys_blob), when read so
     _index: tuple | None = field(default=None, repr=False, compare=False)  # index()'s, made once
 
-    def record_of(self, i: int) -> bytes:
-        """The hash record of manifest item ``i``."""
-        return self.record[(self.record_end[i - 1] if i else 0):self.record_end[i]].tobytes()
-
     def index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """The keys as a numpy ``S`` array, their :func:`name_hashes` sorted, and the key
         index of each sorted hash: what :meth:`find` looks paths up in (made once; a sync

@@ -39,20 +39,17 @@ import contextlib
 import os
 import pickle
 import signal
-import threading
 from array import array
 from pathlib import Path
 
 from .forking import Child
-from .walker import FAST_STAT, Walker, scan_files, stat_blob, stat_lists
+from .walker import FAST_STAT, Walker, decoded_paths, scan_files, stat_in_two, stat_lists
 
 __all__ = ["RootWalk", "start", "ahead_of", "unpack", "SPLIT_MIN"]
 
 _UTF8 = ("utf-8", "surrogateescape")  # undecodable bytes of a file name come back as they were
 # Files below which the child stats them all itself: a second fork costs ~5-10 ms, ~2,000 stats.
 SPLIT_MIN = 4096
-# Likewise with the C loop and a second thread (~0.1 ms to start, ~50 stats).
-THREAD_MIN = 1024
 
 
 class RootWalk:
@@ -124,7 +121,7 @@ def _walk(root: str) -> bytes:
     if scanned is not None:
         blob, width, n = scanned
         stat, failed = _stat_blob_in_two(root, blob, width, n)
-        paths = _decoded(blob, width) if failed else []
+        paths = decoded_paths(blob, width) if failed else []
         rejects: list[tuple[str, str]] = []
         links: list[str] = []
     else:
@@ -142,12 +139,6 @@ def _walk(root: str) -> bytes:
         stat = array("q", [stat[i] for i in keep] + [stat[n + i] for i in keep])
         blob = _encoded([paths[i] for i in keep])
     return pickle.dumps((blob, stat.tobytes(), rejects, links), protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def _decoded(blob: bytes, width: int) -> list[str]:
-    """The paths of a blob of :func:`_encoded`'s form (the rare path: a file went between
-    the listing and its stat)."""
-    return [blob[i:i + width].rstrip(b"\0").decode(*_UTF8) for i in range(0, len(blob), width)]
 
 
 def _encoded(paths: list[str]) -> bytes:
@@ -218,21 +209,9 @@ def _stat_in_threads(root: str, paths: list[str]) -> tuple[array, list[tuple[int
 
 
 def _stat_blob_in_two(root: str, blob: bytes, width: int, n: int) -> tuple[array, list[tuple[int, str]]]:
-    """(the child) :func:`~h5batch.walker.stat_blob` of the ``n`` paths of ``blob`` as one
-    int64 ``array`` (the sizes, then the mtimes), the second half stat-ed on a second thread
-    (the C loop releases the GIL). A thread that failed has its half stat-ed here."""
-    half = n // 2 if n >= THREAD_MIN else n
-    rest: list = []
-    second = threading.Thread(target=lambda: rest.append(stat_blob(root, blob, width, half, n)), daemon=True)
-    if half < n:
-        second.start()
-    sizes, mtimes, failed = stat_blob(root, blob, width, 0, half)
-    if half < n:
-        second.join()
-        more_sizes, more_mtimes, more_failed = rest[0] if rest else stat_blob(root, blob, width, half, n)
-        sizes.extend(more_sizes)
-        mtimes.extend(more_mtimes)
-        failed += more_failed
+    """(the child) :func:`~h5batch.walker.stat_in_two` of the ``n`` paths of ``blob`` as one
+    int64 ``array``: the sizes, then the mtimes."""
+    sizes, mtimes, failed = stat_in_two(root, blob, width, n)
     sizes.extend(mtimes)
     return sizes, failed
 

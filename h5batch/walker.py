@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .manifest import Reject
 
-__all__ = ["Walker", "stat_lists", "stat_blob", "scan_files", "FAST_STAT"]
+__all__ = ["Walker", "stat_lists", "stat_blob", "stat_in_two", "scan_files", "decoded_paths", "FAST_STAT", "THREAD_MIN"]
 
 try:  # setup.py's optional C loops (module docstring); None where the install built without them
     from ._stat_many import scan_tree as _c_scan_tree
@@ -144,13 +144,13 @@ class Walker:
         if got is None:
             return None
         blob, width, n = got
-        sizes, mtimes, failed, devs, inos = _stat_with_ids(base, blob, width, n)
-        names = [blob[i:i + width].rstrip(b"\0").decode("utf-8", "surrogateescape") for i in range(0, n * width, width)]
+        sizes, mtimes, failed, devs, inos = stat_in_two(base, blob, width, n, ids=True)
+        names = decoded_paths(blob, width)
         prefix = f"{rel}/" if rel else ""
         bad = set()
-        for i, err in failed:  # gone since the listing: the reject the walk gives it
+        for i, why in failed:  # gone since the listing: the reject the walk gives it
             bad.add(i)
-            self._reject(prefix + names[i], f"cannot stat: {os.strerror(err)}")
+            self._reject(prefix + names[i], why)
         sep = b"/" in blob  # a nested tree: sorted by path components
         order = sorted(range(n), key=(lambda i: names[i].replace("/", "\0")) if sep else names.__getitem__)
         out = []
@@ -219,33 +219,6 @@ class Walker:
             out.append((relpath, st.st_size, st.st_mtime_ns))
 
 
-_THREAD_MIN = 1024  # files below which one thread stats them all (a thread costs ~0.1 ms, ~50 stats)
-
-
-def _stat_with_ids(root: str, blob: bytes, width: int, n: int) -> tuple[array, array, list, array, array]:
-    """The C stat loop over the ``n`` paths of ``blob`` with each file's ``(st_dev,
-    st_ino)``, the second half on a second thread (the loop releases the GIL), joined
-    before it returns (a process with a thread may not fork: h5batch.forking)."""
-    half = n // 2 if n >= _THREAD_MIN else n
-    second: list = []
-    t = threading.Thread(target=lambda: second.append(_c_stat_blob(root, blob, width, half, n, True)), daemon=True)
-    if half < n:
-        t.start()
-    parts = [_c_stat_blob(root, blob, width, 0, half, True)]
-    if half < n:
-        t.join()
-        parts.append(second[0] if second else _c_stat_blob(root, blob, width, half, n, True))
-    sizes, mtimes, devs, inos = array("q"), array("q"), array("Q"), array("Q")
-    failed: list = []
-    for raw_sizes, raw_mtimes, errors, raw_devs, raw_inos in parts:
-        sizes.frombytes(raw_sizes)
-        mtimes.frombytes(raw_mtimes)
-        devs.frombytes(raw_devs)
-        inos.frombytes(raw_inos)
-        failed += errors  # indexes counted from the blob's start
-    return sizes, mtimes, failed, devs, inos
-
-
 def stat_lists(root: Path, paths: list[str]) -> tuple[list[int], list[int], list[tuple[int, str]]]:
     """(sizes, mtimes_ns, failed) of ``paths``, as lists (no numpy: a walk ahead of the
     job's imports runs before numpy is imported). Each run of one folder's files is stat-ed
@@ -284,25 +257,58 @@ def stat_lists(root: Path, paths: list[str]) -> tuple[list[int], list[int], list
     return sizes, mtimes, failed
 
 
-def stat_blob(root: str, blob: bytes, width: int, start: int, stop: int) -> tuple[array, array, list[tuple[int, str]]]:
+def stat_blob(root: str, blob: bytes, width: int, start: int, stop: int, ids: bool = False) -> tuple:
     """(sizes, mtimes_ns, failed) of the entries ``start:stop`` of ``blob``: paths relative
     to ``root``, UTF-8 (``surrogateescape``) and each padded with NULs to ``width`` bytes
     (the bytes of a numpy ``S`` array of them). Sizes and mtimes as int64 arrays (-1
     where the stat failed); ``failed`` as :func:`stat_lists` gives it, its indexes counted
-    from the blob's start. In C where the extension was built (module docstring), else
-    through :func:`stat_lists`. Raises ValueError where the slice is not in the blob."""
+    from the blob's start. ``ids``: also each file's ``st_dev`` and ``st_ino`` (uint64
+    arrays, 0 where it failed; the C loop only). In C where the extension was built (module
+    docstring), else through :func:`stat_lists`. Raises ValueError where the slice is not
+    in the blob."""
     if start < 0 or stop < start or (stop > start and (width <= 0 or stop > len(blob) // width)):
         raise ValueError(f"stat_blob: entries {start}:{stop} of width {width} are not in a blob of {len(blob)} bytes")
     if _c_stat_blob is not None:
-        raw_sizes, raw_mtimes, errors = _c_stat_blob(root, blob, width, start, stop)
-        sizes, mtimes = array("q"), array("q")
-        sizes.frombytes(raw_sizes)
-        mtimes.frombytes(raw_mtimes)
-        return sizes, mtimes, [(i, f"cannot stat: {os.strerror(err)}") for i, err in errors]
+        raw = _c_stat_blob(root, blob, width, start, stop, ids)
+        out = [array("q"), array("q"), [(i, f"cannot stat: {os.strerror(err)}") for i, err in raw[2]]]
+        out[0].frombytes(raw[0])
+        out[1].frombytes(raw[1])
+        for more in raw[3:]:  # ids: the devices, the inodes
+            out.append(array("Q"))
+            out[-1].frombytes(more)
+        return tuple(out)
+    if ids:
+        raise ValueError("stat_blob: ids need the C extension (h5batch._stat_many)")
     paths = [blob[i * width:(i + 1) * width].rstrip(b"\0").decode("utf-8", "surrogateescape")
              for i in range(start, stop)]
     s, m, failed = stat_lists(Path(root), paths)
     return array("q", s), array("q", m), [(i + start, why) for i, why in failed]
+
+
+THREAD_MIN = 1024  # files below which one thread stats them all (a second costs ~0.1 ms, ~50 stats)
+
+
+def stat_in_two(root: str, blob: bytes, width: int, n: int, ids: bool = False) -> tuple:
+    """:func:`stat_blob` of all ``n`` paths of ``blob``, the second half on a second thread
+    (the C loop releases the GIL: two cores stat), joined before it returns (a process with
+    a thread may not fork: :mod:`h5batch.forking`); a thread that failed has its half
+    stat-ed here."""
+    half = n // 2 if n >= THREAD_MIN else n
+    second: list = []
+    t = threading.Thread(target=lambda: second.append(stat_blob(root, blob, width, half, n, ids)), daemon=True)
+    if half < n:
+        t.start()
+    out = stat_blob(root, blob, width, 0, half, ids)
+    if half < n:
+        t.join()
+        for column, more in zip(out, second[0] if second else stat_blob(root, blob, width, half, n, ids)):
+            column.extend(more)  # failures' indexes are counted from the blob's start
+    return out
+
+
+def decoded_paths(blob: bytes, width: int) -> list[str]:
+    """The paths of a blob as :func:`stat_blob` takes them (NUL-padded UTF-8)."""
+    return [blob[i:i + width].rstrip(b"\0").decode("utf-8", "surrogateescape") for i in range(0, len(blob), width)]
 
 
 def scan_files(root: str) -> tuple[bytes, int, int] | None:

@@ -31,7 +31,8 @@ _SCRIPT = textwrap.dedent(r"""
     if mode == "thread":
         threading.Thread(target=time.sleep, args=(3,), daemon=True).start()  # no fork with a thread
     walk_ahead.SPLIT_MIN = 64  # the child's stats split with a second child even on this small corpus
-    walk_ahead.THREAD_MIN = 64  # or with a second thread, where the walker's C loop is built
+    from h5batch import walker as _walker
+    _walker.THREAD_MIN = 64  # or with a second thread, where the walker's C loop is built
     if mode.endswith("-pyloop"):  # the path of an install built without a C compiler
         mode = mode.removesuffix("-pyloop")
         walk_ahead.FAST_STAT = False

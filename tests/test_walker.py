@@ -228,7 +228,7 @@ def test_the_ordered_walk_in_c_gives_what_the_python_walk_gives(tmp_path, c_scan
         (tmp_path / rel).write_bytes(b"x" * len(rel))
 
     def walked(rel: str, c: bool, threads_from: int = 1024):
-        monkeypatch.setattr(walker, "_THREAD_MIN", threads_from)
+        monkeypatch.setattr(walker, "THREAD_MIN", threads_from)
         if not c:
             monkeypatch.setattr(walker, "_c_scan_tree", None)
         w = Walker(tmp_path)
