@@ -10,7 +10,7 @@ and the tombstone lists, and leaves the old ones behind as unreferenced bytes: ~
 space in this sense: they stay, so that no row changes its number (views, sampler orders and
 row numbers a user stored keep their meaning); ``convert --overwrite`` drops them.
 
-How, crash-safe as a view is written (:mod:`h5batch.tools.views`):
+How, crash-safe as a view is written (:mod:`h5batch.tools.replace`):
 
 1. take the output's lock (:mod:`h5batch.conversion.lock`), so no conversion, sync or view
    command works on it meanwhile; undo an interrupted sync first (a half-synced file is
@@ -18,11 +18,11 @@ How, crash-safe as a view is written (:mod:`h5batch.tools.views`):
 2. copy every object under the root with HDF5's object copy (``H5Ocopy`` through h5py's
    ``Group.copy``: chunks are copied as stored, neither decompressed nor compressed again)
    into ``OUT.compact-tmp``, created with the writer's own file settings, and the root's
-   attributes; fsync it;
+   attributes;
 3. check the copy: the same groups and datasets, each with the same shape, dtype, chunks,
    filters, attributes and stored bytes, and (unless ``verify=False``) what ``h5batch
    verify`` checks: every sample's checksum, every input accounted for;
-4. rename it over ``OUT`` (atomic) and fsync the folder.
+4. fsync it, rename it over ``OUT`` (atomic) and fsync the folder.
 
 A crash before the rename leaves ``OUT`` as it was (the next run removes the stale copy);
 after it the new file is complete. Readers that have ``OUT`` open keep reading the file
@@ -32,7 +32,6 @@ they opened (its old inode). The copy needs the output's size again in free spac
 from __future__ import annotations
 
 import os
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -42,6 +41,7 @@ import numpy as np
 from .. import faults
 from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, ConvertError
 from .index import check_complete, open_file
+from .replace import replaced
 
 __all__ = ["compact", "CompactReport", "TMP_SUFFIX", "dataset_bytes"]
 
@@ -81,20 +81,13 @@ def compact(path: str, verify: bool = True, say: Callable[[str], None] = lambda 
     that is not a finished output raises."""
     import hdf5plugin  # noqa: F401 - the filters of compressed datasets, for the checks' reads
 
-    from ..conversion.lock import OutputLock
     from ..conversion.sync import recover
-    from .views import _fsync_dir
 
     final = os.path.abspath(path)
     if not os.path.isfile(final):
         raise ConvertError(f"{final} does not exist: there is nothing to compact", EXIT_BAD_INPUT)
-    lock = OutputLock.acquire(final, f"compact-{secrets.token_hex(4)}", say)
-    tmp = final + TMP_SUFFIX
-    try:
+    with replaced(final, TMP_SUFFIX, "compact", say) as tmp:
         recover(final, say)
-        if os.path.exists(tmp):
-            os.unlink(tmp)  # left by a run that died before its rename
-            say(f"removed {tmp}, left by an interrupted compact")
         before = os.path.getsize(final)
         try:
             _copy_objects(final, tmp)
@@ -113,19 +106,11 @@ def compact(path: str, verify: bool = True, say: Callable[[str], None] = lambda 
             if not report.ok:
                 raise ConvertError(f"{final}: its compacted copy fails verify ({report.problems[0]}); "
                                    f"the output is unchanged")
-        os.replace(tmp, final)
-        _fsync_dir(os.path.dirname(final))
-        return CompactReport(final, before, os.path.getsize(final), verify)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        lock.release()
+    return CompactReport(final, before, os.path.getsize(final), verify)
 
 
 def _copy_objects(final: str, tmp: str) -> None:
-    """Every object and root attribute of ``final`` into a new file ``tmp``, fsync'ed."""
-    from .views import _fsync
-
+    """Every object and root attribute of ``final`` into a new file ``tmp``."""
     with open_file(final) as src:
         check_complete(src, final)
         # The writer's settings (h5batch.writer.output): the same format, and no reuse of
@@ -136,7 +121,6 @@ def _copy_objects(final: str, tmp: str) -> None:
             for name in src:
                 src.copy(src[name], dst, name)
     os.chmod(tmp, os.stat(final).st_mode & 0o7777)
-    _fsync(tmp)
 
 
 def _differences(a: h5py.File, b: h5py.File) -> str:

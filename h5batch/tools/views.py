@@ -9,16 +9,17 @@ chunk-aware samplers stay chunk-local. A file without views reads as before.
 How a view is written, and why: appending to a finished HDF5 file in place (h5py ``"r+"``)
 rewrites metadata blocks of the file (the superblock, the split group's link storage) from
 HDF5's metadata cache in no particular order; a crash or a full disk in the middle can leave
-the whole file unreadable, the samples with it. So the file is never modified in place:
+the whole file unreadable, the samples with it. So the file is never modified in place
+(:mod:`h5batch.tools.replace`, which ``h5batch compact`` uses too):
 
 1. take the output's lock (``OUT.lock``, :mod:`h5batch.conversion.lock`), so a conversion or
    another view command on the same output refuses instead of racing;
 2. copy the file to ``OUT.views-tmp`` (``os.copy_file_range``: a reflink, i.e. instant, on
    file systems that have them, else an in-kernel copy; it needs the file's size again in
-   free space), add or remove the view in the copy, close it, fsync it;
+   free space), add or remove the view in the copy, close it;
 3. reopen the copy read-only and check every view (:func:`check_rows`) and that the row
    counts are unchanged;
-4. rename it over ``OUT`` (atomic) and fsync the folder.
+4. fsync it, rename it over ``OUT`` (atomic) and fsync the folder.
 
 A crash before step 4 leaves ``OUT`` untouched (a stale ``OUT.views-tmp`` is removed by the
 next run); after it, the new file is complete. Readers that have ``OUT`` open keep reading
@@ -34,7 +35,6 @@ import json
 import operator
 import os
 import re
-import secrets
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,6 +43,7 @@ import numpy as np
 
 from .. import format as fmt
 from ..errors import CorruptFileError, H5batchError
+from .replace import replaced
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 TMP_SUFFIX = ".views-tmp"
@@ -312,19 +313,13 @@ def _check_split(f: h5py.File, path: str, split: str) -> None:
 
 
 def _rewrite(path: str, split: str, change: Callable[[h5py.Group], None]) -> None:
-    """Apply ``change`` to the split group of a copy of ``path``, check it, rename it over."""
-    from ..conversion.lock import OutputLock
-
-    lock = OutputLock.acquire(path, f"view-{secrets.token_hex(4)}", lambda _msg: None)
-    tmp = path + TMP_SUFFIX
-    try:
-        if os.path.exists(tmp):
-            os.unlink(tmp)  # left by a run that died before its rename
+    """Apply ``change`` to the split group of a copy of ``path``, check it, rename it over
+    (:func:`h5batch.tools.replace.replaced`)."""
+    with replaced(path, TMP_SUFFIX, "view") as tmp:
         _copy(path, tmp)
         with h5py.File(tmp, "r+") as f:
             counts = {s: num_samples(f[s]) for s in json.loads(f.attrs[fmt.ATTR_SPLITS]) if s in f}
             change(f[split])
-        _fsync(tmp)
         with h5py.File(tmp, "r") as f:
             for s, n in counts.items():
                 if num_samples(f[s]) != n:
@@ -333,12 +328,6 @@ def _rewrite(path: str, split: str, change: Callable[[h5py.Group], None]) -> Non
                     why = check_rows(np.asarray(f[s][fmt.VIEWS][v][...]), n)
                     if why:
                         raise ViewError(f"{tmp}: view {s}/{v} {why}")
-        os.replace(tmp, path)
-        _fsync_dir(os.path.dirname(os.path.abspath(path)))
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        lock.release()
 
 
 def _copy(src: str, dst: str) -> None:
@@ -361,17 +350,3 @@ def _copy(src: str, dst: str) -> None:
                 fo.write(block)
     os.chmod(dst, os.stat(src).st_mode & 0o7777)
 
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(folder: str) -> None:
-    try:
-        _fsync(folder)
-    except OSError:
-        pass  # some file systems cannot fsync a folder
