@@ -433,6 +433,36 @@ def test_kill_9_inside_sync_then_rerun_equals_an_uninterrupted_sync(tmp_path, po
     assert out.read_bytes() != original
 
 
+def test_a_view_added_after_a_killed_sync_undoes_the_sync_first(tmp_path):
+    """``h5batch view`` replaces the output by an edited copy (tools/replace.py): a
+    half-synced file must not be copied, or the journal the killed sync left would later be
+    rolled back onto the copy. The view command undoes the sync first, as a sync would."""
+    root, out = tmp_path / "corpus", tmp_path / "out.h5"
+    _class_corpus(root)
+    job = _class_job(tmp_path, root, out)
+    convert(job, "--set", "cluster.batch_size=8", check=True)
+    before = _yielded(out)
+    _grow(root)
+    proc = start(h5batch_cmd("sync", str(job), "--progress", "none", "--set", "cluster.batch_size=8"),
+                 env_extra={"H5BATCH_FAULTS": "pause_at=store:1"}, new_session=True)
+    wait_for(Path(str(out) + ".paused"), proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while group_members(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.unlink(str(out) + ".paused")
+    assert Path(str(out) + ".sync-journal").exists()
+    res = run_h5batch("view", "add", str(out), "dogs", "--split", "test", "--where", 'label == "dog"')
+    assert res.returncode == 0, res.stderr
+    assert not Path(str(out) + ".sync-journal").exists()
+    assert _yielded(out) == before  # the samples of before the sync, and the view
+    assert len(H5Dataset(str(out), "test", view="dogs")) == 12
+    res = _sync(job, "--set", "cluster.batch_size=8")
+    assert res.returncode == 0, res.stderr
+    _same_as_fresh(job, out, root, tmp_path)
+
+
 def test_a_reader_holding_the_file_gets_a_copy_synced(tmp_path):
     root, out = tmp_path / "corpus", tmp_path / "out.h5"
     _class_corpus(root)

@@ -81,13 +81,10 @@ def compact(path: str, verify: bool = True, say: Callable[[str], None] = lambda 
     that is not a finished output raises."""
     import hdf5plugin  # noqa: F401 - the filters of compressed datasets, for the checks' reads
 
-    from ..conversion.sync import recover
-
     final = os.path.abspath(path)
     if not os.path.isfile(final):
         raise ConvertError(f"{final} does not exist: there is nothing to compact", EXIT_BAD_INPUT)
-    with replaced(final, TMP_SUFFIX, "compact", say) as tmp:
-        recover(final, say)
+    with replaced(final, TMP_SUFFIX, "compact", say) as tmp:  # an interrupted sync undone first
         before = os.path.getsize(final)
         try:
             _copy_objects(final, tmp)

@@ -3,7 +3,9 @@ and ``h5batch compact`` change a finished file (:mod:`.views`, :mod:`.compact`).
 
 Rule: the output itself is never written. Under the output's lock
 (:mod:`h5batch.conversion.lock`, so no conversion, sync or other such command works on it
-meanwhile) the caller writes and checks a copy at ``OUT<suffix>``; only then is the copy
+meanwhile), and once a sync that was interrupted is undone (a half-synced file is never
+copied: the journal left beside it would later be rolled back onto the copy), the caller
+writes and checks a copy at ``OUT<suffix>``; only then is the copy
 fsync'ed, renamed over ``OUT`` (atomic) and the folder fsync'ed. Reason: appending to a
 finished HDF5 file in place rewrites metadata blocks in no particular order, and a crash or a
 full disk in the middle can leave the whole file unreadable. A crash before the rename
@@ -28,10 +30,12 @@ def replaced(path: str, suffix: str, owner: str, say: Callable[[str], None] = la
     ends normally the copy replaces ``path`` (see the module docstring); however it ends,
     a copy still there is removed and the lock released."""
     from ..conversion.lock import OutputLock
+    from ..conversion.sync import recover
 
     lock = OutputLock.acquire(path, f"{owner}-{secrets.token_hex(4)}", say)
     tmp = path + suffix
     try:
+        recover(path, say)
         if os.path.exists(tmp):
             os.unlink(tmp)
             say(f"removed {tmp}, left by an interrupted {owner}")
