@@ -396,6 +396,21 @@ def _grow(root: Path) -> None:
     _wav(root / "test" / "cat" / "cat1.wav", seed=2999, frames=1500)
 
 
+def _kill_9_sync_at(job: Path, out: Path, point: str) -> None:
+    """A sync of ``job`` stopped at the writer's pause ``point`` and its process group
+    killed (kill -9): the output is left half-synced, with its undo journal."""
+    proc = start(h5batch_cmd("sync", str(job), "--progress", "none", "--set", "cluster.batch_size=8"),
+                 env_extra={"H5BATCH_FAULTS": f"pause_at={point}"}, new_session=True)
+    wait_for(Path(str(out) + ".paused"), proc)
+    assert Path(str(out) + ".sync-journal").exists()  # in place, with its undo journal
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while group_members(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.unlink(str(out) + ".paused")
+
+
 @pytest.mark.parametrize("point", ["store:1", "finalize"])
 def test_kill_9_inside_sync_then_rerun_equals_an_uninterrupted_sync(tmp_path, point):
     root, out = tmp_path / "corpus", tmp_path / "out.h5"
@@ -411,16 +426,7 @@ def test_kill_9_inside_sync_then_rerun_equals_an_uninterrupted_sync(tmp_path, po
     res = _sync(job, "--output", str(ref), "--set", "cluster.batch_size=8")
     assert res.returncode == 0, res.stderr
 
-    proc = start(h5batch_cmd("sync", str(job), "--progress", "none", "--set", "cluster.batch_size=8"),
-                 env_extra={"H5BATCH_FAULTS": f"pause_at={point}"}, new_session=True)
-    wait_for(Path(str(out) + ".paused"), proc)
-    assert Path(str(out) + ".sync-journal").exists()  # in place, with its undo journal
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
-    deadline = time.monotonic() + 10
-    while group_members(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    os.unlink(str(out) + ".paused")
+    _kill_9_sync_at(job, out, point)
     # The half-synced file is not handed to a reader.
     with pytest.raises(OSError, match="sync"):
         H5Dataset(str(out), "train")
@@ -443,16 +449,7 @@ def test_a_view_added_after_a_killed_sync_undoes_the_sync_first(tmp_path):
     convert(job, "--set", "cluster.batch_size=8", check=True)
     before = _yielded(out)
     _grow(root)
-    proc = start(h5batch_cmd("sync", str(job), "--progress", "none", "--set", "cluster.batch_size=8"),
-                 env_extra={"H5BATCH_FAULTS": "pause_at=store:1"}, new_session=True)
-    wait_for(Path(str(out) + ".paused"), proc)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
-    deadline = time.monotonic() + 10
-    while group_members(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    os.unlink(str(out) + ".paused")
-    assert Path(str(out) + ".sync-journal").exists()
+    _kill_9_sync_at(job, out, "store:1")
     res = run_h5batch("view", "add", str(out), "dogs", "--split", "test", "--where", 'label == "dog"')
     assert res.returncode == 0, res.stderr
     assert not Path(str(out) + ".sync-journal").exists()
