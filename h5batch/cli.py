@@ -24,6 +24,7 @@ import os
 import sys
 import threading
 
+from . import gcpause
 from .commands import COMMANDS
 from .errors import EXIT_INTERRUPTED, ConfigError, H5batchError
 
@@ -71,9 +72,7 @@ PAUSE_GC = frozenset({"convert", "sync"})
 def entry() -> None:
     """The ``h5batch`` console command: :func:`main`, then :func:`quick_exit`."""
     if sys.argv[1:2] and sys.argv[1] in PAUSE_GC:
-        from .gcpause import pause
-
-        pause()
+        gcpause.pause()  # imported with this module: compiling it could start a collection
     quick_exit(main())
 
 

@@ -64,6 +64,45 @@ def test_a_library_call_leaves_the_callers_collector_alone(demo_root, tmp_path):
     assert got["unfrozen_collections"] > 0, got  # the imports collected as usual
 
 
+_LIBRARY = """
+import gc, json, sys, weakref
+from h5batch.config import load_job
+from h5batch.conversion.options import ConvertOptions
+from h5batch.conversion.pipeline import convert
+
+class Node:
+    pass
+
+a, b = Node(), Node()
+a.other, b.other = b, a  # the caller's cyclic garbage, made before the call
+gone = []
+weakref.finalize(a, gone.append, "a")
+del a, b
+gc.disable(); gc.enable()
+job = load_job(sys.argv[1], ["source.root=" + sys.argv[2], "output.path=" + sys.argv[3]])
+during = []
+gc.callbacks.append(lambda phase, info: phase == "start" and during.append(gc.get_freeze_count()))
+convert(job, ConvertOptions(progress="none"))
+gc.callbacks.clear()
+after = {"enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}
+gc.collect()
+print(json.dumps({"during": during, "after": after, "gone": gone}))
+"""
+
+
+def test_a_library_call_pauses_the_collector_and_gives_it_back(demo_root, tmp_path):
+    """convert() called from Python: no collection scans the set-up (what the run froze is
+    unfrozen at the end), and the caller's own cycles are collected afterwards."""
+    r = subprocess.run([sys.executable, "-c", _LIBRARY, str(DEMO), str(demo_root), str(tmp_path / "lib.h5")],
+                       capture_output=True, text=True, timeout=300, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert all(frozen > 10_000 for frozen in got["during"]), got["during"]
+    assert got["after"] == {"enabled": True, "frozen": 0}, got
+    assert got["gone"] == ["a"], got  # the caller's cycle, collected once the call was over
+    assert (tmp_path / "lib.h5").is_file()
+
+
 def test_a_process_forked_during_the_pause_resumes_on_its_own():
     code = """
 import gc, json, os

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import time
 
-from .. import inventory
+from .. import gcpause, inventory
 from ..config import JobConfig
 from ..errors import ConvertError
 from ..layouts import discover, resolved_job
@@ -42,7 +42,7 @@ def convert(job: JobConfig, opts: ConvertOptions | None = None) -> ConvertSummar
         print(text, file=log, flush=True)
 
     t0 = time.perf_counter()
-    with signals.graceful():
+    with signals.graceful(), gcpause.library_call():
         output = OutputFiles(job, opts, say)
         output.check_directory()
         run_id = new_run_id()
