@@ -204,3 +204,40 @@ def test_a_parser_of_one_command_parses_its_line_as_the_whole_parser_does():
     assert all(name in res.stderr for name in NAMES)
     res = run_h5batch("--help", timeout=60)
     assert all(name in res.stdout for name in NAMES)
+
+
+# The console process at its exit: OpenBLAS's setting and the threads of the process, which
+# `h5batch inspect` gave numpy (and its BLAS) to import.
+_BLAS_PROBE = """
+import atexit, os, sys
+report = sys.argv[1]
+atexit.register(lambda: open(report, "w").write(
+    f"{os.environ.get('OPENBLAS_NUM_THREADS')} {len(os.listdir('/proc/self/task'))} {'numpy' in sys.modules}"))
+sys.argv = ["h5batch", "inspect", sys.argv[2]]
+from h5batch import cli
+cli.entry()
+"""
+
+
+@pytest.mark.parametrize("user_value", [None, "2"])
+def test_the_console_command_runs_numpys_blas_on_one_thread(tmp_path, user_value):
+    """numpy's OpenBLAS would start a spinning thread per core at import (h5batch calls no
+    BLAS routine); a value the user set is kept."""
+    import h5py
+
+    path = tmp_path / "small.h5"
+    with h5py.File(path, "w"):
+        pass
+    env = {k: v for k, v in clean_env().items() if k != "OPENBLAS_NUM_THREADS"}
+    if user_value is not None:
+        env["OPENBLAS_NUM_THREADS"] = user_value
+    report = tmp_path / "blas.txt"
+    res = subprocess.run([sys.executable, "-c", _BLAS_PROBE, str(report), str(path)], capture_output=True,
+                         text=True, timeout=60, env=env, cwd=REPO)
+    assert res.returncode == 0, res.stderr
+    value, threads, numpy_loaded = report.read_text().split()
+    assert numpy_loaded == "True"
+    if user_value is None:
+        assert value == "1" and int(threads) == 1, (value, threads)
+    else:
+        assert value == user_value
