@@ -130,6 +130,14 @@ def stem(path: str) -> str:
     return path[: len(path) - len(name) + _suffix_at(name)]
 
 
+def stem_ext(path: str) -> tuple[str, str]:
+    """``(stem(path), ext(path))`` from one look at the file name (a layout's loop over
+    every file of the corpus needs both)."""
+    name = path.rpartition("/")[2]
+    i = _suffix_at(name)
+    return path[: len(path) - len(name) + i], name[i:].lower()
+
+
 def not_accepted(path: str, accepted: str, field_name: str | None = None) -> str:
     """The reject reason for a file whose extension no (or not this) field takes."""
     where = f" for field {field_name!r}" if field_name else ""
@@ -152,7 +160,7 @@ class Builder:
             for e in fc.extensions:
                 self.ext_to_field.setdefault(e.lower(), name)
         # Lower-cased extensions per field, made once: takes() runs for every file met.
-        self._exts = {name: frozenset(e.lower() for e in getattr(fc, "extensions", ()))
+        self.exts = {name: frozenset(e.lower() for e in getattr(fc, "extensions", ()))
                       for name, fc in job.fields.items()}
         self.items: list[Item] = []
         self.rejects: list[Reject] = []
@@ -174,7 +182,7 @@ class Builder:
 
     def takes(self, field_name: str, path: str) -> bool:
         """Whether ``path``'s extension is one of the field's (case-insensitive)."""
-        return ext(path) in self._exts[field_name]
+        return ext(path) in self.exts[field_name]
 
     def group_by_stem(self, split: str, files: list[str], label: str | None, key_prefix: str,
                       field_of: dict[str, str]) -> None:

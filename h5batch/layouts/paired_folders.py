@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..manifest import Item, Reject
-from .base import Builder, Layout, Walker, not_accepted, register, split_dirs, stem
+from .base import Builder, Layout, Walker, not_accepted, register, split_dirs, stem_ext
 
 if TYPE_CHECKING:
     from ..config import SourceConfig
@@ -25,44 +25,44 @@ class PairedFolders(Layout):
         splits = split_dirs(root, src, b)
         folder_to_field = {(fc.folder or name): name for name, fc in b.job.fields.items()}
         walker = Walker(root)
+        stats, exts = b.stats, b.exts
         for split in splits:
-            files: list[str] = []
-            field_of: dict[str, str] = {}
+            files: list[tuple[str, str, str]] = []  # (path, field, stem of the path inside the field folder)
             for rel, size, mtime in walker.walk(split):
-                parts = rel.split("/")
-                fname = folder_to_field.get(parts[1]) if len(parts) >= 3 else None
+                # One split and one look at the name per file: this runs for every file.
+                parts = rel.split("/", 2)
+                fname = folder_to_field.get(parts[1]) if len(parts) == 3 else None
                 if fname is None:
                     b.rejects.append(Reject(rel, "discover", f"not inside a field folder ({', '.join(folder_to_field)}) of split {split!r}"))
                     continue
-                if not b.takes(fname, rel):
+                inner_stem, suffix = stem_ext(parts[2])
+                if suffix not in exts[fname]:
                     b.rejects.append(Reject(rel, "discover", not_accepted(rel, b.accepted(fname), fname)))
                     continue
-                b.stats[rel] = (size, mtime)
-                field_of[rel] = fname
-                files.append(rel)
-            self._pair(b, split, files, field_of)
+                stats[rel] = (size, mtime)
+                files.append((rel, fname, inner_stem))
+            self._pair(b, split, files)
         b.walked(walker)
         return splits
 
     @staticmethod
-    def _pair(b: Builder, split: str, files: list[str], field_of: dict[str, str]) -> None:
+    def _pair(b: Builder, split: str, files: list[tuple[str, str, str]]) -> None:
         """Group by the path inside the field folder, so data/a/1.wav pairs with label/a/1.wav."""
-        inner = {rel: "/".join(rel.split("/")[2:]) for rel in files}
         groups: dict[str, dict[str, str]] = {}
-        for rel in files:
-            slot = groups.setdefault(stem(inner[rel]), {})
-            fname = field_of[rel]
+        for rel, fname, key in files:
+            slot = groups.setdefault(key, {})
             if fname in slot:
                 b.rejects.append(Reject(rel, "discover", f"duplicate key: {slot[fname]} has the same name in field {fname!r}"))
                 continue
             slot[fname] = rel
+        fields = b.fields
         for key, slot in groups.items():
-            missing = [f for f in b.fields if f not in slot]
-            if missing:
+            if len(slot) != len(fields):
+                missing = [f for f in fields if f not in slot]
                 for rel in slot.values():
                     b.rejects.append(Reject(rel, "discover", f"paired sample incomplete: no {'/'.join(missing)} file named {key!r}"))
                 continue
-            b.items.append(Item(key, split, tuple(slot[f] for f in b.fields), None))
+            b.items.append(Item(key, split, tuple([slot[f] for f in fields]), None))
 
 
 register(PairedFolders())
