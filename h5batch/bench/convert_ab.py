@@ -35,6 +35,7 @@ import glob
 import io
 import logging
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -226,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         runner.close()
         for p in glob.glob(os.path.join(work, "*")):
             remove_output(p)
+        if args.work is None:  # the temporary folder made above
+            shutil.rmtree(work, ignore_errors=True)
     print("\n".join(report(times, len(runner.items))))
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
     return 0
