@@ -144,10 +144,9 @@ class Driver:
 
     def run(self) -> ConvertSummary:
         """Decode and store every batch from ``plan.start`` on, then finish the file.
-        Returns once the writer has said it is done (the file is renamed and closed):
-        the caller waits for the writer's exit (``writer.process.join``), after its own
-        last steps. Reason: the exit takes ~13 ms here (its mappings' teardown), which the
-        removal of the run's segments and the check of the output can overlap."""
+        Returns once the writer has said it is done (the file is renamed and closed),
+        without waiting for the writer's exit: the callers decide (a conversion does not
+        wait at all, :mod:`.pipeline`)."""
         job, tasks = self.job, self.plan.tasks
         in_proc = job.cluster.kind == "inprocess"
         with ExitStack() as stack:

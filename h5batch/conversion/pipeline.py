@@ -70,7 +70,7 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
     # More decoders for an in-process run, forked while the driver has no thread (else the
     # driver starts them from the writer's fork server: spares.py).
     forked = SpareDecoder.start_all(job) if pending.forked else []
-    started = False
+    started = finished = False
     try:
         generate_corpus(job, say)
         manifest = discover(job)
@@ -113,7 +113,12 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
         finally:
             remove_segments(run_id)
         output.check_finished(summary)
-        writer.process.join(timeout=30)  # its exit overlapped the two steps above (Driver.run)
+        # The writer is not waited for: after Done its file is renamed and closed, and what
+        # is left is its exit, ~20-25 ms of the kernel tearing down its mappings (4,096
+        # pairs), which every run waited for at its very end. Its lock descriptor goes with
+        # it, on a lock file the release below unlinks first, so a next run takes a new one
+        # at once; multiprocessing reaps the process (the next start, or at exit).
+        finished = True
         summary.resumed_from = plan.start
         return summary
     finally:
@@ -122,7 +127,7 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
         if not started:  # never got a job: let it go
             writer.stop()
         writer.lifeline.close()
-        if started:  # a run that failed after Done (the output's checks): the writer exits by itself
+        if started and not finished:  # a run that failed after Done (the output's checks): the writer exits by itself
             writer.process.join(timeout=30)
 
 

@@ -302,9 +302,8 @@ def _write(job, plan, d, found: _Found, final: str, pending: PendingWriter, run_
             writer.send(Start(spec))
             _write_inventory(final, found)
             if d.items:
-                summary = Driver(job, opts, plan, writer, run_id, say, list(forked)).run()
-                writer.process.join(timeout=30)
-                return summary
+                # Not waited for after Done, as a conversion's writer (conversion/pipeline.py).
+                return Driver(job, opts, plan, writer, run_id, say, list(forked)).run()
             writer.send(Finish(job.policy.max_reject_fraction))
             return _wait_done(writer)
         except WriterGone as e:
@@ -339,9 +338,9 @@ def _wait_done(writer):
     while True:
         msg = writer.outbox.get(timeout=600)
         if isinstance(msg, Done):
-            writer.process.join(timeout=30)
             s = msg.summary
             if not s.ok:
+                writer.process.join(timeout=30)
                 raise ConvertError("too many rejects (policy.max_reject_fraction); the sync is undone", 1)
             return s
         if isinstance(msg, (Failed, WriterDied)):
