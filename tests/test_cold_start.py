@@ -192,10 +192,22 @@ def test_forked_decoders_share_the_batches_and_write_the_same_file(demo_root, tm
     line = next(x for x in res.stderr.splitlines() if x.startswith("in-process decoding: "))
     thread, forked = (int(n) for n in re.findall(r"(\d+) (?:batches on|in forked)", line))
     assert thread + forked >= 3 and forked > 0 and "died" not in line, line
+    # Every field is of a fixed size per batch (a numeric batch_size): the forked decoders
+    # started on the first batches before the plan (head_start.py), and the file is the same.
+    assert line.endswith("; the first 3 submitted before the plan"), line
     assert_same_h5(one, more)
     assert stored_chunks(one) == stored_chunks(more)
     assert not _alive_with(str(more)), "a forked decoder outlived its run"
     assert not run.own_stale_segments()
+
+
+def test_no_head_start_where_the_trial_sizes_the_batches(demo_root, tmp_path):
+    """The demo's audio has no fixed length: batch_size auto waits for the codec trial's
+    sizes, so no batch may start before the plan (head_start.py)."""
+    res = convert(DEMO, demo_root, tmp_path / "auto.h5", "inprocess", "cluster.workers=2")
+    assert res.returncode == 0, res.stderr
+    line = next(x for x in res.stderr.splitlines() if x.startswith("in-process decoding: "))
+    assert "before the plan" not in line, line
 
 
 def test_a_forked_decoder_that_dies_has_its_batch_decoded_again(demo_root, tmp_path):

@@ -7,7 +7,8 @@ generate (optional)    :mod:`h5batch.generate`: a named corpus made when ``sourc
 discover               :mod:`h5batch.layouts`: files -> a :class:`~h5batch.manifest.Manifest`
 own the output         :mod:`.lock`: one run per output; :mod:`.signals`: SIGTERM = Ctrl-C
 decide what to do      :mod:`.partial`: done already, refuse, resume, or start afresh
-plan                   :mod:`.plan` (+ :mod:`.auto`): codecs, batches, the writer's spec
+plan                   :mod:`.plan` (+ :mod:`.auto`): codecs, batches, the writer's spec;
+                       :mod:`.head_start`: the first in-process batches decode meanwhile
 cluster                :mod:`.cluster`: a LocalCluster, a scheduler, or dask-jobqueue;
                        :mod:`.inprocess` (+ :mod:`.spares`): a small job in the driver
 preflight              :mod:`.preflight`: every worker can read the corpus and the segments

@@ -384,14 +384,7 @@ def resolve(job: JobConfig, manifest: Manifest, measurer: Measurer | None = None
     with silenced():  # the workers decode these files again and log their warnings
         trial = Trial.run(job, manifest, need)
 
-    item_bytes = 0
-    for name in job.fields:
-        f = fixed[name]
-        if f is not None:
-            item_bytes += int(np.prod(f[0], dtype=np.int64)) * f[1].itemsize
-        elif trial.arrays.get(name):
-            item_bytes += int(np.mean([a.nbytes for a in trial.arrays[name]]))
-    item_bytes = max(1, item_bytes)
+    item_bytes = _item_bytes(job, fixed, trial.arrays)
 
     if o.codec != "auto":
         codecs = {name: CodecChoice(name, CodecSpec(o.codec, o.level, o.shuffle)) for name in job.fields}
@@ -407,13 +400,39 @@ def resolve(job: JobConfig, manifest: Manifest, measurer: Measurer | None = None
             codecs[name] = CodecChoice(name, CodecSpec(chosen, o.level if chosen != "none" else None, o.shuffle),
                                        round(ratio, 3), len(trial.arrays.get(name) or []), *speeds, o.prefer)
 
+    return AutoSettings(codecs, _batch_size(job, manifest, kind, item_bytes, fixed), item_bytes)
+
+
+def batch_size_without_trial(job: JobConfig, manifest: Manifest, kind: str | None = None) -> int | None:
+    """The items per batch :func:`resolve` will choose, where that needs no trial (every field
+    of a fixed shape, or ``cluster.batch_size`` a number); else None. Reason: the batches can
+    then start decoding while the codec trial and the plan still run (``conversion/head_start.py``)."""
+    fixed = {name: fixed_sample_shape(fc) for name, fc in job.fields.items()}
+    if job.cluster.batch_size == "auto" and any(f is None for f in fixed.values()):
+        return None
+    return _batch_size(job, manifest, kind, _item_bytes(job, fixed, {}), fixed)
+
+
+def _item_bytes(job: JobConfig, fixed: dict, trial: dict[str, list[np.ndarray]]) -> int:
+    """Decoded bytes of one item: the fixed shapes', the trial's mean for the others."""
+    item_bytes = 0
+    for name in job.fields:
+        f = fixed[name]
+        if f is not None:
+            item_bytes += int(np.prod(f[0], dtype=np.int64)) * f[1].itemsize
+        elif trial.get(name):
+            item_bytes += int(np.mean([a.nbytes for a in trial[name]]))
+    return max(1, item_bytes)
+
+
+def _batch_size(job: JobConfig, manifest: Manifest, kind: str | None, item_bytes: int, fixed: dict) -> int:
     bs = job.cluster.batch_size
     if bs == "auto":
         target = TARGET_BATCH_BYTES if (kind or job.cluster.kind) in ("auto", "inprocess") else TARGET_TASK_BYTES
         bs = min(MAX_BATCH, max(MIN_BATCH, round(target / item_bytes)))
         bs = max(1, min(bs, math.ceil(len(manifest.items) / MIN_BATCHES)))
         bs = whole_chunks(bs, job, fixed)
-    return AutoSettings(codecs, int(bs), item_bytes)
+    return int(bs)
 
 
 def whole_chunks(bs: int, job: JobConfig, fixed: dict) -> int:

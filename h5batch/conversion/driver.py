@@ -46,6 +46,7 @@ from . import inprocess, signals
 from .cluster import connect
 from .cluster_watch import ClusterWatch
 from .decoder_warnings import WarningLog
+from .head_start import HeadStart
 from .options import ConvertOptions, ConvertSummary
 from .plan import Plan, RowPredictor
 from .preflight import preflight
@@ -95,8 +96,11 @@ class Driver:
     """Runs a :class:`~.plan.Plan` on a cluster, feeding the writer. Use :meth:`run`."""
 
     def __init__(self, job: JobConfig, opts: ConvertOptions, plan: Plan, writer: WriterHandle, run_id: str,
-                 say, spares: list[SpareDecoder] | None = None, choice: inprocess.KindChoice | None = None):
+                 say, spares: list[SpareDecoder] | None = None, choice: inprocess.KindChoice | None = None,
+                 head: HeadStart | None = None):
+        """``head``: batches submitted before the plan (``conversion/head_start.py``), taken over."""
         self.opts, self.plan, self.writer, self.run_id, self.say = opts, plan, writer, run_id, say
+        self.head = head
         # cluster.kind auto: in-process for a small fresh job, a LocalCluster otherwise
         # (``choice``: made already, before the plan sized the batches for it).
         m = plan.tasks.manifest
@@ -153,7 +157,9 @@ class Driver:
             stack.enter_context(nullcontext() if in_proc else _dask_settings(job))
             if in_proc and not self.spares and not self.writer.forked:
                 self.spares = SpareDecoder.start_all(job, writer_context())
-            conn = stack.enter_context(inprocess.connect(job.cluster, self.spares) if in_proc else connect(job.cluster))
+            head = self.head if in_proc else None
+            conn = stack.enter_context(inprocess.connect(job.cluster, self.spares, head and head.take())
+                                       if in_proc else connect(job.cluster))
             self.client = conn.client
             stack.callback(lambda: self.watch and self.watch.stop())  # before the cluster closes
             if self.choice.why:
@@ -178,6 +184,10 @@ class Driver:
             threading.Thread(target=self._pump_writer, daemon=True).start()
             gcpause.resume()  # the set-up is done: collection on again for the run
             next_submit = next_forward = self.plan.start
+            for index, fut in (head.futures.items() if head else ()):  # decoding since before the plan
+                self.slots[index] = _Slot(tasks[index])
+                self._track(fut, index, 0)
+                next_submit = max(next_submit, index + 1)
             released = False
             while self.acked < len(tasks):
                 signals.raise_pending()
@@ -202,7 +212,7 @@ class Driver:
             signals.raise_pending()
             self.progress.close()
             if in_proc and self.spares:
-                self.say(self.client.report())
+                self.say(self.client.report(len(head.futures) if head else 0))
             # The writer counts every reject (discovery, decode, write, and those of batches
             # committed by an earlier run) and keeps the file partial when there are too many.
             self._send(Finish(job.policy.max_reject_fraction))
@@ -235,6 +245,10 @@ class Driver:
         self.submissions += 1
         fut = self.client.submit(decode_batch, task, pure=False, retries=0,
                                  key=f"h5batch-decode-{self.run_id}-{index}-{lo}-{hi}-{self.submissions}")
+        self._track(fut, index, lo)
+
+    def _track(self, fut: Any, index: int, lo: int) -> None:
+        """Wait for ``fut``, the part of batch ``index`` that starts at item ``lo``."""
         self.futures[fut] = (index, lo)
         fut.add_done_callback(lambda f: self.events.put(("future", f)))
 

@@ -155,18 +155,29 @@ class InProcessClient:
 
     WORKER = "inprocess://driver"
 
-    def __init__(self, spares: list[SpareDecoder] | tuple = ()) -> None:
+    def __init__(self, spares: list[SpareDecoder] | tuple = (), own_thread: bool = True) -> None:
+        """``own_thread`` False: only the forked decoders take calls until
+        :meth:`add_own_thread` (a head start, ``conversion/head_start.py``)."""
         # (future, fn, args, started): started when a decoder that died had begun it
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.closing = False
         self.spares = list(spares)
         self.served = {"thread": 0, "forked": 0, "died": 0}  # calls run by each kind of decoder; decoders lost
         self.count_lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._serve, args=(None,), name="h5batch-inprocess", daemon=True)]
-        self.threads += [threading.Thread(target=self._serve, args=(s,), name="h5batch-decoder-feed", daemon=True)
-                         for s in self.spares]
+        self.threads = [threading.Thread(target=self._serve, args=(s,), name="h5batch-decoder-feed", daemon=True)
+                        for s in self.spares]
         for t in self.threads:
             t.start()
+        if own_thread or not self.spares:
+            self.add_own_thread()
+
+    def add_own_thread(self) -> None:
+        """Start the decode thread of this process (once)."""
+        if any(t.name == "h5batch-inprocess" for t in self.threads):
+            return
+        t = threading.Thread(target=self._serve, args=(None,), name="h5batch-inprocess", daemon=True)
+        self.threads.append(t)
+        t.start()
 
     def submit(self, fn: Callable[..., Any], *args: Any, key: str = "", pure: bool = False,
                retries: int = 0) -> InProcessFuture:
@@ -217,12 +228,15 @@ class InProcessClient:
         with self.count_lock:
             self.served[what] += 1
 
-    def report(self) -> str:
-        """One line for the log: which decoders ran the batches."""
+    def report(self, ahead: int = 0) -> str:
+        """One line for the log: which decoders ran the batches (``ahead``: submitted by a
+        head start, before the plan)."""
         s = self.served
         died = (f"; {s['died']} forked decoder{'s' if s['died'] > 1 else ''} died, "
                 f"{'their batches' if s['died'] > 1 else 'its batch'} decoded again") if s["died"] else ""
-        return f"in-process decoding: {s['thread']} batches on the driver's thread, {s['forked']} in forked decoders{died}"
+        early = f"; the first {ahead} submitted before the plan" if ahead else ""
+        return (f"in-process decoding: {s['thread']} batches on the driver's thread, {s['forked']} in forked "
+                f"decoders{died}{early}")
 
     def release(self) -> None:
         """Tell the forked decoders to end now, without waiting (every batch is decoded:
@@ -263,10 +277,15 @@ def check_packages(job: JobConfig) -> str:
 
 
 @contextmanager
-def connect(cfg: ClusterConfig, forked: list[SpareDecoder] | tuple = ()) -> Iterator[Connection]:
+def connect(cfg: ClusterConfig, forked: list[SpareDecoder] | tuple = (),
+            client: InProcessClient | None = None) -> Iterator[Connection]:
     """An :class:`InProcessClient` for the length of the run (``cfg``: the job's cluster
-    section; ``forked``: the decoders forked for it, :mod:`.spares`)."""
-    client = InProcessClient(forked)
+    section; ``forked``: the decoders forked for it, :mod:`.spares`; ``client``: one a head
+    start made already, whose own decode thread starts now), closed at the end."""
+    if client is None:
+        client = InProcessClient(forked)
+    else:
+        client.add_own_thread()
     extra = f" + {len(forked)} forked decoder{'s' if len(forked) > 1 else ''}" if forked else ""
     try:
         yield Connection(client, f"in-process, 1 decode thread{extra} (no worker processes)", None)

@@ -17,6 +17,7 @@ from ..writer.process import WriterGone
 from . import inprocess, signals
 from .driver import Driver, abort
 from .generate import generate_corpus
+from .head_start import HeadStart
 from .lock import OutputLock
 from .options import ConvertOptions, ConvertSummary
 from .partial import OutputFiles
@@ -71,6 +72,7 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
     # driver starts them from the writer's fork server: spares.py).
     forked = SpareDecoder.start_all(job) if pending.forked else []
     started = finished = False
+    head: HeadStart | None = None
     try:
         generate_corpus(job, say)
         manifest = discover(job)
@@ -84,12 +86,14 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
         record = output.resume_record(manifest)
         # cluster.kind auto is settled before the plan: batch_size auto depends on it.
         choice = inprocess.choose_kind(job, manifest, len(manifest.items), resuming=record is not None)
+        # The forked decoders start on the first batches while the plan is made (head_start.py).
+        head = HeadStart.begin(job, manifest, choice, record, forked, run_id)
         # Written before the plan: where the writer takes codec: auto's measurement (no
         # Blosc2 C library, codecs/blosc2_lib.py), the plan waits for the writer's blosc2
         # import, and the driver's own work fills that wait.
         sidecar = inventory.write_sidecar(output.partial, manifest)
         plan = make_plan(job, manifest, record, output.final, output.partial, run_id, say,
-                         measurer=pending.measure, kind=choice.kind)
+                         measurer=pending.measure, kind=choice.kind, tasks=head and head.tasks)
         plan.spec.inventory = sidecar
         # Decoding may begin while the writer is still importing: batches queue in its pipe.
         writer = pending.get()
@@ -101,7 +105,7 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
         if plan.start:
             say(f"resuming {output.partial}: {plan.start} of {len(plan.tasks)} batches already committed")
         try:
-            summary = Driver(job, opts, plan, writer, run_id, say, forked, choice).run()
+            summary = Driver(job, opts, plan, writer, run_id, say, forked, choice, head).run()
         except KeyboardInterrupt as e:
             abort(writer)
             why = "interrupted" if signals.signal_name(e) == "SIGINT" else f"stopped by {signals.signal_name(e)}"
@@ -122,6 +126,8 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
         summary.resumed_from = plan.start
         return summary
     finally:
+        if head is not None:
+            head.close()  # where the driver's loop never took it over
         close_all(forked)
         writer = pending.get()
         if not started:  # never got a job: let it go

@@ -45,12 +45,15 @@ class Plan:
 
 def make_plan(job: JobConfig, manifest: Manifest, record: CommitRecord | None, final: str, partial: str,
               run_id: str, say: Callable[[str], None], keep_codecs: dict[str, CodecSpec] | None = None,
-              measurer: Measurer | None = None, new_file: bool = True, kind: str | None = None) -> Plan:
+              measurer: Measurer | None = None, new_file: bool = True, kind: str | None = None,
+              tasks: TaskList | None = None) -> Plan:
     """``keep_codecs``: fields whose datasets exist already (a sync) keep these codecs;
     ``measurer``: who takes ``codec: auto``'s measurements (:func:`.auto.measure`);
     ``new_file`` False: the writer extends a finished file (a sync), which keeps the
     versions it was made with, so none are read (~0.04 s of package metadata); ``kind``:
-    the cluster kind the run will use (``auto`` resolved), which sizes ``batch_size: auto``."""
+    the cluster kind the run will use (``auto`` resolved), which sizes ``batch_size: auto``;
+    ``tasks``: the batches a head start cut already (``conversion/head_start.py``), which
+    the plan's own choice must equal."""
     auto = resolve(job, manifest, measurer, keep_codecs, kind)
     for line in auto.describe(job):
         say(line)
@@ -84,7 +87,10 @@ def make_plan(job: JobConfig, manifest: Manifest, record: CommitRecord | None, f
         resume=record, versions=None if new_file else {}, batch_size=batch_size,
         codec_notes=codec_notes, cwd=os.getcwd(), umask=current_umask(), annotations=manifest.annotations,
     )
-    tasks = make_tasks(job, manifest, run_id, hostname(), batch_size)
+    if tasks is None:
+        tasks = make_tasks(job, manifest, run_id, hostname(), batch_size)
+    elif tasks.batch_size != batch_size:  # head_start's rule lets through only what needs no trial
+        raise AssertionError(f"head start cut batches of {tasks.batch_size} items, the plan chose {batch_size}")
     written = {split: p.samples for split, p in record.splits.items()} if record else {}
     return Plan(tasks, spec, record.next_batch if record else 0, written, batch_size * auto.item_bytes, num_inputs)
 
@@ -97,7 +103,7 @@ class TaskList(Sequence):
         self.job, self.manifest, self.run_id, self.writer_host = job, manifest, run_id, writer_host
         self.fields = tuple(job.fields.items())
         self.root = os.path.abspath(manifest.root)
-        bs = batch_size
+        self.batch_size = bs = batch_size
         starts = []
         items = manifest.items
         i = 0

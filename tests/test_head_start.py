@@ -1,0 +1,74 @@
+"""The head start (h5batch/conversion/head_start.py): the first in-process batches decode on
+the forked decoders before the plan is made. Real files, real forked decoders, real shared
+memory; the whole-conversion cases (same file as without it, the log line) are in
+tests/test_cold_start.py."""
+
+from __future__ import annotations
+
+import os
+
+from h5batch.config import load_job
+from h5batch.conversion.head_start import AHEAD_PER_DECODER, HeadStart
+from h5batch.conversion.inprocess import KindChoice
+from h5batch.conversion.spares import SpareDecoder, close_all
+from h5batch.forking import can_fork
+from h5batch.layouts import discover
+from h5batch.transport.segments import SHM_DIR, new_run_id
+from h5batch.writer.process import writer_context
+from tests.conftest import REPO
+
+PAIRED = REPO / "jobs" / "paired_audio.yaml"
+
+
+def _job(root, out, *settings: str):
+    return load_job(PAIRED, [f"source.root={root}", f"output.path={out}", "cluster.kind=inprocess",
+                             "cluster.workers=2", *settings])
+
+
+def _decoders(job) -> list[SpareDecoder]:
+    """Forked from this process where it may fork, else from the writer's fork server (as a
+    run in a process with threads starts them)."""
+    return SpareDecoder.start_all(job, None if can_fork() else writer_context())
+
+
+def _segments(run_id: str) -> list[str]:
+    return [n for n in os.listdir(SHM_DIR) if run_id in n]
+
+
+def test_batches_decoded_ahead_are_the_plans_and_a_head_start_never_taken_leaves_nothing(paired_root, tmp_path):
+    job = _job(paired_root, tmp_path / "o.h5", "cluster.batch_size=4")
+    manifest = discover(job)
+    spares = _decoders(job)
+    assert len(spares) == 1
+    run_id = new_run_id()
+    try:
+        head = HeadStart.begin(job, manifest, KindChoice("inprocess"), None, spares, run_id)
+        assert head is not None and sorted(head.futures) == list(range(AHEAD_PER_DECODER))
+        for index, fut in head.futures.items():
+            result = fut.result(timeout=120)
+            task = head.tasks[index]
+            assert (result.index, result.start, result.n_items) == (index, task.start, len(task.items))
+            assert result.n_samples == len(task.items) and not result.rejects
+        assert head.client.served == {"thread": 0, "forked": AHEAD_PER_DECODER, "died": 0}
+        assert _segments(run_id), "the decoded batches wait in shared memory"
+        head.close()  # the run ended before its loop took the batches over
+        assert not _segments(run_id)
+        assert not any(s.process.is_alive() for s in spares)
+    finally:
+        close_all(spares)
+
+
+def test_no_head_start_where_the_plan_could_cut_other_batches(paired_root, tmp_path):
+    fixed = _job(paired_root, tmp_path / "o.h5", "cluster.batch_size=4")
+    variable = _job(paired_root, tmp_path / "o.h5")  # batch_size auto, clips of any length: the trial sizes it
+    manifest = discover(fixed)
+    spares = _decoders(fixed)
+    try:
+        inproc = KindChoice("inprocess")
+        assert HeadStart.begin(variable, manifest, inproc, None, spares, new_run_id()) is None
+        assert HeadStart.begin(fixed, manifest, KindChoice("local"), None, spares, new_run_id()) is None
+        assert HeadStart.begin(fixed, manifest, inproc, None, [], new_run_id()) is None
+        workers = _job(paired_root, tmp_path / "o.h5", "cluster.batch_size=4", "cluster.compress_on=workers")
+        assert HeadStart.begin(workers, manifest, inproc, None, spares, new_run_id()) is None
+    finally:
+        close_all(spares)
