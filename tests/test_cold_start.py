@@ -201,6 +201,24 @@ def test_forked_decoders_share_the_batches_and_write_the_same_file(demo_root, tm
     assert not run.own_stale_segments()
 
 
+def test_the_drivers_lines_never_land_in_the_decoder_warnings(demo_root, tmp_path):
+    """The driver's own decode thread starts on a head start's queued batches while the
+    driver writes its "cluster:" and "preflight:" lines, and a decode points fd 2 at the
+    decoder-warning capture: those lines must reach the console, not a file's warnings.
+    (They did not in 1 run of 3 before driver.run wrote them through the console's copy
+    of fd 2; several runs, so a race shows.)"""
+    for k in range(4):
+        out = tmp_path / f"run{k}.h5"
+        res = convert(DEMO, demo_root, out, "inprocess", "cluster.workers=3", "cluster.batch_size=16",
+                      "output.codec=none")
+        assert res.returncode == 0, res.stderr
+        assert "before the plan" in res.stderr, res.stderr  # the head start ran
+        assert "cluster: in-process, 1 decode thread + 2 forked decoders" in res.stderr, res.stderr
+        assert "preflight: in-process decoding" in res.stderr, res.stderr
+        warnings_file = out.with_suffix(".warnings.txt")
+        assert not warnings_file.exists(), warnings_file.read_text()
+
+
 def test_no_head_start_where_the_trial_sizes_the_batches(demo_root, tmp_path):
     """The demo's audio has no fixed length: batch_size auto waits for the codec trial's
     sizes, so no batch may start before the plan (head_start.py)."""

@@ -157,6 +157,15 @@ class Driver:
             stack.enter_context(nullcontext() if in_proc else _dask_settings(job))
             if in_proc and not self.spares and not self.writer.forked:
                 self.spares = SpareDecoder.start_all(job, writer_context())
+            # In-process decoding points fd 2 at the decoder-warning capture while a batch
+            # decodes, and the driver's own decode thread starts in connect() (at once on a
+            # head start's queued batches): a line written to fd 2 meanwhile would be taken
+            # for a file's decoder warning. Progress and the driver's lines go around it,
+            # through a duplicate of fd 2 taken before that thread starts.
+            log = stack.enter_context(inprocess.console(self.opts.log)) if in_proc else self.opts.log
+            if in_proc and self.opts.log is None:
+                stack.callback(setattr, self, "say", self.say)
+                self.say = lambda text: print(text, file=log, flush=True)
             head = self.head if in_proc else None
             conn = stack.enter_context(inprocess.connect(job.cluster, self.spares, head and head.take())
                                        if in_proc else connect(job.cluster))
@@ -177,8 +186,6 @@ class Driver:
             # mapping); 4,096 pairs on 2 cores, alternating: 4 in flight took 0.05-0.12
             # CPU-s less than 6, in process and on a LocalCluster, at the same wall time.
             window = job.cluster.max_in_flight or max(4, min(2 * n_workers, WINDOW_BYTES // max(1, self.plan.batch_bytes)))
-            # In-process decoding points fd 2 at the decoder-warning capture: progress goes around it.
-            log = stack.enter_context(inprocess.console(self.opts.log)) if in_proc else self.opts.log
             self.progress = Progress(len(tasks.manifest.items), tasks.first_item(self.plan.start),
                                      mode=self.opts.progress, log=log)
             threading.Thread(target=self._pump_writer, daemon=True).start()
