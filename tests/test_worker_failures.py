@@ -169,7 +169,8 @@ def test_a_part_whose_worker_died_after_it_finished_is_decoded_again_not_split(c
     from distributed import Client, LocalCluster
 
     from h5batch.config import load_job
-    from h5batch.conversion.driver import Driver, _Slot
+    from h5batch.conversion.driver import Driver
+    from h5batch.conversion.isolation import Slot
     from h5batch.conversion.plan import make_tasks
     from h5batch.layouts import discover
     from h5batch.transport.segments import new_run_id, remove_segments
@@ -183,7 +184,7 @@ def test_a_part_whose_worker_died_after_it_finished_is_decoded_again_not_split(c
         try:
             d = Driver.__new__(Driver)
             d.client, d.events, d.run_id, d.submissions, d.futures = client, queue.Queue(), run_id, 0, {}
-            d.slots = {0: _Slot(task)}
+            d.slots = {0: Slot(task)}
             d._submit(0, 0, 2)
             kind, event = d.events.get(timeout=120)
             fut, fired_as = event

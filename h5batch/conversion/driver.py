@@ -4,7 +4,7 @@ The driver never touches pixel or sample data. It submits batches to Dask with a
 number in flight (a batch counts until the writer has stored it, so memory stays flat
 whatever the corpus size), forwards finished batches to the writer process strictly in
 manifest order, isolates files that crash their worker by splitting their batch in two,
-recursively, and reports progress. Everything it waits for arrives on one event queue:
+recursively (:mod:`.isolation`), and reports progress. Everything it waits for arrives on one event queue:
 finished futures (from Dask's callbacks) and writer messages (from a pipe-reading thread),
 each dispatched through a handler.
 """
@@ -16,18 +16,14 @@ import queue
 import threading
 import time
 from contextlib import ExitStack, nullcontext
-from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 from .. import format as fmt
 from .. import gcpause
-from ..batches import BatchResult, BatchTask
+from ..batches import BatchResult
 from ..config import JobConfig
 from ..errors import ConvertError
-from ..manifest import Reject
-from ..transport.packing import Packed, to_shm
+from ..transport.packing import to_shm
 from ..writer.messages import (
     LAST,
     Abort,
@@ -47,6 +43,7 @@ from .cluster import connect
 from .cluster_watch import ClusterWatch
 from .decoder_warnings import WarningLog
 from .head_start import HeadStart
+from .isolation import Slot, after_failure
 from .options import ConvertOptions, ConvertSummary
 from .plan import Plan, RowPredictor
 from .preflight import preflight
@@ -56,42 +53,6 @@ from .worker import decode_batch
 
 WINDOW_BYTES = 1 << 30  # decoded bytes waiting in shared memory, at most (about)
 ABORT_SECONDS = 60  # how long the writer may take to commit after an abort
-
-
-def _empty_result(task: BatchTask, rejects: list[Reject], nfields: int) -> BatchResult:
-    return BatchResult(task.index, task.split, task.start, Packed((), 0), np.zeros(0, np.int64), [],
-                       np.zeros((0, nfields), np.uint32), rejects, len(task.items))
-
-
-# Times a part may finish and lose its result with its worker before it is handled as a
-# failure (_on_future): each time, crash isolation gets closer to the file that kills
-# workers, which then no longer runs.
-MAX_LOST = 4
-
-
-@dataclass
-class _Part:
-    """Items ``[lo, hi)`` of a batch and, once decoded, their result."""
-
-    lo: int
-    hi: int
-    result: BatchResult | None = None
-    confirming: bool = False  # a single file that failed once is being tried again
-    lost: int = 0  # times it ran to the end and its result was lost with its worker after
-
-
-class _Slot:
-    """One manifest batch: its parts (a batch whose worker keeps dying is split in two,
-    recursively, down to the crashing file) and their results."""
-
-    def __init__(self, task: BatchTask):
-        self.task = task
-        self.parts: list[_Part] = [_Part(0, len(task.items))]
-        self.acked = 0  # parts the writer has stored
-        self.written = 0  # samples they held
-
-    def complete(self) -> bool:
-        return all(p.result is not None for p in self.parts)
 
 
 # Seconds to fetch a finished batch's result from its worker before the part counts as
@@ -121,7 +82,7 @@ class Driver:
             close_all(self.spares)
             self.spares = []
         self.events: queue.Queue = queue.Queue()
-        self.slots: dict[int, _Slot] = {}
+        self.slots: dict[int, Slot] = {}
         self.futures: dict[Any, tuple[int, int]] = {}  # future -> (batch index, part position)
         self.watch: ClusterWatch | None = None  # started at the first wait on a LocalCluster
         self.acked = plan.start
@@ -199,14 +160,14 @@ class Driver:
             gcpause.resume()  # the set-up is done: collection on again for the run
             next_submit = next_forward = self.plan.start
             for index, fut in (head.futures.items() if head else ()):  # decoding since before the plan
-                self.slots[index] = _Slot(tasks[index])
+                self.slots[index] = Slot(tasks[index])
                 self._track(fut, index, 0)
                 next_submit = max(next_submit, index + 1)
             released = False
             while self.acked < len(tasks):
                 signals.raise_pending()
                 while next_submit < len(tasks) and next_submit - self.acked < window:
-                    self.slots[next_submit] = _Slot(self.rows.place(tasks[next_submit]))
+                    self.slots[next_submit] = Slot(self.rows.place(tasks[next_submit]))
                     self._submit(next_submit, 0, len(tasks[next_submit].items))
                     next_submit += 1
                 kind, payload = self._next_event(conn)
@@ -368,34 +329,8 @@ class Driver:
             # below instead, and this future is let go.
             exc = RuntimeError(f"the task's worker died (status {fut.status!r})")
             fut.cancel()
-        lo_, hi_ = part.lo, part.hi
-        if fired_as == "finished" and part.lost < MAX_LOST:
-            # It ran to the end, so none of its files took the worker down: the worker died
-            # after it (of the next task in its queue, the file crash isolation is looking
-            # for) and the result went with it. Decoded again as it is, not split, not
-            # counted towards blaming a file. Without this, a file decoded just before the
-            # culprit on the same worker, twice, was rejected in its place (CI, and 1 run in
-            # 3 of test_worker_failures' crash test here).
-            part.lost += 1
+        for lo_, hi_ in after_failure(slot, pos, fired_as, exc):
             self._submit(index, lo_, hi_)
-            return
-        if hi_ - lo_ > 1:
-            # Isolate the file that takes its worker down: split the batch and retry both halves.
-            mid = (lo_ + hi_) // 2
-            slot.parts[pos:pos + 1] = [_Part(lo_, mid), _Part(mid, hi_)]
-            self._submit(index, lo_, mid)
-            self._submit(index, mid, hi_)
-            return
-        if not part.confirming:
-            # A single file failed: confirm once on its own before blaming it (its worker
-            # may have died of another task).
-            part.confirming = True
-            self._submit(index, lo_, hi_)
-            return
-        paths = slot.task.items[lo_][0]
-        reason = f"worker failed while decoding this file: {type(exc).__name__}: {exc}"
-        sub = slot.task.sub(lo_, hi_)
-        part.result = _empty_result(sub, [Reject(p, "worker", reason) for p in paths], len(sub.fields))
 
     def _restart_worker(self, address: str) -> None:
         """Reclaim a worker whose decode thread is stuck on a hung file (in the background;
