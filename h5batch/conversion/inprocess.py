@@ -62,6 +62,7 @@ from .spares import SpareDecoder, close_all
 INPROCESS_SECONDS = 3.0  # estimated one-thread decode time up to which auto decodes in-process
 PROBE_ITEMS = 8  # items timed by auto (a subset of the codec trial's, spread over the manifest)
 TIMINGS = 2  # decodes of each probe item; the fastest counts (probe_seconds says why)
+REPEAT_BELOW = 0.02  # seconds: a probe item whose decode took longer is not decoded again
 CLOSE_SECONDS = 5.0  # how long closing waits for the batch being decoded
 
 
@@ -103,8 +104,8 @@ def choose_kind(job: JobConfig, manifest: Manifest, items_left: int, resuming: b
 
 def probe_seconds(job: JobConfig, manifest: Manifest, timeout: float) -> float | None:
     """Median seconds to decode one item of ``manifest`` (every file of it), from
-    :data:`PROBE_ITEMS` items spread over it, each decoded :data:`TIMINGS` times and timed
-    by its fastest; None past ``timeout`` seconds in all (the probe thread is then
+    :data:`PROBE_ITEMS` items spread over it, each decoded up to :data:`TIMINGS` times and
+    timed by its fastest; None past ``timeout`` seconds in all (the probe thread is then
     abandoned, as the codec trial abandons a stuck file).
 
     Reason for the fastest: the probe runs just after the writer and the decoders are
@@ -113,7 +114,11 @@ def probe_seconds(job: JobConfig, manifest: Manifest, timeout: float) -> float |
     pages are not cached), while the estimate is of the decoding itself. Timed once, the
     same 16,384-pair job was estimated at 1.3-5.3 s from one ``h5batch convert`` to the next,
     so ``auto`` took a LocalCluster (~6 s) in 2 runs of 20 and ``inprocess`` (~2.2 s) in the
-    others; timed by the fastest of two, 0.7-1.8 s and ``inprocess`` in 18 of 18."""
+    others; timed by the fastest of two, 0.7-1.8 s and ``inprocess`` in 18 of 18. An item
+    that took :data:`REPEAT_BELOW` or more is not decoded again: next to a long decode the
+    one-off costs (milliseconds) are noise, and the probe is on the run's critical path (a
+    ten-minute 44.1 kHz recording resampled to 16 kHz decodes in ~0.19 s: 8 of them twice
+    would have cost 1.5 s more)."""
     n = len(manifest.items)
     if n == 0:
         return 0.0
@@ -133,7 +138,10 @@ def probe_seconds(job: JobConfig, manifest: Manifest, timeout: float) -> float |
                         decode_field(os.path.join(root, manifest.items[i].paths[k]), job.fields[name])
                     except DecodeError:
                         pass  # a bad file costs what it took; the job rejects it later
-                best = min(best, time.perf_counter() - t)
+                took = time.perf_counter() - t
+                best = min(best, took)
+                if took >= REPEAT_BELOW:
+                    break
             times.append(best)
         done.set()
 
