@@ -19,8 +19,9 @@ What ``auto`` picks (:func:`choose_kind`, one line in the log says which and why
   until the culprit stands alone and becomes a reject;
 * ``inprocess`` when the estimated decode time of the job on one thread is at most
   :data:`INPROCESS_SECONDS`: :data:`PROBE_ITEMS` items spread over the manifest (a subset of
-  the codec trial's, which runs after: the kind sizes the batches) are decoded and timed,
-  the median scaled to the whole job;
+  the codec trial's, which runs after: the kind sizes the batches) are decoded and timed
+  (a quick one by the faster of two decodes: :func:`probe_seconds`), the median scaled to
+  the whole job;
 * ``local`` otherwise (and when the probe itself runs past that budget).
 
 ``inprocess`` keeps the decode timeout (``policy.decode_timeout``: ``decode_batch`` abandons
