@@ -1,8 +1,10 @@
 """The one-call WAV read (``h5batch.fields.wav_direct``) against the ordinary decode.
 
 Rule under test: where ``read_into`` says it is done, the row holds exactly what
-``decode_audio(path, fc, out)`` puts there; everywhere else it declines, and the ordinary
-path (which then runs) gives the same sample or the same reject as without the fast path.
+``decode_audio(path, fc, out)`` puts there, and where ``load`` returns an array (a field
+without a length) it is exactly what ``decode_audio(path, fc)`` returns; everywhere else
+they decline, and the ordinary path (which then runs) gives the same sample or the same
+reject as without the fast path.
 Real files written here: plain ones (shorter and longer than the field, odd data sizes,
 other rates), and every header the fast path must not take.
 """
@@ -16,10 +18,11 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from h5batch.conversion.worker import direct_readers
+from h5batch.conversion.worker import direct_loaders, direct_readers
 from h5batch.errors import DecodeError
 from h5batch.fields.audio import AudioField, AudioKind, decode_audio
-from h5batch.fields.wav_direct import read_into, reader
+from h5batch.fields.blocks import STREAM_MIN_BYTES
+from h5batch.fields.wav_direct import load, loader, read_into, reader
 
 SR = 16000
 LENGTH = 1000
@@ -183,3 +186,142 @@ def test_no_descriptor_left_open(tmp_path):
         read_into(bad, out, LENGTH, SR)
         read_into(str(tmp_path), out, LENGTH, SR)
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+# -- load: fields without a length (every file its own number of samples) --------------
+
+
+def _var(**kw) -> AudioField:
+    return _field(length=None, **kw)
+
+
+def _ordinary_var(path: str, fc: AudioField):
+    try:
+        return decode_audio(path, fc)
+    except DecodeError as e:
+        return e.reason
+
+
+def _fast_var(path: str, fc: AudioField):
+    """``load``'s array where it takes the file, else what the ordinary path gives."""
+    a = loader(fc)(path)
+    if a is not None:
+        return a, True
+    return _ordinary_var(path, fc), False
+
+
+@pytest.mark.parametrize("frames", [1, 2, 999, 4000])
+def test_load_takes_plain_files_of_any_length_and_equals(tmp_path, frames):
+    x = _samples(frames, 100 + frames)
+    path = _wav(tmp_path / "v.wav", x.tobytes())
+    got, taken = _fast_var(path, _var())
+    want = _ordinary_var(path, _var())
+    assert taken and got.dtype == np.int16 and got.shape == (frames,)
+    assert np.array_equal(got, want) and np.array_equal(got, x)
+
+
+def test_load_soundfile_written_file_and_any_rate(tmp_path):
+    x = _samples(2345, 101)
+    sf.write(tmp_path / "s.wav", x, 22050, subtype="PCM_16")
+    path = str(tmp_path / "s.wav")
+    got, taken = _fast_var(path, _var(sample_rate=None))
+    assert taken and np.array_equal(got, x) and np.array_equal(got, _ordinary_var(path, _var(sample_rate=None)))
+    assert load(path, 22050) is not None and load(path, SR) is None  # another rate: the ordinary path decides
+
+
+def test_load_odd_data_size_and_trailing_chunk(tmp_path):
+    x = _samples(600, 102)
+    odd = _wav(tmp_path / "o.wav", x.tobytes() + b"\x01")
+    got, taken = _fast_var(odd, _var())
+    assert taken and np.array_equal(got, x) and np.array_equal(got, _ordinary_var(odd, _var()))
+    tail = _wav(tmp_path / "t.wav", x.tobytes(), after_data=b"LIST" + struct.pack("<I", 8) + b"\x55" * 8)
+    got, taken = _fast_var(tail, _var())
+    assert taken and np.array_equal(got, x) and np.array_equal(got, _ordinary_var(tail, _var()))
+
+
+@pytest.mark.parametrize("case", sorted(DECLINED))
+def test_load_declines_what_read_into_declines(tmp_path, case):
+    path = DECLINED[case](tmp_path / "x.wav")
+    got, taken = _fast_var(path, _var())
+    assert not taken
+    assert _same(got, _ordinary_var(path, _var()))
+
+
+def test_load_leaves_a_file_the_ordinary_path_streams_to_it(tmp_path):
+    """From STREAM_MIN_BYTES of samples on, decode_audio decodes block by block (bounded
+    memory): ``load`` declines such a file rather than read it whole."""
+    frames = STREAM_MIN_BYTES // 2
+    path = _wav(tmp_path / "big.wav", np.arange(frames, dtype=np.int64).astype(np.int16).tobytes())
+    assert load(path, SR) is None
+    small = _wav(tmp_path / "small.wav", np.ones(frames - 1, dtype=np.int16).tobytes())
+    assert load(small, SR) is not None
+
+
+@pytest.mark.parametrize("settings", [
+    {"dtype": "float32"}, {"length": LENGTH}, {"channels": "keep"}, {"store": "encoded"},
+    {"transform": "numpy:negative"}, {"features": "log_mel"},
+])
+def test_fields_that_store_anything_else_get_no_loader(settings):
+    fc = _field(**{"length": None, **settings})
+    assert loader(fc) is None and AudioKind().direct_loader(fc) is None
+
+
+def test_direct_loaders_per_field():
+    loaders = direct_loaders((("a", _var()), ("b", _field())))
+    assert loaders is not None and loaders[0] is not None and loaders[1] is None
+    assert direct_loaders((("b", _field()),)) is None
+
+
+def test_load_leaves_no_descriptor_open(tmp_path):
+    good = _wav(tmp_path / "g.wav", _samples(LENGTH, 103).tobytes())
+    bad = DECLINED["stereo"](tmp_path / "s.wav")
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(50):
+        assert load(good, SR) is not None
+        assert load(bad, SR) is None and load(str(tmp_path), SR) is None
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_conversion_of_files_of_every_length_stores_what_the_ordinary_decode_gives(tmp_path):
+    """End to end (``h5batch.convert``, decoding in the driver and a forked decoder): files
+    the loader takes, and files it leaves to the ordinary path (a stereo file, mixed to
+    mono; a soundfile-written one with a ``fact``-free but extensible header; a cut one,
+    rejected), stored as the ordinary decode gives them, in manifest order."""
+    import io
+
+    import h5py
+
+    from h5batch import ConvertOptions, convert
+    from h5batch.config import job_from_dict
+
+    root = tmp_path / "corpus"
+    (root / "train" / "yes").mkdir(parents=True)
+    (root / "train" / "no").mkdir()
+    paths = {}
+    for i in range(12):
+        rel = f"train/{('yes', 'no')[i % 2]}/{i:02d}.wav"
+        paths[rel] = _wav(root / rel, _samples(200 + 97 * i, 200 + i).tobytes())
+    paths["train/yes/20.wav"] = DECLINED["stereo"](root / "train" / "yes" / "20.wav")
+    sf.write(root / "train" / "no" / "21.wav", _samples(1234, 21), SR, subtype="PCM_16")
+    paths["train/no/21.wav"] = str(root / "train" / "no" / "21.wav")
+    cut = _wav(root / "train" / "no" / "22.wav", _samples(300, 22).tobytes(), data_len=4000)
+    job = job_from_dict({
+        "name": "var", "source": {"root": str(root), "layout": "class_folders"},
+        "fields": {"audio": {"type": "audio", "extensions": [".wav"], "sample_rate": SR, "dtype": "int16"}},
+        "output": {"path": str(tmp_path / "out.h5"), "codec": "none", "overwrite": True},
+        "cluster": {"kind": "inprocess", "batch_size": 4, "dashboard": False},
+        "policy": {"max_reject_fraction": 0.5},
+    }, file="<test>")
+    summary = convert(job, ConvertOptions(overwrite=True, progress=False, log=io.StringIO()))
+    fc = job.fields["audio"]
+    with h5py.File(summary.path, "r") as f:
+        rejected = dict(zip(f["rejects"]["path"].asstr()[:], f["rejects"]["reason"].asstr()[:]))
+        assert list(rejected) == ["train/no/22.wav"]
+        assert rejected["train/no/22.wav"] == _ordinary_var(cut, fc)
+        g = f["train"]
+        offs, values = g["audio"]["offsets"][:], g["audio"]["values"][:]
+        stored = {src: values[offs[row]: offs[row + 1]] for row, src in enumerate(g["source"].asstr()[:])}
+    assert sorted(stored) == sorted(paths)
+    for rel, path in paths.items():
+        want = decode_audio(path, fc)
+        assert stored[rel].dtype == want.dtype and np.array_equal(stored[rel], want), rel

@@ -92,12 +92,16 @@ class _Watched:
 class _ItemPlan:
     """What decoding an item of a batch needs per field, worked out once per batch (it
     was per file: ~10 µs of lookups each): whether the field reads files, its direct
-    reader where the batch decodes into rows (:func:`direct_readers`), whether faults are
-    injected, and the corpus root as a prefix."""
+    reader where the batch decodes into rows (:func:`direct_readers`), its direct loader
+    where it does not (:func:`direct_loaders`; not for the field a :class:`_StreamRows`
+    decodes into its segment), whether faults are injected, and the corpus root as a prefix."""
 
     def __init__(self, task: BatchTask, direct: _DirectRows | _StreamRows | None = None):
         self.files = [reads_files(fc) for _, fc in task.fields]
         self.fast = direct.fast if isinstance(direct, _DirectRows) else None
+        self.load = direct_loaders(task.fields) if not isinstance(direct, _DirectRows) else None
+        if self.load is not None and isinstance(direct, _StreamRows):
+            self.load[direct.k] = None
         self.inject = bool(faults.active())
         self.root = task.root
         self.prefix = task.root if task.root.endswith("/") else task.root + "/"
@@ -138,6 +142,11 @@ def _decode_item(task: BatchTask, item: tuple, rows: list[np.ndarray] | None = N
         if fast is not None and fast[k] is not None and fast[k](path, rows[k]):  # type: ignore[index]
             out.append(rows[k])  # type: ignore[index]
             continue
+        if rows is None and plan.load is not None and plan.load[k] is not None:
+            a = plan.load[k](path)
+            if a is not None:
+                out.append(a)
+                continue
         try:
             with decoder_warnings.watch(rel):  # its warnings go to the log, not the console
                 if stream is not None and k == stream.k:
@@ -159,6 +168,17 @@ def direct_readers(fields: tuple) -> list | None:
     out = []
     for _, fc in fields:
         hook = getattr(kind_of(fc), "direct_reader", None) if reads_files(fc) else None
+        out.append(hook(fc) if hook is not None else None)
+    return out if any(r is not None for r in out) else None
+
+
+def direct_loaders(fields: tuple) -> list | None:
+    """Per field of ``fields`` the kind's ``direct_loader`` (a read of the whole file into
+    a new array in one call, for a field whose samples vary in size, e.g.
+    :func:`h5batch.fields.wav_direct.load`), or None; None when no field has one."""
+    out = []
+    for _, fc in fields:
+        hook = getattr(kind_of(fc), "direct_loader", None) if reads_files(fc) else None
         out.append(hook(fc) if hook is not None else None)
     return out if any(r is not None for r in out) else None
 

@@ -384,6 +384,11 @@ class AudioKind(FieldKind):
         where the field stores anything else (:mod:`.wav_direct`)."""
         return wav_direct.reader(fc)
 
+    def direct_loader(self, fc: AudioField):
+        """The one-call read of a plain mono 16-bit WAV into a new array for a field of any
+        length, or None where the field stores anything else (:mod:`.wav_direct`)."""
+        return wav_direct.loader(fc)
+
     def transcode(self, path: str, fc: AudioField) -> bytes:
         from .transcode import encode_audio
 

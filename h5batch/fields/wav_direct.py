@@ -1,26 +1,35 @@
-"""The fast path of a fixed-length audio field: a plain mono 16-bit WAV read into its row in
-one system call.
+"""The fast path of a mono 16-bit audio field: a plain mono 16-bit WAV read in one system
+call, into its row (a fixed-length field) or into a new array (a variable-length one).
 
-Rule: where a field stores exactly a file's samples (``dtype: int16``, a ``length``, no
-``channels: keep``, nothing run after decoding: no ``transform``, ``features`` or
-``store: encoded``), :func:`read_into` opens the file with ``os.open`` and reads its first
-44 bytes *and* the samples with one ``preadv``, straight into the row (in shared memory, on
-the conversion's path). It only says it is done when those 44 bytes are the canonical
-header of such a file: ``RIFF``/``WAVE``, a 16-byte ``fmt`` chunk of tag 1 (PCM), one
-channel, 16 bits, block align 2, the job's sample rate (any, where the field names none),
-then the ``data`` chunk at byte 36, whose declared bytes the file holds. Anything else
-(another codec, stereo, an extensible or longer ``fmt`` chunk, a chunk before ``data``, a
-truncated, empty, missing or unreadable file, an FFmpeg extension) returns False and the
-caller decodes the file the ordinary way (:func:`h5batch.fields.audio.decode_audio`), which
-writes the whole row again or rejects the file with its reason.
+Rule: where a field stores exactly a file's samples (``dtype: int16``, no ``channels:
+keep``, nothing run after decoding: no ``transform``, ``features`` or ``store: encoded``),
+a file is read without a decoder library:
+
+* with a ``length``, :func:`read_into` opens the file with ``os.open`` and reads its first
+  44 bytes *and* the samples with one ``preadv``, straight into the row (in shared memory,
+  on the conversion's path), cropped or zero-padded;
+* without one, :func:`load` takes the file's size (``fstat``) and reads the 44 bytes and
+  everything after them with one ``preadv`` into a new array, whose first ``data`` bytes
+  are the sample (a file below :data:`~.blocks.STREAM_MIN_BYTES` decoded: a bigger one is
+  streamed by the ordinary path, block by block, to bound its memory).
+
+Either only says it is done when those 44 bytes are the canonical header of such a file:
+``RIFF``/``WAVE``, a 16-byte ``fmt`` chunk of tag 1 (PCM), one channel, 16 bits, block align
+2, the job's sample rate (any, where the field names none), then the ``data`` chunk at byte
+36, whose declared bytes the file holds. Anything else (another codec, stereo, an
+extensible or longer ``fmt`` chunk, a chunk before ``data``, a truncated, empty, missing or
+unreadable file, an FFmpeg extension) declines (False, None) and the caller decodes the
+file the ordinary way (:func:`h5batch.fields.audio.decode_audio`), which writes the whole
+sample again or rejects the file with its reason.
 
 Reason: for such a file this is what the ordinary path does (:func:`~.audio.pcm16_layout`,
 then one ``readinto``), without the Python around it: a file object, a separate header
 read, the RIFF chunk walk, and the decoder-warning watch (no decoder library runs here, so
 nothing can warn). On the bench's 8,192 two-second files the whole decode per file fell
-from ~55 to ~25 µs of CPU, most of what is left being the kernel's copy of the bytes.
-``tests/test_wav_direct.py`` holds the two paths equal, byte for byte, on good files and on
-every kind of file that must fall back.
+from ~55 to ~25 µs of CPU, most of what is left being the kernel's copy of the bytes; on
+FSDD's 3,000 short files (8 kHz, ~0.4 s) from ~23 to ~9 µs. ``tests/test_wav_direct.py``
+holds the two paths equal, byte for byte, on good files and on every kind of file that
+must fall back.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from .blocks import STREAM_MIN_BYTES
 from .ffmpeg import wants_ffmpeg
 
 HEADER = 44  # bytes of the canonical header: RIFF (12) + fmt chunk (8 + 16) + data chunk header (8)
@@ -39,12 +49,17 @@ _HEADER = struct.Struct("<4sI4s4sIHHIIHH4sI")
 _NO_SIZE = 0xFFFFFFFF  # a streaming writer's "size unknown"
 
 
+def _plain_int16(fc: Any) -> bool:
+    """Whether field ``fc`` stores a mono 16-bit file's samples as they are (see the module)."""
+    return (getattr(fc, "dtype", None) == "int16" and getattr(fc, "channels", "keep") != "keep"
+            and getattr(fc, "store", "decoded") == "decoded" and getattr(fc, "transform", None) is None
+            and getattr(fc, "features", None) is None)
+
+
 def reader(fc: Any) -> Callable[[str, np.ndarray], bool] | None:
     """:func:`read_into` bound to field ``fc`` when its stored sample is a mono 16-bit
     file's samples, cropped or zero-padded (see the module); None otherwise."""
-    if (getattr(fc, "dtype", None) != "int16" or getattr(fc, "length", None) is None
-            or getattr(fc, "channels", "keep") == "keep" or getattr(fc, "store", "decoded") != "decoded"
-            or getattr(fc, "transform", None) is not None or getattr(fc, "features", None) is not None):
+    if not _plain_int16(fc) or getattr(fc, "length", None) is None:
         return None
     rate, length = fc.sample_rate, int(fc.length)
 
@@ -86,3 +101,51 @@ def read_into(path: str, out: np.ndarray, length: int, rate: int | None) -> bool
     if n < length:
         out[n:] = 0  # the field's rule: keep the start, zero-pad the end
     return True
+
+
+def loader(fc: Any) -> Callable[[str], np.ndarray | None] | None:
+    """:func:`load` bound to field ``fc`` when its stored sample is a mono 16-bit file's
+    samples, whatever their number (no ``length``; see the module); None otherwise."""
+    if not _plain_int16(fc) or getattr(fc, "length", None) is not None:
+        return None
+    rate = fc.sample_rate
+
+    def read(path: str) -> np.ndarray | None:
+        return load(path, rate)
+
+    return read
+
+
+def load(path: str, rate: int | None) -> np.ndarray | None:
+    """The samples of the plain mono 16-bit WAV at ``path`` as a new ``(frames,)`` int16
+    array (a view of the first ``frames`` of the one read), or None when the file is not
+    such a file at ``rate`` Hz (``None``: any rate), or is one the ordinary path streams:
+    the caller decodes it the ordinary way."""
+    if wants_ffmpeg(path):
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        if not HEADER + 2 <= size < HEADER + STREAM_MIN_BYTES:
+            return None
+        head = bytearray(HEADER)
+        out = np.empty((size - HEADER) // 2, dtype=np.int16)
+        got = os.preadv(fd, [head, out], 0)
+    except OSError:  # a directory, EIO: the ordinary path names the cause
+        return None
+    finally:
+        os.close(fd)
+    if got < HEADER:
+        return None
+    riff, _, wave, fmt, fmt_len, tag, channels, sr, _, align, bits, data, data_len = _HEADER.unpack(head)
+    if (riff != b"RIFF" or wave != b"WAVE" or fmt != b"fmt " or fmt_len != 16 or tag != 1 or channels != 1
+            or bits != 16 or align != 2 or (rate is not None and sr != rate) or sr < 1 or data != b"data"
+            or data_len < 2 or data_len == _NO_SIZE or HEADER + data_len > size):
+        return None
+    n = data_len // 2
+    if got < HEADER + 2 * n:  # the file shrank since its size was read
+        return None
+    return out[:n] if n < len(out) else out
