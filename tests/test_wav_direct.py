@@ -325,3 +325,20 @@ def test_a_conversion_of_files_of_every_length_stores_what_the_ordinary_decode_g
     for rel, path in paths.items():
         want = decode_audio(path, fc)
         assert stored[rel].dtype == want.dtype and np.array_equal(stored[rel], want), rel
+
+
+def test_file_decoders_take_the_batches_paths_and_fall_back(tmp_path):
+    """``worker.file_decoders`` (what the kind probe times): per field the direct reader
+    into a scratch row, the direct loader, or the ordinary decode; a file the fast path
+    declines goes to the ordinary decode, which decodes it or raises its reject."""
+    from h5batch.conversion.worker import file_decoders
+
+    fields = (("fixed", _field()), ("var", _var()), ("float", _var(dtype="float32")))
+    decoders = file_decoders(fields)
+    good = _wav(tmp_path / "g.wav", _samples(LENGTH, 104).tobytes())
+    stereo = DECLINED["stereo"](tmp_path / "s.wav")
+    garbage = DECLINED["not_audio"](tmp_path / "n.wav")
+    for decode in decoders:
+        assert decode(good) is not None and decode(stereo) is not None
+        with pytest.raises(DecodeError):
+            decode(garbage)

@@ -19,9 +19,9 @@ What ``auto`` picks (:func:`choose_kind`, one line in the log says which and why
   until the culprit stands alone and becomes a reject;
 * ``inprocess`` when the estimated decode time of the job on one thread is at most
   :data:`INPROCESS_SECONDS`: :data:`PROBE_ITEMS` items spread over the manifest (a subset of
-  the codec trial's, which runs after: the kind sizes the batches) are decoded and timed
-  (a quick one by the faster of two decodes: :func:`probe_seconds`), the median scaled to
-  the whole job;
+  the codec trial's, which runs after: the kind sizes the batches) are decoded as the batches
+  decode them (:func:`~.worker.file_decoders`) and timed (a quick one by the faster of
+  two decodes: :func:`probe_seconds`), the median scaled to the whole job;
 * ``local`` otherwise (and when the probe itself runs past that budget).
 
 ``inprocess`` keeps the decode timeout (``policy.decode_timeout``: ``decode_batch`` abandons
@@ -54,11 +54,12 @@ from typing import Any
 from .. import faults
 from ..config import ClusterConfig, JobConfig
 from ..errors import DecodeError, PreflightError
-from ..fields import decode_field, file_fields
+from ..fields import file_fields
 from ..manifest import Manifest
 from .cluster import Connection
 from .decoder_warnings import silenced
 from .spares import SpareDecoder, close_all
+from .worker import file_decoders
 
 INPROCESS_SECONDS = 3.0  # estimated one-thread decode time up to which auto decodes in-process
 PROBE_ITEMS = 8  # items timed by auto (a subset of the codec trial's, spread over the manifest)
@@ -126,6 +127,8 @@ def probe_seconds(job: JobConfig, manifest: Manifest, timeout: float) -> float |
     picks = sorted({i * n // PROBE_ITEMS for i in range(PROBE_ITEMS)})
     root = os.path.abspath(manifest.root)
     names = file_fields(job.fields)
+    # As the batches decode: a plain 16-bit WAV through the direct paths (worker.file_decoders).
+    decoders = file_decoders(tuple((name, job.fields[name]) for name in names))
     times: list[float] = []
     done = threading.Event()
 
@@ -134,9 +137,9 @@ def probe_seconds(job: JobConfig, manifest: Manifest, timeout: float) -> float |
             best = math.inf
             for _ in range(TIMINGS):
                 t = time.perf_counter()
-                for k, name in enumerate(names):
+                for k, decode in enumerate(decoders):
                     try:
-                        decode_field(os.path.join(root, manifest.items[i].paths[k]), job.fields[name])
+                        decode(os.path.join(root, manifest.items[i].paths[k]))
                     except DecodeError:
                         pass  # a bad file costs what it took; the job rejects it later
                 took = time.perf_counter() - t

@@ -183,6 +183,27 @@ def direct_loaders(fields: tuple) -> list | None:
     return out if any(r is not None for r in out) else None
 
 
+def file_decoders(fields: tuple) -> list:
+    """Per field of ``fields`` (fields of files), a call ``decode(path)`` that decodes one
+    file the way this job's batches do: the field's direct reader into a scratch row, its
+    direct loader, the ordinary decode where they decline or there are none; the sample is
+    dropped. For timing (:func:`h5batch.conversion.inprocess.probe_seconds`): the ordinary
+    decode of a plain 16-bit WAV costs ~2.5x what a batch spends on it."""
+    readers = direct_readers(fields) or [None] * len(fields)
+    loaders = direct_loaders(fields) or [None] * len(fields)
+    out = []
+    for (_, fc), read, load in zip(fields, readers, loaders):
+        if read is not None:
+            shape, dtype = fixed_sample_shape(fc)
+            row = np.empty(shape, dtype)
+            out.append(lambda p, fc=fc, read=read, row=row: read(p, row) or decode_field(p, fc))
+        elif load is not None:
+            out.append(lambda p, fc=fc, load=load: load(p) is not None or decode_field(p, fc))
+        else:
+            out.append(lambda p, fc=fc: decode_field(p, fc))
+    return out
+
+
 class _DirectRows:
     """A batch decoded straight into shared memory: when every field has a fixed shape,
     item ``i``'s sample of field ``f`` gets row ``i`` of block ``f`` in a segment before
