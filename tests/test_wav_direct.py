@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from h5batch.conversion.worker import direct_loaders, direct_readers
+from h5batch.conversion.direct import direct_loaders, direct_readers
 from h5batch.errors import DecodeError
 from h5batch.fields.audio import AudioField, AudioKind, decode_audio
 from h5batch.fields.blocks import STREAM_MIN_BYTES
@@ -328,10 +328,10 @@ def test_a_conversion_of_files_of_every_length_stores_what_the_ordinary_decode_g
 
 
 def test_file_decoders_take_the_batches_paths_and_fall_back(tmp_path):
-    """``worker.file_decoders`` (what the kind probe times): per field the direct reader
+    """``direct.file_decoders`` (what the kind probe times): per field the direct reader
     into a scratch row, the direct loader, or the ordinary decode; a file the fast path
     declines goes to the ordinary decode, which decodes it or raises its reject."""
-    from h5batch.conversion.worker import file_decoders
+    from h5batch.conversion.direct import file_decoders
 
     fields = (("fixed", _field()), ("var", _var()), ("float", _var(dtype="float32")))
     decoders = file_decoders(fields)

@@ -14,6 +14,7 @@ cluster                :mod:`.cluster`: a LocalCluster, a scheduler, or dask-job
 preflight              :mod:`.preflight`: every worker can read the corpus and the segments
 drive                  :mod:`.driver`: submit, isolate crashes, forward in manifest order
 worker decode          :mod:`.worker` (runs on Dask workers; decoders in :mod:`h5batch.fields`)
+                       :mod:`.direct`: the fields a batch reads without a decoder library
 transport              :mod:`h5batch.transport`: shared memory, descriptors through a pipe
 writer                 :mod:`h5batch.writer`: one process appends, commits, finalizes
 =====================  ==================================================================

@@ -20,7 +20,7 @@ What ``auto`` picks (:func:`choose_kind`, one line in the log says which and why
 * ``inprocess`` when the estimated decode time of the job on one thread is at most
   :data:`INPROCESS_SECONDS`: :data:`PROBE_ITEMS` items spread over the manifest (a subset of
   the codec trial's, which runs after: the kind sizes the batches) are decoded as the batches
-  decode them (:func:`~.worker.file_decoders`) and timed (a quick one by the faster of
+  decode them (:func:`~.direct.file_decoders`) and timed (a quick one by the faster of
   two decodes: :func:`probe_seconds`), the median scaled to the whole job;
 * ``local`` otherwise (and when the probe itself runs past that budget).
 
@@ -58,8 +58,8 @@ from ..fields import file_fields
 from ..manifest import Manifest
 from .cluster import Connection
 from .decoder_warnings import silenced
+from .direct import file_decoders
 from .spares import SpareDecoder, close_all
-from .worker import file_decoders
 
 INPROCESS_SECONDS = 3.0  # estimated one-thread decode time up to which auto decodes in-process
 PROBE_ITEMS = 8  # items timed by auto (a subset of the codec trial's, spread over the manifest)
@@ -127,7 +127,7 @@ def probe_seconds(job: JobConfig, manifest: Manifest, timeout: float) -> float |
     picks = sorted({i * n // PROBE_ITEMS for i in range(PROBE_ITEMS)})
     root = os.path.abspath(manifest.root)
     names = file_fields(job.fields)
-    # As the batches decode: a plain 16-bit WAV through the direct paths (worker.file_decoders).
+    # As the batches decode: a plain 16-bit WAV through the direct paths (direct.file_decoders).
     decoders = file_decoders(tuple((name, job.fields[name]) for name in names))
     times: list[float] = []
     done = threading.Event()

@@ -1,0 +1,62 @@
+"""The direct paths of decoding: which fields a batch reads without a decoder library.
+
+A field kind may offer a ``direct_reader`` (a whole file read into a row of shared memory
+in one call: a fixed-length field) and a ``direct_loader`` (a whole file read into a new
+array in one call: a field whose samples vary in size); :mod:`h5batch.fields.wav_direct`
+gives both for a plain mono 16-bit WAV. Each declines a file it cannot take exactly, and
+the ordinary decode (:func:`h5batch.fields.decode_field`) runs instead. The worker asks
+for them once per batch (:class:`~.worker._ItemPlan`); :func:`file_decoders` wraps them
+for the kind probe (:func:`~.inprocess.probe_seconds`), which must time what the batches
+will do.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..fields import decode_field, fixed_sample_shape, kind_of, reads_files
+
+__all__ = ["direct_readers", "direct_loaders", "file_decoders"]
+
+
+def direct_readers(fields: tuple) -> list | None:
+    """Per field of ``fields`` (``(name, config)`` pairs) the kind's ``direct_reader``
+    (a read of the whole file into a row in one call, e.g. :mod:`h5batch.fields.wav_direct`),
+    or None; None when no field has one."""
+    out = []
+    for _, fc in fields:
+        hook = getattr(kind_of(fc), "direct_reader", None) if reads_files(fc) else None
+        out.append(hook(fc) if hook is not None else None)
+    return out if any(r is not None for r in out) else None
+
+
+def direct_loaders(fields: tuple) -> list | None:
+    """Per field of ``fields`` the kind's ``direct_loader`` (a read of the whole file into
+    a new array in one call, for a field whose samples vary in size, e.g.
+    :func:`h5batch.fields.wav_direct.load`), or None; None when no field has one."""
+    out = []
+    for _, fc in fields:
+        hook = getattr(kind_of(fc), "direct_loader", None) if reads_files(fc) else None
+        out.append(hook(fc) if hook is not None else None)
+    return out if any(r is not None for r in out) else None
+
+
+def file_decoders(fields: tuple) -> list:
+    """Per field of ``fields`` (fields of files), a call ``decode(path)`` that decodes one
+    file the way this job's batches do: the field's direct reader into a scratch row, its
+    direct loader, the ordinary decode where they decline or there are none; the sample is
+    dropped. For timing (:func:`h5batch.conversion.inprocess.probe_seconds`): the ordinary
+    decode of a plain 16-bit WAV costs ~2.5x what a batch spends on it."""
+    readers = direct_readers(fields) or [None] * len(fields)
+    loaders = direct_loaders(fields) or [None] * len(fields)
+    out = []
+    for (_, fc), read, load in zip(fields, readers, loaders):
+        if read is not None:
+            shape, dtype = fixed_sample_shape(fc)
+            row = np.empty(shape, dtype)
+            out.append(lambda p, fc=fc, read=read, row=row: read(p, row) or decode_field(p, fc))
+        elif load is not None:
+            out.append(lambda p, fc=fc, load=load: load(p) is not None or decode_field(p, fc))
+        else:
+            out.append(lambda p, fc=fc: decode_field(p, fc))
+    return out
