@@ -56,6 +56,20 @@ def _plain_int16(fc: Any) -> bool:
             and getattr(fc, "features", None) is None)
 
 
+def _data_bytes(head: bytearray, got: int, size: int, rate: int | None) -> int | None:
+    """The ``data`` chunk's declared bytes when ``head`` (``got`` bytes read of a file of
+    ``size``) is the canonical header of a plain mono 16-bit WAV at ``rate`` (any: None)
+    whose data the file holds (see the module); None otherwise."""
+    if got < HEADER:
+        return None
+    riff, _, wave, fmt, fmt_len, tag, channels, sr, _, align, bits, data, data_len = _HEADER.unpack(head)
+    if (riff != b"RIFF" or wave != b"WAVE" or fmt != b"fmt " or fmt_len != 16 or tag != 1 or channels != 1
+            or bits != 16 or align != 2 or (rate is not None and sr != rate) or sr < 1 or data != b"data"
+            or data_len < 2 or data_len == _NO_SIZE or HEADER + data_len > size):
+        return None
+    return data_len
+
+
 def reader(fc: Any) -> Callable[[str, np.ndarray], bool] | None:
     """:func:`read_into` bound to field ``fc`` when its stored sample is a mono 16-bit
     file's samples, cropped or zero-padded (see the module); None otherwise."""
@@ -88,12 +102,8 @@ def read_into(path: str, out: np.ndarray, length: int, rate: int | None) -> bool
         return False
     finally:
         os.close(fd)
-    if got < HEADER:
-        return False
-    riff, _, wave, fmt, fmt_len, tag, channels, sr, _, align, bits, data, data_len = _HEADER.unpack(head)
-    if (riff != b"RIFF" or wave != b"WAVE" or fmt != b"fmt " or fmt_len != 16 or tag != 1 or channels != 1
-            or bits != 16 or align != 2 or (rate is not None and sr != rate) or sr < 1 or data != b"data"
-            or data_len < 2 or data_len == _NO_SIZE or HEADER + data_len > size):
+    data_len = _data_bytes(head, got, size, rate)
+    if data_len is None:
         return False
     n = min(data_len // 2, length)
     if got < HEADER + 2 * n:  # the file shrank since its size was read
@@ -138,12 +148,8 @@ def load(path: str, rate: int | None) -> np.ndarray | None:
         return None
     finally:
         os.close(fd)
-    if got < HEADER:
-        return None
-    riff, _, wave, fmt, fmt_len, tag, channels, sr, _, align, bits, data, data_len = _HEADER.unpack(head)
-    if (riff != b"RIFF" or wave != b"WAVE" or fmt != b"fmt " or fmt_len != 16 or tag != 1 or channels != 1
-            or bits != 16 or align != 2 or (rate is not None and sr != rate) or sr < 1 or data != b"data"
-            or data_len < 2 or data_len == _NO_SIZE or HEADER + data_len > size):
+    data_len = _data_bytes(head, got, size, rate)
+    if data_len is None:
         return None
     n = data_len // 2
     if got < HEADER + 2 * n:  # the file shrank since its size was read
