@@ -63,7 +63,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -355,6 +355,7 @@ class AutoSettings:
     codecs: dict[str, CodecChoice]
     batch_size: int
     item_bytes: int  # estimated decoded bytes of one item (all fields)
+    field_bytes: dict[str, int] = field(default_factory=dict)  # the same per field (0: not estimated)
 
     def describe(self, job: JobConfig) -> list[str]:
         lines = []
@@ -384,7 +385,8 @@ def resolve(job: JobConfig, manifest: Manifest, measurer: Measurer | None = None
     with silenced():  # the workers decode these files again and log their warnings
         trial = Trial.run(job, manifest, need)
 
-    item_bytes = _item_bytes(job, fixed, trial.arrays)
+    field_bytes = _field_bytes(job, fixed, trial.arrays)
+    item_bytes = max(1, sum(field_bytes.values()))
 
     if o.codec != "auto":
         codecs = {name: CodecChoice(name, CodecSpec(o.codec, o.level, o.shuffle)) for name in job.fields}
@@ -400,7 +402,7 @@ def resolve(job: JobConfig, manifest: Manifest, measurer: Measurer | None = None
             codecs[name] = CodecChoice(name, CodecSpec(chosen, o.level if chosen != "none" else None, o.shuffle),
                                        round(ratio, 3), len(trial.arrays.get(name) or []), *speeds, o.prefer)
 
-    return AutoSettings(codecs, _batch_size(job, manifest, kind, item_bytes, fixed), item_bytes)
+    return AutoSettings(codecs, _batch_size(job, manifest, kind, item_bytes, fixed), item_bytes, field_bytes)
 
 
 def batch_size_without_trial(job: JobConfig, manifest: Manifest, kind: str | None = None) -> int | None:
@@ -410,19 +412,20 @@ def batch_size_without_trial(job: JobConfig, manifest: Manifest, kind: str | Non
     fixed = {name: fixed_sample_shape(fc) for name, fc in job.fields.items()}
     if job.cluster.batch_size == "auto" and any(f is None for f in fixed.values()):
         return None
-    return _batch_size(job, manifest, kind, _item_bytes(job, fixed, {}), fixed)
+    return _batch_size(job, manifest, kind, max(1, sum(_field_bytes(job, fixed, {}).values())), fixed)
 
 
-def _item_bytes(job: JobConfig, fixed: dict, trial: dict[str, list[np.ndarray]]) -> int:
-    """Decoded bytes of one item: the fixed shapes', the trial's mean for the others."""
-    item_bytes = 0
+def _field_bytes(job: JobConfig, fixed: dict, trial: dict[str, list[np.ndarray]]) -> dict[str, int]:
+    """Decoded bytes of one item, per field: the fixed shapes', the trial's mean for the
+    others (0 for a variable-length field the trial did not decode)."""
+    out = {}
     for name in job.fields:
         f = fixed[name]
         if f is not None:
-            item_bytes += int(np.prod(f[0], dtype=np.int64)) * f[1].itemsize
-        elif trial.get(name):
-            item_bytes += int(np.mean([a.nbytes for a in trial[name]]))
-    return max(1, item_bytes)
+            out[name] = int(np.prod(f[0], dtype=np.int64)) * f[1].itemsize
+        else:
+            out[name] = int(np.mean([a.nbytes for a in trial[name]])) if trial.get(name) else 0
+    return out
 
 
 def _batch_size(job: JobConfig, manifest: Manifest, kind: str | None, item_bytes: int, fixed: dict) -> int:

@@ -27,7 +27,7 @@ from ..writer.commit import CommitRecord
 from ..writer.messages import WriterSpec
 from ..writer.process import current_umask
 from ..writer.versions import versions  # noqa: F401 - h5batch.bench reads them here
-from .auto import Measurer, resolve
+from .auto import AutoSettings, Measurer, resolve
 from .cluster import default_workers
 
 
@@ -92,7 +92,27 @@ def make_plan(job: JobConfig, manifest: Manifest, record: CommitRecord | None, f
     elif tasks.batch_size != batch_size:  # head_start's rule lets through only what needs no trial
         raise AssertionError(f"head start cut batches of {tasks.batch_size} items, the plan chose {batch_size}")
     written = {split: p.samples for split, p in record.splits.items()} if record else {}
+    if new_file:  # (a sync's few new samples are not worth it: writer/reserve.py)
+        spec.reserve_bytes = stored_bytes(auto, len(manifest.items) - tasks.first_item(record.next_batch if record else 0))
     return Plan(tasks, spec, record.next_batch if record else 0, written, batch_size * auto.item_bytes, num_inputs)
+
+
+def stored_bytes(auto: AutoSettings, items: int) -> int:
+    """The bytes ``items`` items are expected to take in the output's datasets, which the
+    writer reserves on disk before writing them (``writer/reserve.py``): a field's decoded
+    bytes where it is stored uncompressed, divided by the trial's ratio where ``auto``
+    compresses it; a field with neither figure (a codec the job names, a length the trial
+    did not measure) counts 0. Rejects make it an over-estimate, which the writer trims."""
+    total = 0.0
+    for name, nbytes in auto.field_bytes.items():
+        c = auto.codecs.get(name)
+        if c is None:
+            continue
+        if c.codec.name == "none":
+            total += nbytes
+        elif c.ratio:
+            total += nbytes / c.ratio
+    return int(total * items)
 
 
 class TaskList(Sequence):

@@ -59,6 +59,7 @@ class WriterSpec:
     umask: int | None = None
     inventory: str = ""  # the driver's inventory sidecar (h5batch.inventory), stored at finalize
     sync: SyncSpec | None = None  # set for `h5batch sync`: the finished output is extended
+    reserve_bytes: int = 0  # the samples' expected bytes, reserved on disk ahead of the writes (reserve.py)
 
 
 @dataclass

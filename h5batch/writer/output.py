@@ -32,6 +32,7 @@ from .commit import (
     save_tails,
 )
 from .messages import FinalSummary, WriterSpec
+from .reserve import reserve, trim
 from .store import STATS, STR, FieldStore, SplitStore
 from .versions import versions
 
@@ -48,6 +49,7 @@ class OutputWriter:
         self.next_batch = 0
         self.bytes_written = 0
         tails = self._open(cache)
+        reserve(spec.partial_path, spec.reserve_bytes)  # reserve.py: trimmed again in close()
         self.splits: dict[str, SplitStore] = {}
         for s in spec.splits:
             if s in self.f:
@@ -244,3 +246,4 @@ class OutputWriter:
         self.pool.shutdown(wait=True)
         if self.f.id.valid:
             self.f.close()
+            trim(self.spec.partial_path)
