@@ -381,3 +381,16 @@ def test_a_driver_with_threads_starts_its_decoders_from_the_fork_server(demo_roo
     assert_same_h5(outs[1][0], outs[2][0])
     assert not [p for p in mp.active_children() if p.name == "h5batch-decoder"]
     assert not run.own_stale_segments()
+
+
+def test_the_probe_spreads_its_items_coarse_to_fine():
+    """The first :data:`PROBE_ITEMS` picks are the evenly spaced ones; the ones the probe
+    adds while it is quick lie between them; no item twice, none past the corpus."""
+    n = 100_000
+    picks = inprocess.spread(n, inprocess.PROBE_MORE)
+    first = inprocess.PROBE_ITEMS
+    assert picks[:first] == [i * n // first for i in range(first)]
+    assert picks[first:2 * first] == [(2 * i + 1) * n // (2 * first) for i in range(first)]
+    assert len(picks) == inprocess.PROBE_MORE == len(set(picks)) and all(0 <= p < n for p in picks)
+    assert sorted(inprocess.spread(5, 64)) == [0, 1, 2, 3, 4]
+    assert inprocess.spread(0, 64) == []

@@ -19,9 +19,10 @@ What ``auto`` picks (:func:`choose_kind`, one line in the log says which and why
   until the culprit stands alone and becomes a reject;
 * ``inprocess`` when the estimated decode time of the job on one thread is at most
   :data:`INPROCESS_SECONDS`: :data:`PROBE_ITEMS` items spread over the manifest (a subset of
-  the codec trial's, which runs after: the kind sizes the batches) are decoded as the batches
-  decode them (:func:`~.direct.file_decoders`) and timed (a quick one by the faster of
-  two decodes: :func:`probe_seconds`), the median scaled to the whole job;
+  the codec trial's, which runs after: the kind sizes the batches), and more between them
+  while the probe is quick (:data:`PROBE_MORE`, :data:`PROBE_BUDGET`), are decoded as the
+  batches decode them (:func:`~.direct.file_decoders`) and timed (a quick one by the faster
+  of two decodes: :func:`probe_seconds`), the median scaled to the whole job;
 * ``local`` otherwise (and when the probe itself runs past that budget).
 
 ``inprocess`` keeps the decode timeout (``policy.decode_timeout``: ``decode_batch`` abandons
@@ -62,7 +63,9 @@ from .direct import file_decoders
 from .spares import SpareDecoder, close_all
 
 INPROCESS_SECONDS = 3.0  # estimated one-thread decode time up to which auto decodes in-process
-PROBE_ITEMS = 8  # items timed by auto (a subset of the codec trial's, spread over the manifest)
+PROBE_ITEMS = 8  # items timed by auto at least (a subset of the codec trial's, spread over the manifest)
+PROBE_MORE = 64  # items timed at most: more, spread between those, while within PROBE_BUDGET
+PROBE_BUDGET = 0.005  # seconds of probing after which no item is added past PROBE_ITEMS
 TIMINGS = 2  # decodes of each probe item; the fastest counts (probe_seconds says why)
 REPEAT_BELOW = 0.02  # seconds: a probe item whose decode took longer is not decoded again
 CLOSE_SECONDS = 5.0  # how long closing waits for the batch being decoded
@@ -106,7 +109,7 @@ def choose_kind(job: JobConfig, manifest: Manifest, items_left: int, resuming: b
 
 def probe_seconds(job: JobConfig, manifest: Manifest, timeout: float) -> float | None:
     """Median seconds to decode one item of ``manifest`` (every file of it), from
-    :data:`PROBE_ITEMS` items spread over it, each decoded up to :data:`TIMINGS` times and
+    :data:`PROBE_ITEMS` items spread over it (more while quick: see below), each decoded up to :data:`TIMINGS` times and
     timed by its fastest; None past ``timeout`` seconds in all (the probe thread is then
     abandoned, as the codec trial abandons a stuck file).
 
@@ -120,11 +123,18 @@ def probe_seconds(job: JobConfig, manifest: Manifest, timeout: float) -> float |
     that took :data:`REPEAT_BELOW` or more is not decoded again: next to a long decode the
     one-off costs (milliseconds) are noise, and the probe is on the run's critical path (a
     ten-minute 44.1 kHz recording resampled to 16 kHz decodes in ~0.19 s: 8 of them twice
-    would have cost 1.5 s more)."""
+    would have cost 1.5 s more).
+
+    Reason for more items where they are quick: a file of a few microseconds is timed
+    within the machine's state of that millisecond, and a median of 8 moved with it: the
+    same 100,000-file FSDD-like job (~0.9 s of decoding on one thread) was estimated at
+    0.94-2.97 s from one ``h5batch convert`` to the next, next to the 3 s threshold; with
+    up to :data:`PROBE_MORE` items in :data:`PROBE_BUDGET`, 0.81-1.37 s (12 runs each,
+    alternating). The budget bounds what the probe adds to a run's critical path."""
     n = len(manifest.items)
     if n == 0:
         return 0.0
-    picks = sorted({i * n // PROBE_ITEMS for i in range(PROBE_ITEMS)})
+    picks = spread(n, PROBE_MORE)
     root = os.path.abspath(manifest.root)
     names = file_fields(job.fields)
     # As the batches decode: a plain 16-bit WAV through the direct paths (direct.file_decoders).
@@ -133,7 +143,10 @@ def probe_seconds(job: JobConfig, manifest: Manifest, timeout: float) -> float |
     done = threading.Event()
 
     def run() -> None:
+        start = time.perf_counter()
         for i in picks:
+            if len(times) >= PROBE_ITEMS and time.perf_counter() - start >= PROBE_BUDGET:
+                break
             best = math.inf
             for _ in range(TIMINGS):
                 t = time.perf_counter()
@@ -153,6 +166,25 @@ def probe_seconds(job: JobConfig, manifest: Manifest, timeout: float) -> float |
         threading.Thread(target=run, name="h5batch-probe", daemon=True).start()
         finished = done.wait(timeout)
     return statistics.median(times) if finished and times else None
+
+
+def spread(n: int, count: int) -> list[int]:
+    """Up to ``count`` indices of ``range(n)``, spread over it coarse to fine: the
+    :data:`PROBE_ITEMS` evenly spaced ones first (the probe's picks before it took more),
+    then those halfway between, and so on."""
+    out: list[int] = []
+    seen: set[int] = set()
+    level = PROBE_ITEMS
+    while len(out) < min(n, count):
+        for i in range(level):
+            j = i * n // level
+            if j not in seen:
+                seen.add(j)
+                out.append(j)
+                if len(out) == count:
+                    return out
+        level *= 2
+    return out
 
 
 # ---------------------------------------------------------------------------
