@@ -88,13 +88,9 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
         choice = inprocess.choose_kind(job, manifest, len(manifest.items), resuming=record is not None)
         # The forked decoders start on the first batches while the plan is made (head_start.py).
         head = HeadStart.begin(job, manifest, choice, record, forked, run_id)
-        # Written before the plan: where the writer takes codec: auto's measurement (no
-        # Blosc2 C library, codecs/blosc2_lib.py), the plan waits for the writer's blosc2
-        # import, and the driver's own work fills that wait.
-        sidecar = inventory.write_sidecar(output.partial, manifest)
         plan = make_plan(job, manifest, record, output.final, output.partial, run_id, say,
                          measurer=pending.measure, kind=choice.kind, tasks=head and head.tasks)
-        plan.spec.inventory = sidecar
+        plan.spec.inventory = inventory.sidecar(output.partial)
         # Decoding may begin while the writer is still importing: batches queue in its pipe.
         writer = pending.get()
         try:
@@ -105,6 +101,10 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
         if plan.start:
             say(f"resuming {output.partial}: {plan.start} of {len(plan.tasks)} batches already committed")
         try:
+            # Only Finish reads the inventory sidecar: written now, while the writer creates
+            # the output, not on the way to its Start (~20-25 ms for 4,096 pairs; 60
+            # alternating pairs: 0.963x the wall time, docs/benchmarks.md fifteenth round).
+            inventory.write_sidecar(output.partial, manifest)
             summary = Driver(job, opts, plan, writer, run_id, say, forked, choice, head).run()
         except KeyboardInterrupt as e:
             abort(writer)
