@@ -109,9 +109,10 @@ def choose_kind(job: JobConfig, manifest: Manifest, items_left: int, resuming: b
 
 def probe_seconds(job: JobConfig, manifest: Manifest, timeout: float) -> float | None:
     """Median seconds to decode one item of ``manifest`` (every file of it), from
-    :data:`PROBE_ITEMS` items spread over it (more while quick: see below), each decoded up to :data:`TIMINGS` times and
-    timed by its fastest; None past ``timeout`` seconds in all (the probe thread is then
-    abandoned, as the codec trial abandons a stuck file).
+    :data:`PROBE_ITEMS` items spread over it (more while they are quick: see below), each
+    decoded up to :data:`TIMINGS` times and timed by its fastest; None past ``timeout``
+    seconds in all (the probe thread is then abandoned, as the codec trial abandons a stuck
+    file).
 
     Reason for the fastest: the probe runs just after the writer and the decoders are
     forked, and everything that slows a decode then is a one-off (copy-on-write faults of

@@ -102,7 +102,8 @@ def stored_bytes(auto: AutoSettings, items: int) -> int:
     writer reserves on disk before writing them (``writer/reserve.py``): a field's decoded
     bytes where it is stored uncompressed, divided by the trial's ratio where ``auto``
     compresses it; a field with neither figure (a codec the job names, a length the trial
-    did not measure) counts 0. Rejects make it an over-estimate, which the writer trims."""
+    did not measure) counts 0. An estimate (rejects, the trial's mean of variable lengths):
+    what the samples do not fill, the writer gives back."""
     total = 0.0
     for name, nbytes in auto.field_bytes.items():
         c = auto.codecs.get(name)
