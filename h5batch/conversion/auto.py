@@ -73,7 +73,6 @@ from ..codecs import AUTO_CODEC, CodecSpec, lz4_trial
 from ..config import JobConfig
 from ..errors import DecodeError
 from ..fields import (
-    decode_field,
     file_fields,
     fixed_sample_shape,
     rows_per_chunk,
@@ -82,6 +81,7 @@ from ..fields import (
 )
 from ..manifest import Manifest
 from .decoder_warnings import silenced
+from .direct import sample_decoders
 
 MIN_RATIO = 1.15  # keep compression when it saves at least ~13 % of the bytes
 TRIAL_ITEMS = 32  # items decoded at most, spread over the manifest
@@ -201,12 +201,13 @@ class Trial:
                     continue
                 k = files.index(name)
                 paths = [os.path.join(root, manifest.items[i].paths[k]) for i in picks]
+                decode = sample_decoders(((name, fc),))[0]  # as the batches decode (direct.py)
                 arrays: list[np.ndarray] = []
                 nbytes = 0
                 for start in range(0, len(paths), wave):
                     if nbytes >= TRIAL_BYTES:
                         break
-                    for a in guard.decode_all(paths[start:start + wave], fc):
+                    for a in guard.decode_all(paths[start:start + wave], decode):
                         if a is None or nbytes >= TRIAL_BYTES:
                             continue
                         arrays.append(a)
@@ -302,15 +303,16 @@ class _Deadline:
     def __init__(self, timeout: float):
         self.timeout = timeout
 
-    def decode_all(self, paths: list[str], fc: Any) -> list[np.ndarray | None]:
-        """Decode ``paths`` in parallel; None for a file that failed or ran out of time
-        (each has ``timeout`` seconds from the start of the call)."""
+    def decode_all(self, paths: list[str], decode: Callable[[str], np.ndarray]) -> list[np.ndarray | None]:
+        """Decode ``paths`` in parallel with ``decode`` (:func:`~.direct.sample_decoders`);
+        None for a file that failed or ran out of time (each has ``timeout`` seconds from
+        the start of the call)."""
         boxes: list[list[Any]] = [[] for _ in paths]
 
         def work(path: str, box: list[Any]) -> None:
             try:
                 faults.before_decode(path)
-                box.append(decode_field(path, fc))
+                box.append(decode(path))
             except DecodeError:
                 box.append(None)
 
