@@ -13,6 +13,8 @@ samples are the batches' own.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from ..fields import decode_field, fixed_sample_shape, kind_of, reads_files
@@ -44,51 +46,46 @@ def direct_loaders(fields: tuple) -> list | None:
 
 def file_decoders(fields: tuple) -> list:
     """Per field of ``fields`` (fields of files), a call ``decode(path)`` that decodes one
-    file the way this job's batches do: the field's direct reader into a scratch row, its
-    direct loader, the ordinary decode where they decline or there are none; the sample is
-    dropped. For timing (:func:`h5batch.conversion.inprocess.probe_seconds`): the ordinary
-    decode of a plain 16-bit WAV costs ~2.5x what a batch spends on it."""
-    readers = direct_readers(fields) or [None] * len(fields)
-    loaders = direct_loaders(fields) or [None] * len(fields)
-    out = []
-    for (_, fc), read, load in zip(fields, readers, loaders):
-        if read is not None:
-            shape, dtype = fixed_sample_shape(fc)
-            row = np.empty(shape, dtype)
-            out.append(lambda p, fc=fc, read=read, row=row: read(p, row) or decode_field(p, fc))
-        elif load is not None:
-            out.append(lambda p, fc=fc, load=load: load(p) is not None or decode_field(p, fc))
-        else:
-            out.append(lambda p, fc=fc: decode_field(p, fc))
-    return out
+    file the way this job's batches do: the field's direct reader into a scratch row (one
+    per field, reused, as a batch's rows are), its direct loader, the ordinary decode where
+    they decline or there are none. For timing (:func:`h5batch.conversion.inprocess.probe_seconds`):
+    the ordinary decode of a plain 16-bit WAV costs ~2.5x what a batch spends on it."""
+    return _decoders(fields, fresh_rows=False)
 
 
 def sample_decoders(fields: tuple) -> list:
-    """Per field of ``fields`` (fields of files), a call ``decode(path) -> array`` that
-    decodes one file the way this job's batches do (as :func:`file_decoders`) and returns
-    the sample: the direct reader's row (a new one per call), the direct loader's array,
-    else the ordinary decode's. For the codec trial (:class:`~.auto.Trial`), on the serial
-    path to the writer's start: the 4,096-pair bench job's trial (32 items of two fields)
-    took 8.9 ms decoded the ordinary way, 6.0 ms this way (40 alternating runs)."""
+    """As :func:`file_decoders`, each call returning the sample in an array of its own (the
+    direct reader's row is a new one per call). For the codec trial (:class:`~.auto.Trial`),
+    on the serial path to the writer's start: the 4,096-pair bench job's trial (32 items of
+    two fields) took 8.9 ms decoded the ordinary way, 6.0 ms this way (40 alternating runs)."""
+    return _decoders(fields, fresh_rows=True)
+
+
+def _decoders(fields: tuple, fresh_rows: bool) -> list:
     readers = direct_readers(fields) or [None] * len(fields)
     loaders = direct_loaders(fields) or [None] * len(fields)
     out = []
     for (_, fc), read, load in zip(fields, readers, loaders):
         if read is not None:
             shape, dtype = fixed_sample_shape(fc)
-            out.append(lambda p, fc=fc, read=read, shape=shape, dtype=dtype: _into_row(p, fc, read, shape, dtype))
+            row = None if fresh_rows else np.empty(shape, dtype)
+            out.append(partial(_into_row, fc=fc, read=read, shape=shape, dtype=dtype, row=row))
         elif load is not None:
-            out.append(lambda p, fc=fc, load=load: _loaded(p, fc, load))
+            out.append(partial(_loaded, fc=fc, load=load))
         else:
-            out.append(lambda p, fc=fc: decode_field(p, fc))
+            out.append(partial(_decoded, fc=fc))
     return out
 
 
-def _into_row(path: str, fc, read, shape, dtype) -> np.ndarray:
-    row = np.empty(shape, dtype)
+def _into_row(path: str, fc, read, shape, dtype, row: np.ndarray | None) -> np.ndarray:
+    row = np.empty(shape, dtype) if row is None else row
     return row if read(path, row) else decode_field(path, fc)
 
 
 def _loaded(path: str, fc, load) -> np.ndarray:
     a = load(path)
     return a if a is not None else decode_field(path, fc)
+
+
+def _decoded(path: str, fc) -> np.ndarray:
+    return decode_field(path, fc)
