@@ -90,24 +90,10 @@ def read_into(path: str, out: np.ndarray, length: int, rate: int | None) -> bool
     Hz (``None``: any rate): the caller decodes it the ordinary way."""
     if out.shape != (length,) or out.dtype != np.int16 or not out.flags.c_contiguous or wants_ffmpeg(path):
         return False
-    head = bytearray(HEADER)
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
+    read = _read(path, lambda _size: out, rate, length)
+    if read is None:
         return False
-    try:
-        got = os.preadv(fd, [head, out], 0)
-        size = os.fstat(fd).st_size
-    except OSError:  # a directory, EIO: the ordinary path names the cause
-        return False
-    finally:
-        os.close(fd)
-    data_len = _data_bytes(head, got, size, rate)
-    if data_len is None:
-        return False
-    n = min(data_len // 2, length)
-    if got < HEADER + 2 * n:  # the file shrank since its size was read
-        return False
+    n = read[1]
     if n < length:
         out[n:] = 0  # the field's rule: keep the start, zero-pad the end
     return True
@@ -133,25 +119,40 @@ def load(path: str, rate: int | None) -> np.ndarray | None:
     the caller decodes it the ordinary way."""
     if wants_ffmpeg(path):
         return None
+    read = _read(path, lambda size: np.empty((size - HEADER) // 2, dtype=np.int16)
+                 if HEADER + 2 <= size < HEADER + STREAM_MIN_BYTES else None, rate)
+    if read is None:
+        return None
+    out, n = read
+    return out[:n] if n < len(out) else out
+
+
+def _read(path: str, target: Callable[[int], np.ndarray | None], rate: int | None,
+          limit: int | None = None) -> tuple[np.ndarray, int] | None:
+    """``(samples array, samples it holds)`` of the plain mono 16-bit WAV at ``path``:
+    the file opened, its size taken, its first :data:`HEADER` bytes and ``target(size)``
+    (the array the samples go to; None: not this file) filled by one ``preadv``, at most
+    ``limit`` samples counted. None where the file cannot be opened or read (a directory,
+    EIO: the ordinary path names the cause), ``target`` declines it, the header is not
+    the canonical one at ``rate`` (:func:`_data_bytes`), or the file shrank since its size
+    was read."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return None
     try:
         size = os.fstat(fd).st_size
-        if not HEADER + 2 <= size < HEADER + STREAM_MIN_BYTES:
+        out = target(size)
+        if out is None:
             return None
         head = bytearray(HEADER)
-        out = np.empty((size - HEADER) // 2, dtype=np.int16)
         got = os.preadv(fd, [head, out], 0)
-    except OSError:  # a directory, EIO: the ordinary path names the cause
+    except OSError:
         return None
     finally:
         os.close(fd)
     data_len = _data_bytes(head, got, size, rate)
     if data_len is None:
         return None
-    n = data_len // 2
-    if got < HEADER + 2 * n:  # the file shrank since its size was read
-        return None
-    return out[:n] if n < len(out) else out
+    n = data_len // 2 if limit is None else min(data_len // 2, limit)
+    return (out, n) if got >= HEADER + 2 * n else None
