@@ -388,7 +388,7 @@ def resolve(job: JobConfig, manifest: Manifest, measurer: Measurer | None = None
         trial = Trial.run(job, manifest, need)
 
     field_bytes = _field_bytes(job, fixed, trial.arrays)
-    item_bytes = max(1, sum(field_bytes.values()))
+    item_bytes = _item_bytes(field_bytes)
 
     if o.codec != "auto":
         codecs = {name: CodecChoice(name, CodecSpec(o.codec, o.level, o.shuffle)) for name in job.fields}
@@ -414,7 +414,7 @@ def batch_size_without_trial(job: JobConfig, manifest: Manifest, kind: str | Non
     fixed = {name: fixed_sample_shape(fc) for name, fc in job.fields.items()}
     if job.cluster.batch_size == "auto" and any(f is None for f in fixed.values()):
         return None
-    return _batch_size(job, manifest, kind, max(1, sum(_field_bytes(job, fixed, {}).values())), fixed)
+    return _batch_size(job, manifest, kind, _item_bytes(_field_bytes(job, fixed, {})), fixed)
 
 
 def _field_bytes(job: JobConfig, fixed: dict, trial: dict[str, list[np.ndarray]]) -> dict[str, int]:
@@ -428,6 +428,11 @@ def _field_bytes(job: JobConfig, fixed: dict, trial: dict[str, list[np.ndarray]]
         else:
             out[name] = int(np.mean([a.nbytes for a in trial[name]])) if trial.get(name) else 0
     return out
+
+
+def _item_bytes(field_bytes: dict[str, int]) -> int:
+    """Decoded bytes of one item, all fields (at least 1: it divides)."""
+    return max(1, sum(field_bytes.values()))
 
 
 def _batch_size(job: JobConfig, manifest: Manifest, kind: str | None, item_bytes: int, fixed: dict) -> int:
