@@ -2,7 +2,8 @@
 ``batch_size: auto`` (both the defaults).
 
 The trial decodes :data:`TRIAL_ITEMS` items spread evenly over the manifest (at most
-:data:`TRIAL_BYTES` per field) in the driver. Spread, not the first ones: a corpus sorted by
+:data:`TRIAL_BYTES` per field) in the driver (:func:`trial_picks`; where ``cluster.kind:
+auto``'s probe decoded some of them already, it hands them over: :class:`Trial`). Spread, not the first ones: a corpus sorted by
 speaker or class starts with one kind of file, whose ratio need not be the corpus'. The batch
 size and the compression ratio depend only on those samples and on the manifest, never on the
 number of workers or on timing. The codec of a field that shrinks enough also depends on two
@@ -170,6 +171,15 @@ def choose(ratio: float, decode_gbps: float | None, copy_gbps: float | None, pre
     return AUTO_CODEC if decode_cost(decode_gbps) < read_saving(ratio, copy_gbps) else "none"
 
 
+def trial_picks(n: int) -> list[int]:
+    """The manifest indices of the trial's items, in order: :data:`TRIAL_ITEMS` spread evenly
+    over ``n`` items (all of them when there are fewer)."""
+    return sorted({i * n // TRIAL_ITEMS for i in range(TRIAL_ITEMS)}) if n else []
+
+
+Decoded = dict[int, dict[str, np.ndarray]]  # manifest index -> field -> its decoded sample
+
+
 @dataclass
 class Trial:
     """Decoded trial samples per field (only fields that needed decoding)."""
@@ -177,15 +187,20 @@ class Trial:
     arrays: dict[str, list[np.ndarray]]
 
     @classmethod
-    def run(cls, job: JobConfig, manifest: Manifest, fields: list[str]) -> Trial:
+    def run(cls, job: JobConfig, manifest: Manifest, fields: list[str], known: Decoded | None = None) -> Trial:
         """Decode the trial items of ``fields``. A file that fails, or takes longer than
         ``policy.decode_timeout`` (its thread is abandoned), is left out: the job itself
-        rejects it later with its reason."""
+        rejects it later with its reason. ``known``: samples of trial items decoded already
+        (``cluster.kind: auto``'s probe, :func:`h5batch.conversion.inprocess.probe_seconds`),
+        taken as they are. Reason: the trial runs on the serial path to the writer's start
+        while the forked decoders already decode the first batches on both cores, and its
+        threads waited for the CPU: 20-34 ms for the 4,096-pair bench job's 64 files, which
+        the probe had just decoded."""
         root = os.path.abspath(manifest.root)
         guard = _Deadline(job.policy.decode_timeout)
         out: dict[str, list[np.ndarray]] = {}
-        n = len(manifest.items)
-        picks = sorted({i * n // TRIAL_ITEMS for i in range(TRIAL_ITEMS)}) if n else []
+        picks = trial_picks(len(manifest.items))
+        known = known or {}
         # Decoded a few at a time, in parallel: the workers wait for this trial, and a photo
         # takes long enough that a serial trial would show in a small conversion's time.
         # The arrays kept are exactly those a serial loop would keep; a wave may decode a
@@ -200,14 +215,22 @@ class Trial:
                     out[name] = [value_array(manifest.items[i].values[j], fc) for i in picks]
                     continue
                 k = files.index(name)
-                paths = [os.path.join(root, manifest.items[i].paths[k]) for i in picks]
                 decode = sample_decoders(((name, fc),))[0]  # as the batches decode (direct.py)
                 arrays: list[np.ndarray] = []
                 nbytes = 0
-                for start in range(0, len(paths), wave):
-                    if nbytes >= TRIAL_BYTES:
-                        break
-                    for a in guard.decode_all(paths[start:start + wave], decode):
+                start = 0
+                while start < len(picks) and nbytes < TRIAL_BYTES:
+                    # The next wave: the known samples in front of it, then up to `wave` to decode.
+                    got: list[np.ndarray | None] = []
+                    while start < len(picks) and name in known.get(picks[start], {}):
+                        got.append(known[picks[start]][name])
+                        start += 1
+                    todo = []
+                    while start < len(picks) and len(todo) < wave and name not in known.get(picks[start], {}):
+                        todo.append(os.path.join(root, manifest.items[picks[start]].paths[k]))
+                        start += 1
+                    got += guard.decode_all(todo, decode) if todo else []
+                    for a in got:
                         if a is None or nbytes >= TRIAL_BYTES:
                             continue
                         arrays.append(a)
@@ -370,12 +393,14 @@ class AutoSettings:
 
 
 def resolve(job: JobConfig, manifest: Manifest, measurer: Measurer | None = None,
-            keep: dict[str, CodecSpec] | None = None, kind: str | None = None) -> AutoSettings:
+            keep: dict[str, CodecSpec] | None = None, kind: str | None = None,
+            known: Decoded | None = None) -> AutoSettings:
     """The codec of every field and the items per batch (``auto`` or as configured);
     ``measurer``: see :func:`measure`; ``keep``: fields whose codec is fixed already (a
     sync appends to existing datasets), which get no codec trial; ``kind``: the cluster
     kind the run resolved ``cluster.kind`` to (default the job's own), which sets the
-    decoded bytes a batch aims at (see the module)."""
+    decoded bytes a batch aims at (see the module); ``known``: trial samples decoded
+    already (:meth:`Trial.run`)."""
     o = job.output
     keep = keep or {}
     fixed = {name: fixed_sample_shape(fc) for name, fc in job.fields.items()}
@@ -385,7 +410,7 @@ def resolve(job: JobConfig, manifest: Manifest, measurer: Measurer | None = None
     if job.cluster.batch_size == "auto":  # variable lengths: the trial estimates a batch's bytes
         need += [name for name, f in fixed.items() if f is None and name not in need]
     with silenced():  # the workers decode these files again and log their warnings
-        trial = Trial.run(job, manifest, need)
+        trial = Trial.run(job, manifest, need, known)
 
     field_bytes = _field_bytes(job, fixed, trial.arrays)
     item_bytes = _item_bytes(field_bytes)

@@ -57,6 +57,7 @@ from ..config import ClusterConfig, JobConfig
 from ..errors import DecodeError, PreflightError
 from ..fields import file_fields
 from ..manifest import Manifest
+from .auto import TRIAL_BYTES, Decoded, trial_picks
 from .cluster import Connection
 from .decoder_warnings import silenced
 from .direct import file_decoders
@@ -73,10 +74,12 @@ CLOSE_SECONDS = 5.0  # how long closing waits for the batch being decoded
 
 @dataclass(frozen=True)
 class KindChoice:
-    """The cluster kind a run uses and, for ``auto``, why."""
+    """The cluster kind a run uses and, for ``auto``, why; ``samples``: the codec trial's
+    items the probe decoded (:func:`probe_seconds`), for the trial to take."""
 
     kind: str
     why: str = ""
+    samples: Decoded = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def describe(self) -> str:
         return f"cluster auto: {self.kind} ({self.why})"
@@ -96,18 +99,19 @@ def choose_kind(job: JobConfig, manifest: Manifest, items_left: int, resuming: b
     if cfg.workers is not None and cfg.workers > 1:
         return KindChoice("local", f"cluster.workers asks for {cfg.workers} worker processes")
     budget = INPROCESS_SECONDS
-    per_item = probe_seconds(job, manifest, timeout=budget)
+    samples: Decoded = {}
+    per_item = probe_seconds(job, manifest, timeout=budget, keep=samples)
     if per_item is None:
         return KindChoice("local", f"decoding {PROBE_ITEMS} probe items took over {budget:g} s")
     estimate = per_item * items_left
     if estimate <= budget:
         return KindChoice("inprocess", f"{items_left} items, ~{estimate:.2f} s to decode on one thread, "
-                                       f"within {budget:g} s: no worker processes to start")
+                                       f"within {budget:g} s: no worker processes to start", samples)
     return KindChoice("local", f"{items_left} items, ~{estimate:.1f} s to decode on one thread, "
-                               f"over {budget:g} s: worker processes on every core")
+                               f"over {budget:g} s: worker processes on every core", samples)
 
 
-def probe_seconds(job: JobConfig, manifest: Manifest, timeout: float) -> float | None:
+def probe_seconds(job: JobConfig, manifest: Manifest, timeout: float, keep: Decoded | None = None) -> float | None:
     """Median seconds to decode one item of ``manifest`` (every file of it), from
     :data:`PROBE_ITEMS` items spread over it (more while they are quick: see below), each
     decoded up to :data:`TIMINGS` times and timed by its fastest; None past ``timeout``
@@ -131,7 +135,13 @@ def probe_seconds(job: JobConfig, manifest: Manifest, timeout: float) -> float |
     same 100,000-file FSDD-like job (~0.9 s of decoding on one thread) was estimated at
     0.94-2.97 s from one ``h5batch convert`` to the next, next to the 3 s threshold; with
     up to :data:`PROBE_MORE` items in :data:`PROBE_BUDGET`, 0.81-1.37 s (12 runs each,
-    alternating). The budget bounds what the probe adds to a run's critical path."""
+    alternating). The budget bounds what the probe adds to a run's critical path.
+
+    ``keep``, when given, receives a copy of each sample of the codec trial's items
+    (:func:`~.auto.trial_picks`: the first :data:`~.auto.TRIAL_ITEMS` of :func:`spread`'s
+    order) as the probe's first decode of it made it, up to :data:`~.auto.TRIAL_BYTES` per
+    field, for the trial to take instead of decoding them again (:class:`~.auto.Trial`); it
+    is filled only when the probe finished in time."""
     n = len(manifest.items)
     if n == 0:
         return 0.0
@@ -140,6 +150,9 @@ def probe_seconds(job: JobConfig, manifest: Manifest, timeout: float) -> float |
     names = file_fields(job.fields)
     # As the batches decode: a plain 16-bit WAV through the direct paths (direct.file_decoders).
     decoders = file_decoders(tuple((name, job.fields[name]) for name in names))
+    wanted = set(trial_picks(n)) if keep is not None else set()
+    kept: Decoded = {}
+    kept_bytes = dict.fromkeys(names, 0)
     times: list[float] = []
     done = threading.Event()
 
@@ -149,14 +162,19 @@ def probe_seconds(job: JobConfig, manifest: Manifest, timeout: float) -> float |
             if len(times) >= PROBE_ITEMS and time.perf_counter() - start >= PROBE_BUDGET:
                 break
             best = math.inf
-            for _ in range(TIMINGS):
-                t = time.perf_counter()
+            for timing in range(TIMINGS):
+                took = 0.0
                 for k, decode in enumerate(decoders):
+                    t = time.perf_counter()
                     try:
-                        decode(os.path.join(root, manifest.items[i].paths[k]))
+                        a = decode(os.path.join(root, manifest.items[i].paths[k]))
                     except DecodeError:
-                        pass  # a bad file costs what it took; the job rejects it later
-                took = time.perf_counter() - t
+                        a = None  # a bad file costs what it took; the job rejects it later
+                    took += time.perf_counter() - t
+                    # Outside the timing: the decoder's row is reused, the trial needs its own.
+                    if timing == 0 and a is not None and i in wanted and kept_bytes[names[k]] < TRIAL_BYTES:
+                        kept.setdefault(i, {})[names[k]] = a.copy()
+                        kept_bytes[names[k]] += a.nbytes
                 best = min(best, took)
                 if took >= REPEAT_BELOW:
                     break
@@ -166,6 +184,8 @@ def probe_seconds(job: JobConfig, manifest: Manifest, timeout: float) -> float |
     with silenced():  # the job decodes these files again and logs their warnings
         threading.Thread(target=run, name="h5batch-probe", daemon=True).start()
         finished = done.wait(timeout)
+    if finished and keep is not None:
+        keep.update(kept)
     return statistics.median(times) if finished and times else None
 
 

@@ -89,7 +89,8 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
         # The forked decoders start on the first batches while the plan is made (head_start.py).
         head = HeadStart.begin(job, manifest, choice, record, forked, run_id)
         plan = make_plan(job, manifest, record, output.final, output.partial, run_id, say,
-                         measurer=pending.measure, kind=choice.kind, tasks=head and head.tasks)
+                         measurer=pending.measure, kind=choice.kind, tasks=head and head.tasks,
+                         known=choice.samples)
         plan.spec.inventory = inventory.sidecar(output.partial)
         # Decoding may begin while the writer is still importing: batches queue in its pipe.
         writer = pending.get()

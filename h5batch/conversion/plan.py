@@ -27,7 +27,7 @@ from ..writer.commit import CommitRecord
 from ..writer.messages import WriterSpec
 from ..writer.process import current_umask
 from ..writer.versions import versions  # noqa: F401 - h5batch.bench reads them here
-from .auto import AutoSettings, Measurer, resolve
+from .auto import AutoSettings, Decoded, Measurer, resolve
 from .cluster import default_workers
 
 
@@ -46,15 +46,16 @@ class Plan:
 def make_plan(job: JobConfig, manifest: Manifest, record: CommitRecord | None, final: str, partial: str,
               run_id: str, say: Callable[[str], None], keep_codecs: dict[str, CodecSpec] | None = None,
               measurer: Measurer | None = None, new_file: bool = True, kind: str | None = None,
-              tasks: TaskList | None = None) -> Plan:
+              tasks: TaskList | None = None, known: Decoded | None = None) -> Plan:
     """``keep_codecs``: fields whose datasets exist already (a sync) keep these codecs;
     ``measurer``: who takes ``codec: auto``'s measurements (:func:`.auto.measure`);
     ``new_file`` False: the writer extends a finished file (a sync), which keeps the
     versions it was made with, so none are read (~0.04 s of package metadata); ``kind``:
     the cluster kind the run will use (``auto`` resolved), which sizes ``batch_size: auto``;
     ``tasks``: the batches a head start cut already (``conversion/head_start.py``), which
-    the plan's own choice must equal."""
-    auto = resolve(job, manifest, measurer, keep_codecs, kind)
+    the plan's own choice must equal; ``known``: codec-trial samples decoded already (by
+    ``cluster.kind: auto``'s probe)."""
+    auto = resolve(job, manifest, measurer, keep_codecs, kind, known)
     for line in auto.describe(job):
         say(line)
     codecs = {name: c.codec for name, c in auto.codecs.items()}
