@@ -1,5 +1,5 @@
 """The codec trial takes the samples ``cluster.kind: auto``'s probe decoded
-(h5batch/conversion/auto.py, inprocess.py): the same trial, fewer decodes on the serial path
+(h5batch/conversion/trial.py, inprocess.py): the same trial, fewer decodes on the serial path
 to the writer's start. Real files, real decoders."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from h5batch.config import load_job
-from h5batch.conversion import auto
-from h5batch.conversion.auto import TRIAL_ITEMS, Trial, trial_picks
+from h5batch.conversion import trial
 from h5batch.conversion.inprocess import PROBE_ITEMS, choose_kind, spread
+from h5batch.conversion.trial import TRIAL_ITEMS, Trial, trial_picks
 from h5batch.layouts import discover
 from tests.conftest import REPO
 
@@ -40,13 +40,13 @@ def test_the_trial_takes_the_probes_samples_and_keeps_what_it_would_have_decoded
     fields = ["data", "target"]
     fresh = Trial.run(job, manifest, fields)  # decodes every pick itself
     decoded: list[str] = []
-    real = auto.sample_decoders
+    real = trial.sample_decoders
 
     def counting(fields_):
         decoders = real(fields_)
         return [lambda p, d=d: (decoded.append(p), d(p))[1] for d in decoders]
 
-    monkeypatch.setattr(auto, "sample_decoders", counting)
+    monkeypatch.setattr(trial, "sample_decoders", counting)
     taken = Trial.run(job, manifest, fields, choice.samples)
     # The same arrays, in the same order; only the picks the probe did not reach are decoded.
     for name in fields:

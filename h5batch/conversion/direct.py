@@ -7,7 +7,7 @@ gives both for a plain mono 16-bit WAV. Each declines a file it cannot take exac
 the ordinary decode (:func:`h5batch.fields.decode_field`) runs instead. The worker asks
 for them once per batch (:class:`~.worker._ItemPlan`); :func:`file_decoders` wraps them
 for the kind probe (:func:`~.inprocess.probe_seconds`), which must time what the batches
-will do, and :func:`sample_decoders` for the codec trial (:class:`~.auto.Trial`), whose
+will do, and :func:`sample_decoders` for the codec trial (:class:`~.trial.Trial`), whose
 samples are the batches' own.
 """
 
@@ -55,7 +55,7 @@ def file_decoders(fields: tuple) -> list:
 
 def sample_decoders(fields: tuple) -> list:
     """As :func:`file_decoders`, each call returning the sample in an array of its own (the
-    direct reader's row is a new one per call). For the codec trial (:class:`~.auto.Trial`),
+    direct reader's row is a new one per call). For the codec trial (:class:`~.trial.Trial`),
     on the serial path to the writer's start: the 4,096-pair bench job's trial (32 items of
     two fields) took 8.9 ms decoded the ordinary way, 6.0 ms this way (40 alternating runs)."""
     return _decoders(fields, fresh_rows=True)

@@ -57,11 +57,11 @@ from ..config import ClusterConfig, JobConfig
 from ..errors import DecodeError, PreflightError
 from ..fields import file_fields
 from ..manifest import Manifest
-from .auto import TRIAL_BYTES, Decoded, trial_picks
 from .cluster import Connection
 from .decoder_warnings import silenced
 from .direct import file_decoders
 from .spares import SpareDecoder, close_all
+from .trial import TRIAL_BYTES, Decoded, trial_picks
 
 INPROCESS_SECONDS = 3.0  # estimated one-thread decode time up to which auto decodes in-process
 PROBE_ITEMS = 8  # items timed by auto at least (a subset of the codec trial's, spread over the manifest)
@@ -138,9 +138,9 @@ def probe_seconds(job: JobConfig, manifest: Manifest, timeout: float, keep: Deco
     alternating). The budget bounds what the probe adds to a run's critical path.
 
     ``keep``, when given, receives a copy of each sample of the codec trial's items
-    (:func:`~.auto.trial_picks`: the first :data:`~.auto.TRIAL_ITEMS` of :func:`spread`'s
-    order) as the probe's first decode of it made it, up to :data:`~.auto.TRIAL_BYTES` per
-    field, for the trial to take instead of decoding them again (:class:`~.auto.Trial`); it
+    (:func:`~.trial.trial_picks`: the first :data:`~.trial.TRIAL_ITEMS` of :func:`spread`'s
+    order) as the probe's first decode of it made it, up to :data:`~.trial.TRIAL_BYTES` per
+    field, for the trial to take instead of decoding them again (:class:`~.trial.Trial`); it
     is filled only when the probe finished in time."""
     n = len(manifest.items)
     if n == 0:
