@@ -84,6 +84,7 @@ class _Watched:
                 stream = self.direct if isinstance(self.direct, _StreamRows) else None
                 rows = self.direct.rows(i) if self.direct is not None and stream is None else None
                 out: Any = _decode_item(self.task, self.task.items[i], rows, stream, self.plan)
+                sums = [crc32(a.reshape(-1).view(np.uint8)) for a in out]  # while cached (see the class)
                 if stream is not None:
                     stream.commit(out)
             except (DecodeError, MemoryError) as e:
@@ -91,7 +92,7 @@ class _Watched:
             except Exception as e:  # a decoder's bug: the item's reject, not a silent dead thread
                 out = DecodeError(self.task.items[i][0][0], f"decoding failed: {type(e).__name__}: {e}")
             if isinstance(out, list):
-                self.sums[i] = [crc32(a.reshape(-1).view(np.uint8)) for a in out]
+                self.sums[i] = sums
             if self.abandoned:
                 return
             self.outcomes[i] = out
