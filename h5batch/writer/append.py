@@ -148,22 +148,42 @@ class ChunkAppender:
 
 
 class SmallAppender:
-    """Appends rows to a small dataset with ordinary h5py writes (goes through the cache)."""
+    """Appends rows to a small dataset with ordinary h5py writes (goes through the cache).
 
-    def __init__(self, ds: h5py.Dataset):
+    ``buffered``: rows are kept in memory and written by :meth:`flush` in one resize and one
+    write; the owner flushes before every commit and at the end (:class:`~.store.SplitStore`).
+    Reason: a split's per-sample metadata (sources, checksums, labels) is appended once per
+    batch, and each append cost the writer, the conversion's critical path, an HDF5 resize
+    and a selection write."""
+
+    def __init__(self, ds: h5py.Dataset, buffered: bool = False):
         self.ds = ds
         self.n = ds.shape[0]
+        self.written = self.n
+        self.pending: list[Any] | None = [] if buffered else None
 
     def append(self, rows: Any) -> None:
         m = len(rows)
         if m == 0:
             return
+        if self.pending is not None:
+            self.pending.append(rows)
+            self.n += m
+            return
         self.ds.resize(self.n + m, axis=0)
         self.ds[self.n: self.n + m] = rows
         self.n += m
+        self.written = self.n
 
     def flush(self) -> None:
-        pass
+        """Write the buffered rows (nothing to do unbuffered)."""
+        if not self.pending:
+            return
+        rows = np.concatenate(self.pending) if len(self.pending) > 1 else self.pending[0]
+        self.ds.resize(self.n, axis=0)
+        self.ds[self.written: self.n] = rows
+        self.written = self.n
+        self.pending = []
 
 
 def small_dataset(group: h5py.Group, name: str, shape: tuple[int, ...], dtype, chunk_rows: int) -> h5py.Dataset:
