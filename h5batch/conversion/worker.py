@@ -62,10 +62,9 @@ class _Watched:
     per poll interval, so the watch costs nothing per item.
 
     Each decoded item's checksums (crc32 per field, :attr:`sums`) are taken right after its
-    decode, while its bytes are still in the core's cache. Reason: taken over the whole batch
-    afterwards, they were read back from memory (a 16 MB batch is larger than the caches):
-    ~40 ms of the forked decoder's ~45 ms of CPU outside its decode threads in a 4,096-pair
-    conversion (``perf record``), against ~23 ms for the same 512 MB in cache."""
+    decode, while its bytes are in the core's cache. Reason: taken over the whole 16 MB batch
+    afterwards, they were read back from memory: ~40 ms of CPU per 4,096-pair conversion
+    (``perf record``), against ~23 ms for the same 512 MB in cache."""
 
     def __init__(self, task: BatchTask, start: int, direct: _DirectRows | _StreamRows | None = None):
         self.task, self.direct = task, direct
