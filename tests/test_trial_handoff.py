@@ -58,3 +58,16 @@ def test_the_trial_takes_the_probes_samples_and_keeps_what_it_would_have_decoded
     # A sample the probe handed over is the trial's own copy, not the probe's reused row.
     first = choice.samples[picks[0]]["data"]
     assert first.base is None or not np.shares_memory(first, choice.samples[picks[-1]]["data"])
+
+
+def test_the_probe_keeps_only_samples_that_fit_the_trials_budget(paired_root, tmp_path, monkeypatch):
+    # A long recording must not be copied by the probe (memory bounded by the largest
+    # sample): with a budget of 1.5 samples per field, only the first pick's are kept.
+    from h5batch.conversion import inprocess
+
+    job = _job(paired_root, tmp_path / "o.h5", "cluster.kind=auto")
+    manifest = discover(job)
+    one = Trial.run(job, manifest, ["data"]).arrays["data"][0].nbytes
+    monkeypatch.setattr(inprocess, "TRIAL_BYTES", one + one // 2)
+    choice = choose_kind(job, manifest, len(manifest.items), resuming=False)
+    assert list(choice.samples) == [trial_picks(len(manifest.items))[0]]

@@ -139,9 +139,10 @@ def probe_seconds(job: JobConfig, manifest: Manifest, timeout: float, keep: Deco
 
     ``keep``, when given, receives a copy of each sample of the codec trial's items
     (:func:`~.trial.trial_picks`: the first :data:`~.trial.TRIAL_ITEMS` of :func:`spread`'s
-    order) as the probe's first decode of it made it, up to :data:`~.trial.TRIAL_BYTES` per
-    field, for the trial to take instead of decoding them again (:class:`~.trial.Trial`); it
-    is filled only when the probe finished in time."""
+    order) as the probe's first decode of it made it, while they fit in
+    :data:`~.trial.TRIAL_BYTES` per field (a long recording is never copied: the trial
+    decodes it itself, as before), for the trial to take instead of decoding them again
+    (:class:`~.trial.Trial`); it is filled only when the probe finished in time."""
     n = len(manifest.items)
     if n == 0:
         return 0.0
@@ -172,7 +173,8 @@ def probe_seconds(job: JobConfig, manifest: Manifest, timeout: float, keep: Deco
                         a = None  # a bad file costs what it took; the job rejects it later
                     took += time.perf_counter() - t
                     # Outside the timing: the decoder's row is reused, the trial needs its own.
-                    if timing == 0 and a is not None and i in wanted and kept_bytes[names[k]] < TRIAL_BYTES:
+                    if (timing == 0 and a is not None and i in wanted
+                            and kept_bytes[names[k]] + a.nbytes <= TRIAL_BYTES):
                         kept.setdefault(i, {})[names[k]] = a.copy()
                         kept_bytes[names[k]] += a.nbytes
                 best = min(best, took)

@@ -91,6 +91,7 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
         plan = make_plan(job, manifest, record, output.final, output.partial, run_id, say,
                          measurer=pending.measure, kind=choice.kind, tasks=head and head.tasks,
                          known=choice.samples)
+        choice.samples.clear()  # taken by the trial: no copy of a sample outlives the plan
         plan.spec.inventory = inventory.sidecar(output.partial)
         # Decoding may begin while the writer is still importing: batches queue in its pipe.
         writer = pending.get()
