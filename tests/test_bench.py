@@ -165,6 +165,35 @@ def test_a_zero_worker_row_runs_in_a_child_forked_from_a_clean_interpreter(pairs
     assert s.extra["fresh_process"] and s.extra["warmup_samples"] == 16 and s.extra["faults_per_batch"] >= 0
 
 
+def test_a_conversion_row_runs_in_a_child_after_its_warm_up(pairs, tmp_path):
+    """bench/converts.py: a conversion row is timed in a child forked from a clean interpreter,
+    after an untimed conversion of a small corpus whose output it removes; the zygote samples
+    the child's tree RSS from the moment timing starts."""
+    import h5py
+
+    from h5batch.bench import converts, zygote
+
+    c, m, ref = pairs
+    small = corpus.paired_audio(tmp_path / "cache", 4)
+    out, warm_out = str(tmp_path / "out.h5"), str(tmp_path / "warm.h5")
+    job = {"fn": converts.h5batch_convert, "args": (c.job(out, "none", {"kind": "auto"}),),
+           "warm": (small.job(warm_out, "none", {"kind": "auto"}),), "warm_out": warm_out}
+    with zygote.Zygote(preload=zygote.CONVERT_PRELOAD) as z:
+        r = z.call(converts.convert_row, job, "h5batch-auto")
+        (tmp_path / "a-file").write_text("")  # an output folder that cannot be made
+        bad = {**job, "args": (c.job(str(tmp_path / "a-file" / "x.h5"), "none", {"kind": "auto"}),)}
+        with pytest.raises(RuntimeError, match="h5batch-auto failed in its own process"):
+            z.call(converts.convert_row, bad, "h5batch-auto")
+        again = z.call(converts.convert_row, {**job, "warm": None}, "h5batch-auto")  # outlives a failed row
+    assert r["pid"] != os.getpid() and again["pid"] not in (r["pid"], os.getpid())
+    assert r["result"]["samples"] == 16 and r["seconds"] > 0 and r["cpu_seconds"] > 0
+    assert r["peak_rss"] >= r["baseline_rss"] > 0
+    assert not os.path.exists(warm_out)  # the warm-up's output is gone, the timed one is there
+    with h5py.File(out, "r") as f:
+        got = np.concatenate([f[s]["data"][()] for s in json.loads(f.attrs["splits"])])
+    assert sorted(map(bytes, got)) == sorted(map(bytes, ref["data"]))
+
+
 def test_float_collate_pads_variable_lengths():
     out = baselines.float_collate([{"a": np.array([1, 2, 3], np.int16), "k": "x"},
                                    {"a": np.array([4], np.int16), "k": "y"}])
@@ -379,6 +408,11 @@ def test_mini_bench_run_writes_json_markdown_png(tmp_path):
             assert all(run["items"] == want for run in r["runs"]), r["key"]
             # every 0-worker row in a process of its own (bench/fresh_reads.py)
             assert all(run.get("fresh_process") for run in r["runs"]), r["key"]
+        if r["phase"] == "convert" and r["method"] in ("h5batch", "h5batch-cold", "h5batch-auto", "naive"):
+            # a fresh start in a process of its own, the warm cluster's rows in the bench's
+            # (bench/converts.py); the CPU of the tree counted either way
+            fresh = r["method"] != "h5batch"
+            assert all(run["fresh_process"] == fresh and run["cpu_seconds"] > 0 for run in r["runs"]), r["key"]
     md = open(paths["markdown"]).read()
     assert "| auto → none |" in md  # what auto chose for the generated (incompressible) audio
     assert "## Targets" in md and "### Conversion" in md and "### Read" in md and "## Scaling" in md

@@ -4,12 +4,13 @@ Order of a run (each phase interleaves its configurations within every repetitio
 drift of the machine hits all of them alike):
 
 1. corpora: generated once into the cache directory, real ones used when present;
-2. conversions, per corpus: a warm-up round on a small corpus, then ``reps`` rounds of
-   h5batch (every codec, on a LocalCluster started once: start-up excluded), h5batch cold
-   (``kind: local``, the cluster started inside ``convert``: start-up included), the
-   decode-only floor (``bench.decode_only`` on the same cluster; for WAV corpora with the
-   read+write bound of ``bench.physics`` measured right after it), the naive recipe, the
-   x``scale`` corpus (cold) and the peers;
+2. conversions, per corpus (``bench.converts``): an untimed warm-up round, then ``reps``
+   rounds of h5batch (every codec, on a LocalCluster started once: start-up excluded),
+   h5batch cold (``kind: local``, the cluster started inside ``convert``: start-up
+   included), ``kind: auto``, the decode-only floor (``bench.decode_only`` on the same
+   cluster; for WAV corpora with the read+write bound of ``bench.physics`` measured right
+   after it), the naive recipe, the x``scale`` corpus (cold) and the peers; each row that
+   times a fresh start in a clean process of its own (``bench.zygote``);
 3. correctness: every output is compared with the source decoded in this process;
 4. reads through a DataLoader (batch 64, shuffle on), per corpus: for each configuration a
    warm-up epoch, then the timed epochs; every configuration reads the same samples; rows at
@@ -19,31 +20,24 @@ drift of the machine hits all of them alike):
 from __future__ import annotations
 
 import gc
-import io
-import json
 import logging
 import os
 import platform
 import shutil
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from .. import __version__
 from ..codecs import choices
-from ..conversion.options import ConvertOptions
-from ..conversion.pipeline import convert
-from ..conversion.plan import make_tasks
-from . import baselines, cli_cold, corpus, peers, physics, sampling, strict
+from . import corpus, peers, sampling, strict
 from .checks import CheckPhase
-from .decode_only import decode_only
-from .fresh_reads import Zygote
-from .measure import Sample, timed
+from .converts import ConvertPhase
 from .reads import ReadPhase
-from .records import DEFAULT_CODEC, RW_BOUND, Record
+from .records import DEFAULT_CODEC, Record
+from .zygote import CONVERT_PRELOAD, Zygote
 
 ALL_CODECS = choices()  # auto first, then every registered codec (h5batch/codecs/)
 
@@ -74,6 +68,7 @@ class BenchConfig:
     warmup: bool = True  # a warm-up conversion round on a small corpus before the timed rounds
     consume: bool = False  # reads: sum every tensor of every batch in the main process (measure.drain)
     fresh_reads: bool = True  # reads at num_workers=0: each measurement in a new interpreter (bench.fresh_reads)
+    fresh_converts: bool = True  # conversions: each in a child of a clean interpreter (bench.converts)
     seed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -92,24 +87,11 @@ def full_config(**over: Any) -> BenchConfig:
     return BenchConfig(**base)
 
 
-def _field_codecs(path: str) -> dict[str, str]:
-    """What each field of the first split was stored with (``auto`` resolves per field)."""
-    import h5py
-
-    with h5py.File(path, "r") as f:
-        # The file's first split (not the first group: rejects, inventory, ... sort before it).
-        splits = [k for k in json.loads(f.attrs.get("splits", "[]")) if k in f]
-        split = splits[0] if splits else None
-        if split is None:
-            return {}
-        return {name: str(node.attrs.get("codec", "")) for name, node in f[split].items() if "codec" in node.attrs}
-
-
 def _say(log: Any, text: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {text}", file=log, flush=True)
 
 
-class Bench(CheckPhase, ReadPhase):
+class Bench(CheckPhase, ConvertPhase, ReadPhase):
     """One benchmark run; :meth:`run` returns the results dict that :mod:`report` renders."""
 
     def __init__(self, cfg: BenchConfig, log: Any = None):
@@ -173,7 +155,9 @@ class Bench(CheckPhase, ReadPhase):
         self.say(f"h5batch bench ({self.cfg.mode}) -> {self.out_dir}")
         jobs = self._corpora()
         peer_ok = self._peers_available() if self.cfg.peers else {}
-        zygote = Zygote()  # the 0-worker reads fork from it: made before a cluster alters os.environ
+        # Both zygotes are made before a cluster alters os.environ (see bench.zygote).
+        zygote = Zygote()  # the 0-worker reads fork from it
+        self.convert_zygote = Zygote(preload=CONVERT_PRELOAD) if self.cfg.fresh_converts else None
         self._start_cluster()
         try:
             for spec in jobs:
@@ -182,6 +166,8 @@ class Bench(CheckPhase, ReadPhase):
             self._demo_phase()
         finally:
             self._stop_cluster()
+            if self.convert_zygote is not None:
+                self.convert_zygote.close()
         for spec in jobs:
             self._check_phase(spec, peer_ok if spec["peers"] else {})
             spec.pop("reference", None)  # free it: forked loader workers would inherit it
@@ -272,189 +258,3 @@ class Bench(CheckPhase, ReadPhase):
                                          "files": sum(len(it.paths) for it in m.items),
                                          "fields": list(cp.fields), "real": cp.real, "notes": cp.notes}
         return specs
-
-    # ------------------------------------------------------------ conversion
-
-    def _convert_plan(self, spec: dict[str, Any], peer_ok: dict[str, bool], warmup: bool) -> list[tuple[str, Callable[[], None]]]:
-        cp = spec["warm"] if warmup else spec["corpus"]
-        m = cp.manifest()
-        items = corpus.item_paths(m)
-        job = cp.job(self.path("h5", "x.h5"))
-        fields = tuple(job.fields.items())
-        n, nfiles = len(items), sum(len(p) for p in items)
-        name = spec["corpus"].name
-        plan: list[tuple[str, Callable[[], None]]] = []
-        addr = {"kind": "address", "address": self.cluster.scheduler_address, "workers": self.cfg.dask_workers}
-
-        def h5(codec: str, cold: bool = False, scaled: bool = False, auto: bool = False) -> Callable[[], None]:
-            # auto: what `h5batch convert` does with no --workers (cluster.kind auto decides)
-            def run() -> None:
-                src = spec["scaled"] if scaled else cp
-                out = self.path("h5", f"{src.name}-{codec}{'-cold' if cold else ''}{'-auto' if auto else ''}.h5")
-                cold_cl = {"kind": "local", "workers": self.cfg.dask_workers}  # auto: 1 worker = in the driver
-                cl = {"kind": "auto"} if auto else cold_cl if cold else addr
-                j = src.job(out, codec, cl)
-                remove_output(out)
-                sample, s = timed(lambda: convert(j, ConvertOptions(overwrite=True, restart=True, progress="none",
-                                                                    log=io.StringIO())),
-                                  lambda s: s.samples, lambda s: s.bytes_decoded)
-                sample.extra.update(files=s.inputs, output_bytes=s.output_bytes, rejects=s.rejects,
-                                    internal_seconds=s.seconds, field_codecs=_field_codecs(s.path))
-                if not warmup:
-                    method = "h5batch-auto" if auto else "h5batch-cold" if cold else "h5batch"
-                    variant = f"x{self.cfg.scale}" if scaled else ""
-                    rec = self.record("convert", name, method, codec, variant)
-                    rec.runs.append(sample)
-                    rec.info.update(path=out, samples=s.samples, files=s.inputs, output_bytes=s.output_bytes)
-            return run
-
-        def floor() -> None:
-            tasks = make_tasks(job, m, "bench-floor", "")
-            sample, res = timed(lambda: self.client.gather(self.client.map(decode_only, tasks, pure=False)),
-                                lambda r: sum(a for a, _ in r), lambda r: sum(b for _, b in r))
-            sample.extra["files"] = nfiles
-            if not warmup:
-                self.record("convert", name, "floor").runs.append(sample)
-                wavs = [p for ps in items for p in ps]
-                if wavs and all(p.endswith(".wav") for p in wavs):
-                    rw_bound(sample, wavs)
-
-        def rw_bound(floor_run: Sample, wavs: list[str]) -> None:
-            # bench.physics' read+write bound, measured beside the floor it scales: a row of
-            # floor x read / (read + write), the most any converter reaches on these cores.
-            # Writes of twice the decoded bytes, 64 MiB-1 GiB: enough to time, cheap for a mini run.
-            nbytes = min(1 << 30, max(64 << 20, int(2 * floor_run.nbytes))) >> 20 << 20
-            b = physics.bound_ratio(wavs, os.path.dirname(self.path("physics", "x")), nbytes, reps=2)
-            run = Sample(seconds=floor_run.seconds / b["ratio"], items=floor_run.items,
-                         nbytes=floor_run.nbytes, peak_rss=floor_run.peak_rss,
-                         baseline_rss=floor_run.baseline_rss, extra=dict(b))
-            self.record("convert", name, RW_BOUND).runs.append(run)
-
-        def naive() -> None:
-            out = self.path("naive", f"{cp.name}.h5")
-            remove_output(out)
-            sample, r = timed(lambda: baselines.naive_convert(items, fields, out),
-                              lambda r: r["samples"], lambda r: r["bytes_decoded"])
-            sample.extra.update(files=nfiles, output_bytes=r["output_bytes"])
-            if not warmup:
-                rec = self.record("convert", name, "naive", "gzip")
-                rec.runs.append(sample)
-                rec.info.update(path=out, output_bytes=r["output_bytes"])
-
-        def wds(procs: int) -> Callable[[], None]:
-            def run() -> None:
-                out = self.folder("wds", f"{cp.name}-p{procs}")
-                maxcount = max(16, n // 16)
-                remove_output(out)
-                sample, r = timed(lambda: peers.wds_convert(items, fields, out, procs, maxcount),
-                                  lambda r: r["samples"], lambda r: r["bytes_decoded"])
-                sample.extra.update(files=nfiles, output_bytes=r["output_bytes"], shards=r["shards"])
-                if not warmup:
-                    rec = self.record("convert", name, f"webdataset-{procs}p")
-                    rec.runs.append(sample)
-                    rec.info.update(path=out, output_bytes=r["output_bytes"])
-            return run
-
-        def lit(start: str | None) -> Callable[[], None]:
-            def run() -> None:
-                label = start or "spawn"
-                out = self.folder("litdata", f"{cp.name}-{label}")
-                nbytes = cp.extra["length"] * 2 * len(fields) * n if cp.kind == "audio" else 0
-                remove_output(out)
-                sample, r = timed(lambda: peers.litdata_convert(items, fields, out, self.cfg.dask_workers, start),
-                                  lambda r: r["samples"], nbytes)
-                sample.extra.update(files=nfiles, output_bytes=r["output_bytes"])
-                if not warmup:
-                    rec = self.record("convert", name, f"litdata-{label}")
-                    rec.runs.append(sample)
-                    rec.info.update(path=out, output_bytes=r["output_bytes"])
-            return run
-
-        def cli(method: str) -> Callable[[], None]:
-            # Whole commands in fresh interpreters (cli_cold): real corpora, the user's first run.
-            def run() -> None:
-                out = self.path("cli", f"{cp.name}-{method}.h5")
-                remove_output(out)
-                if method == "naive-cli":
-                    sample, r = timed(lambda: cli_cold.run_naive(items, fields, out, self.path("cli")),
-                                      lambda r: r[1]["samples"], lambda r: r[1]["bytes_decoded"])
-                    extra = {"files": nfiles, "output_bytes": r[1]["output_bytes"]}
-                else:
-                    job_file = cli_cold.write_job(self.path("cli", f"{cp.name}.job.yaml"), f"bench-{cp.name}",
-                                                  cp.root, cp.source, cp.fields, out)
-                    sample, r = timed(lambda: cli_cold.run_convert(job_file, out),
-                                      lambda r: sum(r[1]["counts"].values()), lambda r: r[1]["bytes_decoded"])
-                    extra = {"files": nfiles, "output_bytes": r[1]["output_bytes"],
-                             "internal_seconds": r[1]["seconds"], "field_codecs": _field_codecs(out)}
-                sample.extra.update(extra)
-                if not warmup:
-                    rec = self.record("convert", name, method, "auto" if method == "h5batch-cli" else "gzip")
-                    rec.runs.append(sample)
-                    rec.info.update(path=out, output_bytes=extra["output_bytes"])
-            return run
-
-        for codec in spec["codecs"]:
-            plan.append((f"h5batch {codec}", h5(codec)))
-        plan.append((f"h5batch {DEFAULT_CODEC} cold", h5(DEFAULT_CODEC, cold=True)))
-        plan.append((f"h5batch {DEFAULT_CODEC} auto", h5(DEFAULT_CODEC, auto=True)))
-        plan.append(("floor", floor))
-        plan.append(("naive", naive))
-        if cp.real:
-            plan += [("h5batch CLI cold", cli("h5batch-cli")), ("naive CLI", cli("naive-cli"))]
-        if spec["scaled"] is not None and not warmup:
-            plan.append((f"h5batch x{self.cfg.scale} cold", h5(DEFAULT_CODEC, cold=True, scaled=True)))
-        if peer_ok.get("webdataset"):
-            plan += [("webdataset 1p", wds(1)), (f"webdataset {self.cfg.dask_workers}p", wds(self.cfg.dask_workers))]
-        if peer_ok.get("litdata"):
-            plan += [("litdata spawn", lit(None)), ("litdata fork", lit("fork"))]
-        return plan
-
-    def _demo_phase(self) -> None:
-        """``make convert``'s demo job as a whole command (cli_cold): its conversion seconds."""
-        job = cli_cold.demo_job()
-        if job is None:
-            self.skipped.append("demo job: jobs/demo.yaml not found (installed package)")
-            return
-        root, out = self.folder("demo-corpus"), self.path("cli", "demo.h5")
-        cli_cold.run_demo(job, root, out)  # warm-up; generates the corpus
-        rec = self.record("convert", "demo", "h5batch-cli", "auto")
-        for rep in range(self.cfg.reps):
-            self.say(f"convert demo (whole command): round {rep + 1}/{self.cfg.reps}")
-            os.sync()
-            remove_output(out)
-            sample, (_, s) = timed(lambda: cli_cold.run_demo(job, root, out),
-                                   lambda r: sum(r[1]["counts"].values()), lambda r: r[1]["bytes_decoded"])
-            sample.extra.update(internal_seconds=s["seconds"], output_bytes=s["output_bytes"])
-            rec.runs.append(sample)
-
-    def _convert_phase(self, spec: dict[str, Any], peer_ok: dict[str, bool]) -> None:
-        name = spec["corpus"].name
-        if spec["warm"] is not None:
-            self.say(f"convert {name}: warm-up round on {spec['warm'].name}")
-            for _, fn in self._convert_plan(spec, peer_ok, warmup=True):
-                fn()
-        plan = self._convert_plan(spec, peer_ok, warmup=False)
-        for rep in range(self.cfg.reps):
-            # Rotate the order each round so no configuration always runs first or last.
-            k = rep % len(plan)
-            self.say(f"convert {name}: round {rep + 1}/{self.cfg.reps} ({len(plan)} configurations)")
-            for _, fn in plan[k:] + plan[:k]:
-                # Every conversion writes hundreds of MB: without a sync the kernel writes the
-                # previous run's output back (and throttles writers) during the next one.
-                os.sync()
-                fn()
-
-
-def remove_output(path: str) -> None:
-    """Remove the previous round's output before a timed conversion.
-
-    Every method would otherwise spend part of its time dropping the previous output's
-    cached pages (unlink, ``O_TRUNC``, ``rmtree``: ~0.05 s per 500 MB here), which is not
-    conversion work and which a first conversion does not pay.
-    """
-    if os.path.isdir(path):
-        shutil.rmtree(path)
-    elif os.path.exists(path):
-        os.unlink(path)
-
-
