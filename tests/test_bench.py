@@ -194,6 +194,20 @@ def test_a_conversion_row_runs_in_a_child_after_its_warm_up(pairs, tmp_path):
     assert sorted(map(bytes, got)) == sorted(map(bytes, ref["data"]))
 
 
+def test_conversion_rounds_begin_with_an_untimed_one(tmp_path):
+    """bench/converts.py: with warm-up on, every row runs once untimed on the main corpus,
+    then ``reps`` timed rounds, the order rotated each round; with it off, only the latter."""
+    from types import SimpleNamespace
+
+    for warmup, want in ((True, [("a", False), ("b", False), ("b", True), ("a", True), ("a", True), ("b", True)]),
+                         (False, [("a", True), ("b", True), ("b", True), ("a", True)])):
+        bench = Bench(quick_config(reps=2, warmup=warmup, out_root=str(tmp_path)), log=open(os.devnull, "w"))
+        calls: list = []
+        bench._convert_plan = lambda spec, peer_ok, c=calls: [(n, lambda timed, n=n: c.append((n, timed))) for n in "ab"]
+        bench._convert_phase({"corpus": SimpleNamespace(name="c")}, {})
+        assert calls == want, warmup
+
+
 def test_float_collate_pads_variable_lengths():
     out = baselines.float_collate([{"a": np.array([1, 2, 3], np.int16), "k": "x"},
                                    {"a": np.array([4], np.int16), "k": "y"}])
