@@ -65,7 +65,7 @@ class BenchConfig:
     cache: str = os.path.join("data", "bench")
     out_root: str = os.path.join("bench", "results")
     keep: bool = False  # keep converted outputs (else deleted at the end)
-    warmup: bool = True  # a warm-up conversion round on a small corpus before the timed rounds
+    warmup: bool = True  # an untimed conversion round first; in each child, a warm-up on a small corpus
     consume: bool = False  # reads: sum every tensor of every batch in the main process (measure.drain)
     fresh_reads: bool = True  # reads at num_workers=0: each measurement in a new interpreter (bench.fresh_reads)
     fresh_converts: bool = True  # conversions: each in a child of a clean interpreter (bench.converts)
