@@ -55,7 +55,7 @@ def convert_row(job: dict[str, Any]) -> dict[str, Any]:
     if job.get("warm") is not None:
         fn(*job["warm"])
         remove_output(job["warm_out"])
-    gc.collect()
+        gc.collect()  # the warm-up's garbage, collected before the timing starts
     c0 = os.times()
     timing_starts()
     t0 = time.perf_counter()
@@ -116,7 +116,7 @@ class ConvertPhase:
                 sample, s = self._run_row(f"{method} {codec} {src.name}", h5batch_convert,
                                           (src.job(out, codec, cl),), warm, warm_out, fresh=cold or auto)
                 sample.extra.update(files=s["files"], output_bytes=s["output_bytes"], rejects=s["rejects"],
-                                    internal_seconds=s["internal_seconds"], field_codecs=_field_codecs(s["path"]))
+                                    internal_seconds=s["internal_seconds"], field_codecs=field_codecs(s["path"]))
                 if timed_round:
                     rec = self.record("convert", name, method, codec, f"x{self.cfg.scale}" if scaled else "")
                     rec.runs.append(sample)
@@ -177,7 +177,7 @@ class ConvertPhase:
                     sample, r = timed(lambda: cli_cold.run_convert(job_file, out),
                                       lambda r: sum(r[1]["counts"].values()), lambda r: r[1]["bytes_decoded"])
                     extra = {"files": nfiles, "output_bytes": r[1]["output_bytes"],
-                             "internal_seconds": r[1]["seconds"], "field_codecs": _field_codecs(out)}
+                             "internal_seconds": r[1]["seconds"], "field_codecs": field_codecs(out)}
                 sample.extra.update(extra)
                 if timed_round:
                     rec = self.record("convert", name, method, "auto" if method == "h5batch-cli" else "gzip")
@@ -243,8 +243,9 @@ class ConvertPhase:
                 fn(timed_round)
 
 
-def _field_codecs(path: str) -> dict[str, str]:
-    """The codec each field of the file's first split was stored with."""
+def field_codecs(path: str) -> dict[str, str]:
+    """The codec each field of the file's first split was stored with (``auto`` resolves
+    per field, the same in every split)."""
     import json
 
     import h5py

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from .converts import field_codecs
 from .records import DEFAULT_CODEC, STRICT_STORAGES
 
 __all__ = ["StrictMemmapDataset", "convert_storages", "prepare", "storage_corpus"]
@@ -122,20 +123,12 @@ def convert_storages(bench: Any, spec: dict[str, Any]) -> None:
                     os.unlink(path)
                 job = storage_corpus(cp, dtype, fixed).job(path, codec, addr)
                 convert(job, ConvertOptions(overwrite=True, restart=True, progress="none", log=io.StringIO()))
-            chosen = _field_codecs(path)
+            chosen = field_codecs(path)
             files.append((dtype, fixed, codec, path, chosen))
             if codec == DEFAULT_CODEC and any(c.split("-")[0] != "none" for c in chosen.values()):
                 codecs.append("none")  # auto compressed: the uncompressed file is measured too
     spec["strict_files"] = files
     bench.say(f"strict limit: {len(files)} storages of {cp.name} converted")
-
-
-def _field_codecs(path: str) -> dict[str, str]:
-    """What each field of the train split was stored with (``auto`` resolves per field)."""
-    import h5py
-
-    with h5py.File(path, "r") as f:
-        return {name: str(node.attrs["codec"]) for name, node in f["train"].items() if "codec" in node.attrs}
 
 
 def prepare(bench: Any, spec: dict[str, Any], reference: dict[str, np.ndarray], train: int) -> None:

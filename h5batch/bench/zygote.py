@@ -33,6 +33,10 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import psutil
+
+from .measure import tree_rss
+
 __all__ = ["Zygote", "timing_starts", "READ_PRELOAD", "CONVERT_PRELOAD"]
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -157,16 +161,12 @@ def _child(data: bytes, w: int) -> None:
 def _fork_job(data: bytes) -> bytes:
     """Fork a child for one job and wait for its reply, sampling its tree's RSS once it has
     said that timing starts (:func:`timing_starts`)."""
-    from .measure import tree_rss
-
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(r)
         _child(data, w)
     os.close(w)
-    import psutil
-
     child = psutil.Process(pid)
     deadline = time.monotonic() + ROW_TIMEOUT
     buf, sampling, base, peak, timed_out = b"", False, 0, 0, False
