@@ -427,7 +427,10 @@ def test_mini_bench_run_writes_json_markdown_png(tmp_path):
             # (bench/converts.py); the CPU of the tree counted either way
             fresh = r["method"] != "h5batch"
             assert all(run["fresh_process"] == fresh and run["cpu_seconds"] > 0 for run in r["runs"]), r["key"]
+    mem = data["meta"]["memory"]  # bench.memstate's probe at the start and the end of the run
+    assert set(mem) == {"start", "end"} and all(p["hot_ms"] > 0 and p["idle_ms"] > 0 for p in mem.values())
     md = open(paths["markdown"]).read()
+    assert "Memory (`python -m h5batch.bench.memstate`), at start: 16 MiB written" in md
     assert "| auto → none |" in md  # what auto chose for the generated (incompressible) audio
     assert "## Targets" in md and "### Conversion" in md and "### Read" in md and "## Scaling" in md
     assert "every batch consumed" in md
@@ -446,6 +449,23 @@ def test_mini_bench_run_writes_json_markdown_png(tmp_path):
     assert args.handler(args) == 0
     assert open(paths["markdown"]).read() == md
     assert json.loads(open(paths["json"]).read())["records"] == json.loads(before)["records"]
+
+
+def test_memstate_probe_times_writes_into_freed_memory(tmp_path):
+    """bench.memstate writes into the page cache twice per round (right after a free, then
+    after an idle wait) and leaves no scratch file behind; bad arguments are refused."""
+    from h5batch.bench import memstate
+
+    p = memstate.probe(str(tmp_path / "scratch"), mib=16, idle=0.05, rounds=2)
+    assert p["mib"] == 16 and p["idle_s"] == 0.05 and p["hot_ms"] > 0 and p["idle_ms"] > 0
+    # the ratio is of the unrounded medians; the milliseconds are rounded to 0.1
+    assert abs(p["ratio"] - p["idle_ms"] / p["hot_ms"]) <= 0.1 * p["ratio"] + 0.01
+    assert os.listdir(tmp_path / "scratch") == []
+    assert isinstance(p["reporting"], dict)
+    line = memstate.describe(p)
+    assert line.startswith("16 MiB written into the page cache:") and "free for 0.05 s" in line
+    with pytest.raises(ValueError):
+        memstate.probe(str(tmp_path), mib=0)
 
 
 def test_physics_picks_the_largest_default_rate_corpus(tmp_path):

@@ -11,6 +11,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+from . import memstate
 from .records import (
     DEFAULT_CODEC,
     MEMMAP_ROWWISE,
@@ -362,6 +363,14 @@ def markdown(results: dict[str, Any]) -> str:
                   + (f" — **other processes were using the {m['affinity']} cores when the run started: "
                      "figures are low and noisy**" if start > 0.75 * m["affinity"] else "")
                   + " (the bench itself keeps about 2 cores busy).", ""]
+    memory = meta.get("memory") or {}
+    if memory.get("start"):
+        worst = max(p["ratio"] for p in memory.values())
+        lines += ["Memory (`python -m h5batch.bench.memstate`), at start: " + memstate.describe(memory["start"])
+                  + (f"; at end: {memstate.describe(memory['end'])}" if memory.get("end") else "")
+                  + (f" — **writes into memory that sat free took up to {worst:.1f}x as long: this machine "
+                     "returns free memory to its host, and every conversion figure is noisy**" if worst >= 1.5 else "")
+                  + ".", ""]
     lines += ["## Targets", "",
               "Judged on the medians; the range is the ratio at its worst and best repetition. "
               "*within the spread*: the threshold lies in that range, so another run could turn the verdict.",

@@ -32,7 +32,7 @@ from typing import Any
 
 from .. import __version__
 from ..codecs import choices
-from . import corpus, peers, sampling, strict
+from . import corpus, memstate, peers, sampling, strict
 from .checks import CheckPhase
 from .converts import ConvertPhase
 from .reads import ReadPhase
@@ -153,6 +153,8 @@ class Bench(CheckPhase, ConvertPhase, ReadPhase):
                      "processes compete for the CPU and every figure will be low and noisy")
         os.makedirs(self.work, exist_ok=True)
         self.say(f"h5batch bench ({self.cfg.mode}) -> {self.out_dir}")
+        self.memory = {"start": self._memory_probe()}
+        self.say(f"memory: {memstate.describe(self.memory['start'])}")
         jobs = self._corpora()
         peer_ok = self._peers_available() if self.cfg.peers else {}
         # Both zygotes are made before a cluster alters os.environ (see bench.zygote).
@@ -177,6 +179,8 @@ class Bench(CheckPhase, ConvertPhase, ReadPhase):
                 self._read_phase(spec, peer_ok if spec["peers"] else {}, zygote)
         sampling_results = sampling.phase(self.folder("sampling"), self.say, self.skipped, self.cfg.pairs < 512)
         self.load["end"] = os.getloadavg()
+        self.memory["end"] = self._memory_probe()
+        self.say(f"memory at the end: {memstate.describe(self.memory['end'])}")
         results = {
             "meta": self._meta(time.perf_counter() - t0),
             "config": self.cfg.to_dict(),
@@ -192,6 +196,13 @@ class Bench(CheckPhase, ConvertPhase, ReadPhase):
         if not self.cfg.keep:
             shutil.rmtree(self.work, ignore_errors=True)
         return results
+
+    def _memory_probe(self) -> dict[str, Any]:
+        """bench.memstate's probe (what writing into memory free for a second costs here);
+        a smaller one outside full mode, whose figures nobody compares."""
+        if self.cfg.mode == "full":
+            return memstate.probe(self.work)
+        return memstate.probe(self.work, mib=16, idle=0.2, rounds=1)
 
     def _meta(self, seconds: float) -> dict[str, Any]:
         import psutil
@@ -209,7 +220,7 @@ class Bench(CheckPhase, ConvertPhase, ReadPhase):
                             "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
                             "platform": platform.platform(), "python": platform.python_version()},
                 "versions": v, "cluster_start_seconds": getattr(self, "cluster_start_seconds", None),
-                "load_average": self.load,
+                "load_average": self.load, "memory": self.memory,
                 "note": "warm page cache: every input and output file is read from memory"}
 
     def _peers_available(self) -> dict[str, bool]:
