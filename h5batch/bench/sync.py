@@ -50,6 +50,7 @@ from pathlib import Path
 import numpy as np
 
 from ..generate.common import pcm16_header
+from . import memstate
 
 REPO = Path(__file__).resolve().parents[2]
 HOLD_EVERY = 101  # every 101st generated file is held back: the +1 %
@@ -187,6 +188,7 @@ def run_shape(shape: Shape, base: Path, files: int, syncs: int, fulls: int = 3) 
               "--output", str(out)]
     fulls_s: list[float] = []
     rows: list[dict] = []
+    memory = {"start": _memory(base, files)}  # a host that takes back free memory slows both (bench.memstate)
 
     def full() -> None:
         fulls_s.append(_h5batch("convert", *common, "--overwrite")[0])
@@ -212,8 +214,14 @@ def run_shape(shape: Shape, base: Path, files: int, syncs: int, fulls: int = 3) 
         if k < fulls - 1:
             full()
     full_s = statistics.median(fulls_s)
+    memory["end"] = _memory(base, files)
     return {"shape": shape.name, "files": files, "added": len(hold), "full": full_s, "fulls": fulls_s,
-            "no_change": same, "syncs": rows}
+            "no_change": same, "syncs": rows, "memory": memory}
+
+
+def _memory(base: Path, files: int) -> dict:
+    """bench.memstate's probe; a small one for a small corpus (the tests')."""
+    return memstate.probe(str(base)) if files >= 10_000 else memstate.probe(str(base), mib=8, idle=0.1, rounds=1)
 
 
 def report(r: dict) -> str:
@@ -227,6 +235,8 @@ def report(r: dict) -> str:
     for s in r["syncs"]:
         lines.append(f"[{r['shape']}]   +{r['added']:,} files: sync {s['wall']:.2f} s ({s['wall'] / full:.3f} of full; "
                      f"discovery {s['discover']:.2f} s, change {s['change']:.2f} s)")
+    for when, probe in (r.get("memory") or {}).items():
+        lines.append(f"[{r['shape']}]   memory at the {when}: {memstate.describe(probe)}")
     return "\n".join(lines)
 
 
