@@ -171,7 +171,8 @@ def test_a_conversion_row_runs_in_a_child_after_its_warm_up(pairs, tmp_path):
     the child's tree RSS from the moment timing starts."""
     import h5py
 
-    from h5batch.bench import converts, zygote
+    from h5batch.bench import convert_child as converts
+    from h5batch.bench import zygote
 
     c, m, ref = pairs
     small = corpus.paired_audio(tmp_path / "cache", 4)
@@ -187,6 +188,7 @@ def test_a_conversion_row_runs_in_a_child_after_its_warm_up(pairs, tmp_path):
         again = z.call(converts.convert_row, {**job, "warm": None}, "h5batch-auto")  # outlives a failed row
     assert r["pid"] != os.getpid() and again["pid"] not in (r["pid"], os.getpid())
     assert r["result"]["samples"] == 16 and r["seconds"] > 0 and r["cpu_seconds"] > 0
+    assert r["torch_imported"] is False  # h5batch's rows run without torch, as `h5batch convert` does
     assert r["peak_rss"] >= r["baseline_rss"] > 0
     assert not os.path.exists(warm_out)  # the warm-up's output is gone, the timed one is there
     with h5py.File(out, "r") as f:
@@ -427,6 +429,8 @@ def test_mini_bench_run_writes_json_markdown_png(tmp_path):
             # (bench/converts.py); the CPU of the tree counted either way
             fresh = r["method"] != "h5batch"
             assert all(run["fresh_process"] == fresh and run["cpu_seconds"] > 0 for run in r["runs"]), r["key"]
+            if fresh:  # h5batch's children without torch (as the command runs), the naive recipe's with it
+                assert all(run["torch_imported"] == (r["method"] == "naive") for run in r["runs"]), r["key"]
     mem = data["meta"]["memory"]  # bench.memstate's probe at the start and the end of the run
     assert set(mem) == {"start", "end"} and all(p["hot_ms"] > 0 and p["idle_ms"] > 0 for p in mem.values())
     md = open(paths["markdown"]).read()

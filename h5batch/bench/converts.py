@@ -2,8 +2,10 @@
 
 Rule: a row that times a fresh start (h5batch cold and ``kind: auto``, the naive recipe,
 WebDataset, LitData: what a command or a script does) runs in a child forked for it from a
-conversion :class:`~h5batch.bench.zygote.Zygote`, a clean interpreter with h5py, Dask, the
-converters and torch imported and no thread. Reasons, measured: in the bench's own process
+conversion :class:`~h5batch.bench.zygote.Zygote`, a clean interpreter with h5py, Dask and the
+converters imported and no thread: h5batch's rows from one without torch, as ``h5batch
+convert`` runs (:mod:`.convert_child`), the others from one with torch, which the peers and
+the naive recipe's module import. Reasons, measured: in the bench's own process
 (torch, a live Dask client, ~1 GB of heap) ``kind: auto`` took 0.40-1.33 s against ~0.33 s in
 a clean one, WebDataset in 2 processes 0.77-0.80 s against 0.55-0.62 s; and with the client's
 threads alive ``convert`` starts its writer from a fork server, which ``h5batch convert``
@@ -21,61 +23,35 @@ data), which widened every spread.
 
 from __future__ import annotations
 
-import gc
-import io
 import os
-import time
 from collections.abc import Callable
 from typing import Any
 
-from ..conversion.options import ConvertOptions
-from ..conversion.pipeline import convert
 from ..conversion.plan import make_tasks
 from . import baselines, cli_cold, corpus, peers, physics
+from .convert_child import convert_row, h5batch_convert, remove_output
 from .decode_only import decode_only
 from .measure import PeakRss, Sample, timed
 from .records import DEFAULT_CODEC, RW_BOUND
-from .zygote import Zygote, timing_starts
+from .zygote import Zygote
 
 Plan = list[tuple[str, Callable[[bool], None]]]  # (label, run(timed))
-
-
-def h5batch_convert(job: Any) -> dict[str, Any]:
-    """``convert`` as a row runs it (overwrite, no progress, log to memory)."""
-    s = convert(job, ConvertOptions(overwrite=True, restart=True, progress="none", log=io.StringIO()))
-    return {"samples": s.samples, "bytes_decoded": s.bytes_decoded, "files": s.inputs, "rejects": s.rejects,
-            "output_bytes": s.output_bytes, "internal_seconds": s.seconds, "path": s.path}
-
-
-def convert_row(job: dict[str, Any]) -> dict[str, Any]:
-    """One conversion row where it runs (a zygote's child, or the bench's process): ``fn(*warm)``
-    untimed (its output ``warm_out`` removed after), then ``fn(*args)`` timed. ``cpu_seconds``
-    counts this process and every child it reaped (writer, decoders, worker processes)."""
-    fn = job["fn"]
-    if job.get("warm") is not None:
-        fn(*job["warm"])
-        remove_output(job["warm_out"])
-        gc.collect()  # the warm-up's garbage, collected before the timing starts
-    c0 = os.times()
-    timing_starts()
-    t0 = time.perf_counter()
-    result = fn(*job["args"])
-    seconds = time.perf_counter() - t0
-    c1 = os.times()
-    return {"seconds": seconds, "cpu_seconds": sum(c1[:4]) - sum(c0[:4]), "result": result}
 
 
 class ConvertPhase:
     """Mixed into :class:`~h5batch.bench.suite.Bench` (its records, config, cluster and log)."""
 
-    convert_zygote: Zygote | None = None  # None: rows in the bench's process (cfg.fresh_converts off)
+    convert_zygote: Zygote | None = None  # h5batch's rows; None: in the bench's process (cfg.fresh_converts off)
+    peer_zygote: Zygote | None = None  # the peers' and the naive recipe's rows (torch imported)
 
     def _run_row(self, what: str, fn: Callable[..., dict[str, Any]], args: tuple, warm: tuple | None,
-                 warm_out: str, nbytes: float | None = None, fresh: bool = True) -> tuple[Sample, dict]:
+                 warm_out: str, nbytes: float | None = None, fresh: bool = True,
+                 peer: bool = False) -> tuple[Sample, dict]:
         job = {"fn": fn, "args": args, "warm": warm, "warm_out": warm_out}
-        fresh = fresh and self.convert_zygote is not None
+        zygote = self.peer_zygote if peer else self.convert_zygote
+        fresh = fresh and zygote is not None
         if fresh:
-            r = self.convert_zygote.call(convert_row, job, f"conversion row {what}")
+            r = zygote.call(convert_row, job, f"conversion row {what}")
         else:
             with PeakRss() as mem:
                 r = convert_row(job)
@@ -83,7 +59,8 @@ class ConvertPhase:
         res = r["result"]
         sample = Sample(r["seconds"], int(res["samples"]), float(res["bytes_decoded"] if nbytes is None else nbytes),
                         int(r["peak_rss"]), int(r["baseline_rss"]),
-                        {"cpu_seconds": r["cpu_seconds"], "fresh_process": fresh})
+                        {"cpu_seconds": r["cpu_seconds"], "fresh_process": fresh,
+                         "torch_imported": r["torch_imported"]})
         return sample, res
 
     def _convert_plan(self, spec: dict[str, Any], peer_ok: dict[str, bool]) -> Plan:
@@ -153,7 +130,7 @@ class ConvertPhase:
                 warm = (small_items, fields, warm_out, *args) if small_items is not None else None
                 remove_output(out)
                 sample, r = self._run_row(f"{method} {name}", fn, (items, fields, out, *args), warm, warm_out,
-                                          nbytes)
+                                          nbytes, peer=True)
                 sample.extra.update(files=nfiles, output_bytes=r["output_bytes"],
                                     **({"shards": r["shards"]} if "shards" in r else {}))
                 if timed_round:
@@ -257,18 +234,3 @@ def field_codecs(path: str) -> dict[str, str]:
         if split is None:
             return {}
         return {name: str(node.attrs.get("codec", "")) for name, node in f[split].items() if "codec" in node.attrs}
-
-
-def remove_output(path: str) -> None:
-    """Remove the previous round's output before a timed conversion.
-
-    Every method would otherwise spend part of its time dropping the previous output's
-    cached pages (unlink, ``O_TRUNC``, ``rmtree``: ~0.05 s per 500 MB here), which is not
-    conversion work and which a first conversion does not pay.
-    """
-    import shutil
-
-    if os.path.isdir(path):
-        shutil.rmtree(path)
-    elif os.path.exists(path):
-        os.unlink(path)

@@ -37,7 +37,7 @@ from .checks import CheckPhase
 from .converts import ConvertPhase
 from .reads import ReadPhase
 from .records import DEFAULT_CODEC, Record
-from .zygote import CONVERT_PRELOAD, Zygote
+from .zygote import CONVERT_PRELOAD, PEER_CONVERT_PRELOAD, Zygote
 
 ALL_CODECS = choices()  # auto first, then every registered codec (h5batch/codecs/)
 
@@ -160,6 +160,7 @@ class Bench(CheckPhase, ConvertPhase, ReadPhase):
         # Both zygotes are made before a cluster alters os.environ (see bench.zygote).
         zygote = Zygote()  # the 0-worker reads fork from it
         self.convert_zygote = Zygote(preload=CONVERT_PRELOAD) if self.cfg.fresh_converts else None
+        self.peer_zygote = Zygote(preload=PEER_CONVERT_PRELOAD) if self.cfg.fresh_converts else None
         self._start_cluster()
         try:
             for spec in jobs:
@@ -168,8 +169,9 @@ class Bench(CheckPhase, ConvertPhase, ReadPhase):
             self._demo_phase()
         finally:
             self._stop_cluster()
-            if self.convert_zygote is not None:
-                self.convert_zygote.close()
+            for z in (self.convert_zygote, self.peer_zygote):
+                if z is not None:
+                    z.close()
         for spec in jobs:
             self._check_phase(spec, peer_ok if spec["peers"] else {})
             spec.pop("reference", None)  # free it: forked loader workers would inherit it

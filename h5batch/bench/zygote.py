@@ -37,7 +37,7 @@ import psutil
 
 from .measure import tree_rss
 
-__all__ = ["Zygote", "timing_starts", "READ_PRELOAD", "CONVERT_PRELOAD"]
+__all__ = ["Zygote", "timing_starts", "READ_PRELOAD", "CONVERT_PRELOAD", "PEER_CONVERT_PRELOAD"]
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 #: seconds a row's child may take before it is killed
@@ -46,10 +46,13 @@ ROW_TIMEOUT = 900.0
 RSS_INTERVAL = 0.05
 #: what a read row's child needs imported (torch, h5py and the readers)
 READ_PRELOAD = ("h5py", "torch", "torch.utils.data", "h5batch.torch", "h5batch.bench.baselines")
-#: what a conversion row's child needs imported. The peers' own packages and Dask are left to
+#: what an h5batch conversion row's child needs imported: what ``h5batch convert`` imports,
+#: and no torch (bench.convert_child). Dask's client and the peers' own packages are left to
 #: each child's untimed warm-up: an import that starts a thread would make forking unsafe.
 CONVERT_PRELOAD = ("h5py", "soundfile", "distributed", "h5batch.conversion.pipeline",
-                   "h5batch.conversion.cluster", "h5batch.bench.peers", "h5batch.bench.baselines")
+                   "h5batch.conversion.cluster", "h5batch.bench.convert_child")
+#: the same for the peers' and the naive recipe's rows, whose modules import torch
+PEER_CONVERT_PRELOAD = (*CONVERT_PRELOAD, "h5batch.bench.peers", "h5batch.bench.baselines")
 
 _MARK = b"\x00"  # the child's "timing starts now" (a JSON reply never starts with it)
 _reply_fd: int | None = None  # in a child: the pipe its reply goes to

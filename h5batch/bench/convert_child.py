@@ -1,0 +1,65 @@
+"""What a conversion row runs where it is timed: the untimed warm-up, then the timed conversion.
+
+Rule: this module, and what it imports, never imports torch. Reason: h5batch's rows run in
+children of a conversion zygote that has only this and h5batch's own modules imported, so that
+``kind: auto`` is timed as ``h5batch convert`` runs, which never imports torch
+(bench.converts); the peers' rows run in a second zygote with torch imported, which they
+need. What torch in the process costs a conversion is small and unsteady: 4,096 pairs, 8
+pairs of fresh processes 1.026x the wall time; 12 alternating rounds through the two zygotes
+0.995x (0.931-1.034). The rule is for fidelity, not speed.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import os
+import shutil
+import sys
+import time
+from typing import Any
+
+from ..conversion.options import ConvertOptions
+from ..conversion.pipeline import convert
+from .zygote import timing_starts
+
+
+def h5batch_convert(job: Any) -> dict[str, Any]:
+    """``convert`` as a row runs it (overwrite, no progress, log to memory)."""
+    s = convert(job, ConvertOptions(overwrite=True, restart=True, progress="none", log=io.StringIO()))
+    return {"samples": s.samples, "bytes_decoded": s.bytes_decoded, "files": s.inputs, "rejects": s.rejects,
+            "output_bytes": s.output_bytes, "internal_seconds": s.seconds, "path": s.path}
+
+
+def convert_row(job: dict[str, Any]) -> dict[str, Any]:
+    """One conversion row where it runs (a zygote's child, or the bench's process): ``fn(*warm)``
+    untimed (its output ``warm_out`` removed after), then ``fn(*args)`` timed. ``cpu_seconds``
+    counts this process and every child it reaped (writer, decoders, worker processes);
+    ``torch_imported`` says whether the timed run had torch in its process."""
+    fn = job["fn"]
+    if job.get("warm") is not None:
+        fn(*job["warm"])
+        remove_output(job["warm_out"])
+        gc.collect()  # the warm-up's garbage, collected before the timing starts
+    torch_imported = "torch" in sys.modules
+    c0 = os.times()
+    timing_starts()
+    t0 = time.perf_counter()
+    result = fn(*job["args"])
+    seconds = time.perf_counter() - t0
+    c1 = os.times()
+    return {"seconds": seconds, "cpu_seconds": sum(c1[:4]) - sum(c0[:4]), "result": result,
+            "torch_imported": torch_imported}
+
+
+def remove_output(path: str) -> None:
+    """Remove the previous round's output before a timed conversion.
+
+    Every method would otherwise spend part of its time dropping the previous output's
+    cached pages (unlink, ``O_TRUNC``, ``rmtree``: ~0.05 s per 500 MB here), which is not
+    conversion work and which a first conversion does not pay.
+    """
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+    elif os.path.exists(path):
+        os.unlink(path)
