@@ -157,7 +157,7 @@ class Bench(CheckPhase, ConvertPhase, ReadPhase):
         self.say(f"memory: {memstate.describe(self.memory['start'])}")
         jobs = self._corpora()
         peer_ok = self._peers_available() if self.cfg.peers else {}
-        # Both zygotes are made before a cluster alters os.environ (see bench.zygote).
+        # The zygotes are made before a cluster alters os.environ (see bench.zygote).
         zygote = Zygote()  # the 0-worker reads fork from it
         self.convert_zygote = Zygote(preload=CONVERT_PRELOAD) if self.cfg.fresh_converts else None
         self.peer_zygote = Zygote(preload=PEER_CONVERT_PRELOAD) if self.cfg.fresh_converts else None
