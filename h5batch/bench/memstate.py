@@ -7,13 +7,14 @@ just freed), and *idle*, after deleting it and waiting S seconds (default 1). It
 median milliseconds of each and their ratio, and the kernel's free page reporting settings
 where it has them (``/sys/module/page_reporting``).
 
-Reason: a virtual machine whose balloon reports free pages to its host (virtio-balloon
-``VIRTIO_BALLOON_F_REPORTING``, Firecracker's, this machine's) loses the host's backing of
-memory that stays free for a moment; the next process that writes into it waits for the host
-to back each page again. Every conversion writes its output into freshly allocated page
-cache, so on such a machine a bench figure depends on when memory was last freed, not only on
-the code (docs/benchmarks.md, eighteenth round: 512 MiB of writes took 0.11 s hot and 1.8-2.0 s
-after 1 s idle, on the same afternoon). On bare metal the ratio is ~1. The full bench runs
+Reason: on a virtual machine whose balloon reports free pages to its host (virtio-balloon
+``VIRTIO_BALLOON_F_REPORTING``, as this one's does), memory that stays free for a moment can
+lose the host's backing, and the next process that writes into it waits for the host to back
+each page again: the likeliest cause of what docs/benchmarks.md's eighteenth round measured
+(512 MiB of writes took 0.11 s hot and 1.8-2.0 s after 1 s idle, on the same afternoon).
+Every conversion writes its output into freshly allocated page cache, so during such a spell
+a bench figure depends on when memory was last freed, not only on the code. On bare metal
+the ratio is ~1. The full bench runs
 this probe at its start and end and prints it beside the load average, so that a run's noise
 can be read for what it is.
 """
