@@ -21,7 +21,7 @@ def test_sync_bench_measures_each_shape_and_restores_its_corpus(tmp_path):
         assert r["full"] > 0 and len(r["syncs"]) == 1 and r["syncs"][0]["wall"] > 0
         assert f"[{name}] 400 files: full conversion" in p.stdout
         assert set(r["memory"]) == {"start", "end"} and r["memory"]["end"]["hot_ms"] > 0
-        assert f"[{name}]   memory at the start: 8 MiB written into the page cache" in p.stdout
+        assert f"[{name}]   memory at the start: 16 MiB written into the page cache" in p.stdout
         base = tmp_path / "b" / f"{name}-400"
         held = json.loads((base / "generated.json").read_text())["held"]
         assert all((base / "held" / rel).is_file() and not (base / "corpus" / rel).exists() for rel in held)

@@ -45,7 +45,7 @@ from collections.abc import Callable
 from ..conversion.options import ConvertOptions
 from ..conversion.pipeline import convert
 from . import corpus, peers
-from .converts import remove_output
+from .convert_child import remove_output
 
 METHODS = ("h5batch", "h5batch-cold", "h5batch-auto", "floor", "webdataset-2p", "litdata-fork")
 PEER_WRITERS = ("webdataset-2p", "litdata-fork")

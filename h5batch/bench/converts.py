@@ -23,9 +23,12 @@ data), which widened every spread.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from typing import Any
+
+import h5py
 
 from ..conversion.plan import make_tasks
 from . import baselines, cli_cold, corpus, peers, physics
@@ -223,10 +226,6 @@ class ConvertPhase:
 def field_codecs(path: str) -> dict[str, str]:
     """The codec each field of the file's first split was stored with (``auto`` resolves
     per field, the same in every split)."""
-    import json
-
-    import h5py
-
     with h5py.File(path, "r") as f:
         # The file's first split (not the first group: rejects, inventory, ... sort before it).
         splits = [k for k in json.loads(f.attrs.get("splits", "[]")) if k in f]

@@ -43,11 +43,16 @@ def read_files(paths: list[str]) -> int:
     return n
 
 
-def write_file(path: str, nbytes: int) -> None:
+def write_blocks(path: str, nbytes: int) -> None:
+    """Write ``nbytes`` (whole MiB) into a new file at ``path`` with 1 MiB writes, no flush."""
     block = np.ones(1 << 20, np.uint8)
     with open(path, "wb") as fh:
         for _ in range(nbytes >> 20):
             fh.write(block)
+
+
+def write_file(path: str, nbytes: int) -> None:
+    write_blocks(path, nbytes)
     os.unlink(path)
 
 

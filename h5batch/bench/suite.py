@@ -204,7 +204,7 @@ class Bench(CheckPhase, ConvertPhase, ReadPhase):
         a smaller one outside full mode, whose figures nobody compares."""
         if self.cfg.mode == "full":
             return memstate.probe(self.work)
-        return memstate.probe(self.work, mib=16, idle=0.2, rounds=1)
+        return memstate.probe(self.work, **memstate.SMALL)
 
     def _meta(self, seconds: float) -> dict[str, Any]:
         import psutil

@@ -221,7 +221,7 @@ def run_shape(shape: Shape, base: Path, files: int, syncs: int, fulls: int = 3) 
 
 def _memory(base: Path, files: int) -> dict:
     """bench.memstate's probe; a small one for a small corpus (the tests')."""
-    return memstate.probe(str(base)) if files >= 10_000 else memstate.probe(str(base), mib=8, idle=0.1, rounds=1)
+    return memstate.probe(str(base)) if files >= 10_000 else memstate.probe(str(base), **memstate.SMALL)
 
 
 def report(r: dict) -> str:
