@@ -3,6 +3,7 @@ speed targets, tests only check that what it measures and writes is right)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
@@ -470,6 +471,46 @@ def test_memstate_probe_times_writes_into_freed_memory(tmp_path):
     assert line.startswith("16 MiB written into the page cache:") and "free for 0.05 s" in line
     with pytest.raises(ValueError):
         memstate.probe(str(tmp_path), mib=0)
+
+
+def test_direct_write_bound_stores_what_convert_stores(tmp_path, capsys):
+    """bench.direct_write: chunks allocated up front and filled by forked processes hold, row
+    for row, what ``convert`` stores for the same corpus (the last chunk partial); a field it
+    cannot take and a file its reader declines are refused, naming them."""
+    import dataclasses
+
+    import h5py
+
+    from h5batch.bench import corpus, direct_write
+    from h5batch.conversion.options import ConvertOptions
+    from h5batch.conversion.pipeline import convert
+
+    cp = corpus.paired_audio(tmp_path / "cache", 40, 8000)  # 32,000-byte rows: 32 per 1 MiB chunk, so 32 + 8
+    r = direct_write.direct_convert(cp.job(str(tmp_path / "direct.h5"), "none"), processes=2)
+    assert r["samples"] == 40 and r["seconds"] > 0 and r["cpu"] > 0 and r["bytes"] == 40 * 2 * 32000
+    convert(cp.job(str(tmp_path / "ref.h5"), "none", {"kind": "inprocess"}),
+            ConvertOptions(overwrite=True, progress="none", log=io.StringIO()))
+    with h5py.File(tmp_path / "direct.h5") as d, h5py.File(tmp_path / "ref.h5") as ref:
+        for name in ("data", "target"):
+            got, want = d["train"][name], ref["train"][name]
+            assert got.shape == want.shape == (40, 16000) and got.chunks == (32, 16000)
+            assert np.array_equal(got[:], want[:]) and np.abs(want[:]).max() > 0
+
+    job = cp.job(str(tmp_path / "float.h5"), "none")
+    job = dataclasses.replace(job, fields={**job.fields, "target": dataclasses.replace(job.fields["target"], dtype="float32")})
+    with pytest.raises(ValueError, match="field 'target'"):
+        direct_write.direct_convert(job)
+    bad = sorted((tmp_path / "cache" / cp.name / "train" / "label").glob("*.wav"))[3]
+    bad.write_bytes(b"RIFF")  # a truncated file: the direct reader declines it
+    with pytest.raises(RuntimeError, match="copying processes failed"):
+        direct_write.direct_convert(cp.job(str(tmp_path / "bad.h5"), "none"), processes=2)
+
+    # the command: both ways alternating, their ratio, no output left in its scratch folder
+    assert direct_write.main(["--pairs", "8", "--rounds", "1", "--cache", str(tmp_path / "cache"),
+                              "--work", str(tmp_path / "work")]) == 0
+    out = capsys.readouterr().out
+    assert "round 1/1: " in out and "8 samples" in out and "h5batch / direct-write bound, wall: " in out
+    assert os.listdir(tmp_path / "work") == []
 
 
 def test_physics_picks_the_largest_default_rate_corpus(tmp_path):
