@@ -9,7 +9,7 @@ prints each one's median wall and CPU time and their ratio taken round by round:
 ``direct``   :func:`direct_convert`: h5batch's discovery, then the writer's part done up
              front (every chunk of the file allocated at once, HDF5's
              ``H5D_ALLOC_TIME_EARLY`` with fill time ``NEVER``, each chunk's byte offset
-             looked up), then N forked processes that each read a chunk's rows with
+             read from the chunk index), then N forked processes that each read a chunk's rows with
              h5batch's own decoder (:func:`h5batch.fields.wav_direct.read_into`) into one
              reused chunk-sized buffer and ``pwrite`` it at that chunk's offset.
 
@@ -72,8 +72,14 @@ def _allocated(group: h5py.Group, name: str, n: int, shape: tuple[int, ...], dty
     dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
     dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
     dsid = h5py.h5d.create(group.id, name.encode(), h5py.h5t.py_create(np.dtype(dtype)), space, dcpl=dcpl)
-    zero = (0,) * len(shape)
-    return [dsid.get_chunk_info_by_coord((c * k, *zero)).byte_offset for c in range(-(-n // k))]
+    # chunk_iter lists the whole index in one call: get_chunk_info_by_coord costs more per
+    # chunk the bigger the index (17.8 µs at 512 chunks, 767 µs at 100,000).
+    found: list[tuple[int, int]] = []
+    dsid.chunk_iter(lambda info: found.append((info.chunk_offset[0], info.byte_offset)))
+    found.sort()
+    if [row for row, _ in found] != list(range(0, n, k)):
+        raise RuntimeError(f"{name}: HDF5 allocated {len(found)} chunks for {n} rows of {k}")
+    return [offset for _, offset in found]
 
 
 def _copy(out: str, jobs: list[tuple[int, list[str], Any]], row_shape: dict, dtype: dict, k: int) -> int:
