@@ -260,6 +260,42 @@ def test_the_reader_decodes_compressed_chunks_from_the_file_mapping(name, tmp_pa
         mapping.close()  # no view of the mapping is left behind
 
 
+def test_the_reader_lists_every_chunk_once(tmp_path):
+    """ChunkStore finds chunk locations in one listing of the index (chunk_iter), not one
+    lookup per chunk, whose cost grows with the index: every block's offset, size and filter
+    mask equal HDF5's own lookup, blocks never written have none, and the rows read equal
+    HDF5's, the last partial block included."""
+    import mmap
+
+    from h5batch.torch.chunks import ChunkStore
+
+    data = _chunkish("<i2", 48)
+    path = tmp_path / "x.h5"
+    with h5py.File(path, "w") as f:
+        ds = f.create_dataset("x", shape=(45, 1000), maxshape=(None, 1000), dtype=data.dtype, chunks=(8, 1000))
+        for c in (0, 1, 3, 5):  # blocks 2 and 4 stay unwritten; block 5 holds rows 40-44, zero-padded
+            ds.id.write_direct_chunk((c * 8, 0), np.ascontiguousarray(data[c * 8:(c + 1) * 8]))
+    with h5py.File(path, "r") as f, open(path, "rb") as fh:
+        mapping = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        ds = f["x"]
+        store = ChunkStore(ds, 2, True, mapping, fh.fileno())
+        np.testing.assert_array_equal(store.get(0), data[:8])
+        assert store.table is not None and len(store.table[0]) == 6
+        for c in range(6):
+            info = ds.id.get_chunk_info_by_coord((c * 8, 0))
+            if info.byte_offset is None:  # not written: HDF5 leaves size and mask undefined
+                assert c in (2, 4) and store._chunk_info(c)[0] is None
+            else:
+                assert store._chunk_info(c) == (info.byte_offset, info.size, info.filter_mask), c
+            assert store.plain_offset(c) == (info.byte_offset if c in (0, 1, 3, 5) else -1), c
+        assert store._chunk_info(6) == (None, 0, 0)  # past the extent
+        for c in (1, 3, 5):
+            np.testing.assert_array_equal(store.get(c), ds[c * 8:(c + 1) * 8], err_msg=f"block {c}")
+        assert len(store.get(5)) == 5
+        del store, ds
+        mapping.close()
+
+
 def test_blosc2_loads_without_httpx_command_line_and_httpx_stays_whole():
     """codecs/libraries.py: blosc2 without the command line httpx would import (rich, pygments),
     then ``import httpx._main`` still works; blosc2 round-trips."""
