@@ -205,8 +205,8 @@ class ChunkStore:
 
         try:
             self.ds.id.chunk_iter(put)
-        except (AttributeError, NotImplementedError, RuntimeError, ValueError, KeyError):
-            return None
+        except (AttributeError, NotImplementedError, OSError, RuntimeError, ValueError, KeyError):
+            return None  # h5py without chunk_iter, or HDF5 refused: one lookup per chunk
         return offsets, sizes, masks
 
     def _view(self, offset: int) -> np.ndarray:
