@@ -436,6 +436,9 @@ def test_mini_bench_run_writes_json_markdown_png(tmp_path):
     assert set(mem) == {"start", "end"} and all(p["hot_ms"] > 0 and p["idle_ms"] > 0 for p in mem.values())
     md = open(paths["markdown"]).read()
     assert "Memory (`python -m h5batch.bench.memstate`), at start: 16 MiB written" in md
+    fe = data["meta"]["first_epoch"]  # bench.first_epoch: the main corpus in one-row chunks, read twice
+    assert fe["chunks"] == fe["samples"] == data["config"]["pairs"] and fe["first_s"] > 0 and fe["second_s"] > 0
+    assert "Reading a file of many chunks (`python -m h5batch.bench.first_epoch`): first epoch of a file of" in md
     assert "| auto → none |" in md  # what auto chose for the generated (incompressible) audio
     assert "## Targets" in md and "### Conversion" in md and "### Read" in md and "## Scaling" in md
     assert "every batch consumed" in md
@@ -511,6 +514,20 @@ def test_direct_write_bound_stores_what_convert_stores(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "round 1/1: " in out and "8 samples" in out and "h5batch / direct-write bound, wall: " in out
     assert os.listdir(tmp_path / "work") == []
+
+
+def test_first_epoch_probe_reads_a_file_of_one_row_chunks(tmp_path, capsys):
+    """bench.first_epoch: the corpus converted one row per chunk, two epochs read in a new
+    interpreter, the file removed after; a bad size is refused."""
+    from h5batch.bench import first_epoch
+
+    p = first_epoch.probe(str(tmp_path / "cache"), str(tmp_path / "work"), pairs=24, rate=8000)
+    assert p["chunks"] == p["samples"] == 24 and p["first_s"] > 0 and p["second_s"] > 0
+    assert abs(p["ratio"] - p["first_s"] / p["second_s"]) < 1e-9
+    assert os.listdir(tmp_path / "work") == []
+    assert first_epoch.describe(p).startswith("first epoch of a file of 24 one-row chunks per field: ")
+    with pytest.raises(ValueError):
+        first_epoch.probe(str(tmp_path / "cache"), str(tmp_path / "work"), pairs=0)
 
 
 def test_physics_picks_the_largest_default_rate_corpus(tmp_path):

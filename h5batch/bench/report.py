@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from . import memstate
+from . import first_epoch, memstate
 from .records import (
     DEFAULT_CODEC,
     MEMMAP_ROWWISE,
@@ -371,6 +371,11 @@ def markdown(results: dict[str, Any]) -> str:
                   + (f" — **writes into memory that sat free took up to {worst:.1f}x as long: this machine "
                      "returns free memory to its host, and every conversion figure is noisy**" if worst >= 1.5 else "")
                   + ".", ""]
+    fe = meta.get("first_epoch")
+    if fe:
+        lines += ["Reading a file of many chunks (`python -m h5batch.bench.first_epoch`): " + first_epoch.describe(fe)
+                  + (" — **the first epoch is far slower than the second: the reader spends it finding chunks**"
+                     if fe["ratio"] >= 2 else "") + ".", ""]
     lines += ["## Targets", "",
               "Judged on the medians; the range is the ratio at its worst and best repetition. "
               "*within the spread*: the threshold lies in that range, so another run could turn the verdict.",

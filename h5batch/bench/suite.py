@@ -32,7 +32,7 @@ from typing import Any
 
 from .. import __version__
 from ..codecs import choices
-from . import corpus, memstate, peers, sampling, strict
+from . import corpus, first_epoch, memstate, peers, sampling, strict
 from .checks import CheckPhase
 from .converts import ConvertPhase
 from .reads import ReadPhase
@@ -180,6 +180,9 @@ class Bench(CheckPhase, ConvertPhase, ReadPhase):
             for spec in jobs:
                 self._read_phase(spec, peer_ok if spec["peers"] else {}, zygote)
         sampling_results = sampling.phase(self.folder("sampling"), self.say, self.skipped, self.cfg.pairs < 512)
+        # A file of many chunks (the main corpus, one row per chunk): its first epoch (bench.first_epoch).
+        self.first_epoch = first_epoch.probe(self.cfg.cache, self.folder("first-epoch"), self.cfg.pairs, self.cfg.rate)
+        self.say(f"reading: {first_epoch.describe(self.first_epoch)}")
         self.load["end"] = os.getloadavg()
         self.memory["end"] = self._memory_probe()
         self.say(f"memory at the end: {memstate.describe(self.memory['end'])}")
@@ -223,6 +226,7 @@ class Bench(CheckPhase, ConvertPhase, ReadPhase):
                             "platform": platform.platform(), "python": platform.python_version()},
                 "versions": v, "cluster_start_seconds": getattr(self, "cluster_start_seconds", None),
                 "load_average": self.load, "memory": self.memory,
+                "first_epoch": getattr(self, "first_epoch", None),
                 "note": "warm page cache: every input and output file is read from memory"}
 
     def _peers_available(self) -> dict[str, bool]:
