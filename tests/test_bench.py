@@ -489,8 +489,8 @@ def test_direct_write_bound_stores_what_convert_stores(tmp_path, capsys):
     from h5batch.conversion.pipeline import convert
 
     cp = corpus.paired_audio(tmp_path / "cache", 40, 8000)  # 32,000-byte rows: 32 per 1 MiB chunk, so 32 + 8
-    r = direct_write.direct_convert(cp.job(str(tmp_path / "direct.h5"), "none"), processes=2)
-    assert r["samples"] == 40 and r["seconds"] > 0 and r["cpu"] > 0 and r["bytes"] == 40 * 2 * 32000
+    r = direct_write.timed(direct_write.direct_convert, cp.job(str(tmp_path / "direct.h5"), "none"), 2)
+    assert r["samples"] == 40 and r["seconds"] > 0 and r["cpu"] > 0 and r["bytes_decoded"] == 40 * 2 * 32000
     convert(cp.job(str(tmp_path / "ref.h5"), "none", {"kind": "inprocess"}),
             ConvertOptions(overwrite=True, progress="none", log=io.StringIO()))
     with h5py.File(tmp_path / "direct.h5") as d, h5py.File(tmp_path / "ref.h5") as ref:

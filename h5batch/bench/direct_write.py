@@ -30,7 +30,6 @@ same time as with the writer copying (0.36 s, 0.59 against 0.61 CPU-s; nineteent
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import statistics
 import sys
@@ -40,6 +39,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from .. import format as fmt
 from ..config import JobConfig
 from ..fields import file_fields, fixed_sample_shape, rows_per_chunk, wav_direct
 from ..layouts import discover
@@ -75,14 +75,10 @@ def _allocated(group: h5py.Group, name: str, n: int, shape: tuple[int, ...], dty
     dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
     dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
     dsid = h5py.h5d.create(group.id, name.encode(), h5py.h5t.py_create(np.dtype(dtype)), space, dcpl=dcpl)
-    # chunk_iter lists the whole index in one call: get_chunk_info_by_coord costs more per
-    # chunk the bigger the index (17.8 µs at 512 chunks, 767 µs at 100,000).
-    found: list[tuple[int, int]] = []
-    dsid.chunk_iter(lambda info: found.append((info.chunk_offset[0], info.byte_offset)))
-    found.sort()
-    if [row for row, _ in found] != list(range(0, n, k)):
-        raise RuntimeError(f"{name}: HDF5 allocated {len(found)} chunks for {n} rows of {k}")
-    return [offset for _, offset in found]
+    offsets, _, _ = fmt.chunk_table(dsid, k, n)  # the reader's listing of the index
+    if (offsets < 0).any():
+        raise RuntimeError(f"{name}: HDF5 allocated {int((offsets >= 0).sum())} chunks for {n} rows of {k}")
+    return [int(o) for o in offsets]
 
 
 def _copy(out: str, jobs: list[tuple[int, list[str], Any]], row_shape: dict, dtype: dict, k: int) -> int:
@@ -106,8 +102,7 @@ def _copy(out: str, jobs: list[tuple[int, list[str], Any]], row_shape: dict, dty
 
 def direct_convert(job: JobConfig, processes: int = 2) -> dict[str, Any]:
     """Convert ``job``'s corpus the direct-write way (see the module) into ``job.output.path``;
-    its samples, seconds and CPU seconds (this process and the forked ones)."""
-    t0, c0 = time.perf_counter(), _cpu()
+    its samples and the decoded bytes written."""
     readers = _readers(job)
     manifest = discover(job)
     out = job.output.path
@@ -147,25 +142,22 @@ def direct_convert(job: JobConfig, processes: int = 2) -> dict[str, Any]:
         failed = [pid for pid in pids if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0]
         if failed:
             raise RuntimeError(f"direct_write: {len(failed)} of {processes} copying processes failed (see above)")
-    return {"samples": len(manifest.items), "seconds": time.perf_counter() - t0, "cpu": _cpu() - c0,
-            "bytes": sum(len(items) for items in split_items.values()) *
-            sum(int(np.prod(s)) * np.dtype(dtypes[n]).itemsize for n, s in row_shape.items())}
+    return {"samples": len(manifest.items),
+            "bytes_decoded": len(manifest.items) * sum(int(np.prod(s)) * np.dtype(dtypes[n]).itemsize
+                                                       for n, s in row_shape.items())}
 
 
-def h5batch_convert(job: JobConfig) -> dict[str, Any]:
-    """``convert`` as ``h5batch convert`` runs it (``cluster.kind: auto``), in this process."""
-    from ..conversion.options import ConvertOptions
-    from ..conversion.pipeline import convert
-
+def timed(fn: Any, *args: Any) -> dict[str, Any]:
+    """``fn(*args)``'s result with its ``seconds`` and ``cpu`` (this process and the children
+    it reaped) added."""
     t0, c0 = time.perf_counter(), _cpu()
-    s = convert(job, ConvertOptions(overwrite=True, restart=True, progress="none", log=io.StringIO()))
-    return {"samples": sum(s.counts.values()), "seconds": time.perf_counter() - t0, "cpu": _cpu() - c0,
-            "bytes": s.bytes_decoded}
+    r = fn(*args)
+    return {**r, "seconds": time.perf_counter() - t0, "cpu": _cpu() - c0}
 
 
 def main(argv: list[str] | None = None) -> int:
     from . import corpus
-    from .convert_child import remove_output
+    from .convert_child import h5batch_convert, remove_output
 
     p = argparse.ArgumentParser(prog="python -m h5batch.bench.direct_write", description=__doc__.split("\n\n")[0])
     p.add_argument("--pairs", type=int, default=4096)
@@ -178,11 +170,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--pairs, --rounds and --processes must be >= 1")
     cp = corpus.paired_audio(a.cache, a.pairs)
     os.makedirs(a.work, exist_ok=True)
-    ways = {
-        "h5batch": lambda: h5batch_convert(cp.job(os.path.join(a.work, "direct-h5batch.h5"), "none", {"kind": "auto"})),
-        "direct": lambda: direct_convert(cp.job(os.path.join(a.work, "direct-bound.h5"), "none"), a.processes),
-    }
     outs = {"h5batch": os.path.join(a.work, "direct-h5batch.h5"), "direct": os.path.join(a.work, "direct-bound.h5")}
+    ways = {  # h5batch: convert as `h5batch convert` runs it (cluster.kind auto), in this process
+        "h5batch": lambda: timed(h5batch_convert, cp.job(outs["h5batch"], "none", {"kind": "auto"})),
+        "direct": lambda: timed(direct_convert, cp.job(outs["direct"], "none"), a.processes),
+    }
     runs: dict[str, list[dict]] = {w: [] for w in ways}
     try:
         for r in range(a.rounds + 1):  # round 0 is untimed: the corpus's and the outputs' first writes
@@ -199,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for o in outs.values():
             remove_output(o)
-            remove_output(os.path.splitext(o)[0] + ".rejects.jsonl")  # convert's list beside its output
+            remove_output(fmt.rejects_file(o))  # convert's list beside its output
     for w, rs in runs.items():
         print(f"{w:8s} {statistics.median(x['seconds'] for x in rs):.3f} s, "
               f"{statistics.median(x['cpu'] for x in rs):.2f} CPU-s, {rs[0]['samples']:,} samples (median of {len(rs)})")

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import io
 import json
 import os
 import subprocess
@@ -44,10 +43,9 @@ def probe(cache: str, work: str, pairs: int = 4096, rate: int | None = None) -> 
     """Convert ``pairs`` pairs (of ``rate`` Hz: the bench's corpus of that size) into one-row
     chunks under ``work``, read two epochs in a new interpreter; ``{chunks, samples,
     first_s, second_s, ratio}`` (the file is removed)."""
-    from ..conversion.options import ConvertOptions
-    from ..conversion.pipeline import convert
+    from .. import format as fmt
     from . import corpus
-    from .convert_child import remove_output
+    from .convert_child import h5batch_convert, remove_output
 
     if pairs < 1:
         raise ValueError("pairs must be >= 1")
@@ -58,14 +56,14 @@ def probe(cache: str, work: str, pairs: int = 4096, rate: int | None = None) -> 
     row_bytes = cp.extra["length"] * 2  # int16 samples: one row per chunk
     job = dataclasses.replace(job, output=dataclasses.replace(job.output, chunk_bytes=row_bytes))
     try:
-        convert(job, ConvertOptions(overwrite=True, progress="none", log=io.StringIO()))
+        h5batch_convert(job)
         p = subprocess.run([sys.executable, "-c", _READ, out], capture_output=True, text=True)
         if p.returncode:
             raise RuntimeError(f"reading {out} failed ({p.returncode}):\n{p.stderr[-2000:]}")
         r = json.loads(p.stdout.strip().splitlines()[-1])
     finally:
         remove_output(out)
-        remove_output(os.path.splitext(out)[0] + ".rejects.jsonl")
+        remove_output(fmt.rejects_file(out))
     return {"chunks": pairs, **r, "ratio": r["first_s"] / max(r["second_s"], 1e-9)}
 
 

@@ -33,6 +33,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from .. import format as fmt
 from ..codecs import ChunkDecoder
 from .batch import Copy, copy_all
 from .preads import SPAN_MIN_BYTES, FileSpan, mover
@@ -190,24 +191,12 @@ class ChunkStore:
         return info.byte_offset, info.size, info.filter_mask
 
     def _list_chunks(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """Every written chunk's offset, size and filter mask by block number (offset -1:
-        not written), or None where ``chunk_iter`` is missing or fails."""
-        n_blocks = -(-self.n // self.k)
-        offsets = np.full(n_blocks, -1, dtype=np.int64)
-        sizes = np.zeros(n_blocks, dtype=np.int64)
-        masks = np.zeros(n_blocks, dtype=np.int64)
-        k = self.k
-
-        def put(info: Any) -> None:
-            b = info.chunk_offset[0] // k
-            if b < n_blocks and info.byte_offset is not None:
-                offsets[b], sizes[b], masks[b] = info.byte_offset, info.size, info.filter_mask
-
+        """:func:`h5batch.format.chunk_table` of this dataset, or None where ``chunk_iter``
+        is missing or HDF5 refuses it (then one lookup per chunk)."""
         try:
-            self.ds.id.chunk_iter(put)
+            return fmt.chunk_table(self.ds.id, self.k, self.n)
         except (AttributeError, NotImplementedError, OSError, RuntimeError, ValueError, KeyError):
-            return None  # h5py without chunk_iter, or HDF5 refused: one lookup per chunk
-        return offsets, sizes, masks
+            return None
 
     def _view(self, offset: int) -> np.ndarray:
         return np.frombuffer(self.mapping, dtype=self.dtype, count=self.k * self.row_bytes // self.dtype.itemsize,
