@@ -89,7 +89,18 @@ class Walker:
         self.real_root = os.path.realpath(root)
         self.rejects: list[Reject] = []
         self.ids: dict[str, tuple[int, int]] = {}
+        # The identities of the files walked in C, kept as (paths, devices, inodes) and made
+        # a dict only where needed (all_ids): a tree walked in C holds no symlink, and only a
+        # symlink met makes the builder look identities up (~40-55 ms for 100,000 files).
+        self.id_blocks: list[tuple[list[str], list[int], list[int]]] = []
         self.links: list[str] = []  # the symlinks met (a sync rediscovers incrementally only without them)
+
+    def all_ids(self) -> dict[str, tuple[int, int]]:
+        """``(st_dev, st_ino)`` of every file walked, by path (:attr:`ids` and :attr:`id_blocks`)."""
+        out = dict(self.ids)
+        for paths, devs, inos in self.id_blocks:
+            out.update(zip(paths, zip(devs, inos)))
+        return out
 
     @property
     def symlinks(self) -> int:
@@ -153,15 +164,15 @@ class Walker:
             self._reject(prefix + names[i], why)
         sep = b"/" in blob  # a nested tree: sorted by path components
         order = sorted(range(n), key=(lambda i: names[i].replace("/", "\0")) if sep else names.__getitem__)
-        out = []
-        ids = self.ids
-        for i in order:
-            if i in bad:
-                continue
-            path = prefix + names[i]
-            ids[path] = (devs[i], inos[i])
-            out.append((path, sizes[i], mtimes[i]))
-        return out
+        if bad:
+            order = [i for i in order if i not in bad]
+        # Reordered and zipped in C (itemgetter, map, zip), not in a loop over the files:
+        # ~105 -> ~25 ms for 100,000 files.
+        paths = _pick(order, names)
+        if prefix:
+            paths = list(map(prefix.__add__, paths))
+        self.id_blocks.append((paths, _pick(order, devs), _pick(order, inos)))
+        return list(zip(paths, _pick(order, sizes), _pick(order, mtimes)))
 
     def _scan(self, entries: list, base: str, rel: str, _stack: frozenset[str], out: list) -> None:
         prefix = f"{rel}/" if rel else ""
@@ -304,6 +315,13 @@ def stat_in_two(root: str, blob: bytes, width: int, n: int, ids: bool = False) -
         for column, more in zip(out, second[0] if second else stat_blob(root, blob, width, half, n, ids)):
             column.extend(more)  # failures' indexes are counted from the blob's start
     return out
+
+
+def _pick(order: list[int], values) -> list:
+    """``[values[i] for i in order]``, in C."""
+    if len(order) < 2:
+        return [values[i] for i in order]
+    return list(operator.itemgetter(*order)(values))
 
 
 def decoded_paths(blob: bytes, width: int) -> list[str]:

@@ -234,7 +234,7 @@ def test_the_ordered_walk_in_c_gives_what_the_python_walk_gives(tmp_path, c_scan
         w = Walker(tmp_path)
         files = w.walk(rel)
         monkeypatch.undo()
-        return files, w.ids, [(r.path, r.reason) for r in w.rejects]
+        return files, w.all_ids(), [(r.path, r.reason) for r in w.rejects]
 
     for rel in ("", "a", "b"):
         want = walked(rel, c=False)
