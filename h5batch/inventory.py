@@ -61,9 +61,29 @@ def stamps(m: Manifest) -> list[int]:
     """The stamp of every item of ``m``, in item order (worked out once per manifest)."""
     cached = getattr(m, "_stamps", None)
     if cached is None or len(cached) != len(m.items):
-        cached = [stamp(it, m.stats) for it in m.items]
+        cached = stamps_of(m.items, m.stats)
         m._stamps = cached  # type: ignore[attr-defined]
     return cached
+
+
+def stamps_of(items: list[Item], stats: dict) -> list[int]:
+    """:func:`stamp` of each item. Rule: where every item has one path, no values and a
+    label that is a string or None, and all that text is printable ASCII without a quote
+    or a backslash (so ``repr`` of each string is the string in single quotes), the texts
+    are put together in one comprehension; anything else goes item by item. Reason: ~2 ->
+    ~1 µs an item, once per sample of the corpus on the way to the first batch of a job
+    whose batches wait for the plan (``tests/test_sync.py`` compares the two)."""
+    if not items or any(len(it.paths) != 1 or it.values or (it.label is not None and type(it.label) is not str)
+                        for it in items):
+        return [stamp(it, stats) for it in items]
+    text = "".join([it.paths[0] + (it.label or "") for it in items])
+    if not (text.isascii() and text.isprintable() and "'" not in text and '"' not in text and "\\" not in text):
+        return [stamp(it, stats) for it in items]
+    get, blake2b, from_bytes, q = stats.get, hashlib.blake2b, int.from_bytes, "'"
+    return [from_bytes(blake2b(f"(('{it.paths[0]}',), ({get(it.paths[0])!r},), "
+                               f"{'None' if it.label is None else q + it.label + q}, ())".encode(),
+                               digest_size=8).digest(), "little") >> 1
+            for it in items]
 
 
 VERSION = 3
