@@ -504,5 +504,6 @@ def test_the_stamps_of_a_manifest_are_each_items_stamp():
                 *([Item("9", "train", ("a/9.wav",), n)] for n in odd_names),
                 [Item("9", "train", ("a/9.wav",), 3)], [Item("9", "train", ("a/9.wav",), "x", ("v", 1))],
                 [Item("9", "train", ("a/1.wav", "a/2.wav"), None)], [Item("9", "train", (), None)]):
-        for items in (plain + odd, odd):
+        two = [Item("5", "train", ("a/1.wav", "b/1.wav"), None), Item("6", "test", ("a/2.wav", "b/7.wav"), "dog")]
+        for items in (plain + odd, odd, two + odd, plain + two + odd):
             assert inventory.stamps_of(items, stats) == [inventory.stamp(it, stats) for it in items]
