@@ -45,6 +45,9 @@ class BatchTask:
     # Compression in the worker, per fixed-shape compressed field: (name, predicted
     # dataset row of this batch's first sample, rows per chunk, codec).
     align: tuple[tuple[str, int, int, CodecSpec], ...] = ()
+    # The largest file of each field of files (bytes, as discovery saw them), in the items'
+    # path order; () where not known, and the worker stats the files to learn it.
+    largest: tuple[int, ...] = ()
 
     def sub(self, lo: int, hi: int) -> BatchTask:
         """The task for items ``[lo, hi)`` of this one (used to isolate a crashing file);

@@ -201,3 +201,43 @@ def test_conversion_of_long_recordings_stores_exactly_what_soundfile_reads(tmp_p
             lo, hi = a["offsets"][i], a["offsets"][i + 1]
             got = a["values"][lo:hi].reshape(a["shapes"][i])
             assert np.array_equal(got, sf.read(str(root / src), dtype="float32", always_2d=True)[0]), src
+
+
+def test_the_stream_decision_takes_the_sizes_discovery_saw(tmp_path, small_blocks):
+    """A batch streams when its largest file, as discovery saw it (BatchTask.largest, from
+    plan.largest_files), is big: no stat of every file per batch. Without those sizes the
+    worker stats the files as before; either way every sample decodes to what soundfile reads."""
+    import dataclasses
+
+    from h5batch.config import job_from_dict
+    from h5batch.conversion.plan import largest_files, make_tasks
+    from h5batch.conversion.worker import _StreamRows
+    from h5batch.layouts import discover
+
+    big = write(tmp_path / "c" / "big.wav", 50, 48000, 2, seed=5)
+    write(tmp_path / "c" / "small.wav", 1.5, 48000, 2, seed=6)
+    job = job_from_dict({"source": {"root": str(tmp_path / "c"), "layout": "pattern", "pattern": r".*\.wav"},
+                         "fields": {"audio": {"type": "audio", "channels": "keep", "dtype": "float32",
+                                              "sample_rate": 48000}},
+                         "output": {"path": str(tmp_path / "o.h5")}})
+    m = discover(job)
+    assert largest_files(m.items, m.stats) == (os.path.getsize(big),)
+    assert largest_files(m.items[1:], m.stats) == (os.path.getsize(tmp_path / "c" / "small.wav"),)
+    assert largest_files(m.items, {}) == ()  # sizes unknown: the worker stats the files
+    task = make_tasks(job, m, new_run_id(), "", 8)[0]
+    assert task.largest == (os.path.getsize(big),)
+    run_id = task.run_id
+    try:
+        for largest, streams in (((os.path.getsize(big),), True), ((100,), False), ((), True)):
+            t = dataclasses.replace(task, largest=largest, transport="shm")
+            assert (_StreamRows.maybe(t, "shm") is not None) == streams
+            r = decode_batch(t)
+            att = Attached(r.packed)
+            samples = att.samples(r.packed.blocks[0])
+            assert len(samples) == 2
+            for it, got in zip(m.items, samples):
+                want = sf.read(str(tmp_path / "c" / it.paths[0]), dtype="float32", always_2d=True)[0]
+                assert np.array_equal(got, want)
+            att.release()
+    finally:
+        remove_segments(run_id)

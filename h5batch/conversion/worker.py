@@ -245,6 +245,8 @@ class _StreamRows:
         if k is None:
             return None
         j = files.index(k)
+        if len(task.largest) == len(files):  # the sizes discovery saw (plan.largest_files)
+            return cls(task, k) if task.largest[j] >= STREAM_FILE_BYTES else None
         big = 0
         for item in task.items:
             try:
