@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 from pathlib import Path
 
 import h5py
@@ -19,7 +18,7 @@ import h5py
 from h5batch.tools.compact import TMP_SUFFIX, dataset_bytes
 from h5batch.torch import H5Dataset
 from tests.support.h5compare import assert_same_h5
-from tests.support.processes import wait_for
+from tests.support.processes import kill_group, wait_for
 from tests.support.run import convert, h5batch_cmd, run_h5batch, start
 from tests.test_sync import _class_corpus, _class_job, _grow, _sync, _wav, _yielded
 
@@ -83,8 +82,7 @@ def test_kill_9_inside_compact_leaves_the_output_as_it_was(tmp_path):
     proc = start(h5batch_cmd("compact", str(out)), env_extra={"H5BATCH_FAULTS": "pause_at=compact"}, new_session=True)
     wait_for(Path(str(out) + ".paused"), proc)
     assert Path(str(out) + TMP_SUFFIX).exists()  # the copy is made and checked next
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
+    kill_group(proc)
     os.unlink(str(out) + ".paused")
     assert out.read_bytes() == original
     assert len(H5Dataset(str(out), "train")) > 0

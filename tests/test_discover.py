@@ -382,9 +382,9 @@ ODD_NAMES = ['a"b', "a\\b", "é", "a\x7f", "a\x1f", "tab\t", "日本", "x y", ""
 @pytest.mark.parametrize("name", ODD_NAMES)
 @pytest.mark.parametrize("label", [None, 0, 12, True, "cat", "3", "odd"])
 def test_an_item_record_is_json_dumps_whatever_the_names(name, label):
-    """The manifest hash takes each item's record (base.item_record): its text is put
+    """The manifest hash takes each item's record (records.item_record): its text is put
     together without json where that gives the same bytes, so stored hashes stay valid."""
-    from h5batch.layouts.base import _VALUES_JSON, item_record
+    from h5batch.layouts.records import _VALUES_JSON, item_record
     from h5batch.manifest import Item
 
     label = name if label == "odd" else label  # a class name as odd as the paths
@@ -402,7 +402,7 @@ def test_an_item_record_is_json_dumps_whatever_the_names(name, label):
 def test_item_records_of_a_whole_manifest_are_item_record_of_each():
     """item_records puts most manifests' records together in one comprehension, checked once
     for all items; every mix of items must give item_record's bytes, item by item."""
-    from h5batch.layouts.base import item_record, item_records
+    from h5batch.layouts.records import item_record, item_records
     from h5batch.manifest import Item
 
     stats = {"a/1.wav": (10, 123), "b/1.wav": (7, 9)}

@@ -6,7 +6,6 @@ a resumed run. Real files, a real conversion subprocess killed with a real signa
 from __future__ import annotations
 
 import os
-import signal
 from pathlib import Path
 
 import h5py
@@ -16,7 +15,7 @@ import pytest
 from h5batch import generate
 from h5batch.writer.reserve import _SLACK, reserve, trim
 from tests.conftest import REPO
-from tests.support.processes import wait_for
+from tests.support.processes import kill_group, wait_for
 from tests.support.run import convert_cmd, run
 from tests.support.run import start as start_process
 
@@ -81,8 +80,7 @@ def test_conversion_reserves_its_samples_bytes_and_trims_them_after_kill_and_res
         assert allocated(partial) >= samples, (allocated(partial), size)
         assert size < samples / 2
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
+        kill_group(proc)
     res = run(args)
     assert res.returncode == 0, res.stderr
     assert "batches already committed" in res.stderr

@@ -4,8 +4,6 @@ files; a real conversion killed at a commit has the committed rows in its file, 
 
 from __future__ import annotations
 
-import os
-import signal
 from pathlib import Path
 
 import h5py
@@ -14,7 +12,7 @@ import numpy as np
 from h5batch import generate
 from h5batch.writer.append import SmallAppender, small_dataset
 from tests.conftest import REPO
-from tests.support.processes import wait_for
+from tests.support.processes import kill_group, wait_for
 from tests.support.run import convert_cmd, run
 from tests.support.run import start as start_process
 
@@ -57,8 +55,7 @@ def test_a_commit_writes_the_buffered_rows(tmp_path):
     try:
         wait_for(Path(str(partial) + ".paused"), proc)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
+        kill_group(proc)
     with h5py.File(partial, "r") as f:
         g = f["train"]
         n = int(g.attrs["num_samples"])

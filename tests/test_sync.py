@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import textwrap
 import time
 import zlib
@@ -26,7 +25,7 @@ from h5batch import inventory
 from h5batch.torch import H5Dataset
 from tests.conftest import REPO
 from tests.support.h5compare import assert_same_h5
-from tests.support.processes import group_members, wait_for
+from tests.support.processes import kill_group, wait_for
 from tests.support.replicas import make_speech_commands
 from tests.support.run import convert, h5batch_cmd, run_h5batch, start
 
@@ -403,11 +402,7 @@ def _kill_9_sync_at(job: Path, out: Path, point: str) -> None:
                  env_extra={"H5BATCH_FAULTS": f"pause_at={point}"}, new_session=True)
     wait_for(Path(str(out) + ".paused"), proc)
     assert Path(str(out) + ".sync-journal").exists()  # in place, with its undo journal
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
-    deadline = time.monotonic() + 10
-    while group_members(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    kill_group(proc)
     os.unlink(str(out) + ".paused")
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
 from pathlib import Path
 
 import h5py
@@ -24,7 +23,7 @@ from h5batch.errors import ConfigError, DecodeError
 from h5batch.fields import decode_field, fixed_sample_shape, needed_packages
 from h5batch.fields.audio import AudioField
 from h5batch.torch import H5Dataset
-from tests.support.processes import wait_for
+from tests.support.processes import kill_group, wait_for
 from tests.support.run import convert, convert_cmd, run, start
 
 USERTF = '''
@@ -200,8 +199,7 @@ def test_resume_refuses_a_changed_transform(tmp_path):
     try:
         wait_for(Path(str(out) + ".partial.paused"), proc)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
+        kill_group(proc)
     Path(str(out) + ".partial.paused").unlink()
     assert Path(str(out) + ".partial.commit.json").exists()
     _module(mod, gain=0.25)  # the same name, another function

@@ -336,9 +336,7 @@ def decode_batch(task: BatchTask) -> BatchResult:
             direct.free()
         raise
     return BatchResult(
-        index=task.index,
-        split=task.split,
-        start=task.start,
+        index=task.index, split=task.split, start=task.start,
         packed=packed,
         labels=np.asarray(labels, dtype=np.int64),
         sources=sources,

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, ClassVar
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING, ClassVar
 from ..fields import file_fields, reads_files
 from ..manifest import Item, Manifest, Memo, Reject, natural_key, natural_keys
 from ..walker import Walker
+from .records import hash_inputs, hash_rejects, input_stats, item_records
 
 if TYPE_CHECKING:
     from ..config import JobConfig, SourceConfig
@@ -339,95 +339,11 @@ class Builder:
                       key=lambda r: (natural_key(r.path), r.path.split("/")))
 
 
-# The manifest hash, in three parts; h.update(a); h.update(b) is h.update(a + b), so a sync
-# can hash the unchanged items' stored records again (Memo.records).
-
-
-# json.dumps(values, default=str), made once: dumps builds a new encoder per call when given
-# ``default`` (~2x the cost of encoding Speech Commands' one speaker value). Same bytes.
-_VALUES_JSON = json.JSONEncoder(default=str)
-
-
-def _head(it: Item) -> str:
-    """``json.dumps([it.split, it.key, it.paths, it.label])``. Rule: where every string is
-    printable ASCII without a quote or a backslash, and the label a string, an int or None, the same
-    text is put together directly; anything else goes through json. Reason: json.dumps
-    was ~60 % of item_record, ~7 ms of a 4,096-pair discovery on the way to the first batch,
-    and the bytes must stay those of json.dumps (stored manifest hashes and records)."""
-    label = it.label
-    text = it.split + it.key + "".join(it.paths)
-    if type(label) is str:  # a class name (folder, pattern group): quoted like the other strings
-        text += label
-        shown = f'"{label}"'
-    else:
-        shown = "null" if label is None else str(label) if type(label) is int else ""
-    if shown and text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
-        paths = '", "'.join(it.paths)
-        return (f'["{it.split}", "{it.key}", ["{paths}"], {shown}]' if it.paths else
-                f'["{it.split}", "{it.key}", [], {shown}]')
-    return json.dumps([it.split, it.key, it.paths, label])
-
-
-def item_records(items: list[Item], stats: dict) -> list[bytes]:
-    """:func:`item_record` of each item. Rule: where every item has a path, a label that is
-    a string or None and no values, and the text of all of them together is printable ASCII
-    without a quote or a backslash, the records are put together in one comprehension,
-    checked once for the lot; anything else goes item by item. Reason: ~2 -> ~0.8 µs an
-    item of one file, for every item of a corpus (the bytes are the same:
-    ``tests/test_discover.py`` compares them with :func:`item_record`'s)."""
-    if not items or any(not it.paths or it.values or (it.label is not None and type(it.label) is not str)
-                        for it in items):
-        return [item_record(it, stats) for it in items]
-    text = "".join([it.split + it.key + "".join(it.paths) + (it.label or "") for it in items])
-    if not (text.isascii() and text.isprintable() and '"' not in text and "\\" not in text):
-        return [item_record(it, stats) for it in items]
-    get, q = stats.get, '"'
-    if all(len(it.paths) == 1 for it in items):
-        return [(f'["{it.split}", "{it.key}", ["{it.paths[0]}"], '
-                 f'{"null" if it.label is None else q + it.label + q}]{get(it.paths[0])!r}').encode()
-                for it in items]
-    sep = '", "'
-    return [(f'["{it.split}", "{it.key}", ["{sep.join(it.paths)}"], '
-             f'{"null" if it.label is None else q + it.label + q}]' + "".join([repr(get(p)) for p in it.paths])).encode()
-            for it in items]
-
-
 def _clash_free(items: list[Item]) -> bool:
     """Whether no two of ``items`` share a split and a key."""
     if len({it.split for it in items}) <= 1:
         return len({it.key for it in items}) == len(items)
     return len({(it.split, it.key) for it in items}) == len(items)
-
-
-def item_record(it: Item, stats: dict) -> bytes:
-    """What the manifest hash takes from one item."""
-    r = _head(it)
-    if it.values:  # (absent before value fields: older hashes stay the same)
-        r += _VALUES_JSON.encode(it.values)
-    get = stats.get
-    return (r + "".join([repr(get(p)) for p in it.paths])).encode()
-
-
-def input_stats(root: str, annotations: list[str] | tuple[str, ...]) -> list:
-    """``[path, size, mtime_ns]`` of each annotation file (``[path, None, None]``: missing)."""
-    out = []
-    for rel in annotations:
-        try:
-            st = os.stat(os.path.join(root, rel))
-            out.append([rel, st.st_size, st.st_mtime_ns])
-        except OSError:
-            out.append([rel, None, None])
-    return out
-
-
-def hash_inputs(h, inputs: list) -> None:
-    for rel, size, mtime in inputs:
-        h.update(json.dumps([rel, size, mtime]).encode() if size is not None else rel.encode())
-
-
-def hash_rejects(h, rejects: list[Reject]) -> None:
-    for r in rejects:
-        h.update(json.dumps([r.path, r.stage, r.reason]).encode())
 
 
 def keys_with_extensions(items: list[Item]) -> list[Item]:

@@ -54,7 +54,8 @@ from ..inventory import Memory, memo_json, stamp
 from ..manifest import Item, Manifest, Reject, natural_key
 from . import annotate, exclude
 from . import splits as split_rules
-from .base import Builder, get, hash_inputs, hash_rejects, input_stats, item_record
+from .base import Builder, get
+from .records import hash_inputs, hash_rejects, input_stats, item_record
 from .stat_pass import StatPass, Walked, columns
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ _DISCOVERY_STAGES = ("discover", fmt.STAGE_EXCLUDED)
 # finds each of them again, and a file that became readable since must become an item.
 _WALK_REASONS = ("cannot list folder:", "cannot stat:", "not a regular file", "broken symlink", "symlink ")
 _JSON = json.JSONDecoder()
-_HEAD = re.compile(rb'\["([^"\\]*)", "([^"\\]*)"')  # an item record's split and key (base.item_record)
+_HEAD = re.compile(rb'\["([^"\\]*)", "([^"\\]*)"')  # an item record's split and key (records.item_record)
 
 
 @dataclasses.dataclass

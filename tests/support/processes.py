@@ -44,3 +44,16 @@ def group_members(pgid: int) -> list[int]:
         except (ProcessLookupError, psutil.NoSuchProcess):
             continue
     return out
+
+
+def kill_group(proc: subprocess.Popen, timeout: float = 60) -> None:
+    """``kill -9`` of ``proc``'s process group, then wait until none of it is alive: the
+    leader's exit does not mean its writer has let go of the output (an HDF5 file lock, the
+    output's lock) or that its segments' owners are gone."""
+    os.killpg(proc.pid, 9)
+    proc.wait(timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while group_members(proc.pid):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"processes of group {proc.pid} still alive {timeout}s after kill -9")
+        time.sleep(0.02)
