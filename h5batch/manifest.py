@@ -1,10 +1,10 @@
 """The manifest: what discovery hands to every later stage (the auto trial, pre-flight, the
 Dask tasks, the writer, ``verify``).
 
-Rule: plain data and the sort key only; no file-system walking, no job-file knowledge, no
-imports from the rest of the package. Reason: the writer and the Dask workers import these
-classes (a :class:`Reject` travels in every batch), so they must stay cheap to import and
-free of cycles; discovery itself lives in :mod:`h5batch.layouts`.
+Rule: plain data, its sort key and checks of its text only; no file-system walking, no
+job-file knowledge, no imports from the rest of the package. Reason: the writer and the Dask
+workers import these classes (a :class:`Reject` travels in every batch), so they must stay
+cheap to import and free of cycles; discovery itself lives in :mod:`h5batch.layouts`.
 """
 
 from __future__ import annotations
@@ -106,6 +106,20 @@ def natural_key(text: str) -> tuple:
     # isdecimal, not isdigit: '²' is a digit to str.isdigit but neither \d nor int() takes it.
     # A list, then a tuple: faster than a generator (this sorts every item of a corpus).
     return tuple([(0, int(t), "") if t.isdecimal() else (1, 0, t) for t in _DIGITS.split(text) if t])
+
+
+def plain_items(items: list[Item], quotes: str) -> bool:
+    """Whether every item has a path, no values and a label that is a string or None, and
+    all their split, key, path and label text is printable ASCII without a backslash or any
+    of ``quotes``. Then ``json.dumps`` (``quotes`` '"') or ``repr`` (both quotes) writes each
+    of those strings as itself between quotes, and the manifest's hash records
+    (``layouts/records.py``) and stamps (``inventory.stamps_of``) can be put together for all
+    items at once, with one check of all the text."""
+    if not items or any(not it.paths or it.values or (it.label is not None and type(it.label) is not str)
+                        for it in items):
+        return False
+    text = "".join([it.split + it.key + "".join(it.paths) + (it.label or "") for it in items])
+    return text.isascii() and text.isprintable() and "\\" not in text and not any(q in text for q in quotes)
 
 
 _NUMBER = re.compile(r"\d+")

@@ -92,6 +92,7 @@ class Walker:
         # The identities of the files walked in C, kept as (paths, devices, inodes) and made
         # a dict only where needed (all_ids): a tree walked in C holds no symlink, and only a
         # symlink met makes the builder look identities up (~40-55 ms for 100,000 files).
+        # Read them through all_ids(), which merges both.
         self.id_blocks: list[tuple[list[str], list[int], list[int]]] = []
         self.links: list[str] = []  # the symlinks met (a sync rediscovers incrementally only without them)
 

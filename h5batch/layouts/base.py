@@ -165,8 +165,7 @@ class Builder:
         self.items: list[Item] = []
         self.rejects: list[Reject] = []
         self.stats: dict[str, tuple[int, int]] = {}
-        self.ids: dict[str, tuple[int, int]] = {}  # path -> (st_dev, st_ino), see Walker
-        self.id_blocks: list[tuple[list[str], list[int], list[int]]] = []  # more of them, Walker.id_blocks
+        self.walkers: list[Walker] = []  # the finished walks: their files' identities (Walker.all_ids)
         self.annotations: list[str] = []  # annotation files read (root-relative)
         self.resolved: dict = {}  # field configs completed by the annotation stage
         self.symlinks = False  # a walk met a symlink (see Memo.plain)
@@ -181,8 +180,7 @@ class Builder:
     def walked(self, walker: Walker) -> None:
         """Take a finished walk's rejects and file identities (call once per walker)."""
         self.rejects.extend(walker.rejects)
-        self.ids.update(walker.ids)
-        self.id_blocks.extend(walker.id_blocks)
+        self.walkers.append(walker)
         self.symlinks = self.symlinks or walker.symlinks > 0
 
     def accepted(self, field_name: str) -> str:
@@ -238,12 +236,12 @@ class Builder:
         """
         if not self.symlinks:
             return items
-        for paths, devs, inos in self.id_blocks:
-            self.ids.update(zip(paths, zip(devs, inos)))
-        self.id_blocks.clear()
+        known: dict[str, tuple[int, int]] = {}  # path -> (st_dev, st_ino)
+        for walker in self.walkers:
+            known.update(walker.all_ids())
         by_inode: dict[tuple, list[int]] = {}
         for i, it in enumerate(items):
-            ids = tuple(self.ids.get(p) for p in it.paths)
+            ids = tuple(known.get(p) for p in it.paths)
             if None not in ids:  # a layout that reports no identities is not checked
                 by_inode.setdefault(ids, []).append(i)
         real_root = os.path.realpath(root)
