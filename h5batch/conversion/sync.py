@@ -204,7 +204,7 @@ def _sync(job: JobConfig, opts: ConvertOptions, final: str, lock: OutputLock, ru
     from .spares import SpareDecoder, close_all
     from .writer_start import PendingWriter
 
-    pending = PendingWriter(lock.inheritable())
+    pending = PendingWriter(lock.inheritable(), read_versions=False)  # the file keeps its own
     forked = SpareDecoder.start_all(job) if pending.forked and d.items else []  # spares.py
     say(f"sync: {d.new} new, {d.changed} changed, {d.removed} removed, {d.unchanged} unchanged")
     in_place = not readers_present(final)

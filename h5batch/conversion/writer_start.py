@@ -41,14 +41,14 @@ if TYPE_CHECKING:
 class PendingWriter:
     """A :class:`~h5batch.writer.process.WriterHandle` being started (see the module docstring)."""
 
-    def __init__(self, lock_fd: int | None = None, preload: tuple[str, ...] = ()):
+    def __init__(self, lock_fd: int | None = None, preload: tuple[str, ...] = (), read_versions: bool = True):
         self._handle: WriterHandle | None = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self.forked = can_fork()
         if self.forked:
             try:
-                self._handle = WriterHandle.start(lock_fd, mp.get_context("fork"), preload)
+                self._handle = WriterHandle.start(lock_fd, mp.get_context("fork"), preload, read_versions)
             except BaseException as e:  # noqa: BLE001 - raised again by get(), like the thread's
                 self._error = e
             return

@@ -197,7 +197,7 @@ def writer_main(inbox, outbox, lifeline, lock: SharedFd | None = None) -> None:
                 pass
 
 
-def _forked_writer_main(lifeline_write_fd: int, preload: tuple[str, ...], *args: Any) -> None:
+def _forked_writer_main(lifeline_write_fd: int, preload: tuple[str, ...], read_versions: bool, *args: Any) -> None:
     """:func:`writer_main` in a writer forked from the driver itself, which inherits every
     file descriptor and the driver's signal handlers: the signals are ignored first (as
     :func:`writer_main` does; a Ctrl-C during the preload raised the driver's
@@ -205,7 +205,8 @@ def _forked_writer_main(lifeline_write_fd: int, preload: tuple[str, ...], *args:
     never turn readable when the driver dies (the writer would hold it open itself). Then
     ``preload`` is imported (the codecs' libraries, on this process's core while the driver
     discovers), as the fork server would have, and the output's versions are read
-    (:mod:`.versions`)."""
+    (:mod:`.versions`) where ``read_versions`` says the job will need them (a new file: a
+    sync keeps the file's own, and the reads cost its 2 cores ~30 ms of CPU)."""
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, signal.SIG_IGN)
     os.close(lifeline_write_fd)
@@ -218,12 +219,13 @@ def _forked_writer_main(lifeline_write_fd: int, preload: tuple[str, ...], *args:
             load(name)
         except ImportError:  # the store that needs it reports it, with the codec's name
             pass
-    from .versions import versions
+    if read_versions:
+        from .versions import versions
 
-    try:
-        versions()  # read now, while the driver discovers: the job's Start needs them
-    except Exception:  # noqa: BLE001, S110 - the file's creation reads them again and reports it
-        pass
+        try:
+            versions()  # read now, while the driver discovers: the job's Start needs them
+        except Exception:  # noqa: BLE001, S110 - the file's creation reads them again and reports it
+            pass
     writer_main(*args)
 
 
@@ -342,18 +344,20 @@ class WriterHandle:
     forked: bool = False  # forked from the driver itself (else from the fork server, or spawned)
 
     @classmethod
-    def start(cls, lock_fd: int | None = None, ctx: Any = None, preload: tuple[str, ...] = ()) -> WriterHandle:
+    def start(cls, lock_fd: int | None = None, ctx: Any = None, preload: tuple[str, ...] = (),
+              read_versions: bool = True) -> WriterHandle:
         """Start the writer process; it waits for :class:`~.messages.Start`. ``lock_fd``:
         the output's lock, which the writer then holds too. ``ctx``: the multiprocessing
         context (default :func:`writer_context`); ``preload``: modules a *forked* writer
-        imports first."""
+        imports first; ``read_versions``: whether it reads the versions of a new file
+        while it waits (:func:`_forked_writer_main`)."""
         ctx = ctx or writer_context()
         inbox, outbox = PipeQueue.create(ctx), PipeQueue.create(ctx)
         theirs, ours = ctx.Pipe(duplex=False)
         lock = SharedFd(lock_fd) if lock_fd is not None else None
         target, args = writer_main, (inbox, outbox, theirs, lock)
         if ctx.get_start_method() == "fork":
-            target, args = _forked_writer_main, (ours.fileno(), tuple(preload), *args)
+            target, args = _forked_writer_main, (ours.fileno(), tuple(preload), read_versions, *args)
         process = ctx.Process(target=target, args=args, name="h5batch-writer", daemon=True)
         start_without_main(process, ctx)
         theirs.close()
