@@ -171,6 +171,9 @@ def test_finished_output_rerun_is_a_no_op(corpus, reference, tmp_path):
     mtime = out.stat().st_mtime_ns
     res = run(cmd(corpus, out))
     assert res.returncode == 0 and "already complete" in res.stderr
+    # The summary line counts the samples; no rate (nothing was converted), no empty rejects path.
+    assert f"{out}: " in res.stderr and " samples (" in res.stderr
+    assert "samples/s" not in res.stderr and "listed in )" not in res.stderr
     assert out.stat().st_mtime_ns == mtime
 
 

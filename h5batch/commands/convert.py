@@ -75,11 +75,16 @@ def run(args) -> int:
     rate = s.samples / s.seconds if s.seconds else 0
     counts = ", ".join(f"{k} {v}" for k, v in s.counts.items())
     rejected = f"{s.rejects - s.excluded} rejects" + (f" + {s.excluded} excluded" if s.excluded else "")
-    print(f"wrote {s.path}: {s.samples} samples ({counts}), {rejected} "
-          f"(listed in {s.rejects_file}) in {s.seconds:.1f}s = {rate:.0f} samples/s, "
-          f"{s.bytes_decoded / 1e6 / max(s.seconds, 1e-9):.1f} MB/s decoded; "
-          f"{s.output_bytes / 1e6:.1f} MB on disk"
-          + (f"; resumed after {s.resumed_from} batches" if s.resumed_from else ""), file=sys.stderr)
+    listed = f" (listed in {s.rejects_file})" if s.rejects_file else ""
+    if s.extra.get("already_complete"):  # nothing was converted: no rate to give
+        print(f"{s.path}: {s.samples} samples ({counts}), {rejected}{listed}; "
+              f"{s.output_bytes / 1e6:.1f} MB on disk", file=sys.stderr)
+    else:
+        print(f"wrote {s.path}: {s.samples} samples ({counts}), {rejected}{listed} "
+              f"in {s.seconds:.1f}s = {rate:.0f} samples/s, "
+              f"{s.bytes_decoded / 1e6 / max(s.seconds, 1e-9):.1f} MB/s decoded; "
+              f"{s.output_bytes / 1e6:.1f} MB on disk"
+              + (f"; resumed after {s.resumed_from} batches" if s.resumed_from else ""), file=sys.stderr)
     if args.json:
         print(json.dumps({"path": s.path, "counts": s.counts, "rejects": s.rejects, "seconds": s.seconds,
                           "bytes_decoded": s.bytes_decoded, "output_bytes": s.output_bytes,

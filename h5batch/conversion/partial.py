@@ -102,8 +102,10 @@ class OutputFiles:
         if not same:
             return None
         self.discard_partial()
+        rejects_file = fmt.rejects_file(self.final)
         return ConvertSummary(path=self.final, counts=counts, rejects=n_rej, inputs=0, seconds=0.0,
                               bytes_decoded=0, output_bytes=os.path.getsize(self.final),
+                              rejects_file=rejects_file if os.path.exists(rejects_file) else "",
                               extra={"already_complete": True})
 
     def require_samples(self, manifest: Manifest) -> None:
