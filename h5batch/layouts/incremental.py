@@ -307,20 +307,21 @@ def _merge(mem: Memory, b: Builder, new: list[Item], at: list[int], replaced: di
     # Runs of consecutive stored items (a record slice each), broken by a new or changed item.
     starts_at = np.flatnonzero(~special & np.concatenate([[True], (src[1:] != src[:-1] + 1) | special[:-1]]))
     ends_at = np.flatnonzero(~special & np.concatenate([(src[1:] != src[:-1] + 1) | special[1:], [True]]))
-    runs = dict(zip(starts_at.tolist(), ends_at.tolist()))
+    # Only the runs' ends and the new or changed items are looked at one by one: lists of
+    # those, not of every item (three 100,000-item lists cost ~15 ms of a +1 % sync).
+    runs = dict(zip(starts_at.tolist(), zip(ends_at.tolist(), starts[src[starts_at]].tolist(),
+                                             mem.record_end[src[ends_at]].tolist())))
+    specials = dict(zip(np.flatnonzero(special).tolist(), src[special].tolist()))
     items: list[Item] = []
     record = mem.record.data  # runs are sliced as views of it: hashed and joined without a copy each
-    first = starts.tolist()
-    end = mem.record_end.tolist()
-    srcs = src.tolist()
     j = 0
-    while j < len(srcs):
+    while j < len(src):
         if j in runs:
-            e = runs[j]
-            pieces.append(record[first[srcs[j]]:end[srcs[e]]])
+            e, lo, hi = runs[j]
+            pieces.append(record[lo:hi])
             j = e + 1
             continue
-        s = srcs[j]
+        s = specials[j]
         it = replaced[s] if s >= 0 else new[-s - 1]
         rec = item_record(it, b.stats)
         pieces.append(rec)
