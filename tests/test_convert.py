@@ -123,6 +123,7 @@ def test_existing_output_is_not_overwritten_without_flag(paired_root, tmp_path):
     # The same job again: already complete, nothing to do, file untouched.
     again = run_job(REPO / "jobs" / "paired_audio.yaml", out, f"source.root={paired_root}", "cluster.workers=1")
     assert again.extra.get("already_complete") and again.samples == 32
+    assert again.extra["checked"] == "discovery"  # paired_folders has no incremental discovery: the full one decides
     with pytest.raises(ConvertError, match="already exists") as e:
         run_job(REPO / "jobs" / "paired_audio.yaml", out, f"source.root={paired_root}", "cluster.workers=1",
                 "output.codec=gzip")

@@ -8,6 +8,7 @@ Real files, real conversions in subprocesses, real kill -9 of the process group.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -22,6 +23,9 @@ import pytest
 import soundfile as sf
 
 from h5batch import inventory
+from h5batch.config import load_job
+from h5batch.conversion.options import ConvertOptions
+from h5batch.conversion.pipeline import convert as convert_in_process
 from h5batch.torch import H5Dataset
 from tests.conftest import REPO
 from tests.support.h5compare import assert_same_h5
@@ -147,6 +151,9 @@ def test_sync_class_folders_equals_a_fresh_conversion(tmp_path):
 
     res = convert(job)
     assert res.returncode == 2 and "h5batch sync" in res.stderr, res.stderr
+    # Found by the stat pass against the inventory (no full discovery), and said in figures;
+    # broken.wav, a reject before, counts as new.
+    assert "earlier state of the corpus (5 new, 1 changed, 1 removed files)" in res.stderr, res.stderr
 
     # A dry run names what a sync would do and writes nothing.
     digest, mtime = hashlib.sha256(out.read_bytes()).hexdigest(), out.stat().st_mtime_ns
@@ -183,6 +190,17 @@ def test_sync_class_folders_equals_a_fresh_conversion(tmp_path):
     res = _sync(job, "--json")
     assert res.returncode == 0 and json.loads(res.stdout)["up_to_date"], res.stderr
     assert out.stat().st_mtime_ns == mtime
+    # `convert` of the same job says the synced output is complete, with the samples the
+    # reader yields (not the rows: two are tombstoned), and the file untouched...
+    res = convert(job, "--json")
+    assert res.returncode == 0, res.stderr
+    again = json.loads(res.stdout)
+    assert again["already_complete"] and again["counts"] == {s: len(H5Dataset(str(out), s)) for s in ("test", "train")}
+    assert "already complete" in res.stderr and out.stat().st_mtime_ns == mtime
+    # ... from the stat pass against its inventory, without a full discovery.
+    summary = convert_in_process(load_job(job), ConvertOptions(progress=False, log=io.StringIO()))
+    assert summary.extra == {"already_complete": True, "checked": "inventory"}
+    assert summary.counts == again["counts"] and out.stat().st_mtime_ns == mtime
 
 
 def test_sync_fsdd_like_keeps_splits_and_rows(tmp_path):

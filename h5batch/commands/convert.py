@@ -88,7 +88,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps({"path": s.path, "counts": s.counts, "rejects": s.rejects, "seconds": s.seconds,
                           "bytes_decoded": s.bytes_decoded, "output_bytes": s.output_bytes,
-                          "resumed_from": s.resumed_from}))
+                          "resumed_from": s.resumed_from, "already_complete": bool(s.extra.get("already_complete"))}))
     else:
         rel = os.path.relpath(s.path)  # short when the output is under the current folder
         shown = s.path if rel.startswith(os.pardir) else rel

@@ -51,18 +51,23 @@ class OutputFiles:
         output of this very job and only the corpus changed, the message says that
         ``h5batch sync`` converts just the change."""
         if os.path.exists(self.final) and not self.overwrite:
-            hint = ""
+            same_job = False
             try:
                 import h5py
 
                 with h5py.File(self.final, "r") as f:
-                    if f.attrs.get(fmt.ATTR_JOB_HASH) == self.job.hash():
-                        hint = (f"; it was made by this job from an earlier state of the corpus: "
-                                f"`h5batch sync {self.job.file or 'JOB'}` converts only what changed")
+                    same_job = f.attrs.get(fmt.ATTR_JOB_HASH) == self.job.hash()
             except OSError:
                 pass
-            raise ConvertError(f"{self.final} already exists{hint}; pass --overwrite (or output.overwrite: true) "
-                               f"to replace it", EXIT_BAD_INPUT)
+            raise ConvertError(self._exists_message("" if same_job else None), EXIT_BAD_INPUT)
+
+    def _exists_message(self, change: str | None) -> str:
+        """The output is there and is not replaced. ``change``: None where another job made
+        it, else what changed in the corpus since (may be empty): ``h5batch sync`` brings
+        that in."""
+        hint = "" if change is None else (f"; it was made by this job from an earlier state of the corpus{change}: "
+                                          f"`h5batch sync {self.job.file or 'JOB'}` converts only what changed")
+        return f"{self.final} already exists{hint}; pass --overwrite (or output.overwrite: true) to replace it"
 
     def check_finished(self, summary: ConvertSummary) -> None:
         """After the writer's rename, before any success line: the file is there, complete,
@@ -95,18 +100,58 @@ class OutputFiles:
             with h5py.File(self.final, "r") as f:
                 same = (bool(f.attrs.get(fmt.ATTR_COMPLETE)) and f.attrs.get(fmt.ATTR_JOB_HASH) == self.job.hash()
                         and f.attrs.get(fmt.ATTR_MANIFEST_HASH) == manifest.hash)
-                counts = {s: int(f[s].attrs.get(fmt.ATTR_NUM_SAMPLES, 0)) for s in manifest.splits if s in f}
+                counts = _live_counts(f, self.final, manifest.splits)
                 n_rej = int(f[f"{fmt.REJECTS}/path"].shape[0]) if f"{fmt.REJECTS}/path" in f else 0
         except OSError:
             return None
         if not same:
             return None
         self.discard_partial()
+        return self._complete(counts, n_rej, "discovery")
+
+    def already_done_incrementally(self) -> ConvertSummary | None:
+        """:meth:`already_done` without a full discovery, answered the way ``h5batch sync``
+        finds an output up to date (:func:`h5batch.conversion.sync.compare`: a stat pass of
+        the corpus against the output's inventory). Reason: a script that runs ``convert``
+        before each training paid a full discovery to hear that nothing changed (100,000
+        files: 0.85-0.91 s, against ~0.25 s for the sync's check).
+
+        A corpus that changed since is answered here too: the output exists and is not
+        overwritten, so the run stops either way, and the message says what a sync would
+        bring in. None: no answer this way (no output, overwriting, a partial beside it, no
+        inventory, a layout whose discovery cannot be incremental, another job, a file
+        that is not complete); :meth:`already_done` and :meth:`check_not_there` decide,
+        after the full discovery."""
+        if self.overwrite or not os.path.exists(self.final) or os.path.exists(self.partial):
+            return None
+        from ..errors import H5batchError
+        from .sync import compare
+
+        try:
+            c = compare(self.job, self.final, self.say, full=False)
+        except (H5batchError, OSError, KeyError, ValueError):
+            return None  # another job (compare says which), a damaged file: the full path says what is wrong
+        if c is None:
+            return None
+        if not c.up_to_date:
+            d = c.delta()
+            what = ", ".join(f"{n} {w}" for n, w in ((d.new, "new"), (d.changed, "changed"), (d.removed, "removed")) if n)
+            raise ConvertError(self._exists_message(f" ({what} files)" if what else ""), EXIT_BAD_INPUT)
+        import h5py
+
+        with h5py.File(self.final, "r") as f:
+            counts = _live_counts(f, self.final, c.old.splits)
+        return self._complete(counts, len(c.old.rejects), "inventory")
+
+    def _complete(self, counts: dict[str, int], n_rejects: int, checked: str) -> ConvertSummary:
+        """The summary of a run that found its output already complete; ``checked``: how
+        (``inventory``: the stat pass against the output's inventory; ``discovery``: a full
+        discovery's manifest hash)."""
         rejects_file = fmt.rejects_file(self.final)
-        return ConvertSummary(path=self.final, counts=counts, rejects=n_rej, inputs=0, seconds=0.0,
+        return ConvertSummary(path=self.final, counts=counts, rejects=n_rejects, inputs=0, seconds=0.0,
                               bytes_decoded=0, output_bytes=os.path.getsize(self.final),
                               rejects_file=rejects_file if os.path.exists(rejects_file) else "",
-                              extra={"already_complete": True})
+                              extra={"already_complete": True, "checked": checked})
 
     def require_samples(self, manifest: Manifest) -> None:
         """A corpus without a single sample is an error; its rejects are listed beside the
@@ -157,3 +202,16 @@ class OutputFiles:
         remove_commit_files(self.partial)
         inventory.remove_sidecar(self.partial)
         return None
+
+
+def _live_counts(f, path: str, splits) -> dict[str, int]:
+    """Samples per split that readers yield: the rows stored minus those a sync tombstoned
+    (the ``num_samples`` attribute counts rows)."""
+    from ..tools.index import tombstones
+
+    out = {}
+    for s in splits:
+        if s in f:
+            n = int(f[s].attrs.get(fmt.ATTR_NUM_SAMPLES, 0))
+            out[s] = n - len(tombstones(f, path, s, n))
+    return out

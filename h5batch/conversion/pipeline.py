@@ -58,6 +58,13 @@ def convert(job: JobConfig, opts: ConvertOptions | None = None) -> ConvertSummar
             if sems:
                 say(f"removed {len(sems)} semaphores left in /dev/shm by dead runs")
             with semaphores.tagged():
+                # An existing output is checked against the corpus before anything starts
+                # (writer, decoders, a full discovery): a finished output of this job whose
+                # corpus did not change is answered by a stat pass, as by `h5batch sync`.
+                done = output.already_done_incrementally()
+                if done is not None:
+                    say(f"{output.final} is already complete for this job and corpus; nothing to do")
+                    return _timed(done, t0)
                 return _timed(_convert(job, opts, output, lock, run_id, say), t0)
         finally:
             lock.release()

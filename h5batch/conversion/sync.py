@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 # something to write (or while the stat pass walks: _import_writing): a sync that finds the
 # output up to date does without them, and the stat pass starts ~20-30 ms sooner.
 
-__all__ = ["sync", "SyncSummary", "recover", "COPY_SUFFIX"]
+__all__ = ["sync", "SyncSummary", "compare", "Comparison", "recover", "COPY_SUFFIX"]
 
 COPY_SUFFIX = ".sync-copy"  # the copy a sync works on while a reader has the output open
 
@@ -142,7 +142,8 @@ class _Found:
         return deltas.from_rediscovery(old, r) if r is not None else deltas.compute(old, self.manifest)
 
 
-def _discover(job: JobConfig, old, say, walked=None) -> _Found:
+def _discover(job: JobConfig, old, say, walked=None, full: bool = True) -> _Found | None:
+    """``full`` False: None where a full discovery would be needed."""
     from ..layouts.incremental import rediscover
 
     mem = old.memory()
@@ -151,6 +152,8 @@ def _discover(job: JobConfig, old, say, walked=None) -> _Found:
     if walked is not None and walked.running():
         _import_writing()
     r = mem if isinstance(mem, str) else rediscover(job, mem, old.rejects, walked)
+    if isinstance(r, str) and not full:
+        return None
     if isinstance(r, str):
         say(f"sync: full discovery ({r})")
         if walked is not None:
@@ -159,6 +162,49 @@ def _discover(job: JobConfig, old, say, walked=None) -> _Found:
         n = len(m.items)
         return _Found(m, n, sum(len(it.paths) for it in m.items) + len(m.rejects), None, upgrade=isinstance(mem, str))
     return _Found(r.manifest, r.items, r.num_inputs, r.inventory, rediscovery=r)
+
+
+@dataclass
+class Comparison:
+    """A finished output beside its corpus as it is now (:func:`compare`)."""
+
+    old: deltas.OldOutput
+    found: _Found
+    job: JobConfig  # discovery's names resolved, the output's categories kept (_job_for)
+    seconds: float  # what the comparison took
+
+    @property
+    def up_to_date(self) -> bool:
+        return self.found.manifest.hash == self.old.manifest_hash and not self.found.upgrade
+
+    def delta(self) -> deltas.Delta:
+        return self.found.delta(self.old)
+
+
+def compare(job: JobConfig, final: str, say, ahead: RootWalk | None = None, full: bool = True) -> Comparison | None:
+    """The finished output ``final`` of ``job`` compared with the corpus as it is now:
+    incrementally (the stat pass and the output's inventory) where the layout can vouch
+    for it, else by a full discovery. Raises :class:`~h5batch.errors.ConvertError` where
+    the output was made by a different job, or kept no inventory. Call with the output's
+    lock held. ``full`` False (``convert``'s check of an existing output): None where the
+    answer would need a full discovery, or the output has no inventory to compare with;
+    the caller then does its own."""
+    t0 = time.perf_counter()
+    generate_corpus(job, say)
+    with stat_pass.started(job, ahead) as walked, _gc_paused():
+        if walked is None and not full:
+            return None
+        old = deltas.read_output(final)
+        if not old.has_inventory:
+            if not full:
+                return None
+            raise ConvertError(f"{final} was written by an h5batch that kept no inventory of its inputs, so a sync "
+                               f"cannot tell what changed; convert it once more (--overwrite), later syncs are "
+                               f"incremental", EXIT_BAD_INPUT)
+        found = _discover(job, old, say, walked, full)
+        if found is None:
+            return None
+    return Comparison(old, found, _job_for(job, found.manifest, old), time.perf_counter() - t0)
 
 
 def _import_writing() -> None:
@@ -173,19 +219,11 @@ def _import_writing() -> None:
 
 def _sync(job: JobConfig, opts: ConvertOptions, final: str, lock: OutputLock, run_id: str, say,
           ahead: RootWalk | None = None, dry_run: bool = False) -> SyncSummary:
-    t0 = time.perf_counter()
-    generate_corpus(job, say)
-    with stat_pass.started(job, ahead) as walked, _gc_paused():
-        old = deltas.read_output(final)
-        if not old.has_inventory:
-            raise ConvertError(f"{final} was written by an h5batch that kept no inventory of its inputs, so a sync "
-                               f"cannot tell what changed; convert it once more (--overwrite), later syncs are "
-                               f"incremental", EXIT_BAD_INPUT)
-        found = _discover(job, old, say, walked)
+    c = compare(job, final, say, ahead)
+    assert c is not None  # full=True: a full discovery where an incremental one cannot vouch
+    old, found, job, t_discover = c.old, c.found, c.job, c.seconds
     manifest = found.manifest
-    job = _job_for(job, manifest, old)
-    t_discover = time.perf_counter() - t0
-    if manifest.hash == old.manifest_hash and not found.upgrade:
+    if c.up_to_date:
         if not dry_run:
             fmt.write_rejects(fmt.rejects_file(final), old.rejects)
         return SyncSummary(final, 0, 0, 0, found.items, _live(old, {}), len(old.rejects), 0.0,
