@@ -20,6 +20,7 @@ def test_sync_bench_measures_each_shape_and_restores_its_corpus(tmp_path):
         assert r["added"] == 4 and r["files"] == 400
         assert r["full"] > 0 and len(r["syncs"]) == 1 and r["syncs"][0]["wall"] > 0
         assert f"[{name}] 400 files: full conversion" in p.stdout
+        assert 0 < r["floor"] < r["full"] and f"[{name}]   floor of a one-shot sync" in p.stdout
         assert set(r["memory"]) == {"start", "end"} and r["memory"]["end"]["hot_ms"] > 0
         assert f"[{name}]   memory at the start: 16 MiB written into the page cache" in p.stdout
         base = tmp_path / "b" / f"{name}-400"

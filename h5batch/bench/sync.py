@@ -17,7 +17,12 @@ not land in it:
    conversions are done: the median of the conversions is what the syncs are judged
    against (a conversion of 100,000 files moves by 1.5-2x between runs on this shared
    2-core machine, and alternating keeps the two measured at the same speed);
-4. ``h5batch verify`` of the last synced output.
+4. ``h5batch verify`` of the last synced output;
+5. the floor of any one-shot sync, three times (the median counts): a process that starts
+   Python, imports numpy and h5py (to read the output's inventory) and lists and stats
+   every file of the corpus (the C loop on two threads, as the stat pass does), nothing
+   else. Reason: when a full conversion is fast, 5 % of it can be less than that floor, and
+   then no sync that checks every file's size and mtime can meet the target.
 
 Shapes:
 
@@ -214,9 +219,31 @@ def run_shape(shape: Shape, base: Path, files: int, syncs: int, fulls: int = 3) 
         if k < fulls - 1:
             full()
     full_s = statistics.median(fulls_s)
+    floor = statistics.median(_floor(root) for _ in range(3))
     memory["end"] = _memory(base, files)
     return {"shape": shape.name, "files": files, "added": len(hold), "full": full_s, "fulls": fulls_s,
-            "no_change": same, "syncs": rows, "memory": memory}
+            "no_change": same, "syncs": rows, "floor": floor, "memory": memory}
+
+
+FLOOR = """
+import sys, numpy, h5py
+from pathlib import Path
+from h5batch.walker import Walker, scan_files, stat_in_two
+root = sys.argv[1]
+found = scan_files(root)
+if found is None:  # no C extension (or a symlink in the tree): the Python walk stats as it lists
+    Walker(Path(root)).walk()
+else:
+    stat_in_two(root, *found)
+"""
+
+
+def _floor(root: Path) -> float:
+    """Wall time of the floor process (see the module docstring, step 5)."""
+    os.sync()
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-c", FLOOR, str(root)], cwd=REPO, check=True)
+    return time.perf_counter() - t
 
 
 def _memory(base: Path, files: int) -> dict:
@@ -232,6 +259,9 @@ def report(r: dict) -> str:
     walls = [s["wall"] for s in r["syncs"]]
     lines.append(f"[{r['shape']}]   +{r['added']:,} files, median of {len(walls)} syncs: {statistics.median(walls):.2f} s "
                  f"({statistics.median(walls) / full:.3f} of full)")
+    if "floor" in r:
+        lines.append(f"[{r['shape']}]   floor of a one-shot sync (start Python, import numpy and h5py, list and stat "
+                     f"every file): {r['floor']:.2f} s ({r['floor'] / full:.3f} of full)")
     for s in r["syncs"]:
         lines.append(f"[{r['shape']}]   +{r['added']:,} files: sync {s['wall']:.2f} s ({s['wall'] / full:.3f} of full; "
                      f"discovery {s['discover']:.2f} s, change {s['change']:.2f} s)")
