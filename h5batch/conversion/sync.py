@@ -222,7 +222,6 @@ def _sync(job: JobConfig, opts: ConvertOptions, final: str, lock: OutputLock, ru
     c = compare(job, final, say, ahead)
     assert c is not None  # full=True: a full discovery where an incremental one cannot vouch
     old, found, job, t_discover = c.old, c.found, c.job, c.seconds
-    manifest = found.manifest
     if c.up_to_date:
         if not dry_run:
             fmt.write_rejects(fmt.rejects_file(final), old.rejects)
