@@ -190,6 +190,10 @@ def test_a_conversion_row_runs_in_a_child_after_its_warm_up(pairs, tmp_path):
     assert r["pid"] != os.getpid() and again["pid"] not in (r["pid"], os.getpid())
     assert r["result"]["samples"] == 16 and r["seconds"] > 0 and r["cpu_seconds"] > 0
     assert r["torch_imported"] is False  # h5batch's rows run without torch, as `h5batch convert` does
+    # the machine's CPU time by state over the timed run (/proc/stat), beside the row's own
+    m = r["machine"]
+    assert set(m) == {"busy", "idle", "iowait", "steal"} and m["busy"] > 0 and min(m.values()) >= 0
+    assert m["busy"] + m["idle"] + m["iowait"] + m["steal"] <= 2.5 * (os.cpu_count() or 1) * r["seconds"] + 0.1
     assert r["peak_rss"] >= r["baseline_rss"] > 0
     assert not os.path.exists(warm_out)  # the warm-up's output is gone, the timed one is there
     with h5py.File(out, "r") as f:
@@ -430,6 +434,7 @@ def test_mini_bench_run_writes_json_markdown_png(tmp_path):
             # (bench/converts.py); the CPU of the tree counted either way
             fresh = r["method"] != "h5batch"
             assert all(run["fresh_process"] == fresh and run["cpu_seconds"] > 0 for run in r["runs"]), r["key"]
+            assert all(run["machine"]["busy"] > 0 for run in r["runs"]), r["key"]
             if fresh:  # h5batch's children without torch (as the command runs), the naive recipe's with it
                 assert all(run["torch_imported"] == (r["method"] == "naive") for run in r["runs"]), r["key"]
     mem = data["meta"]["memory"]  # bench.memstate's probe at the start and the end of the run
@@ -442,6 +447,9 @@ def test_mini_bench_run_writes_json_markdown_png(tmp_path):
     assert "| auto → none |" in md  # what auto chose for the generated (incompressible) audio
     assert "## Targets" in md and "### Conversion" in md and "### Read" in md and "## Scaling" in md
     assert "every batch consumed" in md
+    # each round of the rows judged against the peers, with the machine's CPU by state
+    assert "| method | round | wall s | own CPU-s | machine busy | idle | iowait | steal |" in md
+    assert "| h5batch (cluster.kind auto, as `h5batch convert` runs) | 1 |" in md
     assert any(s in md for s in ("**met**", "**MISSED**"))
     assert "| target | measured | range | status | detail |" in md
     pngs = [p for p in data["plots"]]

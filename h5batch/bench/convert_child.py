@@ -43,13 +43,34 @@ def convert_row(job: dict[str, Any]) -> dict[str, Any]:
         gc.collect()  # the warm-up's garbage, collected before the timing starts
     torch_imported = "torch" in sys.modules
     c0 = os.times()
+    m0 = machine_cpu()
     timing_starts()
     t0 = time.perf_counter()
     result = fn(*job["args"])
     seconds = time.perf_counter() - t0
     c1 = os.times()
+    m1 = machine_cpu()
     return {"seconds": seconds, "cpu_seconds": sum(c1[:4]) - sum(c0[:4]), "result": result,
-            "torch_imported": torch_imported}
+            "torch_imported": torch_imported,
+            "machine": {k: round(m1[k] - m0[k], 2) for k in m0} if m0 and m1 else {}}
+
+
+def machine_cpu() -> dict[str, float]:
+    """The whole machine's CPU time so far, in seconds, by state (``/proc/stat``; empty where
+    there is none). Beside a row's own CPU-seconds it tells what a slow run waited for: the
+    cores busy with other processes (``busy`` above the row's own), nothing (``idle``: a
+    wait the row's processes do not account, e.g. the host backing fresh memory), the disk
+    (``iowait``), or the host (``steal``, where the hypervisor reports it)."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return {}
+    v += [0] * (8 - len(v))
+    hz = os.sysconf("SC_CLK_TCK")
+    user, nice, system, idle, iowait, irq, softirq, steal = v
+    return {"busy": (user + nice + system + irq + softirq) / hz, "idle": idle / hz, "iowait": iowait / hz,
+            "steal": steal / hz}
 
 
 def remove_output(path: str) -> None:

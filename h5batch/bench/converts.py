@@ -63,7 +63,7 @@ class ConvertPhase:
         sample = Sample(r["seconds"], int(res["samples"]), float(res["bytes_decoded"] if nbytes is None else nbytes),
                         int(r["peak_rss"]), int(r["baseline_rss"]),
                         {"cpu_seconds": r["cpu_seconds"], "fresh_process": fresh,
-                         "torch_imported": r["torch_imported"]})
+                         "torch_imported": r["torch_imported"], "machine": r.get("machine", {})})
         return sample, res
 
     def _convert_plan(self, spec: dict[str, Any], peer_ok: dict[str, bool]) -> Plan:
