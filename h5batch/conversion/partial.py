@@ -137,11 +137,7 @@ class OutputFiles:
             d = c.delta()
             what = ", ".join(f"{n} {w}" for n, w in ((d.new, "new"), (d.changed, "changed"), (d.removed, "removed")) if n)
             raise ConvertError(self._exists_message(f" ({what} files)" if what else ""), EXIT_BAD_INPUT)
-        import h5py
-
-        with h5py.File(self.final, "r") as f:
-            counts = _live_counts(f, self.final, c.old.splits)
-        return self._complete(counts, len(c.old.rejects), "inventory")
+        return self._complete(c.live(), len(c.old.rejects), "inventory")  # what the comparison read already
 
     def _complete(self, counts: dict[str, int], n_rejects: int, checked: str) -> ConvertSummary:
         """The summary of a run that found its output already complete; ``checked``: how
@@ -206,7 +202,8 @@ class OutputFiles:
 
 def _live_counts(f, path: str, splits) -> dict[str, int]:
     """Samples per split that readers yield: the rows stored minus those a sync tombstoned
-    (the ``num_samples`` attribute counts rows)."""
+    (the ``num_samples`` attribute counts rows). For a full discovery's check; the
+    incremental one has them from its comparison (:meth:`~.sync.Comparison.live`)."""
     from ..tools.index import tombstones
 
     out = {}

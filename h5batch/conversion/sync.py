@@ -180,6 +180,10 @@ class Comparison:
     def delta(self) -> deltas.Delta:
         return self.found.delta(self.old)
 
+    def live(self) -> dict[str, int]:
+        """Samples per split that readers yield now (rows stored minus tombstoned)."""
+        return _live(self.old, {})
+
 
 def compare(job: JobConfig, final: str, say, ahead: RootWalk | None = None, full: bool = True) -> Comparison | None:
     """The finished output ``final`` of ``job`` compared with the corpus as it is now:
@@ -225,7 +229,7 @@ def _sync(job: JobConfig, opts: ConvertOptions, final: str, lock: OutputLock, ru
     if c.up_to_date:
         if not dry_run:
             fmt.write_rejects(fmt.rejects_file(final), old.rejects)
-        return SyncSummary(final, 0, 0, 0, found.items, _live(old, {}), len(old.rejects), 0.0,
+        return SyncSummary(final, 0, 0, 0, found.items, c.live(), len(old.rejects), 0.0,
                            up_to_date=True, discover_seconds=t_discover, output_bytes=os.path.getsize(final),
                            dry_run=dry_run, paths={"new": [], "changed": [], "removed": []} if dry_run else {})
     d = found.delta(old)
