@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -240,6 +241,25 @@ def sidecar(partial: str) -> str:
 def write_sidecar(partial: str, m: Manifest) -> str:
     """Write the manifest's inventory beside the partial output (replaced atomically)."""
     return write_arrays(partial, *of_manifest(m))
+
+
+STAMP_STEP = 512  # items stamped per step of sidecar_steps (~1 ms)
+
+
+def sidecar_steps(partial: str, m: Manifest, per_step: int = STAMP_STEP) -> Iterator[None]:
+    """:func:`write_sidecar` in small steps: each ``next`` stamps ``per_step`` more items
+    (the costly part: a blake2b per item), the last one writes the file. Reason: a
+    conversion's driver advances it between the events of its loop, while it would
+    otherwise wait, so the ~10 ms of stamps for 4,096 pairs are neither on the way to the
+    first batch nor after the last (``Driver.run``)."""
+    cached = getattr(m, "_stamps", None)
+    if cached is None or len(cached) != len(m.items):
+        done: list[int] = []
+        for lo in range(0, len(m.items), per_step):
+            done += stamps_of(m.items[lo: lo + per_step], m.stats)
+            yield
+        m._stamps = done  # type: ignore[attr-defined]
+    write_sidecar(partial, m)
 
 
 def write_arrays(partial: str, keys: list[str], stamps_: np.ndarray, extra: dict) -> str:

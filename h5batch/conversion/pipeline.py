@@ -110,11 +110,11 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
         if plan.start:
             say(f"resuming {output.partial}: {plan.start} of {len(plan.tasks)} batches already committed")
         try:
-            # Only Finish reads the inventory sidecar: written now, while the writer creates
-            # the output, not on the way to its Start (~20-25 ms for 4,096 pairs; 60
-            # alternating pairs: 0.963x the wall time, docs/benchmarks.md fifteenth round).
-            inventory.write_sidecar(output.partial, manifest)
-            summary = Driver(job, opts, plan, writer, run_id, say, forked, choice, head).run()
+            # Only Finish reads the inventory sidecar: written in steps between the driver
+            # loop's events (Driver._step_finish_work), not on the way to the writer's
+            # Start (docs/benchmarks.md fifteenth round) nor to the first batch.
+            summary = Driver(job, opts, plan, writer, run_id, say, forked, choice, head,
+                             finish_work=inventory.sidecar_steps(output.partial, manifest)).run()
         except KeyboardInterrupt as e:
             abort(writer)
             why = "interrupted" if signals.signal_name(e) == "SIGINT" else f"stopped by {signals.signal_name(e)}"
