@@ -72,3 +72,69 @@ def test_no_head_start_where_the_plan_could_cut_other_batches(paired_root, tmp_p
         assert HeadStart.begin(workers, manifest, inproc, None, spares, new_run_id()) is None
     finally:
         close_all(spares)
+
+
+
+_PREWARM = """
+import json, os, sys, time
+from h5batch.config import load_job
+from h5batch.conversion.auto import TARGET_BATCH_BYTES
+from h5batch.conversion.plan import TaskList
+from h5batch.conversion.spares import PREWARM_SEGMENTS, SpareDecoder, close_all
+from h5batch.conversion.worker import decode_batch
+from h5batch.forking import can_fork
+from h5batch.layouts import discover
+from h5batch.transport.segments import SHM_DIR, hostname, list_segments, new_run_id, remove_segments
+
+job = load_job(sys.argv[1], sys.argv[2:])
+manifest = discover(job)
+run_id = new_run_id()
+assert can_fork()
+spares = SpareDecoder.start_all(job, run_id=run_id)
+out = {"decoders": len(spares)}
+try:
+    def touched():
+        return {n: os.stat(os.path.join(SHM_DIR, n)).st_blocks * 512 for n in list_segments(run_id)}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (len(touched()) < PREWARM_SEGMENTS
+                                           or min(touched().values()) < TARGET_BATCH_BYTES):
+        time.sleep(0.05)
+    out["made"] = touched()
+    task = TaskList(job, manifest, run_id, hostname(), 4)[0]
+    raised, result = spares[0].call(decode_batch, (task,))
+    out["raised"] = repr(result) if raised else ""
+    out["samples"] = result.n_samples
+    out["taken"] = result.packed.shm_name
+    out["after_batch"] = list_segments(run_id)
+    close_all(spares)
+    out["after_end"] = list_segments(run_id)
+finally:
+    close_all(spares)
+    remove_segments(run_id)
+print(json.dumps({**out, "expected": PREWARM_SEGMENTS, "bytes": TARGET_BATCH_BYTES}))
+"""
+
+
+def test_a_forked_decoder_prewarms_its_segments_and_unlinks_those_never_taken(paired_root, tmp_path):
+    """Forked with the run's id, a decoder makes and touches its shared-memory segments while
+    it waits for its first batch (spares.PREWARM_SEGMENTS); a batch takes one of them, and
+    the decoder unlinks the others when it ends. In a process of its own: pytest's has
+    threads, where decoders come from the fork server, without a prewarm."""
+    import json
+    import subprocess
+    import sys
+
+    args = [f"source.root={paired_root}", f"output.path={tmp_path / 'o.h5'}", "cluster.kind=inprocess",
+            "cluster.workers=2", "cluster.batch_size=4"]
+    res = subprocess.run([sys.executable, "-c", _PREWARM, str(PAIRED), *args], capture_output=True, text=True,
+                         timeout=300, cwd=REPO)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["decoders"] == 1
+    made = out["made"]
+    assert len(made) == out["expected"], made
+    assert all(b >= out["bytes"] for b in made.values()), made  # pages in memory, not a hole
+    assert not out["raised"] and out["samples"] == 4
+    assert out["taken"] in made, "the batch did not take a prewarmed segment"
+    assert sorted(out["after_batch"]) == sorted(made), "the batch made a segment of its own"
+    assert out["after_end"] == [out["taken"]]  # the writer's to read; the driver removes it

@@ -77,7 +77,7 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
     pending = PendingWriter(lock.inheritable(), codec_libraries(job))
     # More decoders for an in-process run, forked while the driver has no thread (else the
     # driver starts them from the writer's fork server: spares.py).
-    forked = SpareDecoder.start_all(job) if pending.forked else []
+    forked = SpareDecoder.start_all(job, run_id=run_id) if pending.forked else []
     started = finished = False
     head: HeadStart | None = None
     try:

@@ -41,10 +41,17 @@ from typing import Any
 from .. import faults, gcpause
 from ..config import JobConfig
 from ..forking import close_inherited
+from ..transport.segments import drop_unused_segments, prewarm_segments
 from ..writer.process import start_without_main
+from .auto import TARGET_BATCH_BYTES
 from .cluster import default_workers
 from .writer_start import can_fork
 
+# Segments a forked decoder makes and touches while the driver discovers the corpus, for
+# batches of the in-process size (auto.TARGET_BATCH_BYTES): the 3 a decoder fills in a run
+# of 4,096 pairs (2 in flight to the writer, 1 being decoded). It stops at its first batch,
+# and unlinks those no batch took when it ends.
+PREWARM_SEGMENTS = 3
 MAX_DECODERS = 4  # decoders of an in-process run at most (the thread included), cluster.workers unset
 CLOSE_SECONDS = 5.0  # how long closing waits for a decoder to finish its batch and exit
 
@@ -67,11 +74,13 @@ class SpareDecoder:
         self.alive = True
 
     @classmethod
-    def start_all(cls, job: JobConfig, ctx: Any = None) -> list[SpareDecoder]:
+    def start_all(cls, job: JobConfig, ctx: Any = None, run_id: str = "") -> list[SpareDecoder]:
         """:func:`count` decoders for ``job``: forked from this process now (``ctx`` None),
         where that is safe, or started from the writer's fork server (``ctx``: its
         context; a fork there costs milliseconds too); none otherwise, or where a start
-        fails (the run then decodes on one thread)."""
+        fails (the run then decodes on one thread). With ``run_id``, each first makes its
+        shared-memory segments for that run while it waits for its first batch
+        (:data:`PREWARM_SEGMENTS`)."""
         n = count(job)
         if not n:
             return []
@@ -85,7 +94,8 @@ class SpareDecoder:
         out = []
         for _ in range(n):
             ours, theirs = ctx.Pipe(duplex=True)
-            process = ctx.Process(target=_serve, args=(theirs,), name="h5batch-decoder", daemon=True)
+            prewarm = (run_id, TARGET_BATCH_BYTES, PREWARM_SEGMENTS) if run_id else None
+            process = ctx.Process(target=_serve, args=(theirs, prewarm), name="h5batch-decoder", daemon=True)
             try:
                 start_without_main(process, ctx)
             except OSError:
@@ -159,14 +169,27 @@ def close_all(spares: list[SpareDecoder]) -> None:
         s.reap()
 
 
-def _serve(conn: Connection) -> None:
-    """The decoder's loop: ``(fn, args)`` in, ``(raised, value)`` out, until None or EOF."""
+def _serve(conn: Connection, prewarm: tuple[str, int, int] | None = None) -> None:
+    """The decoder's loop: ``(fn, args)`` in, ``(raised, value)`` out, until None or EOF.
+    ``prewarm``: (run id, bytes, count) of the segments to make first (:data:`PREWARM_SEGMENTS`)."""
     faults.in_forked_decoder = True
     gcpause.resume()  # forked during the driver's set-up: collection on for the decoder's run
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
     close_inherited(conn.fileno())
+    if prewarm is not None:
+        try:
+            prewarm_segments(*prewarm, stop=conn.poll)
+        except OSError:  # /dev/shm full or absent: the batches will say so, or go by the network
+            pass
+    try:
+        _loop(conn)
+    finally:
+        drop_unused_segments()
+
+
+def _loop(conn: Connection) -> None:
     while True:
         try:
             msg = conn.recv()
