@@ -77,7 +77,9 @@ def test_auto_decodes_a_small_job_in_process_and_writes_the_same_file_as_local(d
     assert res.returncode == 0, res.stderr
     line = next(x for x in res.stderr.splitlines() if x.startswith("cluster auto: "))
     assert line.startswith("cluster auto: inprocess (") and "to decode on one thread" in line, line
-    assert "cluster: in-process, 1 decode thread" in res.stderr
+    # decoders forked at the start, one per core (a 1-core machine decodes on the driver's thread)
+    assert re.search(r"cluster: in-process, (\d+ forked decoders|1 decode thread) \(no worker processes\)",
+                     res.stderr), res.stderr
     assert "preflight: in-process decoding" in res.stderr
     # progress reaches the console, not the decoder-warning capture of fd 2
     assert "[h5batch] " in res.stderr and "files (100%)" in res.stderr
@@ -149,8 +151,9 @@ def test_forked_decoders_are_for_jobs_that_may_decode_in_process():
                 "cluster": {"kind": kind, **({"workers": workers} if workers else {})}}
         return job_from_dict(data, "job.yaml", check_paths=False)
 
-    per_core = min(MAX_DECODERS, default_workers()) - 1
-    assert count(job("inprocess", 3)) == 2 and count(job("inprocess", 1)) == 0
+    per_core = min(MAX_DECODERS, default_workers())
+    per_core = per_core if per_core > 1 else 0  # one decoder: the driver's thread, nothing forked
+    assert count(job("inprocess", 3)) == 3 and count(job("inprocess", 2)) == 2 and count(job("inprocess", 1)) == 0
     assert count(job("inprocess", None)) == per_core and count(job("auto", None)) == per_core
     # auto with workers > 1 starts a LocalCluster whatever the work; other kinds never decode in process
     assert count(job("auto", 2)) == 0 and count(job("auto", 1)) == 0 and count(job("local", None)) == 0
@@ -177,13 +180,15 @@ def test_a_call_that_cannot_reach_a_forked_decoder_runs_on_the_drivers_thread():
     # server, as the Driver does in a threaded process.
     ctx = None if can_fork() else mp.get_context("forkserver")
     spares = SpareDecoder.start_all(job_from_dict(data, "job.yaml", check_paths=False), ctx)
-    assert len(spares) == 1
-    client = inprocess.InProcessClient(spares)
+    assert len(spares) == 2
+    client = inprocess.InProcessClient(spares, own_thread=False)  # as a run with forked decoders
     try:
         futs = [client.submit(_lock_type, threading.Lock(), 0.05) for _ in range(6)]
         assert [f.result(timeout=20) for f in futs] == ["lock"] * 6
-        assert client.served["died"] == 1 and client.served["thread"] == 6, client.served
-        assert not spares[0].alive
+        # each decoder takes a call, fails to send it and is killed; the driver's thread
+        # joins in at the first loss and decodes them all
+        assert client.served["died"] == 2 and client.served["thread"] == 6, client.served
+        assert not any(s.alive for s in spares)
     finally:
         client.close()
         for s in spares:
@@ -212,7 +217,7 @@ def test_forked_decoders_share_the_batches_and_write_the_same_file(demo_root, tm
     assert "cluster: in-process, 1 decode thread (no worker processes)" in res.stderr
     res = convert(DEMO, demo_root, more, "inprocess", "cluster.workers=3", "cluster.batch_size=16", codec)
     assert res.returncode == 0, res.stderr
-    assert "cluster: in-process, 1 decode thread + 2 forked decoders (no worker processes)" in res.stderr
+    assert "cluster: in-process, 3 forked decoders (no worker processes)" in res.stderr
     line = next(x for x in res.stderr.splitlines() if x.startswith("in-process decoding: "))
     thread, forked = (int(n) for n in re.findall(r"(\d+) (?:batches on|in forked)", line))
     assert thread + forked >= 3 and forked > 0 and "died" not in line, line
@@ -226,9 +231,10 @@ def test_forked_decoders_share_the_batches_and_write_the_same_file(demo_root, tm
 
 
 def test_the_drivers_lines_never_land_in_the_decoder_warnings(demo_root, tmp_path):
-    """The driver's own decode thread starts on a head start's queued batches while the
-    driver writes its "cluster:" and "preflight:" lines, and a decode points fd 2 at the
-    decoder-warning capture: those lines must reach the console, not a file's warnings.
+    """Decoding starts on a head start's queued batches while the driver writes its
+    "cluster:" and "preflight:" lines, and a decode points fd 2 at the decoder-warning
+    capture (the forked decoders' own fd 2; the driver's where its thread decodes): those
+    lines must reach the console, not a file's warnings.
     (They did not in 1 run of 3 before driver.run wrote them through the console's copy
     of fd 2; several runs, so a race shows.)"""
     for k in range(4):
@@ -237,7 +243,7 @@ def test_the_drivers_lines_never_land_in_the_decoder_warnings(demo_root, tmp_pat
                       "output.codec=none")
         assert res.returncode == 0, res.stderr
         assert "before the plan" in res.stderr, res.stderr  # the head start ran
-        assert "cluster: in-process, 1 decode thread + 2 forked decoders" in res.stderr, res.stderr
+        assert "cluster: in-process, 3 forked decoders" in res.stderr, res.stderr
         assert "preflight: in-process decoding" in res.stderr, res.stderr
         warnings_file = out.with_suffix(".warnings.txt")
         assert not warnings_file.exists(), warnings_file.read_text()
@@ -260,7 +266,9 @@ def test_a_forked_decoder_that_dies_has_its_batch_decoded_again(demo_root, tmp_p
                   faults=f"kill_forked={marker}")
     assert res.returncode == 0, res.stderr
     assert marker.exists()  # the forked decoder did kill itself
-    assert re.search(r"in-process decoding: \d+ batches on the driver's thread, 0 in forked decoders; "
+    # The other forked decoder and the driver's thread (it joins in when a decoder dies) go on.
+    assert "cluster: in-process, 2 forked decoders" in res.stderr, res.stderr
+    assert re.search(r"in-process decoding: \d+ batches on the driver's thread, \d+ in forked decoders; "
                      r"1 forked decoder died, its batch decoded again", res.stderr), res.stderr
     assert_same_h5(ref, out)
     assert not _alive_with(str(out))
@@ -374,10 +382,10 @@ def test_a_driver_with_threads_starts_its_decoders_from_the_fork_server(demo_roo
         log = io.StringIO()
         convert_in_process(job, ConvertOptions(overwrite=True, progress="none", log=log))
         outs[workers] = (out, log.getvalue())
-    assert "+ 1 forked decoder" not in outs[1][1]
+    assert "cluster: in-process, 1 decode thread (no worker processes)" in outs[1][1]
     line = next(x for x in outs[2][1].splitlines() if x.startswith("in-process decoding: "))
     assert int(re.search(r"(\d+) in forked decoders", line).group(1)) > 0, outs[2][1]
-    assert "cluster: in-process, 1 decode thread + 1 forked decoder" in outs[2][1]
+    assert "cluster: in-process, 2 forked decoders" in outs[2][1]
     assert_same_h5(outs[1][0], outs[2][0])
     assert not [p for p in mp.active_children() if p.name == "h5batch-decoder"]
     assert not run.own_stale_segments()

@@ -39,17 +39,17 @@ def test_batches_decoded_ahead_are_the_plans_and_a_head_start_never_taken_leaves
     job = _job(paired_root, tmp_path / "o.h5", "cluster.batch_size=4")
     manifest = discover(job)
     spares = _decoders(job)
-    assert len(spares) == 1
+    assert len(spares) == 2
     run_id = new_run_id()
     try:
         head = HeadStart.begin(job, manifest, KindChoice("inprocess"), None, spares, run_id)
-        assert head is not None and sorted(head.futures) == list(range(AHEAD_PER_DECODER))
+        assert head is not None and sorted(head.futures) == list(range(2 * AHEAD_PER_DECODER))
         for index, fut in head.futures.items():
             result = fut.result(timeout=120)
             task = head.tasks[index]
             assert (result.index, result.start, result.n_items) == (index, task.start, len(task.items))
             assert result.n_samples == len(task.items) and not result.rejects
-        assert head.client.served == {"thread": 0, "forked": AHEAD_PER_DECODER, "died": 0}
+        assert head.client.served == {"thread": 0, "forked": 2 * AHEAD_PER_DECODER, "died": 0}
         assert _segments(run_id), "the decoded batches wait in shared memory"
         head.close()  # the run ended before its loop took the batches over
         assert not _segments(run_id)
@@ -96,7 +96,7 @@ try:
     def touched():
         return {n: os.stat(os.path.join(SHM_DIR, n)).st_blocks * 512 for n in list_segments(run_id)}
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and (len(touched()) < PREWARM_SEGMENTS
+    while time.monotonic() < deadline and (len(touched()) < PREWARM_SEGMENTS * len(spares)
                                            or min(touched().values()) < TARGET_BATCH_BYTES):
         time.sleep(0.05)
     out["made"] = touched()
@@ -130,9 +130,9 @@ def test_a_forked_decoder_prewarms_its_segments_and_unlinks_those_never_taken(pa
                          timeout=300, cwd=REPO)
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout.strip().splitlines()[-1])
-    assert out["decoders"] == 1
+    assert out["decoders"] == 2
     made = out["made"]
-    assert len(made) == out["expected"], made
+    assert len(made) == 2 * out["expected"], made  # each decoder's own
     assert all(b >= out["bytes"] for b in made.values()), made  # pages in memory, not a hole
     assert not out["raised"] and out["samples"] == 4
     assert out["taken"] in made, "the batch did not take a prewarmed segment"

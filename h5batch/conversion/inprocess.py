@@ -1,8 +1,8 @@
 """Decoding in the driver process (``cluster.kind: inprocess``), and how ``cluster.kind:
 auto`` chooses between it and a LocalCluster.
 
-Rule: a small job decodes in the driver process, on one thread and the decoders forked
-from the driver at the start (:mod:`.spares`, where forking is safe), with the same
+Rule: a small job decodes in the driver process's decoders forked at the start
+(:mod:`.spares`, where forking is safe), or on one thread of it where there are none, with the same
 :func:`~.worker.decode_batch` a Dask worker runs, into the same shared memory, for the same
 writer process; a large one gets a LocalCluster. Reason: starting, checking and stopping a
 LocalCluster costs ~3 s on a 2-core machine (importing ``distributed``, the worker
@@ -237,8 +237,8 @@ class InProcessClient:
     WORKER = "inprocess://driver"
 
     def __init__(self, spares: list[SpareDecoder] | tuple = (), own_thread: bool = True) -> None:
-        """``own_thread`` False: only the forked decoders take calls until
-        :meth:`add_own_thread` (a head start, ``conversion/head_start.py``)."""
+        """``own_thread`` False: only the forked decoders take calls, until
+        :meth:`add_own_thread` or until they have all died (:meth:`_serve`)."""
         # (future, fn, args, started): started when a decoder that died had begun it
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.closing = False
@@ -254,11 +254,12 @@ class InProcessClient:
 
     def add_own_thread(self) -> None:
         """Start the decode thread of this process (once)."""
-        if any(t.name == "h5batch-inprocess" for t in self.threads):
-            return
-        t = threading.Thread(target=self._serve, args=(None,), name="h5batch-inprocess", daemon=True)
-        self.threads.append(t)
-        t.start()
+        with self.count_lock:
+            if self.closing or any(t.name == "h5batch-inprocess" for t in self.threads):
+                return
+            t = threading.Thread(target=self._serve, args=(None,), name="h5batch-inprocess", daemon=True)
+            self.threads.append(t)
+            t.start()
 
     def submit(self, fn: Callable[..., Any], *args: Any, key: str = "", pure: bool = False,
                retries: int = 0) -> InProcessFuture:
@@ -298,6 +299,9 @@ class InProcessClient:
             except (EOFError, OSError):
                 self._count("died")
                 self.queue.put((fut, fn, args, True))
+                # The driver's thread joins in, so a batch is never left without a decoder
+                # (the last forked one may be gone, or every one may fail the same call).
+                self.add_own_thread()
                 return
             self._count("forked")
             if raised:
@@ -333,10 +337,12 @@ class InProcessClient:
         """Drop the queued calls and wait (up to ``timeout``) for the running ones, so no
         batch creates shared memory after the driver removed the run's segments; then the
         forked decoders are let go."""
-        self.closing = True
-        for _ in self.threads:
+        with self.count_lock:  # no decode thread starts after this (add_own_thread)
+            self.closing = True
+            threads = list(self.threads)
+        for _ in threads:
             self.queue.put(None)
-        for t in self.threads:
+        for t in threads:
             t.join(timeout)
         close_all(self.spares)
 
@@ -361,15 +367,15 @@ def check_packages(job: JobConfig) -> str:
 def connect(cfg: ClusterConfig, forked: list[SpareDecoder] | tuple = (),
             client: InProcessClient | None = None) -> Iterator[Connection]:
     """An :class:`InProcessClient` for the length of the run (``cfg``: the job's cluster
-    section; ``forked``: the decoders forked for it, :mod:`.spares`; ``client``: one a head
-    start made already, whose own decode thread starts now), closed at the end."""
+    section; ``forked``: the decoders forked for it, :mod:`.spares`, which then decode alone;
+    ``client``: one a head start made already), closed at the end."""
     if client is None:
-        client = InProcessClient(forked)
-    else:
+        client = InProcessClient(forked, own_thread=not forked)
+    elif not forked:
         client.add_own_thread()
-    extra = f" + {len(forked)} forked decoder{'s' if len(forked) > 1 else ''}" if forked else ""
+    decoders = f"{len(forked)} forked decoder{'s' if len(forked) > 1 else ''}" if forked else "1 decode thread"
     try:
-        yield Connection(client, f"in-process, 1 decode thread{extra} (no worker processes)", None)
+        yield Connection(client, f"in-process, {decoders} (no worker processes)", None)
     finally:
         client.close()
 

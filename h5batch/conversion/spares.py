@@ -2,20 +2,27 @@
 
 Rule: where the driver forks its writer (:func:`~.writer_start.can_fork`: Linux, no thread
 yet) and the job may decode in process (``cluster.kind`` ``auto`` or ``inprocess``), it
-forks :func:`count` more decoders right after the writer, before discovery; where the
+forks :func:`count` decoders right after the writer, before discovery; where the
 writer came from the fork server (a notebook, a script with threads), an in-process run
 starts them from that server when it begins decoding. Each waits on its own pipe for
-``decode_batch`` calls and answers with their results. An in-process run
-then decodes on the driver's thread *and* these processes
-(:class:`~.inprocess.InProcessClient` serves one shared queue to all); a run that gets a
-LocalCluster (or has nothing to decode) closes them at once.
+``decode_batch`` calls and answers with their results. An in-process run with forked
+decoders decodes on them alone (:class:`~.inprocess.InProcessClient` serves one shared
+queue to all); the driver's own decode thread decodes where there are none (one worker, a
+spawn-only platform) and takes over once they have all died. A run that gets a LocalCluster
+(or has nothing to decode) closes them at once.
 
 Reason: on a small job the one decode thread was the critical path (FSDD: ~80 % of the
 decode phase in ``decode_batch``), and threads do not help: decoding a PCM file is mostly
 Python, which holds the GIL (3,000 FSDD files: 0.13 s on one thread, 0.16 s on two). A fork
 costs milliseconds and copies nothing (copy-on-write), where a LocalCluster costs ~3 s. They
 are forked early because a fork is only safe while the driver has no other thread; the
-codec trial and the kind probe start threads that are kept.
+codec trial and the kind probe start threads that are kept. Why not the driver's thread
+beside them: it shares the GIL with the driver's loop (and the inventory sidecar's steps)
+and faults in its segments during the run, where a forked decoder warms its own while the
+driver discovers: its first batch of a 4,096-pair run took 36-42 ms against 10-17 ms for
+the others, and the writer waited for it. Two forked decoders instead of the thread and
+one: 0.349 s against 0.362 s (11 alternating rounds of 5 fresh-process runs); FSDD's whole
+command unchanged (0.284 against 0.283 s).
 
 A decoder is a worker without Dask: :func:`~.worker.decode_batch` creates its batch in
 this process's own shared-memory segments (named with the run id, so the driver's clean-up
@@ -52,17 +59,19 @@ from .writer_start import can_fork
 # of 4,096 pairs (2 in flight to the writer, 1 being decoded). It stops at its first batch,
 # and unlinks those no batch took when it ends.
 PREWARM_SEGMENTS = 3
-MAX_DECODERS = 4  # decoders of an in-process run at most (the thread included), cluster.workers unset
+MAX_DECODERS = 4  # forked decoders of an in-process run at most, cluster.workers unset
 CLOSE_SECONDS = 5.0  # how long closing waits for a decoder to finish its batch and exit
 
 
 def count(job: JobConfig) -> int:
     """Forked decoders ``job`` would use if it decodes in process: ``cluster.workers`` (or
-    one per core, at most :data:`MAX_DECODERS`) less the driver's thread; 0 for other kinds
-    and where ``auto`` would start a LocalCluster whatever the work (``workers`` > 1)."""
+    one per core, at most :data:`MAX_DECODERS`), and none where that is one (the driver's
+    thread decodes alone); 0 for other kinds and where ``auto`` would start a LocalCluster
+    whatever the work (``workers`` > 1)."""
     cfg = job.cluster
     if cfg.kind == "inprocess" or (cfg.kind == "auto" and cfg.workers in (None, 1)):
-        return (cfg.workers or min(MAX_DECODERS, default_workers())) - 1
+        n = cfg.workers or min(MAX_DECODERS, default_workers())
+        return n if n > 1 else 0
     return 0
 
 
