@@ -131,7 +131,6 @@ class _Pool:
         self.segments.append(seg)
         return seg
 
-
     def prewarm(self, run_id: str, nbytes: int, count: int, stop: Callable[[], bool]) -> int:
         """Make ``count`` segments for ``nbytes`` batches of ``run_id`` ahead (FREE, in this
         pool) and touch their first ``nbytes`` page by page, a MiB at a time, until
@@ -141,6 +140,7 @@ class _Pool:
         driver discovers the corpus, so it pays them then (``conversion/spares.py``)."""
         if run_id != self.run_id:
             self.run_id, self.segments = run_id, []
+            self.unused.clear()
         step, touched = 1 << 20, 0
         for _ in range(count):
             if stop():
