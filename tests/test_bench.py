@@ -590,3 +590,39 @@ def test_cold_targets_judge_fsdd_and_the_demo():
     assert demo["value"] == pytest.approx(1 / 0.9) and demo["met"] is True
     assert demo["bounds"] == pytest.approx((0.8, 1.25)) and demo["within_spread"] is True
     assert "0.90 s median" in demo["detail"]
+
+
+
+_WRITER_LEFT_RUNNING = """
+import json, multiprocessing as mp, time
+from h5batch.bench import convert_child
+
+
+def spin(seconds):
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+def conversion(seconds):  # what a conversion does at its end: returns while its writer works
+    mp.get_context("fork").Process(target=spin, args=(seconds,), name="h5batch-writer", daemon=True).start()
+    return 1
+
+
+r = convert_child.convert_row({"fn": conversion, "args": (0.4,)})
+print(json.dumps([r["seconds"], r["cpu_seconds"]]))
+"""
+
+
+def test_a_conversion_rows_cpu_counts_the_writer_it_did_not_wait_for(tmp_path):
+    """convert_child.convert_row waits, after the timing, for the h5batch writer the
+    conversion left running, so the row's own CPU-seconds include the writer's; the wall
+    time does not. In a process of its own (a fork, as the zygote's children)."""
+    import subprocess
+
+    res = subprocess.run([sys.executable, "-c", _WRITER_LEFT_RUNNING], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert res.returncode == 0, res.stderr
+    seconds, cpu = json.loads(res.stdout.strip().splitlines()[-1])
+    assert seconds < 0.3  # the timing ended when the conversion returned
+    assert cpu >= 0.35  # the writer's 0.4 CPU-s are counted
