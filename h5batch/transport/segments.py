@@ -111,10 +111,20 @@ class _Pool:
         self.segments: list[Segment] = []
         self.unused: set[str] = set()  # made by prewarm, not taken yet
 
-    def take(self, run_id: str, nbytes: int) -> Segment:
-        if run_id != self.run_id:  # a new job on a long-lived worker: let the old maps go
+    def _for_run(self, run_id: str) -> None:
+        """A new job on a long-lived worker: let the old run's maps go."""
+        if run_id != self.run_id:
             self.run_id, self.segments = run_id, []
             self.unused.clear()
+
+    @staticmethod
+    def _room(nbytes: int) -> int:
+        """The size of a new segment for a batch of ``nbytes``: room to grow, so it fits the
+        next batches too (variable-length samples)."""
+        return max(nbytes + nbytes // 2, 1 << 20)
+
+    def take(self, run_id: str, nbytes: int) -> Segment:
+        self._for_run(run_id)
         pid = owner_pid(f"{PREFIX}{run_id}-")
         if pid is not None and not pid_alive(pid):
             # The driver died (kill -9): a worker finishing its queue must not leave new
@@ -125,8 +135,7 @@ class _Pool:
                 seg.mark(BUSY)
                 self.unused.discard(seg.name)
                 return seg
-        # Room to grow, so a segment fits the next batches too (variable-length samples).
-        seg = create_segment(run_id, max(nbytes + nbytes // 2, 1 << 20))
+        seg = create_segment(run_id, self._room(nbytes))
         seg.mark(BUSY)
         self.segments.append(seg)
         return seg
@@ -138,14 +147,12 @@ class _Pool:
         costs its first writer a fault and a zeroing, ~6 ms per 16 MB here, 3 segments per
         forked decoder in a 4,096-pair run; a forked decoder has nothing to do while the
         driver discovers the corpus, so it pays them then (``conversion/spares.py``)."""
-        if run_id != self.run_id:
-            self.run_id, self.segments = run_id, []
-            self.unused.clear()
+        self._for_run(run_id)
         step, touched = 1 << 20, 0
         for _ in range(count):
             if stop():
                 break
-            seg = create_segment(run_id, nbytes + nbytes // 2)  # the size take() makes for nbytes
+            seg = create_segment(run_id, self._room(nbytes))  # as take() would make it
             self.segments.append(seg)
             self.unused.add(seg.name)
             for lo in range(0, nbytes, step):
