@@ -62,6 +62,18 @@ def active() -> dict[str, str]:
     return parse(text) if text else {}
 
 
+def _first_time(marker: str) -> bool:
+    """Create ``marker``; True for the one process that created it. Rule: exclusive
+    creation, not a look then a write: two decoders that start at once (an in-process run's
+    forked decoders) both saw no marker and both killed themselves, where the fault promises
+    once."""
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return False
+    return True
+
+
 def before_decode(path: str) -> None:
     """Called before a file is decoded (on a worker, or in the driver's codec trial)."""
     faults = active()
@@ -75,8 +87,7 @@ def before_decode(path: str) -> None:
     spec = faults.get("freeze_once")
     if spec:
         target, _, marker = spec.partition(":")
-        if target == name and not os.path.exists(marker):
-            open(marker, "w").close()
+        if target == name and _first_time(marker):
             os.kill(os.getpid(), signal.SIGSTOP)
 
 
@@ -84,14 +95,12 @@ def before_batch(index: int) -> None:
     """Called on a worker before it decodes batch ``index``."""
     faults = active()
     marker = faults.get("kill_forked")
-    if marker and in_forked_decoder and not os.path.exists(marker):
-        open(marker, "w").close()
+    if marker and in_forked_decoder and _first_time(marker):
         os.kill(os.getpid(), signal.SIGKILL)
     spec = faults.get("kill_once")
     if spec:
         at, marker = spec.split(":", 1)
-        if int(at) == index and not os.path.exists(marker):
-            open(marker, "w").close()
+        if int(at) == index and _first_time(marker):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
