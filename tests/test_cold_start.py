@@ -270,6 +270,7 @@ def test_a_forked_decoder_that_dies_has_its_batch_decoded_again(demo_root, tmp_p
     assert "cluster: in-process, 2 forked decoders" in res.stderr, res.stderr
     assert re.search(r"in-process decoding: \d+ batches on the driver's thread, \d+ in forked decoders; "
                      r"1 forked decoder died, its batch decoded again", res.stderr), res.stderr
+    assert not out.with_suffix(".warnings.txt").exists()  # no driver line taken for a decoder warning
     assert_same_h5(ref, out)
     assert not _alive_with(str(out))
     assert not run.own_stale_segments()

@@ -9,7 +9,7 @@ import os
 
 from h5batch.config import load_job
 from h5batch.conversion.head_start import AHEAD_PER_DECODER, HeadStart
-from h5batch.conversion.inprocess import KindChoice
+from h5batch.conversion.inprocess import InProcessClient, KindChoice
 from h5batch.conversion.spares import SpareDecoder, close_all
 from h5batch.forking import can_fork
 from h5batch.layouts import discover
@@ -138,3 +138,38 @@ def test_a_forked_decoder_prewarms_its_segments_and_unlinks_those_never_taken(pa
     assert out["taken"] in made, "the batch did not take a prewarmed segment"
     assert sorted(out["after_batch"]) == sorted(made), "the batch made a segment of its own"
     assert out["after_end"] == [out["taken"]]  # the writer's to read; the driver removes it
+
+
+def _double(x: int) -> int:
+    return 2 * x
+
+
+def test_a_head_starts_lost_decoder_waits_for_the_loop_before_the_drivers_thread_decodes(paired_root, tmp_path):
+    """A forked decoder that dies during a head start leaves its batch to the driver's
+    thread only once the driver's loop has the client (allow_thread): before that, the
+    driver runs the codec trial and prints through fd 2, which a decode on its thread points
+    at the decoder-warning capture (the driver's lines were lost that way, 1 run in 10-20)."""
+    import signal
+    import time
+
+    job = _job(paired_root, tmp_path / "o.h5")  # 2 workers: 2 forked decoders
+    spares = _decoders(job)
+    assert len(spares) == 2
+    try:
+        for s in spares:
+            os.kill(s.process.pid, signal.SIGKILL)
+            s.process.join(10)
+        client = InProcessClient(spares, own_thread=False, thread_allowed=False)
+        fut = client.submit(_double, 21)
+        deadline = time.monotonic() + 20
+        while client.served["died"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert client.served["died"] == 2
+        time.sleep(0.2)
+        assert not fut.done() and client.served["thread"] == 0
+        assert not any(t.name == "h5batch-inprocess" for t in client.threads)
+        client.allow_thread()  # what connect() does when the loop takes the head start over
+        assert fut.result(timeout=20) == 42 and client.served["thread"] == 1
+        client.close()
+    finally:
+        close_all(spares)

@@ -63,7 +63,7 @@ class HeadStart:
         if bs is None:
             return None
         tasks = TaskList(job, manifest, run_id, hostname(), bs)
-        head = cls(tasks, InProcessClient(spares, own_thread=False), run_id)
+        head = cls(tasks, InProcessClient(spares, own_thread=False, thread_allowed=False), run_id)
         for i in range(min(len(tasks), AHEAD_PER_DECODER * len(spares))):
             head.futures[i] = head.client.submit(decode_batch, tasks[i])
         return head

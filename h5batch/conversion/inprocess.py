@@ -236,15 +236,22 @@ class InProcessClient:
 
     WORKER = "inprocess://driver"
 
-    def __init__(self, spares: list[SpareDecoder] | tuple = (), own_thread: bool = True) -> None:
+    def __init__(self, spares: list[SpareDecoder] | tuple = (), own_thread: bool = True,
+                 thread_allowed: bool = True) -> None:
         """``own_thread`` False: only the forked decoders take calls, until
-        :meth:`add_own_thread` or until they have all died (:meth:`_serve`)."""
+        :meth:`add_own_thread`, or until one dies (:meth:`_serve`). ``thread_allowed``
+        False (a head start, ``conversion/head_start.py``): not even then, until
+        :meth:`allow_thread`. Reason: before the driver's loop takes the client over, the
+        driver runs the codec trial and prints its lines through fd 2, which a decode on
+        this process's thread points at the decoder-warning capture."""
         # (future, fn, args, started): started when a decoder that died had begun it
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.closing = False
         self.spares = list(spares)
         self.served = {"thread": 0, "forked": 0, "died": 0}  # calls run by each kind of decoder; decoders lost
         self.count_lock = threading.Lock()
+        self.thread_allowed = thread_allowed
+        self.thread_wanted = False  # a forked decoder died before the thread was allowed
         self.threads = [threading.Thread(target=self._serve, args=(s,), name="h5batch-decoder-feed", daemon=True)
                         for s in self.spares]
         for t in self.threads:
@@ -255,11 +262,22 @@ class InProcessClient:
     def add_own_thread(self) -> None:
         """Start the decode thread of this process (once)."""
         with self.count_lock:
-            if self.closing or any(t.name == "h5batch-inprocess" for t in self.threads):
-                return
-            t = threading.Thread(target=self._serve, args=(None,), name="h5batch-inprocess", daemon=True)
-            self.threads.append(t)
-            t.start()
+            self._start_thread()
+
+    def allow_thread(self) -> None:
+        """The driver's loop owns the client now: the thread may decode, and starts at once
+        where a forked decoder died before."""
+        with self.count_lock:
+            self.thread_allowed = True
+            if self.thread_wanted:
+                self._start_thread()
+
+    def _start_thread(self) -> None:  # with count_lock held
+        if self.closing or any(t.name == "h5batch-inprocess" for t in self.threads):
+            return
+        t = threading.Thread(target=self._serve, args=(None,), name="h5batch-inprocess", daemon=True)
+        self.threads.append(t)
+        t.start()
 
     def submit(self, fn: Callable[..., Any], *args: Any, key: str = "", pure: bool = False,
                retries: int = 0) -> InProcessFuture:
@@ -300,8 +318,13 @@ class InProcessClient:
                 self._count("died")
                 self.queue.put((fut, fn, args, True))
                 # The driver's thread joins in, so a batch is never left without a decoder
-                # (the last forked one may be gone, or every one may fail the same call).
-                self.add_own_thread()
+                # (the last forked one may be gone, or every one may fail the same call);
+                # after a head start, once the loop has the client (allow_thread).
+                with self.count_lock:
+                    if self.thread_allowed:
+                        self._start_thread()
+                    else:
+                        self.thread_wanted = True
                 return
             self._count("forked")
             if raised:
@@ -371,8 +394,10 @@ def connect(cfg: ClusterConfig, forked: list[SpareDecoder] | tuple = (),
     ``client``: one a head start made already), closed at the end."""
     if client is None:
         client = InProcessClient(forked, own_thread=not forked)
-    elif not forked:
-        client.add_own_thread()
+    else:
+        client.allow_thread()
+        if not forked:
+            client.add_own_thread()
     decoders = f"{len(forked)} forked decoder{'s' if len(forked) > 1 else ''}" if forked else "1 decode thread"
     try:
         yield Connection(client, f"in-process, {decoders} (no worker processes)", None)
