@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from functools import cache
 from typing import Any
 
 import numpy as np
@@ -24,7 +23,6 @@ except ImportError:  # pragma: no cover
 
 from .. import faults
 from ..batches import BatchResult, BatchTask
-from ..codecs import CodecSpec, make_encoder, self_check
 from ..errors import DecodeError
 from ..fields import (
     decode_field,
@@ -37,10 +35,11 @@ from ..fields import (
 from ..fields.base import copy_into
 from ..fields.blocks import streams
 from ..manifest import Reject
-from ..transport.packing import Block, ChunkSet, Packed, pack
+from ..transport.packing import Block, Packed, pack
 from ..transport.segments import FREE, abandon_segment, grow_segment, hostname, take_segment
 from . import decoder_warnings, readahead
 from .direct import direct_loaders, direct_readers
+from .worker_compress import compress_chunks
 
 # A batch with a file at least this big (on disk) decodes its streamable field straight
 # into shared memory (_StreamRows); smaller ones decode into arrays and are packed after.
@@ -329,7 +328,7 @@ def decode_batch(task: BatchTask) -> BatchResult:
         if direct is not None and not stuck:
             packed = direct.packed(kept, arrays)
         else:
-            chunks = _compress_chunks(task, arrays) if task.align else ()
+            chunks = compress_chunks(task, arrays) if task.align else ()
             packed = pack(arrays, mode, task.run_id, chunks)
     except BaseException:
         if direct is not None:
@@ -423,38 +422,3 @@ def _collect(task: BatchTask, outcomes: dict[int, Any], names: list[str], item_s
         sums.append(item_sums[k])
         kept.append(k)
     return arrays, labels, sources, sums, rejects, kept
-
-
-@cache
-def _encoder(codec: CodecSpec, dtype: str):
-    if codec.name.startswith("blosc2"):
-        from ..codecs.libraries import load
-
-        blosc2 = load("blosc2")
-        # One compression thread per worker process: the workers already fill the cores.
-        blosc2.set_nthreads(1)
-    return make_encoder(codec, np.dtype(dtype)) if self_check(codec, dtype) else None
-
-
-def _compress_chunks(task: BatchTask, arrays: dict[str, list[np.ndarray]]) -> tuple[ChunkSet, ...]:
-    """Compress the whole chunks of each aligned field here, in parallel across workers,
-    so the writer only stores bytes (HDF5 runs filters in one thread, and so does the
-    Blosc2 frame encoder). Replaces those samples in ``arrays`` by the head and tail rows
-    and adds a ``<field>#chunks`` entry."""
-    out = []
-    for name, pred, k, codec in task.align:
-        samples = arrays[name]
-        n = len(samples)
-        head = min((-pred) % k, n)
-        n_chunks = (n - head) // k
-        if n_chunks == 0 or any(a.shape != samples[0].shape or a.dtype != samples[0].dtype for a in samples):
-            continue
-        enc = _encoder(codec, samples[0].dtype.str)
-        if enc is None:
-            continue
-        rows = np.stack(samples[head: head + n_chunks * k])
-        encoded = [np.frombuffer(enc(rows[i * k:(i + 1) * k]), dtype=np.uint8) for i in range(n_chunks)]
-        arrays[name] = samples[:head] + samples[head + n_chunks * k:]
-        arrays[f"{name}#chunks"] = encoded
-        out.append(ChunkSet(name, pred, head, n_chunks, k, tuple(samples[0].shape), samples[0].dtype.str))
-    return tuple(out)
