@@ -33,6 +33,7 @@ from ..writer.messages import (
     Done,
     Failed,
     Finish,
+    Layout,
     Ready,
     Store,
     Stored,
@@ -43,6 +44,7 @@ from . import inprocess, signals
 from .cluster import connect
 from .cluster_watch import ClusterWatch
 from .decoder_warnings import WarningLog
+from .direct_chunks import ChunkPlacer
 from .head_start import HeadStart
 from .isolation import Slot, after_failure
 from .options import ConvertOptions, ConvertSummary
@@ -93,11 +95,14 @@ class Driver:
         self.submissions = 0
         self.rejects = 0
         self.bytes_decoded = 0
+        self.direct_samples = 0  # stored by the decoders into the output's chunks (direct_chunks.py)
         self.client: Any = None
         self.progress: Progress | None = None
         # Worker-side compression: where each split's next batch will start, assuming the
         # batches in flight lose no samples (a wrong guess only costs the writer a decode).
         self.rows = RowPredictor(job, plan.written, plan.spec.codecs)
+        # Decoders that write chunks themselves (direct_chunks.py): where each batch lands.
+        self.placer = ChunkPlacer(plan.spec.partial_path, plan.written)
         # Decoder warnings of the stored batches, in a log beside the output (not the console).
         self.warning_log = WarningLog(fmt.warnings_file(plan.spec.final_path), resume=plan.start > 0)
 
@@ -165,13 +170,14 @@ class Driver:
             next_submit = next_forward = self.plan.start
             for index, fut in (head.futures.items() if head else ()):  # decoding since before the plan
                 self.slots[index] = Slot(tasks[index])
+                self.placer.place(tasks[index])  # (no layout yet: only the row count moves on)
                 self._track(fut, index, 0)
                 next_submit = max(next_submit, index + 1)
             released = False
             while self.acked < len(tasks):
                 signals.raise_pending()
                 while next_submit < len(tasks) and next_submit - self.acked < window:
-                    self.slots[next_submit] = Slot(self.rows.place(tasks[next_submit]))
+                    self.slots[next_submit] = Slot(self.placer.place(self.rows.place(tasks[next_submit])))
                     self._submit(next_submit, 0, len(tasks[next_submit].items))
                     next_submit += 1
                 kind, payload = self._next_event(conn)
@@ -193,7 +199,7 @@ class Driver:
             self._step_finish_work(to_the_end=True)
             self.progress.close()
             if in_proc and self.spares:
-                self.say(self.client.report(len(head.futures) if head else 0))
+                self.say(self.client.report(len(head.futures) if head else 0, self.direct_samples))
             # The writer counts every reject (discovery, decode, write, and those of batches
             # committed by an earlier run) and keeps the file partial when there are too many.
             self._send(Finish(job.policy.max_reject_fraction))
@@ -280,12 +286,19 @@ class Driver:
         slot.written += msg.samples
         if slot.acked == len(slot.parts):
             self.rows.correct(slot.task, slot.written)
+            self.placer.correct(slot.task, slot.written)
             self.rejects += sum(len(p.result.rejects) for p in slot.parts)
-            self.bytes_decoded += sum(p.result.packed.nbytes for p in slot.parts)
+            self.bytes_decoded += sum(p.result.packed.nbytes + p.result.packed.direct_bytes for p in slot.parts)
+            self.direct_samples += sum(p.result.packed.direct_rows for p in slot.parts)
             self.warning_log.add(w for p in slot.parts for w in p.result.warnings)
             self.progress.update(len(slot.task.items), rejects=self.rejects, nbytes=self.bytes_decoded)
             del self.slots[msg.index]
             self.acked += 1
+
+    def _on_layout(self, msg: Layout) -> None:
+        # Only decoders on this host, the driver's thread and its forks, write the file's chunks.
+        if self.job.cluster.kind == "inprocess":
+            self.placer.layout(msg.offsets, msg.k)
 
     def _on_failed(self, msg: Failed) -> None:
         raise ConvertError(f"writer failed: {msg.text}")
@@ -394,6 +407,7 @@ _WRITER_HANDLERS = {
     Failed: Driver._on_failed,
     WriterDied: Driver._on_died,
     Ready: lambda self, msg: None,  # the plan already knows where the file goes on
+    Layout: Driver._on_layout,
     Committed: lambda self, msg: None,  # progress is counted from Stored
 }
 

@@ -336,15 +336,17 @@ class InProcessClient:
         with self.count_lock:
             self.served[what] += 1
 
-    def report(self, ahead: int = 0) -> str:
+    def report(self, ahead: int = 0, direct: int = 0) -> str:
         """One line for the log: which decoders ran the batches (``ahead``: submitted by a
-        head start, before the plan)."""
+        head start, before the plan; ``direct``: samples the decoders wrote into the
+        output's chunks themselves, conversion/direct_chunks.py)."""
         s = self.served
         died = (f"; {s['died']} forked decoder{'s' if s['died'] > 1 else ''} died, "
                 f"{'their batches' if s['died'] > 1 else 'its batch'} decoded again") if s["died"] else ""
         early = f"; the first {ahead} submitted before the plan" if ahead else ""
+        wrote = f"; {direct} samples written into the output by the decoders" if direct else ""
         return (f"in-process decoding: {s['thread']} batches on the driver's thread, {s['forked']} in forked "
-                f"decoders{died}{early}")
+                f"decoders{died}{early}{wrote}")
 
     def release(self) -> None:
         """Tell the forked decoders to end now, without waiting (every batch is decoded:

@@ -39,6 +39,7 @@ from ..transport.packing import Block, Packed, pack
 from ..transport.segments import FREE, abandon_segment, grow_segment, hostname, take_segment
 from . import decoder_warnings, readahead
 from .direct import direct_loaders, direct_readers
+from .direct_chunks import ChunkSink
 from .worker_compress import compress_chunks
 
 # A batch with a file at least this big (on disk) decodes its streamable field straight
@@ -65,7 +66,7 @@ class _Watched:
     afterwards, they were read back from memory: ~40 ms of CPU per 4,096-pair conversion
     (``perf record``), against ~23 ms for the same 512 MB in cache."""
 
-    def __init__(self, task: BatchTask, start: int, direct: _DirectRows | _StreamRows | None = None):
+    def __init__(self, task: BatchTask, start: int, direct: _DirectRows | _StreamRows | ChunkSink | None = None):
         self.task, self.direct = task, direct
         self.plan = _ItemPlan(task, direct)
         self.outcomes: dict[int, Any] = {}  # item index -> list of arrays, or the exception
@@ -94,6 +95,8 @@ class _Watched:
             if self.abandoned:
                 return
             self.outcomes[i] = out
+            if isinstance(self.direct, ChunkSink):
+                self.direct.after(i, isinstance(out, list), self)
         self.current = None
         self.done.set()
 
@@ -105,9 +108,11 @@ class _ItemPlan:
     where it does not (:func:`direct_loaders`; not for the field a :class:`_StreamRows`
     decodes into its segment), whether faults are injected, and the corpus root as a prefix."""
 
-    def __init__(self, task: BatchTask, direct: _DirectRows | _StreamRows | None = None):
+    def __init__(self, task: BatchTask, direct: _DirectRows | _StreamRows | ChunkSink | None = None):
         self.files = [reads_files(fc) for _, fc in task.fields]
         self.fast = direct.fast if isinstance(direct, _DirectRows) else None
+        if isinstance(direct, ChunkSink):  # rows until it stops, arrays after: both
+            self.fast = direct_readers(task.fields)
         self.load = direct_loaders(task.fields) if not isinstance(direct, _DirectRows) else None
         if self.load is not None and isinstance(direct, _StreamRows):
             self.load[direct.k] = None
@@ -318,20 +323,25 @@ def decode_batch(task: BatchTask) -> BatchResult:
     outcomes: dict[int, Any] = {}
     mode = choose_mode(task.transport, task.writer_host)
     readahead.hint(task)
-    direct = _DirectRows.maybe(task, mode) or _StreamRows.maybe(task, mode)
+    sink = ChunkSink.maybe(task, mode)
+    direct = sink or _DirectRows.maybe(task, mode) or _StreamRows.maybe(task, mode)
     try:
         with decoder_warnings.batch():
             item_sums: dict[int, list[int]] = {}
             stuck = _decode_all(task, direct, outcomes, item_sums)
             warned = decoder_warnings.take(p for item in task.items for p in item[0])
         arrays, labels, sources, sums, rejects, kept = _collect(task, outcomes, names, item_sums)
-        if direct is not None and not stuck:
+        if sink is not None:
+            packed = sink.packed(arrays, mode)
+        elif direct is not None and not stuck:
             packed = direct.packed(kept, arrays)
         else:
             chunks = compress_chunks(task, arrays) if task.align else ()
             packed = pack(arrays, mode, task.run_id, chunks)
     except BaseException:
-        if direct is not None:
+        if isinstance(direct, ChunkSink):
+            direct.close()
+        elif direct is not None:
             direct.free()
         raise
     return BatchResult(
@@ -350,7 +360,7 @@ def decode_batch(task: BatchTask) -> BatchResult:
     )
 
 
-def _decode_all(task: BatchTask, direct: _DirectRows | _StreamRows | None,
+def _decode_all(task: BatchTask, direct: _DirectRows | _StreamRows | ChunkSink | None,
                 outcomes: dict[int, Any], sums: dict[int, list[int]]) -> bool:
     """Decode every item into ``outcomes`` (its arrays, or the exception) and ``sums`` (the
     checksums of each decoded one, :class:`_Watched`). Returns True
@@ -363,13 +373,16 @@ def _decode_all(task: BatchTask, direct: _DirectRows | _StreamRows | None,
         while not run.done.wait(timeout=min(1.0, task.timeout / 4)):
             cur = run.current
             if cur and time.monotonic() - cur[1] > task.timeout * len(task.items[cur[0]][0]):
-                run.abandoned = True
+                if not isinstance(direct, ChunkSink):
+                    run.abandoned = True  # (a ChunkSink gives the thread up under its lock, below)
                 break
         if run.done.is_set():
             outcomes.update(run.outcomes)
             sums.update(run.sums)
             break
         hung = run.current[0]  # type: ignore[index]
+        if isinstance(direct, ChunkSink):
+            direct.give_up(run)
         outcomes.update({k: v for k, v in run.outcomes.items() if k < hung})
         sums.update({k: v for k, v in run.sums.items() if k < hung})
         outcomes[hung] = TimeoutError()
@@ -381,6 +394,8 @@ def _decode_all(task: BatchTask, direct: _DirectRows | _StreamRows | None,
             outcomes.update({k: [a.copy() for a in v] for k, v in outcomes.items() if isinstance(v, list)})
             direct.abandon()
             direct = None
+    if stuck and isinstance(direct, ChunkSink):
+        return stuck  # its buffer is never reused (ChunkSink.give_up)
     if stuck and direct is not None:
         for k, out in outcomes.items():
             if isinstance(out, list):

@@ -10,7 +10,8 @@ Driver -> writer, in this order: any number of :class:`Measure` (answered by
 :class:`Measured`), one :class:`Start` (or :class:`Quit` when no job came of it), then :class:`Store` for every batch part in manifest order, and :class:`Finish` or
 :class:`Abort` last. The writer commits on its own, every ``policy.commit_every`` seconds.
 
-Writer -> driver: :class:`Ready` once the file is open, :class:`Stored` per batch part,
+Writer -> driver: :class:`Ready` once the file is open (then :class:`Layout` where the
+decoders write chunks), :class:`Stored` per batch part,
 :class:`Committed` per commit, then :class:`Done`, :class:`Aborted` or :class:`Failed`.
 """
 
@@ -60,6 +61,9 @@ class WriterSpec:
     inventory: str = ""  # the driver's inventory sidecar (h5batch.inventory), stored at finalize
     sync: SyncSpec | None = None  # set for `h5batch sync`: the finished output is extended
     reserve_bytes: int = 0  # the samples' expected bytes, reserved on disk ahead of the writes (reserve.py)
+    # split -> rows whose chunks are placed at once for decoders that write them
+    # (conversion/direct_chunks.py); empty: none
+    direct: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -137,6 +141,16 @@ class Ready:
 
     next_batch: int
     samples: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """After :class:`Ready`, where :attr:`WriterSpec.direct` asked for it: the file offset
+    of every allocated chunk (split -> field -> offsets in row order) and each field's rows
+    per chunk, for decoders that write chunks (conversion/direct_chunks.py)."""
+
+    offsets: dict[str, dict[str, Any]]
+    k: dict[str, int]
 
 
 @dataclass(frozen=True)

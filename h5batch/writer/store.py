@@ -13,7 +13,14 @@ import numpy as np
 
 from .. import format as fmt
 from ..codecs import ChunkDecoder, CodecSpec, make_encoder, self_check
-from ..fields import FieldConfig, field_attrs, file_fields, is_fixed_shape, rows_per_chunk
+from ..fields import (
+    FieldConfig,
+    field_attrs,
+    file_fields,
+    fixed_sample_shape,
+    is_fixed_shape,
+    rows_per_chunk,
+)
 from ..fields.base import settings
 from .append import ChunkAppender, SmallAppender, small_dataset
 from .messages import WriterSpec
@@ -73,9 +80,24 @@ class FieldStore:
             self.shapes = SmallAppender(node[fmt.SHAPES])
             self.end = int(node[fmt.OFFSETS][-1])
 
-    def _create(self, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+    def allocate(self, rows: int) -> list[int]:
+        """Create this fixed, uncompressed field's dataset with ``rows`` rows whose chunks are
+        all placed in the file now (decoders write them: conversion/direct_chunks.py); each
+        chunk's file offset, in row order."""
+        fixed = fixed_sample_shape(self.fc)
+        if fixed is None or not self._raw or self.data is not None:
+            raise RuntimeError(f"field {self.name}: chunks are allocated only for a new fixed, uncompressed dataset")
+        self._create(fixed[1], tuple(fixed[0]), early=True)
+        assert self.data is not None
+        return self.data.allocate(rows)
+
+    def _create(self, dtype: np.dtype, shape: tuple[int, ...], early: bool = False) -> None:
         self.dtype = np.dtype(dtype)
         kw = self.codec.dataset_kwargs(self.dtype.itemsize)
+        if early:  # chunks placed when the extent grows, never filled by HDF5 (allocate())
+            dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+            dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+            kw.update(dcpl=dcpl, fill_time="never")
         attrs = _field_attrs(self.fc, self.codec)
         if self.spec.codec_notes.get(self.name):
             attrs["codec_choice"] = self.spec.codec_notes[self.name]
@@ -178,7 +200,7 @@ class FieldStore:
         if self.data is None:
             return 0, None
         tail = self.data.checkpoint()
-        return self.data.ds.shape[0], tail
+        return self.data.rows_in_file, tail
 
     def finish(self) -> None:
         if self.data is not None:
