@@ -229,3 +229,24 @@ def test_a_lost_thread_never_writes_after_the_watch_gave_up(corpus, tmp_path):
     assert sink.written == 0 and not sink.active
     with h5py.File(path, "r") as f:
         assert not f["data"][:8].any()  # never written (placed chunks read as zeros here)
+
+
+def test_a_file_the_decoder_cannot_write_sends_the_batch_the_ordinary_way(corpus, tmp_path):
+    """A write that fails (here the path is a folder: EISDIR; on a user's machine a full
+    disk) stops the sink: nothing counts as written, every sample travels to the writer."""
+    import dataclasses
+
+    root, expected = corpus
+    job = _job(root, tmp_path / "unused.h5")
+    path = tmp_path / "placed.h5"
+    task = dataclasses.replace(_task(root, job, path, _placed_file(path, 16), range(0, 16)), direct_path=str(tmp_path))
+    try:
+        result = decode_batch(task)
+        assert result.packed.direct_rows == 0 and not result.rejects
+        sent = _sent(result)
+        for k, name in enumerate(("data", "target")):
+            assert len(sent[name]) == 16
+            for i, a in enumerate(sent[name]):
+                np.testing.assert_array_equal(a, expected[i][k])
+    finally:
+        remove_segments(task.run_id)

@@ -32,7 +32,11 @@ the watch does under that lock, so it never writes once its batch went on withou
 chunks a batch writes lie past every committed row (a batch is placed at or after the rows
 of every batch before it), so data covered by a commit is never rewritten; a crash leaves
 placed chunks past the committed rows, which a resume cuts back like any other, and a
-resumed or synced output is written the ordinary way (:func:`planned_rows`).
+resumed or synced output is written the ordinary way (:func:`planned_rows`). Dask workers
+never write the file, not even on the writer's host: Dask may run a task twice (a worker it
+gave up for lost can still finish it), and a late duplicate would write over rows the
+writer has since moved there (after a reject); the driver knows every in-process decoder's
+end. A write that fails (a full disk) sends the group and the rest to the writer.
 """
 
 from __future__ import annotations
@@ -177,7 +181,13 @@ class ChunkSink:
         with self.lock:
             if watch.abandoned:
                 return  # the batch went on without this thread: never write
-            self._write_group(i // self.G)
+            try:
+                self._write_group(i // self.G)
+            except OSError:
+                # The file cannot take it here (a full disk, a path this process cannot
+                # open): this group and the rest go to the writer, which says what is wrong.
+                self.stop()
+                return
             self.written = i + 1
 
     def stop(self) -> None:
