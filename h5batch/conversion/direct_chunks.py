@@ -60,10 +60,13 @@ __all__ = ["planned_rows", "likely", "ChunkPlacer", "ChunkSink"]
 
 
 def planned_rows(job: JobConfig, kind: str | None, codecs: dict[str, Any], tasks: Any,
-                 new_file: bool, resuming: bool) -> dict[str, int]:
+                 new_file: bool, resuming: bool, decoders: int) -> dict[str, int]:
     """Rows to allocate per split for decoders that write chunks (see the module); empty
-    where the run does not qualify."""
-    if kind != "inprocess" or not new_file or resuming or not job.fields:
+    where the run does not qualify. ``decoders``: the forked decoders the run will have
+    (``spares.count``); with none, the driver's one thread decodes, and the copy into the
+    page cache is better left to the writer on the other core (``cluster.workers: 1``, 6
+    alternating runs: 0.553 s with the thread writing, 0.528 s without)."""
+    if kind != "inprocess" or not new_file or resuming or not job.fields or decoders < 1:
         return {}
     for name, fc in job.fields.items():
         if fixed_sample_shape(fc) is None or codecs[name].name != "none":

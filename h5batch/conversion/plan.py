@@ -30,6 +30,7 @@ from ..writer.versions import versions  # noqa: F401 - h5batch.bench reads them 
 from .auto import AutoSettings, Measurer, resolve
 from .cluster import default_workers
 from .direct_chunks import planned_rows
+from .spares import count as forked_decoders
 from .trial import Decoded
 
 
@@ -95,7 +96,7 @@ def make_plan(job: JobConfig, manifest: Manifest, record: CommitRecord | None, f
     elif tasks.batch_size != batch_size:  # head_start's rule lets through only what needs no trial
         raise AssertionError(f"head start cut batches of {tasks.batch_size} items, the plan chose {batch_size}")
     written = {split: p.samples for split, p in record.splits.items()} if record else {}
-    spec.direct = planned_rows(job, kind, codecs, tasks, new_file, record is not None)
+    spec.direct = planned_rows(job, kind, codecs, tasks, new_file, record is not None, forked_decoders(job))
     if new_file:  # (a sync's few new samples are not worth it: writer/reserve.py)
         spec.reserve_bytes = stored_bytes(auto, len(manifest.items) - tasks.first_item(record.next_batch if record else 0))
     return Plan(tasks, spec, record.next_batch if record else 0, written, batch_size * auto.item_bytes, num_inputs)
