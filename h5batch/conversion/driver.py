@@ -176,7 +176,7 @@ class Driver:
             released = False
             while self.acked < len(tasks):
                 signals.raise_pending()
-                while next_submit < len(tasks) and next_submit - self.acked < window:
+                while next_submit < len(tasks) and next_submit - self.acked < window and not self._awaiting_layout():
                     self.slots[next_submit] = Slot(self.placer.place(self.rows.place(tasks[next_submit])))
                     self._submit(next_submit, 0, len(tasks[next_submit].items))
                     next_submit += 1
@@ -294,6 +294,13 @@ class Driver:
             self.progress.update(len(slot.task.items), rejects=self.rejects, nbytes=self.bytes_decoded)
             del self.slots[msg.index]
             self.acked += 1
+
+    def _awaiting_layout(self) -> bool:
+        """True while the writer is placing the chunks the decoders will write into
+        (``direct_chunks``): a batch submitted before its :class:`Layout` would travel
+        through shared memory. The forked decoders meanwhile decode the head start's
+        batches; the writer sends the layout right after ``Ready``."""
+        return bool(self.plan.spec.direct) and not self.placer.offsets and self.job.cluster.kind == "inprocess"
 
     def _on_layout(self, msg: Layout) -> None:
         # Only decoders on this host, the driver's thread and its forks, write the file's chunks.
