@@ -70,6 +70,10 @@ def test_no_head_start_where_the_plan_could_cut_other_batches(paired_root, tmp_p
         assert HeadStart.begin(fixed, manifest, inproc, None, [], new_run_id()) is None
         workers = _job(paired_root, tmp_path / "o.h5", "cluster.batch_size=4", "cluster.compress_on=workers")
         assert HeadStart.begin(workers, manifest, inproc, None, spares, new_run_id()) is None
+        # Fixed and uncompressed: the decoders will write the output's chunks, once placed.
+        placed = _job(paired_root, tmp_path / "o.h5", "cluster.batch_size=4", "fields.data.length=8000",
+                      "fields.target.length=8000", "output.codec=none")
+        assert HeadStart.begin(placed, manifest, inproc, None, spares, new_run_id()) is None
     finally:
         close_all(spares)
 
