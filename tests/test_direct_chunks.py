@@ -194,7 +194,7 @@ def test_a_batch_written_until_its_first_failure_sends_the_rest(corpus, tmp_path
             good = [i for i in items if i not in bad]
             assert [int(s[0][-7:-4]) for s in result.sources] == good
             w = result.packed.direct_rows
-            assert w == w_expected
+            assert w == w_expected and result.packed.direct_bytes == w * 2 * (DATA + TARGET)
             sent = _sent(result)
             for k, name in enumerate(("data", "target")):
                 stored = _rows_in(path, name, w)

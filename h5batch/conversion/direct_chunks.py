@@ -152,7 +152,6 @@ class ChunkSink:
         self.lock = threading.Lock()
         self.active = True
         self.written = 0  # leading items of the batch whose rows are in the output
-        self.nbytes = 0
         self.fd = -1
         self.reusable = True
 
@@ -220,7 +219,6 @@ class ChunkSink:
                 block, off, done = flat[c * size:(c + 1) * size], offsets[g * per + c], 0
                 while done < size:
                     done += os.pwrite(self.fd, block[done:], off + done)
-                self.nbytes += size
 
     def packed(self, arrays: dict[str, list[np.ndarray]], mode: str) -> Packed:
         """The batch's descriptor (``arrays``: every kept sample per field, in order): its
@@ -232,7 +230,8 @@ class ChunkSink:
         self.close()
         if w:
             out.direct = tuple((name, row) for name, row, _, _ in self.task.direct)
-            out.direct_rows, out.direct_bytes = w, self.nbytes
+            # (counted from the rows, not the writes: a group that failed halfway is not in)
+            out.direct_rows, out.direct_bytes = w, w * sum(b[0].nbytes for b in self.bufs)
         return out
 
     def close(self) -> None:
