@@ -66,11 +66,10 @@ def planned_rows(job: JobConfig, kind: str | None, codecs: dict[str, Any], tasks
     (``spares.count``); with none, the driver's one thread decodes, and the copy into the
     page cache is better left to the writer on the other core (``cluster.workers: 1``, 6
     alternating runs: 0.553 s with the thread writing, 0.528 s without)."""
-    if kind != "inprocess" or not new_file or resuming or not job.fields or decoders < 1:
+    if kind != "inprocess" or not new_file or resuming or decoders < 1 or not likely(job):
         return {}
-    for name, fc in job.fields.items():
-        if fixed_sample_shape(fc) is None or codecs[name].name != "none":
-            return {}
+    if any(codecs[name].name != "none" for name in job.fields):
+        return {}
     rows: dict[str, int] = {}
     for t in tasks:
         rows[t.split] = rows.get(t.split, 0) + len(t.items)

@@ -300,12 +300,11 @@ class Driver:
         (``direct_chunks``): a batch submitted before its :class:`Layout` would travel
         through shared memory. The forked decoders meanwhile decode the head start's
         batches; the writer sends the layout right after ``Ready``."""
-        return bool(self.plan.spec.direct) and not self.placer.offsets and self.job.cluster.kind == "inprocess"
+        return bool(self.plan.spec.direct) and not self.placer.offsets
 
     def _on_layout(self, msg: Layout) -> None:
-        # Only decoders on this host, the driver's thread and its forks, write the file's chunks.
-        if self.job.cluster.kind == "inprocess":
-            self.placer.layout(msg.offsets, msg.k)
+        # (Only an in-process run asks for one: direct_chunks.planned_rows.)
+        self.placer.layout(msg.offsets, msg.k)
 
     def _on_failed(self, msg: Failed) -> None:
         raise ConvertError(f"writer failed: {msg.text}")

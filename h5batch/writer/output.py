@@ -32,7 +32,7 @@ from .commit import (
     remove_tail_files,
     save_tails,
 )
-from .messages import FinalSummary, WriterSpec
+from .messages import FinalSummary, Layout, WriterSpec
 from .reserve import reserve, trim
 from .store import STATS, STR, FieldStore, SplitStore
 from .versions import versions
@@ -65,6 +65,15 @@ class OutputWriter:
             self.splits[split] = store
             self.layout[split] = {name: np.asarray(fs.allocate(rows), dtype=np.int64)
                                   for name, fs in store.fields.items()}
+
+    def layout_message(self) -> Layout | None:
+        """The placed chunks' offsets and each field's rows per chunk, for the driver; None
+        where the spec placed none."""
+        if not self.layout:
+            return None
+        k = {name: fs.data.k for store in self.splits.values() for name, fs in store.fields.items()
+             if fs.data is not None}
+        return Layout(self.layout, k)
 
     def _open(self, cache: dict) -> dict[str, np.ndarray]:
         """Open (create or resume) the partial file as ``self.f``; the tail rows to resume with."""

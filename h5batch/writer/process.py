@@ -41,7 +41,6 @@ from .messages import (
     Done,
     Failed,
     Finish,
-    Layout,
     Measure,
     Measured,
     Quit,
@@ -179,10 +178,9 @@ def writer_main(inbox, outbox, lifeline, lock: SharedFd | None = None) -> None:
     try:
         session = _Session(spec, outbox)
         outbox.put(Ready(session.out.next_batch, {name: st.n for name, st in session.out.splits.items()}))
-        layout = getattr(session.out, "layout", None)
-        if layout:
-            outbox.put(Layout(layout, {name: fs.data.k for store in session.out.splits.values()
-                                       for name, fs in store.fields.items() if fs.data is not None}))
+        layout = session.out.layout_message()
+        if layout is not None:
+            outbox.put(layout)
         while True:
             try:
                 msg = inbox.get(timeout=POLL_SECONDS)
