@@ -211,7 +211,11 @@ def test_a_batch_written_until_its_first_failure_sends_the_rest(corpus, tmp_path
 
 def test_a_lost_thread_never_writes_after_the_watch_gave_up(corpus, tmp_path):
     """The rule that keeps an abandoned decode thread out of the file: once the watch gave
-    it up (under the sink's lock), finishing a group writes nothing."""
+    it up (``_Watched.give_up``, under the watch's lock), finishing a group writes nothing."""
+    import threading
+
+    from h5batch.conversion.worker import _Watched
+
     root, _ = corpus
     job = _job(root, tmp_path / "unused.h5")
     path = tmp_path / "placed.h5"
@@ -220,17 +224,17 @@ def test_a_lost_thread_never_writes_after_the_watch_gave_up(corpus, tmp_path):
     sink = ChunkSink.maybe(task, "shm")
     assert sink is not None and sink.G == 8
 
-    class Watch:
+    class Watch:  # the state _Watched.give_up and ChunkSink.after share, without its thread
         abandoned = False
-        outcomes: dict = {}
+        lock = threading.Lock()
 
     watch = Watch()
     for b in sink.bufs:
         b[...] = 7
-    sink.give_up(watch)
+    _Watched.give_up(watch)
     sink.after(7, True, watch)  # the lost thread finishes the group
     sink.close()
-    assert sink.written == 0 and not sink.active
+    assert sink.written == 0
     with h5py.File(path, "r") as f:
         assert not f["data"][:8].any()  # never written (placed chunks read as zeros here)
 

@@ -27,8 +27,8 @@ a fault and a zeroing. A buffer of a group (~1 MiB a field) stays in the core's 
 their shared-memory rows) gained nothing (nineteenth round).
 
 Safety: a decode thread abandoned by ``policy.decode_timeout`` may keep running; it writes
-a group only under :attr:`ChunkSink.lock` and while the watch has not given it up, which
-the watch does under that lock, so it never writes once its batch went on without it. The
+a group only under its watch's lock and while the watch has not given it up, which the
+watch does under that lock, so it never writes once its batch went on without it. The
 chunks a batch writes lie past every committed row (a batch is placed at or after the rows
 of every batch before it), so data covered by a commit is never rewritten; a crash leaves
 placed chunks past the committed rows, which a resume cuts back like any other, and a
@@ -44,7 +44,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import threading
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -128,9 +127,10 @@ class ChunkSink:
     process, then written with ``pwrite`` while it is still in the core's cache.
 
     The decode thread (``worker._Watched``) writes a group once its last item decoded, and
-    only while holding :attr:`lock` with the watch not given up on it; the watch gives up a
-    thread under the same lock. So a thread abandoned by ``policy.decode_timeout`` (it may
-    keep running) never writes the file once its batch went on without it. The first item
+    only while holding its watch's lock with the watch not given up on it; the watch gives
+    up a thread under the same lock (``_Watched.give_up``). So a thread abandoned by
+    ``policy.decode_timeout`` (it may keep running) never writes the file once its batch
+    went on without it. The first item
     that fails (or hangs) stops the sink: the groups written so far stay (:attr:`written`
     rows, every item kept), and the decoded items of the unfinished group and the rest of
     the batch (decoded into arrays) travel through shared memory as usual.
@@ -148,7 +148,6 @@ class ChunkSink:
         self.G = math.lcm(*ks)
         self.key = (self.G, tuple((tuple(shape), np.dtype(dt).str) for shape, dt in layouts))
         self.bufs = self._spare.pop(self.key, None) or [np.empty((self.G, *shape), dt) for shape, dt in layouts]
-        self.lock = threading.Lock()
         self.active = True
         self.written = 0  # leading items of the batch whose rows are in the output
         self.fd = -1
@@ -179,7 +178,7 @@ class ChunkSink:
             return
         if (i + 1) % self.G:
             return
-        with self.lock:
+        with watch.lock:
             if watch.abandoned:
                 return  # the batch went on without this thread: never write
             try:
@@ -194,16 +193,12 @@ class ChunkSink:
     def stop(self) -> None:
         """Items from here on decode into arrays. Those decoded into the unfinished group
         stay where they are, views of the buffer: nothing writes their rows again before
-        :meth:`packed` has copied them into shared memory (a lost thread only writes the
-        row of the item it hangs on, and its buffer is never reused)."""
+        :meth:`packed` has copied them into shared memory."""
         self.active = False
 
-    def give_up(self, watch: Any) -> None:
-        """The watch gives up ``watch``'s thread (hung on an item): under the lock, so that
-        thread writes nothing after this. Its buffer is not reused (the thread may still
-        write into its item's row)."""
-        with self.lock:
-            watch.abandoned = True
+    def abandon(self) -> None:
+        """A decode thread hangs on an item of this batch (the watch gave it up): stop, and
+        never reuse the buffer, as that thread may still write into its item's row."""
         self.reusable = False
         self.stop()
 

@@ -74,6 +74,9 @@ class _Watched:
         self.current: tuple[int, float] | None = None  # (item index, start time)
         self.done = threading.Event()
         self.abandoned = False
+        # Held by this thread's writes into the output (ChunkSink.after): once give_up has
+        # taken it, the thread writes nothing more there.
+        self.lock = threading.Lock()
         threading.Thread(target=self._run, args=(start,), name="h5batch-decode", daemon=True).start()
 
     def _run(self, start: int) -> None:
@@ -99,6 +102,12 @@ class _Watched:
                 self.direct.after(i, isinstance(out, list), self)
         self.current = None
         self.done.set()
+
+    def give_up(self) -> None:
+        """Abandon this thread (it hangs on an item): under :attr:`lock`, so it writes
+        nothing into the output after this."""
+        with self.lock:
+            self.abandoned = True
 
 
 class _ItemPlan:
@@ -373,29 +382,25 @@ def _decode_all(task: BatchTask, direct: _DirectRows | _StreamRows | ChunkSink |
         while not run.done.wait(timeout=min(1.0, task.timeout / 4)):
             cur = run.current
             if cur and time.monotonic() - cur[1] > task.timeout * len(task.items[cur[0]][0]):
-                if not isinstance(direct, ChunkSink):
-                    run.abandoned = True  # (a ChunkSink gives the thread up under its lock, below)
+                run.give_up()
                 break
         if run.done.is_set():
             outcomes.update(run.outcomes)
             sums.update(run.sums)
             break
         hung = run.current[0]  # type: ignore[index]
-        if isinstance(direct, ChunkSink):
-            direct.give_up(run)
         outcomes.update({k: v for k, v in run.outcomes.items() if k < hung})
         sums.update({k: v for k, v in run.sums.items() if k < hung})
         outcomes[hung] = TimeoutError()
         stuck = True
         i = hung + 1
-        if isinstance(direct, _StreamRows):
-            # The hung thread may still write at the stream's end: the rest decodes into
-            # arrays, and the segment is abandoned below.
+        if isinstance(direct, (_StreamRows, ChunkSink)):
+            # The hung thread may still write at the stream's end, or into its item's row of
+            # the sink's buffer (never the output: give_up): the rest decodes into arrays,
+            # and the segment or the buffer is let go now.
             outcomes.update({k: [a.copy() for a in v] for k, v in outcomes.items() if isinstance(v, list)})
             direct.abandon()
             direct = None
-    if stuck and isinstance(direct, ChunkSink):
-        return stuck  # its buffer is never reused (ChunkSink.give_up)
     if stuck and direct is not None:
         for k, out in outcomes.items():
             if isinstance(out, list):
