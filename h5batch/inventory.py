@@ -60,11 +60,16 @@ def stamp(item: Item, stats: dict) -> int:
 
 def stamps(m: Manifest) -> list[int]:
     """The stamp of every item of ``m``, in item order (worked out once per manifest)."""
-    cached = getattr(m, "_stamps", None)
-    if cached is None or len(cached) != len(m.items):
-        cached = stamps_of(m.items, m.stats)
-        m._stamps = cached  # type: ignore[attr-defined]
+    cached = _cached_stamps(m)
+    if cached is None:
+        cached = m._stamps = stamps_of(m.items, m.stats)  # type: ignore[attr-defined]
     return cached
+
+
+def _cached_stamps(m: Manifest) -> list[int] | None:
+    """The stamps :func:`stamps` or :func:`sidecar_steps` worked out for ``m``, if still whole."""
+    cached = getattr(m, "_stamps", None)
+    return cached if cached is not None and len(cached) == len(m.items) else None
 
 
 def stamps_of(items: list[Item], stats: dict) -> list[int]:
@@ -252,8 +257,7 @@ def sidecar_steps(partial: str, m: Manifest, per_step: int = STAMP_STEP) -> Iter
     conversion's driver advances it between the events of its loop, while it would
     otherwise wait, so the ~10 ms of stamps for 4,096 pairs are neither on the way to the
     first batch nor after the last (``Driver.run``)."""
-    cached = getattr(m, "_stamps", None)
-    if cached is None or len(cached) != len(m.items):
+    if _cached_stamps(m) is None:
         done: list[int] = []
         for lo in range(0, len(m.items), per_step):
             done += stamps_of(m.items[lo: lo + per_step], m.stats)
