@@ -8,6 +8,7 @@ the rows a decoder wrote against the rows it sent, and ``h5batch verify``.
 from __future__ import annotations
 
 import io
+import os
 
 import h5py
 import numpy as np
@@ -17,7 +18,9 @@ import soundfile as sf
 from h5batch import ConvertOptions, convert
 from h5batch.batches import BatchTask
 from h5batch.config import job_from_dict
+from h5batch.conversion import fence
 from h5batch.conversion.direct_chunks import ChunkSink, likely
+from h5batch.conversion.fence import Fence
 from h5batch.conversion.worker import decode_batch
 from h5batch.transport.packing import Attached
 from h5batch.transport.segments import new_run_id, remove_segments
@@ -86,26 +89,33 @@ def _check(path, expected) -> set[str]:
         return set(f["rejects"]["path"].asstr()[:])
 
 
-def test_decoders_write_the_chunks_and_the_file_is_the_ordinary_one(corpus, tmp_path):
-    """In process, with forked decoders: most samples reach the file from the decoders, the
-    rest (batches sent before the chunks were placed, and after each reject) through the
-    writer; the file equals one made with no batch on a chunk boundary (the ordinary path
-    throughout) and passes ``verify``."""
+@pytest.mark.parametrize("kind", ["inprocess", "local"])
+def test_decoders_write_the_chunks_and_the_file_is_the_ordinary_one(corpus, tmp_path, kind):
+    """In process, with forked decoders, and on a LocalCluster, its workers: most samples
+    reach the file from the decoders, the rest (batches sent before the chunks were placed,
+    and after each reject) through the writer; the file equals one made with no batch on a
+    chunk boundary (the ordinary path throughout) and passes ``verify``; the run's fence is
+    gone."""
     from h5batch.tools.verify import verify_file
 
     root, expected = corpus
-    job = _job(root, tmp_path / "direct.h5")
+    job = _job(root, tmp_path / "direct.h5", kind=kind)
     assert likely(job)
     summary, log = _convert(job)
-    line = next(ln for ln in log.splitlines() if ln.startswith("in-process decoding:"))
-    assert "samples written into the output by the decoders" in line, log
-    written = int(line.split("; ")[-1].split()[0])
+    if kind == "inprocess":
+        line = next(ln for ln in log.splitlines() if ln.startswith("in-process decoding:"))
+        assert "samples written into the output by the decoders" in line, log
+        written = int(line.split("; ")[-1].split()[0])
+    else:
+        line = next(ln for ln in log.splitlines() if ln.endswith("written into the output by the workers"))
+        written = int(line.split()[0])
     # Batches 0-7 are written whole (the driver holds them back until the layout came), 8
     # not at all (130 is in its first group), 9 its first group if it was placed before 8's
     # reject was counted. (No head start here: the job's first batches are decoded after
     # the plan; with one, its batches would travel through shared memory.)
     assert "before the plan" not in line and written in (128, 136), line
     assert _check(summary.path, expected) == {f"train/{d}/{b:03d}.wav" for b in BAD for d in ("data", "label")}
+    assert not list(tmp_path.glob("*.fence"))
     report = verify_file(str(summary.path), sources=True)
     assert report.ok, report.problems
     ordinary, log2 = _convert(_job(root, tmp_path / "ordinary.h5", batch_size=10))  # 10 rows: never whole chunks
@@ -146,6 +156,7 @@ def _placed_file(path, rows: int) -> dict[str, tuple[int, tuple[int, ...]]]:
             found: list[tuple[int, int]] = []
             ds.id.chunk_iter(lambda info, found=found: found.append((info.chunk_offset[0], info.byte_offset)))
             out[name] = (k, tuple(off for _, off in sorted(found)))
+    Fence.create(str(path), 1)  # batch 0 open (the driver's fence, left for the test's end)
     return out
 
 
@@ -258,3 +269,62 @@ def test_a_file_the_decoder_cannot_write_sends_the_batch_the_ordinary_way(corpus
                 np.testing.assert_array_equal(a, expected[i][k])
     finally:
         remove_segments(task.run_id)
+
+
+# --- the fence: a late copy of a batch writes nothing (h5batch/conversion/fence.py) ---------
+
+
+def test_a_late_copy_of_a_closed_batch_writes_nothing(corpus, tmp_path):
+    """The driver closed batch 0 before the writer stored it (as it does before every
+    placed batch's Store): a second run of the task, as Dask may make, decodes it and
+    ships every sample, and writes none of its chunks, whose rows the writer may have
+    moved there since. Then the fence is retired, the file gone: no write either."""
+    root, expected = corpus
+    job = _job(root, tmp_path / "unused.h5")
+    path = tmp_path / "placed.h5"
+    placed = _placed_file(path, 16)
+    with h5py.File(path, "r+") as f:  # what the writer put there after a reject: not the batch's rows
+        f["data"][:16] = 5
+    stale = Fence(fence.path_for(str(path)), os.open(fence.path_for(str(path)), os.O_RDWR), 1)
+    stale.close(0)
+    for round_ in ("closed", "retired"):
+        task = _task(root, job, path, placed, range(0, 16))
+        try:
+            result = decode_batch(task)
+            assert result.packed.direct_rows == 0 and not result.rejects, round_
+            sent = _sent(result)
+            for i, a in enumerate(sent["data"]):
+                np.testing.assert_array_equal(a, expected[i][0])
+            assert (_rows_in(path, "data", 16) == 5).all(), round_
+        finally:
+            remove_segments(task.run_id)
+        stale.retire()
+        assert not os.path.exists(fence.path_for(str(path)))
+
+
+def test_a_killed_runs_fence_is_closed_before_the_next_run(corpus, tmp_path):
+    """A fence left by a killed run, every batch open: ``retire_stale`` (the next run's
+    first step) closes them all for a decoder that still holds the file open, then unlinks
+    it; that decoder's next group is not written. A new fence on the same output is a new
+    file, open, whatever the old one's descriptors say."""
+    partial = str(tmp_path / "x.h5.partial")
+    Fence.create(partial, 3)
+    fd = os.open(fence.path_for(partial), os.O_RDWR)  # a decoder of the killed run
+    try:
+        assert os.pread(fd, 3, 0) == b"\0\0\0"
+        fence.retire_stale(partial)
+        assert not os.path.exists(fence.path_for(partial))
+        assert os.pread(fd, 3, 0) == b"\1\1\1"
+        with fence.hold(fence.path_for(partial), 1) as open_:
+            assert not open_  # the path is gone
+        new = Fence.create(partial, 3)
+        with fence.hold(fence.path_for(partial), 1) as open_:
+            assert open_
+        new.close(1)
+        with fence.hold(fence.path_for(partial), 1) as open_:
+            assert not open_
+        with fence.hold(fence.path_for(partial), 2) as open_:
+            assert open_
+        new.retire()
+    finally:
+        os.close(fd)

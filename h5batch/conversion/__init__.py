@@ -15,7 +15,8 @@ preflight              :mod:`.preflight`: every worker can read the corpus and t
 drive                  :mod:`.driver`: submit, isolate crashes, forward in manifest order
 worker decode          :mod:`.worker` (runs on Dask workers; decoders in :mod:`h5batch.fields`)
                        :mod:`.direct`: the fields a batch reads without a decoder library
-                       :mod:`.direct_chunks`: in process, decoders write the output's chunks
+                       :mod:`.direct_chunks`: decoders on the writer's host write its chunks
+                       :mod:`.fence`: no late copy of a batch writes them after its store
                        :mod:`.worker_compress`: whole chunks compressed in the workers
 transport              :mod:`h5batch.transport`: shared memory, descriptors through a pipe
 writer                 :mod:`h5batch.writer`: one process appends, commits, finalizes

@@ -1,8 +1,8 @@
 """Decoders that write whole chunks into the output themselves.
 
-Rule: in an in-process run (the driver's thread and its forked decoders, on the writer's
-host) of a new output whose every field has a fixed shape and is stored uncompressed, the
-writer places every chunk of the planned rows when it creates the datasets (HDF5 alloc
+Rule: in a run whose decoders work on the writer's host (in process, its forked decoders;
+on a Dask cluster, its workers there) of a new output whose every field has a fixed shape
+and is stored uncompressed, the writer places every chunk of the planned rows when it creates the datasets (HDF5 alloc
 time ``EARLY``, fill time ``NEVER``: addresses, no bytes written) and sends their file
 offsets to the driver (:class:`~h5batch.writer.messages.Layout`). The driver gives a batch
 the offsets of its chunks when the batch starts on a chunk boundary and holds whole chunks
@@ -32,11 +32,12 @@ watch does under that lock, so it never writes once its batch went on without it
 chunks a batch writes lie past every committed row (a batch is placed at or after the rows
 of every batch before it), so data covered by a commit is never rewritten; a crash leaves
 placed chunks past the committed rows, which a resume cuts back like any other, and a
-resumed or synced output is written the ordinary way (:func:`planned_rows`). Dask workers
-never write the file, not even on the writer's host: Dask may run a task twice (a worker it
-gave up for lost can still finish it), and a late duplicate would write over rows the
-writer has since moved there (after a reject); the driver knows every in-process decoder's
-end. A write that fails (a full disk) sends the group and the rest to the writer.
+resumed or synced output is written the ordinary way (:func:`planned_rows`). A copy of a
+batch that runs late (Dask may run a task twice; a cluster's worker outlives a killed
+driver) could write over rows the writer has since moved there after a reject: a decoder
+writes a group only while the batch is open in the run's fence, which the driver closes
+before the writer stores the batch (:mod:`.fence`). A write that fails (a full disk) sends
+the group and the rest to the writer.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ import numpy as np
 from ..batches import BatchTask
 from ..fields import fixed_sample_shape
 from ..transport.packing import Packed, pack
+from . import fence
 
 if TYPE_CHECKING:
     from ..config import JobConfig
@@ -58,14 +60,26 @@ if TYPE_CHECKING:
 __all__ = ["planned_rows", "likely", "ChunkPlacer", "ChunkSink"]
 
 
+# Where decoders may run on the writer's host: in process, and the Dask kinds other than
+# the batch systems' (whose workers run on other nodes, and would only ever ship rows).
+HOST_KINDS = ("inprocess", "local", "address", "scheduler_file")
+
+
 def planned_rows(job: JobConfig, kind: str | None, codecs: dict[str, Any], tasks: Any,
                  new_file: bool, resuming: bool, decoders: int) -> dict[str, int]:
     """Rows to allocate per split for decoders that write chunks (see the module); empty
-    where the run does not qualify. ``decoders``: the forked decoders the run will have
-    (``spares.count``); with none, the driver's one thread decodes, and the copy into the
-    page cache is better left to the writer on the other core (``cluster.workers: 1``, 6
-    alternating runs: 0.553 s with the thread writing, 0.528 s without)."""
-    if kind != "inprocess" or not new_file or resuming or decoders < 1 or not likely(job):
+    where the run does not qualify. ``decoders``: the forked decoders an in-process run
+    will have (``spares.count``); with none, the driver's one thread decodes, and the copy
+    into the page cache is better left to the writer on the other core (``cluster.workers:
+    1``, 6 alternating runs: 0.553 s with the thread writing, 0.528 s without). A Dask
+    worker writes only where it runs on the writer's host (``ChunkSink.maybe``: shared
+    memory is its transport); one elsewhere ships its rows, which the writer stores into
+    the placed chunks as usual."""
+    if kind not in HOST_KINDS or not new_file or resuming or not likely(job):
+        return {}
+    if kind != "inprocess" and job.cluster.transport == "network":
+        return {}  # (the workers ship every row)
+    if kind == "inprocess" and decoders < 1:
         return {}
     if any(codecs[name].name != "none" for name in job.fields):
         return {}
@@ -151,6 +165,7 @@ class ChunkSink:
         self.active = True
         self.written = 0  # leading items of the batch whose rows are in the output
         self.fd = -1
+        self.fence = fence.path_for(task.direct_path)
         self.reusable = True
 
     @classmethod
@@ -178,9 +193,12 @@ class ChunkSink:
             return
         if (i + 1) % self.G:
             return
-        with watch.lock:
+        with watch.lock, fence.hold(self.fence, self.task.index) as open_:
             if watch.abandoned:
                 return  # the batch went on without this thread: never write
+            if not open_:  # the driver closed the batch (a late copy of it: fence.py)
+                self.stop()
+                return
             try:
                 self._write_group(i // self.G)
             except OSError:

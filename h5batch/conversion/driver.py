@@ -45,6 +45,7 @@ from .cluster import connect
 from .cluster_watch import ClusterWatch
 from .decoder_warnings import WarningLog
 from .direct_chunks import ChunkPlacer
+from .fence import Fence
 from .head_start import HeadStart
 from .isolation import Slot, after_failure
 from .options import ConvertOptions, ConvertSummary
@@ -103,6 +104,7 @@ class Driver:
         self.rows = RowPredictor(job, plan.written, plan.spec.codecs)
         # Decoders that write chunks themselves (direct_chunks.py): where each batch lands.
         self.placer = ChunkPlacer(plan.spec.partial_path, plan.written)
+        self.fence: Fence | None = None  # made in run() where batches may be placed
         # Decoder warnings of the stored batches, in a log beside the output (not the console).
         self.warning_log = WarningLog(fmt.warnings_file(plan.spec.final_path), resume=plan.start > 0)
 
@@ -132,6 +134,9 @@ class Driver:
         in_proc = job.cluster.kind == "inprocess"
         with ExitStack() as stack:
             stack.enter_context(nullcontext() if in_proc else _dask_settings(job))
+            if self.plan.spec.direct:  # decoders may write chunks: their fence, let go at the end
+                self.fence = Fence.create(self.plan.spec.partial_path, len(tasks))
+                stack.callback(lambda: self.fence and self.fence.retire())
             if in_proc and not self.spares and not self.writer.forked:
                 self.spares = SpareDecoder.start_all(job, writer_context())
             # In-process decoding points fd 2 at the decoder-warning capture while a batch
@@ -188,6 +193,8 @@ class Driver:
                         released = True
                     while next_forward in self.slots and self.slots[next_forward].complete():
                         slot = self.slots[next_forward]
+                        if slot.task.direct:  # its late copies write no more (fence.py)
+                            self.fence.close(next_forward)
                         for k, part in enumerate(slot.parts):
                             part.result.final_part = k == len(slot.parts) - 1
                             self._send(Store(part.result))
@@ -200,6 +207,8 @@ class Driver:
             self.progress.close()
             if in_proc and self.spares:
                 self.say(self.client.report(len(head.futures) if head else 0, self.direct_samples))
+            elif self.direct_samples:
+                self.say(f"{self.direct_samples} samples written into the output by the workers")
             # The writer counts every reject (discovery, decode, write, and those of batches
             # committed by an earlier run) and keeps the file partial when there are too many.
             self._send(Finish(job.policy.max_reject_fraction))
@@ -300,11 +309,13 @@ class Driver:
         (``direct_chunks``): a batch submitted before its :class:`Layout` would travel
         through shared memory. The forked decoders meanwhile decode the head start's
         batches; the writer sends the layout right after ``Ready``."""
-        return bool(self.plan.spec.direct) and not self.placer.offsets
+        return self.fence is not None and not self.placer.offsets
 
     def _on_layout(self, msg: Layout) -> None:
-        # (Only an in-process run asks for one: direct_chunks.planned_rows.)
-        self.placer.layout(msg.offsets, msg.k)
+        # (Only a run direct_chunks.planned_rows admits asks for one; none is used where
+        # the file system gave no fence.)
+        if self.fence is not None:
+            self.placer.layout(msg.offsets, msg.k)
 
     def _on_failed(self, msg: Failed) -> None:
         raise ConvertError(f"writer failed: {msg.text}")

@@ -14,7 +14,7 @@ from ..transport import semaphores
 from ..transport.segments import new_run_id, remove_segments, remove_stale_segments
 from ..writer.messages import Start
 from ..writer.process import WriterGone
-from . import inprocess, signals
+from . import fence, inprocess, signals
 from .driver import Driver, abort
 from .generate import generate_corpus
 from .head_start import HeadStart
@@ -75,6 +75,7 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
     # The writer process starts first, on a thread: its imports (h5py, the codecs) overlap
     # discovery, the codec trial and pre-flight. It waits for its spec, holding the lock with us.
     pending = PendingWriter(lock.inheritable(), codec_libraries(job))
+    fence.retire_stale(output.partial)  # a killed run's decoders may still be writing (fence.py)
     # More decoders for an in-process run, forked while the driver has no thread (else the
     # driver starts them from the writer's fork server: spares.py).
     forked = SpareDecoder.start_all(job, run_id=run_id) if pending.forked else []
