@@ -57,7 +57,9 @@ def test_a_reservation_the_disk_cannot_hold_is_no_error(tmp_path):
 def test_conversion_reserves_its_samples_bytes_and_trims_them_after_kill_and_resume(tmp_path, placed):
     """``placed``: the workers write the chunks the writer placed at the start (alloc time
     EARLY: the file's size covers them from the start, sparse); not placed where the
-    transport is the network (the workers ship every row, conversion/direct_chunks.py)."""
+    transport is the network (the workers ship every row, conversion/direct_chunks.py).
+    Placed, the same kill and resume check the run's fence (conversion/fence.py): the driver
+    closed the stored batches, and the resumed run removes what the kill left."""
     root = tmp_path / "corpus"
     generate.make_paired_audio(root, n_train=160, n_test=40, seconds=0.5, seed=3)
     # Rejected files leave their share of the reservation unused: the end must give it back.
@@ -70,6 +72,7 @@ def test_conversion_reserves_its_samples_bytes_and_trims_them_after_kill_and_res
         pytest.skip("this filesystem has no fallocate(KEEP_SIZE)")
     out = tmp_path / "out.h5"
     partial = Path(str(out) + ".partial")
+    fence = Path(str(partial) + ".fence")
     # Fixed-length fields: the plan knows their bytes without a trial (batch_size and
     # codec are set, so none runs).
     args = convert_cmd(JOB, workers=None, output=out, root=root,
@@ -86,11 +89,18 @@ def test_conversion_reserves_its_samples_bytes_and_trims_them_after_kill_and_res
         # The reservation changes no size: the file ends where 2 batches did, or where the
         # placed chunks do.
         assert (samples < size < samples * 1.1) if placed else (size < samples / 2)
+        # (The workers write only while their batch is open in the run's fence, which the
+        # kill leaves behind: conversion/fence.py. The resumed run closes and removes it.)
+        assert fence.exists() == placed
+        if placed:  # the stored batches were closed before the writer had them; not the last
+            state = fence.read_bytes()
+            assert len(state) == 50 and state[:2] == b"\1\1" and state[-1:] == b"\0", state
     finally:
         kill_group(proc)
     res = run(args)
     assert res.returncode == 0, res.stderr
     assert "batches already committed" in res.stderr
+    assert not fence.exists()
     assert out.stat().st_size > samples
     assert allocated(out) < out.stat().st_size + _SLACK, "the finished output kept blocks past its end"
     with h5py.File(out) as f:
