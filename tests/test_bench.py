@@ -626,3 +626,37 @@ def test_a_conversion_rows_cpu_counts_the_writer_it_did_not_wait_for(tmp_path):
     seconds, cpu = json.loads(res.stdout.strip().splitlines()[-1])
     assert seconds < 0.3  # the timing ended when the conversion returned
     assert cpu >= 0.35  # the writer's 0.4 CPU-s are counted
+
+
+def test_long_recordings_phase_records_the_memory_and_judges_it(tmp_path):
+    """The full bench's long-recording rows (bench.longfile), on 30-second files: every case
+    converted by the real CLI ``reps`` times against its 1-second baseline, the stored sample
+    compared with the file, the target judged from those very runs, the outputs removed and
+    the WAVs kept in the cache (made once)."""
+    from h5batch.bench import longfile
+
+    cfg = quick_config(long_minutes=0.5, reps=2, cache=str(tmp_path / "cache"), out_root=str(tmp_path / "out"))
+    bench = Bench(cfg, log=io.StringIO())
+    os.makedirs(bench.work)
+    longfile.bench_phase(bench)
+    recs = [r.to_dict() for r in bench.records.values()]
+    assert sorted(r["corpus"] for r in recs) == sorted(longfile.CASES)
+    assert bench.checks and all(c["ok"] for c in bench.checks), bench.checks
+    over = {}
+    for r in recs:
+        case = longfile.CASES[r["corpus"]]
+        assert [x["bytes"] for x in r["runs"]] == [case.decoded_bytes(30)] * 2
+        assert r["runs"][0]["identical"] is True and r["runs"][1]["identical"] is None
+        assert all(x["exit_code"] == 0 and x["peak_rss"] > x["baseline_rss"] > 50e6 for x in r["runs"])
+        over[r["corpus"]] = sorted((x["peak_rss"] - x["baseline_rss"]) / x["bytes"] for x in r["runs"])
+    judged = {t["target"].split()[2]: t for t in longfile.targets({"records": recs})}
+    assert set(judged) == set(longfile.CASES)
+    for name, t in judged.items():
+        lo, hi = over[name]
+        assert t["value"] == pytest.approx(1.5 / ((lo + hi) / 2))
+        assert t["bounds"] == pytest.approx((1.5 / hi, 1.5 / lo)) and t["met"] == (t["value"] >= 1.0)
+    md = "\n".join(longfile.markdown({"records": recs}))
+    assert "| 16k-mono-int16, 0.5 min | 1 |" in md and "| 48k-stereo-float32, 0.5 min | 12 |" in md
+    assert not list((tmp_path / "out").rglob("*.h5"))
+    wavs = sorted(p.name for p in (tmp_path / "cache" / "longfile").rglob("*.wav"))
+    assert wavs == ["long.wav", "long.wav", "tiny.wav", "tiny.wav"]

@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from . import first_epoch, memstate
+from . import first_epoch, longfile, memstate
 from .records import (
     DEFAULT_CODEC,
     MEMMAP_ROWWISE,
@@ -133,6 +133,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     out += strict_targets(results, judged)
     out += writer_targets(results, judged)
     out += cold_targets(results, judged)
+    out += longfile.targets(results)
     return out
 
 
@@ -447,6 +448,7 @@ def markdown(results: dict[str, Any]) -> str:
                   f"| {sc['peak_rss_ratio']:.2f} |",
                   f"| RSS added over idle (MB) | {sc['rss_added'][0] / MB:,.0f} | {sc['rss_added'][1] / MB:,.0f} "
                   f"| {_fmt(sc['rss_added_ratio'], 2)} |", ""]
+    lines += longfile.markdown(results)
     lines += (results.get("sampling") or {}).get("markdown", [])  # bench/sampling.py renders it
     checks = results.get("checks") or []
     if checks:

@@ -14,7 +14,9 @@ drift of the machine hits all of them alike):
 3. correctness: every output is compared with the source decoded in this process;
 4. reads through a DataLoader (batch 64, shuffle on), per corpus: for each configuration a
    warm-up epoch, then the timed epochs; every configuration reads the same samples; rows at
-   ``num_workers=0`` each in a fresh interpreter (``bench.fresh_reads``).
+   ``num_workers=0`` each in a fresh interpreter (``bench.fresh_reads``);
+5. full mode: the memory of converting 2-hour recordings (``bench.longfile``), then the
+   sampler's figures and the first epoch of a file of many chunks.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any
 
 from .. import __version__
 from ..codecs import choices
-from . import corpus, first_epoch, memstate, peers, sampling, strict
+from . import corpus, first_epoch, longfile, memstate, peers, sampling, strict
 from .checks import CheckPhase
 from .converts import ConvertPhase
 from .reads import ReadPhase
@@ -58,6 +60,7 @@ class BenchConfig:
     read_samples: int = 512  # timed samples per read measurement (whole epochs, at least one)
     workers: tuple[int, ...] = (0, 2)  # DataLoader num_workers
     dask_workers: int = 2
+    long_minutes: float = 0.0  # long recordings' memory (bench.longfile): their length; 0: not measured
     batch_size: int = 64
     peers: bool = False
     real: bool = False  # include ../shared/corpora
@@ -82,7 +85,7 @@ def quick_config(**over: Any) -> BenchConfig:
 def full_config(**over: Any) -> BenchConfig:
     base = dict(mode="full", pairs=4096, images=400, reps=3, codecs=ALL_CODECS,
                 image_codecs=("auto", "blosc2-lz4", "gzip"), read_samples=2048,
-                peers=True, real=True)
+                peers=True, real=True, long_minutes=120.0)
     base.update(over)
     return BenchConfig(**base)
 
@@ -179,6 +182,7 @@ class Bench(CheckPhase, ConvertPhase, ReadPhase):
         with zygote:
             for spec in jobs:
                 self._read_phase(spec, peer_ok if spec["peers"] else {}, zygote)
+        longfile.bench_phase(self)  # full mode: memory of 2-hour recordings
         sampling_results = sampling.phase(self.folder("sampling"), self.say, self.skipped, self.cfg.pairs < 512)
         # A file of many chunks (the main corpus, one row per chunk): its first epoch (bench.first_epoch).
         self.first_epoch = first_epoch.probe(self.cfg.cache, self.folder("first-epoch"), self.cfg.pairs, self.cfg.rate)
