@@ -328,3 +328,72 @@ def test_a_killed_runs_fence_is_closed_before_the_next_run(corpus, tmp_path):
         new.retire()
     finally:
         os.close(fd)
+
+
+def test_closing_a_batch_waits_for_a_write_in_progress_then_names_it(tmp_path, monkeypatch):
+    """A decoder in another process holds batch 2's shared lock (a write in progress; here a
+    stopped one): closing batch 1 does not wait for it, closing batch 2 waits, and past
+    ``WAIT_SECONDS`` fails with a message naming the batch instead of hanging the run. Once
+    the holder is gone, batch 2 closes."""
+    import subprocess
+    import sys
+
+    from h5batch.errors import ConvertError
+
+    partial = str(tmp_path / "x.h5.partial")
+    f = Fence.create(partial, 4)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time\n"
+        f"fd = os.open({fence.path_for(partial)!r}, os.O_RDWR)\n"
+        "fcntl.lockf(fd, fcntl.LOCK_SH, 1, 2, os.SEEK_SET)\n"
+        "print('held', flush=True)\n"
+        "time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        monkeypatch.setattr(fence, "WAIT_SECONDS", 0.3)
+        f.close(1)
+        with pytest.raises(ConvertError, match="batch 2"):
+            f.close(2)
+        with fence.hold(fence.path_for(partial), 2) as open_:
+            assert open_  # (this process's view: still open, nothing was set)
+    finally:
+        holder.kill()
+        holder.wait()
+    f.close(2)
+    with fence.hold(fence.path_for(partial), 2) as open_:
+        assert not open_
+    f.retire()
+
+
+def test_a_decoder_thread_of_the_drivers_own_process_is_fenced_too(tmp_path):
+    """POSIX locks do not exclude within one process: where a decoder is a thread of the
+    driver's process (a threaded Dask cluster started there), closing its batch must still
+    wait for its write in progress, and the write after the close must not happen."""
+    import threading
+    import time
+
+    partial = str(tmp_path / "x.h5.partial")
+    f = Fence.create(partial, 2)
+    inside, release, events = threading.Event(), threading.Event(), []
+
+    def decoder():
+        with fence.hold(fence.path_for(partial), 0) as open_:
+            assert open_
+            inside.set()
+            release.wait(5)
+            events.append("written")
+
+    t = threading.Thread(target=decoder)
+    t.start()
+    assert inside.wait(5)
+    closer = threading.Thread(target=lambda: (f.close(0), events.append("closed")))
+    closer.start()
+    time.sleep(0.2)
+    assert events == []  # the close waits for the write in progress
+    release.set()
+    t.join(5)
+    closer.join(5)
+    assert events == ["written", "closed"]
+    with fence.hold(fence.path_for(partial), 0) as open_:
+        assert not open_
+    f.retire()

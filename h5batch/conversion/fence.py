@@ -24,8 +24,11 @@ How: POSIX record locks (``fcntl.lockf``) on a file of one byte per batch; they 
 processes on one host and on NFS, and need no cleanup (the kernel drops them with the
 process). A process holds one descriptor per fence file for as long as the file exists,
 because closing any descriptor of a file drops every lock the process holds on it, the
-locks other threads hold included. A file system without record locks (``ENOLCK``) gets
-no fence, and then no placed chunks: every batch goes through shared memory.
+locks other threads hold included. POSIX locks do not exclude each other within one
+process, so where decoders are threads of the driver's own process (a threaded Dask cluster
+started in it, or a test) a lock of that process's own stands beside them (``_own``). A file
+system without record locks (``ENOLCK``) gets no fence, and then no placed chunks: every
+batch goes through shared memory.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 from ..errors import ConvertError
 
@@ -75,22 +78,26 @@ class Fence:
             if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
                 return None
             raise
+        _own[path] = threading.Lock()
         return cls(path, fd, batches)
 
     def close(self, index: int) -> None:
         """From now on no decoder writes batch ``index``'s chunks (see the module)."""
-        _close_range(self.fd, index, 1, f"batch {index}")
+        with _own[self.path]:
+            _close_range(self.fd, index, 1, f"batch {index}")
 
     def retire(self) -> None:
         """Every batch closed and the file unlinked (the run is over, whatever the outcome)."""
         if self.fd < 0:
             return
         try:
-            _close_range(self.fd, 0, self.batches, "the run's last batches")
+            with _own[self.path]:
+                _close_range(self.fd, 0, self.batches, "the run's last batches")
         finally:
             _unlink(self.path)
             os.close(self.fd)
             self.fd = -1
+            _own.pop(self.path, None)
 
 
 def retire_stale(partial: str) -> None:
@@ -140,6 +147,9 @@ def _unlink(path: str) -> None:
 
 _fds: dict[str, int] = {}  # fence path -> this process's descriptor (see the module's How)
 _fds_lock = threading.Lock()
+# Fences this process made (it is a run's driver) -> the lock its decoder threads, if any,
+# share with its closes: POSIX locks do not exclude within a process (see the module).
+_own: dict[str, threading.Lock] = {}
 
 
 @contextmanager
@@ -151,15 +161,16 @@ def hold(path: str, index: int) -> Iterator[bool]:
     if fd < 0:
         yield False
         return
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, index, os.SEEK_SET)
-    except OSError:
-        yield False  # being closed (or no locks here): never wait on the driver
-        return
-    try:
-        yield os.pread(fd, 1, index) == b"\0"
-    finally:
-        fcntl.lockf(fd, fcntl.LOCK_UN, 1, index, os.SEEK_SET)
+    with _own.get(path) or nullcontext():  # (a decoder thread of the driver's process)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, index, os.SEEK_SET)
+        except OSError:
+            yield False  # being closed (or no locks here): never wait on the driver
+            return
+        try:
+            yield os.pread(fd, 1, index) == b"\0"
+        finally:
+            fcntl.lockf(fd, fcntl.LOCK_UN, 1, index, os.SEEK_SET)
 
 
 def _descriptor(path: str) -> int:
