@@ -2,20 +2,20 @@
 
 Rule: in a run whose decoders work on the writer's host (in process, its forked decoders;
 on a Dask cluster, its workers there) of a new output whose every field has a fixed shape
-and is stored uncompressed, the writer places every chunk of the planned rows when it creates the datasets (HDF5 alloc
-time ``EARLY``, fill time ``NEVER``: addresses, no bytes written) and sends their file
-offsets to the driver (:class:`~h5batch.writer.messages.Layout`). The driver gives a batch
-the offsets of its chunks when the batch starts on a chunk boundary and holds whole chunks
-of every field, at the row it will land on if no earlier batch loses a sample
-(:class:`ChunkPlacer`). The decoder decodes such a batch a group of whole chunks at a time
-into a small private buffer and writes each group with ``pwrite`` (:class:`ChunkSink`); it
-sends the writer the per-sample metadata, and the writer just counts the rows
-(``ChunkAppender.skip``). From the first item that fails or hangs on, the rest of the batch
-goes through shared memory as before (the groups already written stay). Rows placed on the
-wrong row (an earlier batch lost samples) are read back by the writer, all of them first,
-and appended the ordinary way into the chunks already placed (``write_direct_chunk`` keeps
-a placed chunk's address): they land at or before where they were written, never on a
-later batch's chunks.
+and is stored uncompressed, the writer places every chunk of the planned rows when it
+creates the datasets (HDF5 alloc time ``EARLY``, fill time ``NEVER``: addresses, no bytes
+written) and sends their file offsets to the driver
+(:class:`~h5batch.writer.messages.Layout`). The driver gives a batch the offsets of its
+chunks when the batch starts on a chunk boundary and holds whole chunks of every field, at
+the row it will land on if no earlier batch loses a sample (:class:`ChunkPlacer`). The
+decoder decodes such a batch a group of whole chunks at a time into a small private buffer
+and writes each group with ``pwrite`` (:class:`ChunkSink`); it sends the writer the
+per-sample metadata, and the writer just counts the rows (``ChunkAppender.skip``). From the
+first item that fails or hangs on, the rest of the batch goes through shared memory as
+before (the groups already written stay). Rows placed on the wrong row (an earlier batch
+lost samples) are read back by the writer, all of them first, and appended the ordinary way
+into the chunks already placed (``write_direct_chunk`` keeps a placed chunk's address):
+they land at or before where they were written, never on a later batch's chunks.
 
 Reason: on two cores the run is CPU-bound, and the bytes' path through shared memory cost
 more than the copy itself: the decoder wrote each batch (16 MB) into a segment in memory,
