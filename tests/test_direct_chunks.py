@@ -123,6 +123,26 @@ def test_decoders_write_the_chunks_and_the_file_is_the_ordinary_one(corpus, tmp_
     assert_same_h5(summary.path, ordinary.path)
 
 
+def test_workers_that_die_mid_batch_leave_the_ordinary_file(corpus, tmp_path, monkeypatch):
+    """On a LocalCluster: the worker decoding 028.wav dies every time, after it wrote batch
+    1's first group (16-23) and before its second (24-31): the batch is split until 028 is
+    isolated and rejected, its parts ship their rows, and every later row moves down by one;
+    the worker that takes batch 3 first dies at its start, and the batch runs again, whole
+    and placed. The file holds every other sample in order, and passes ``verify``."""
+    from h5batch.tools.verify import verify_file
+
+    root, expected = corpus
+    monkeypatch.setenv("H5BATCH_FAULTS", f"crash_on=028.wav,kill_once=3:{tmp_path / 'killed'}")
+    summary, log = _convert(_job(root, tmp_path / "direct.h5", kind="local"))
+    assert "written into the output by the workers" in log, log
+    assert (tmp_path / "killed").exists()
+    kept = {i: v for i, v in expected.items() if i != 28}
+    assert _check(summary.path, kept) == {f"train/{d}/{b:03d}.wav" for b in (*BAD, 28) for d in ("data", "label")}
+    report = verify_file(str(summary.path), sources=True)
+    assert report.ok, report.problems
+    assert not list(tmp_path.glob("*.fence"))
+
+
 def test_a_job_that_cannot_place_chunks_is_not_likely(corpus, tmp_path):
     root, _ = corpus
     field = {"type": "audio", "extensions": [".wav"], "sample_rate": SR, "dtype": "int16"}
