@@ -42,6 +42,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 
 from ..errors import ConvertError
+from .lock import NO_LOCKS
 
 __all__ = ["path_for", "Fence", "retire_stale", "hold"]
 
@@ -75,7 +76,7 @@ class Fence:
         except OSError as e:
             os.close(fd)
             _unlink(path)
-            if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            if e.errno in NO_LOCKS:
                 return None
             raise
         _own[path] = threading.Lock()

@@ -41,7 +41,7 @@ from ..errors import EXIT_BUSY, ConvertError
 from ..transport.segments import pid_alive
 
 WAIT_FOR_ORPHAN_SECONDS = 30.0  # a writer whose driver died commits and exits within this
-_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)  # a file system without locks
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ class OutputLock:
                 raise ConvertError(_busy(final_path, owner), EXIT_BUSY) from None
             except OSError as e:
                 os.close(fd)
-                if e.errno in _NO_LOCKS:
+                if e.errno in NO_LOCKS:
                     return cls._acquire_exclusive(final_path, me, say)
                 raise
             if not _same_file(fd, path):
