@@ -48,16 +48,11 @@ class BatchTask:
     # The largest file of each field of files (bytes, as discovery saw them), in the items'
     # path order; () where not known, and the worker stats the files to learn it.
     largest: tuple[int, ...] = ()
-    # Chunks the decoder writes into the output itself (conversion/direct_chunks.py), per
-    # field: (name, predicted dataset row of the first sample, rows per chunk, each chunk's
-    # file offset), and the output's path.
-    direct: tuple[tuple[str, int, int, tuple[int, ...]], ...] = ()
-    direct_path: str = ""
 
     def sub(self, lo: int, hi: int) -> BatchTask:
         """The task for items ``[lo, hi)`` of this one (used to isolate a crashing file);
         its rows are not predictable, so it ships them raw."""
-        return dataclasses.replace(self, start=self.start + lo, items=self.items[lo:hi], align=(), direct=())
+        return dataclasses.replace(self, start=self.start + lo, items=self.items[lo:hi], align=())
 
 
 @dataclass

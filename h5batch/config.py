@@ -137,28 +137,33 @@ class OutputConfig:
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """Where decoding runs. ``kind: local`` starts a LocalCluster on 127.0.0.1;
+    """Where decoding runs, one engine per setting: ``processes`` (the default) runs
+    ``workers`` decoder processes on this machine, without Dask
+    (:mod:`h5batch.conversion.pool`); ``local`` starts a Dask LocalCluster on 127.0.0.1;
     ``address`` / ``scheduler_file`` join an existing Dask scheduler; slurm/pbs/sge/lsf
-    start workers through dask-jobqueue; ``inprocess`` decodes on a thread of the driver
-    and processes forked from it, ``workers`` decoders in all (no Dask, no crash
-    isolation: :mod:`h5batch.conversion.spares`); ``auto`` picks ``inprocess`` or ``local`` from the
-    estimated work (:mod:`h5batch.conversion.inprocess`)."""
+    start workers through dask-jobqueue. ``auto`` and ``inprocess`` (older job files) mean
+    ``processes`` (:data:`KIND_ALIASES`)."""
 
-    kind: Literal["local", "auto", "inprocess", "address", "scheduler_file", "slurm", "pbs", "sge", "lsf"] = "auto"
+    kind: Literal["processes", "local", "address", "scheduler_file", "slurm", "pbs", "sge", "lsf"] = "processes"
     workers: int | None = None
     address: str | None = None
     scheduler_file: str | None = None
-    batch_size: int | Literal["auto"] = "auto"  # items per task; auto: ~32 MB decoded on workers, 16 MB in process (auto.py)
+    batch_size: int | Literal["auto"] = "auto"  # items per task; auto: ~16 MB decoded (processes), 32 MB (Dask)
     max_in_flight: int | None = None
     transport: Literal["auto", "shm", "network"] = "auto"
-    # Where whole chunks of fixed-shape fields are compressed. "auto": in the writer on a
-    # LocalCluster (measured faster on a small box, where every core already decodes),
-    # in the workers on other clusters (spreads the codec over the cluster's cores).
+    # Where whole chunks of fixed-shape fields are compressed. "auto": in the writer on one
+    # machine (processes, local: every core already decodes), in the workers on other
+    # clusters (spreads the codec over the cluster's cores).
     compress_on: Literal["auto", "writer", "workers"] = "auto"
     dashboard: bool = True
     # dask-jobqueue keyword arguments (cores, memory, walltime, queue, jobs, ...)
     jobqueue: dict[str, Any] = field(default_factory=dict)
     security: dict[str, Any] = field(default_factory=dict)
+
+
+# Kinds of older job files and what they mean now: ``auto`` chose between a thread of the
+# driver and a LocalCluster by a timing probe, ``inprocess`` decoded in the driver.
+KIND_ALIASES = {"auto": "processes", "inprocess": "processes"}
 
 
 @dataclass(frozen=True)
@@ -376,12 +381,19 @@ def job_from_dict(data: Any, file: str = "<job>", check_paths: bool = True) -> J
         source=_build(SourceConfig, data["source"], file, "source"),
         fields=_build_fields(data["fields"], file),
         output=_build(OutputConfig, data["output"], file, "output"),
-        cluster=_build(ClusterConfig, data.get("cluster") or {}, file, "cluster"),
+        cluster=_build(ClusterConfig, _cluster_aliases(data.get("cluster") or {}), file, "cluster"),
         policy=_build(PolicyConfig, data.get("policy") or {}, file, "policy"),
         file=file,
     )
     validate(job, check_paths)
     return job
+
+
+def _cluster_aliases(data: Any) -> Any:
+    """``data`` with an older ``kind`` replaced by what it means now (:data:`KIND_ALIASES`)."""
+    if isinstance(data, dict) and data.get("kind") in KIND_ALIASES:
+        return {**data, "kind": KIND_ALIASES[data["kind"]]}
+    return data
 
 
 def load_job(path: str | os.PathLike[str], overrides: list[str] | None = None,

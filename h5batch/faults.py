@@ -18,8 +18,6 @@ where a fault can be injected. With the variable unset each call is one dictiona
                             the first time only (MARKER remembers that it did)
 ``kill_once=B:MARKER``      the worker that runs batch B kills itself, the first time only
                             (MARKER is a file it creates to remember that it did)
-``kill_forked=MARKER``      a decoder forked by an in-process run (``conversion/spares.py``)
-                            kills itself before its first batch, the first time only
 ``pause_at=POINT``          the writer stops for good at POINT: ``commit:N`` right after its
                             N-th commit, ``store:N`` right after its N-th stored batch part,
                             ``finalize`` just before the final rename (``compact``:
@@ -38,10 +36,7 @@ import time
 from functools import cache
 
 ENV = "H5BATCH_FAULTS"
-MODES = ("crash_on", "hang_on", "freeze_once", "kill_once", "kill_forked", "pause_at")
-
-# Set in a decoder forked by an in-process run (conversion/spares.py), for kill_forked.
-in_forked_decoder = False
+MODES = ("crash_on", "hang_on", "freeze_once", "kill_once", "pause_at")
 
 
 @cache
@@ -64,9 +59,8 @@ def active() -> dict[str, str]:
 
 def _first_time(marker: str) -> bool:
     """Create ``marker``; True for the one process that created it. Rule: exclusive
-    creation, not a look then a write: two decoders that start at once (an in-process run's
-    forked decoders) both saw no marker and both killed themselves, where the fault promises
-    once."""
+    creation, not a look then a write: two decoders that start at once would both see no
+    marker and both kill themselves, where the fault promises once."""
     try:
         os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
     except FileExistsError:
@@ -93,11 +87,7 @@ def before_decode(path: str) -> None:
 
 def before_batch(index: int) -> None:
     """Called on a worker before it decodes batch ``index``."""
-    faults = active()
-    marker = faults.get("kill_forked")
-    if marker and in_forked_decoder and _first_time(marker):
-        os.kill(os.getpid(), signal.SIGKILL)
-    spec = faults.get("kill_once")
+    spec = active().get("kill_once")
     if spec:
         at, marker = spec.split(":", 1)
         if int(at) == index and _first_time(marker):

@@ -20,7 +20,7 @@ import sys
 import threading
 from collections.abc import Callable
 
-__all__ = ["can_fork", "Child", "close_inherited", "write_all", "read_all"]
+__all__ = ["can_fork", "start_context", "Child", "close_inherited", "write_all", "read_all"]
 
 
 def can_fork() -> bool:
@@ -31,6 +31,17 @@ def can_fork() -> bool:
     ``pthread_atfork`` handlers, as the many programs that fork numpy rely on."""
     return sys.platform.startswith("linux") and "fork" in mp.get_all_start_methods() \
         and threading.active_count() == 1
+
+
+def start_context() -> mp.context.BaseContext:
+    """The context h5batch starts its processes with (the writer, the local decoders):
+    ``fork`` where :func:`can_fork` (milliseconds, h5py and the decoders already imported),
+    else the fork server, else ``spawn``. A context object: the caller's start method and
+    fork-server settings are never changed."""
+    if can_fork():
+        return mp.get_context("fork")
+    methods = mp.get_all_start_methods()
+    return mp.get_context("forkserver" if "forkserver" in methods else "spawn")
 
 
 class Child:

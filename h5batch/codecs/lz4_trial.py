@@ -1,13 +1,8 @@
 """The two measurements ``codec: auto`` weighs (``h5batch/conversion/auto.py``): how much
 Blosc2-LZ4 shrinks the trial samples, and how fast it decodes them against a memory copy.
 
-Rule: numpy and Blosc2 only: the wheel's C library through :mod:`.blosc2_lib` where it
-loads (:func:`in_process`), else the ``blosc2`` package, imported only when a trial needs it
-(through :mod:`.libraries`). Both make the same chunks. Reason: the import costs ~0.35 CPU-s,
-which a conversion whose codec is not ``auto`` never pays, and which an ``auto`` one now
-never pays either where the C library loads (a few ms). (Measured in a process forked from
-the writer's fork server instead, the trial waited for that server's start-up, longer than
-the import: slower, so not done.)
+Rule: numpy and the ``blosc2`` package only, imported when a trial needs it (through
+:mod:`.libraries`): a conversion whose codec is not ``auto`` never pays for the import.
 """
 
 from __future__ import annotations
@@ -17,7 +12,6 @@ import time
 
 import numpy as np
 
-from . import blosc2_lib
 from .libraries import load
 
 TIMING_ROUNDS = 5  # interleaved rounds of decode and copy timing; the best of each is kept
@@ -32,11 +26,6 @@ def lz4_chunks(flat: np.ndarray, level: int | None, shuffle: bool, piece: int) -
     itemsize = flat.dtype.itemsize
     raw = flat.view(np.uint8)
     clevel = 5 if level is None else level
-    lib = blosc2_lib.library()
-    if lib is not None:
-        filt = "shuffle" if shuffle and itemsize > 1 else "none"
-        return [blosc2_lib.compress2(lib, raw[pos: pos + piece], itemsize, clevel, "lz4", filt)
-                for pos in range(0, raw.size, piece)]
     blosc2 = load("blosc2")
     filt = blosc2.Filter.SHUFFLE if shuffle and itemsize > 1 else blosc2.Filter.NOFILTER
     return [blosc2.compress2(raw[pos: pos + piece], typesize=itemsize, clevel=clevel,
@@ -56,15 +45,10 @@ def speeds(arrays: list[np.ndarray], level: int | None, shuffle: bool) -> tuple[
     makes for each stored chunk, ``h5batch/codecs/_blosc2.py``), and ``numpy.copyto`` of the
     same bytes; both timed in :data:`TIMING_ROUNDS` interleaved rounds, the best of each kept.
     Blosc2's global settings are left alone."""
-    lib = blosc2_lib.library()
-    if lib is not None:
-        def decompress(chunk: bytes, dst: np.ndarray) -> None:
-            blosc2_lib.decompress2(lib, chunk, dst)
-    else:
-        blosc2 = load("blosc2")
+    blosc2 = load("blosc2")
 
-        def decompress(chunk: bytes, dst: np.ndarray) -> None:
-            blosc2.decompress2(chunk, dst=dst, nthreads=1)
+    def decompress(chunk: bytes, dst: np.ndarray) -> None:
+        blosc2.decompress2(chunk, dst=dst, nthreads=1)
 
     share = max(1, TIMING_BYTES // max(1, len(arrays)) // arrays[0].itemsize)
     flat = np.ascontiguousarray(np.concatenate([a.reshape(-1)[:share] for a in arrays]))
@@ -82,12 +66,6 @@ def speeds(arrays: list[np.ndarray], level: int | None, shuffle: bool) -> tuple[
         t2 = time.perf_counter()
         best_decode, best_copy = min(best_decode, t1 - t0), min(best_copy, t2 - t1)
     return flat.nbytes / max(best_decode, 1e-9) / 1e9, flat.nbytes / max(best_copy, 1e-9) / 1e9
-
-
-def in_process() -> bool:
-    """True where the trial runs on the C library (:mod:`.blosc2_lib`): measuring costs no
-    import, so the driver measures itself instead of asking a writer that has ``blosc2``."""
-    return blosc2_lib.library() is not None
 
 
 Figures = tuple[float, "float | None", "float | None"]  # ratio, decode GB/s, copy GB/s

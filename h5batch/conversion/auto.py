@@ -2,7 +2,7 @@
 ``batch_size: auto`` (both the defaults).
 
 The trial (:mod:`.trial`) decodes 32 items spread evenly over the manifest (at most 4 MB per
-field) in the driver, or takes those ``cluster.kind: auto``'s probe decoded. Spread, not the
+field) on a worker of the run. Spread, not the
 first ones: a corpus sorted by
 speaker or class starts with one kind of file, whose ratio need not be the corpus'. The batch
 size and the compression ratio depend only on those samples and on the manifest, never on the
@@ -44,21 +44,19 @@ Batch size
 Each Dask task costs the driver and scheduler a fixed amount of CPU whatever its size,
 and each batch a round trip through the writer, while a short clip decodes far faster than
 that. So a task should carry megabytes: ``auto`` puts about :data:`TARGET_BATCH_BYTES` of
-decoded samples in a batch decoded in process (``cluster.kind: inprocess``, or ``auto``
-before it is resolved), and :data:`TARGET_TASK_BYTES` in a task for worker processes, but
-cuts a small corpus into at least :data:`MIN_BATCHES` batches so the workers and the writer
-overlap. The count is then rounded down to whole chunks of every fixed-shape field
+decoded samples in a batch of the local engine (``cluster.kind: processes``), and
+:data:`TARGET_TASK_BYTES` in a Dask task, but cuts a small corpus into at least
+:data:`MIN_BATCHES` batches so the workers and the writer overlap. The count is then rounded down to whole chunks of every fixed-shape field
 (:func:`whole_chunks`), so the writer stores each batch straight from shared memory.
-Reason for the two: a Dask task costs ~12 ms of CPU across the driver, the scheduler and the
-worker on a 2-core machine (32 empty tasks on a 2-worker LocalCluster:
-0.39 CPU-s; 16: 0.22), about a third of what decoding 16 MB of PCM costs; an in-process
-batch costs ~1 ms (its decode thread, the fd 2 capture), and a smaller one starts the writer
-sooner and leaves it less to do alone at the end.
+Reason for the two: a Dask task costs the driver, the scheduler and the worker several
+milliseconds of CPU, a batch of the local engine one pipe round trip; a smaller batch starts
+the writer sooner and leaves it less to do alone at the end.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -72,11 +70,11 @@ from ..fields import (
 )
 from ..manifest import Manifest
 from .decoder_warnings import silenced
-from .trial import TRIAL_BYTES, Decoded, Trial
+from .trial import TRIAL_BYTES, Trial
 
 MIN_RATIO = 1.15  # keep compression when it saves at least ~13 % of the bytes
-TARGET_BATCH_BYTES = 16 << 20  # decoded bytes per batch decoded in process
-TARGET_TASK_BYTES = 32 << 20  # decoded bytes per task on worker processes (a Dask task costs ~12 ms)
+TARGET_BATCH_BYTES = 16 << 20  # decoded bytes per batch of the local engine
+TARGET_TASK_BYTES = 32 << 20  # decoded bytes per Dask task (each costs the scheduler too)
 MIN_BATCH, MAX_BATCH = 4, 1024  # items per batch
 MIN_BATCHES = 8
 
@@ -165,27 +163,10 @@ def _flat(arrays: list[np.ndarray]) -> np.ndarray:
     return np.concatenate([a.reshape(-1)[: max(1, TRIAL_BYTES // a.itemsize)] for a in arrays])
 
 
-def trial_speeds(arrays: list[np.ndarray], level: int | None, shuffle: bool) -> tuple[float, float]:
-    """``(decode GB/s, copy GB/s)`` of Blosc2-LZ4 on the trial (:func:`lz4_trial.speeds`)."""
-    return lz4_trial.speeds(arrays, level, shuffle)
-
-
-Measurer = Callable[[dict, "int | None", bool, float], "dict | None"]
-
-
-def measure(arrays: dict[str, list[np.ndarray]], level: int | None, shuffle: bool,
-            elsewhere: Measurer | None = None) -> dict[str, lz4_trial.Figures]:
-    """Ratio and speeds per field that has trial samples (:func:`lz4_trial.measure`): here
-    where that needs no ``import blosc2`` (:func:`lz4_trial.in_process`), else by
-    ``elsewhere`` when given and it answers (a forked writer that has blosc2 loaded:
-    ``conversion/writer_start.py``), else here."""
+def measure(arrays: dict[str, list[np.ndarray]], level: int | None, shuffle: bool) -> dict[str, lz4_trial.Figures]:
+    """Ratio and speeds per field that has trial samples (:func:`lz4_trial.measure`)."""
     fields = {name: (_flat(a), a) for name, a in arrays.items() if a}
-    if not fields:
-        return {}
-    if lz4_trial.in_process():
-        elsewhere = None
-    got = elsewhere(fields, level, shuffle, MIN_RATIO) if elsewhere is not None else None
-    return got if got is not None else lz4_trial.measure(fields, level, shuffle, MIN_RATIO)
+    return lz4_trial.measure(fields, level, shuffle, MIN_RATIO) if fields else {}
 
 
 @dataclass(frozen=True)
@@ -207,15 +188,12 @@ class AutoSettings:
         return lines
 
 
-def resolve(job: JobConfig, manifest: Manifest, measurer: Measurer | None = None,
-            keep: dict[str, CodecSpec] | None = None, kind: str | None = None,
-            known: Decoded | None = None) -> AutoSettings:
+def resolve(job: JobConfig, manifest: Manifest, keep: dict[str, CodecSpec] | None = None,
+            run_trial: TrialRunner | None = None) -> AutoSettings:
     """The codec of every field and the items per batch (``auto`` or as configured);
-    ``measurer``: see :func:`measure`; ``keep``: fields whose codec is fixed already (a
-    sync appends to existing datasets), which get no codec trial; ``kind``: the cluster
-    kind the run resolved ``cluster.kind`` to (default the job's own), which sets the
-    decoded bytes a batch aims at (see the module); ``known``: trial samples decoded
-    already (:meth:`.trial.Trial.run`)."""
+    ``keep``: fields whose codec is fixed already (a sync appends to existing datasets),
+    which get no codec trial; ``run_trial``: runs :meth:`.trial.Trial.run` with the given
+    arguments where the run's decoders are (default: here)."""
     o = job.output
     keep = keep or {}
     fixed = {name: fixed_sample_shape(fc) for name, fc in job.fields.items()}
@@ -224,8 +202,8 @@ def resolve(job: JobConfig, manifest: Manifest, measurer: Measurer | None = None
         need = [name for name in job.fields if name not in keep]
     if job.cluster.batch_size == "auto":  # variable lengths: the trial estimates a batch's bytes
         need += [name for name, f in fixed.items() if f is None and name not in need]
-    with silenced():  # the workers decode these files again and log their warnings
-        trial = Trial.run(job, manifest, need, known)
+    trial = (run_trial or trial_here)(job, os.path.abspath(manifest.root), Trial.items(manifest), need) \
+        if need else Trial({})
 
     field_bytes = _field_bytes(job, fixed, trial.arrays)
     item_bytes = _item_bytes(field_bytes)
@@ -234,7 +212,7 @@ def resolve(job: JobConfig, manifest: Manifest, measurer: Measurer | None = None
         codecs = {name: CodecChoice(name, CodecSpec(o.codec, o.level, o.shuffle)) for name in job.fields}
     else:
         codecs = {}
-        figures = measure({n: a for n, a in trial.arrays.items() if n not in keep}, o.level, o.shuffle, measurer)
+        figures = measure({n: a for n, a in trial.arrays.items() if n not in keep}, o.level, o.shuffle)
         for name in job.fields:
             if name in keep:
                 codecs[name] = CodecChoice(name, keep[name])
@@ -244,17 +222,16 @@ def resolve(job: JobConfig, manifest: Manifest, measurer: Measurer | None = None
             codecs[name] = CodecChoice(name, CodecSpec(chosen, o.level if chosen != "none" else None, o.shuffle),
                                        round(ratio, 3), len(trial.arrays.get(name) or []), *speeds, o.prefer)
 
-    return AutoSettings(codecs, _batch_size(job, manifest, kind, item_bytes, fixed), item_bytes, field_bytes)
+    return AutoSettings(codecs, _batch_size(job, manifest, item_bytes, fixed), item_bytes, field_bytes)
 
 
-def batch_size_without_trial(job: JobConfig, manifest: Manifest, kind: str | None = None) -> int | None:
-    """The items per batch :func:`resolve` will choose, where that needs no trial (every field
-    of a fixed shape, or ``cluster.batch_size`` a number); else None. Reason: the batches can
-    then start decoding while the codec trial and the plan still run (``conversion/head_start.py``)."""
-    fixed = {name: fixed_sample_shape(fc) for name, fc in job.fields.items()}
-    if job.cluster.batch_size == "auto" and any(f is None for f in fixed.values()):
-        return None
-    return _batch_size(job, manifest, kind, _item_bytes(_field_bytes(job, fixed, {})), fixed)
+TrialRunner = Callable[[JobConfig, str, list, list[str]], Trial]
+
+
+def trial_here(job: JobConfig, root: str, items: list, fields: list[str]) -> Trial:
+    """The trial in this process (a worker's, or the driver's where no worker is asked)."""
+    with silenced():  # the batches decode these files again and log their warnings
+        return Trial.run(job, root, items, fields)
 
 
 def _field_bytes(job: JobConfig, fixed: dict, trial: dict[str, list[np.ndarray]]) -> dict[str, int]:
@@ -275,10 +252,10 @@ def _item_bytes(field_bytes: dict[str, int]) -> int:
     return max(1, sum(field_bytes.values()))
 
 
-def _batch_size(job: JobConfig, manifest: Manifest, kind: str | None, item_bytes: int, fixed: dict) -> int:
+def _batch_size(job: JobConfig, manifest: Manifest, item_bytes: int, fixed: dict) -> int:
     bs = job.cluster.batch_size
     if bs == "auto":
-        target = TARGET_BATCH_BYTES if (kind or job.cluster.kind) in ("auto", "inprocess") else TARGET_TASK_BYTES
+        target = TARGET_BATCH_BYTES if job.cluster.kind == "processes" else TARGET_TASK_BYTES
         bs = min(MAX_BATCH, max(MIN_BATCH, round(target / item_bytes)))
         bs = max(1, min(bs, math.ceil(len(manifest.items) / MIN_BATCHES)))
         bs = whole_chunks(bs, job, fixed)

@@ -1,7 +1,9 @@
-"""Getting a Dask client for a job: LocalCluster, an existing scheduler, or dask-jobqueue.
+"""The engine a job's ``cluster`` section names: decoder processes, or a Dask client.
 
-Everything is Dask's own deployment machinery; h5batch only picks it from the job's
-``cluster`` section:
+``processes``       :class:`~.pool.DecoderPool`: ``cluster.workers`` decoder processes on
+                    this machine, no Dask (the default).
+
+The rest is Dask's own deployment machinery; h5batch only picks it:
 
 ``local``           a LocalCluster of single-threaded worker processes; scheduler, workers
                     and dashboard bind to 127.0.0.1.
@@ -37,7 +39,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import ClusterConfig
+from ..config import ClusterConfig, JobConfig
 from ..errors import ConfigError, ConvertError
 from ..transport.segments import hostname
 from .signals import graceful
@@ -332,6 +334,39 @@ def _open_client(cfg: ClusterConfig, security) -> tuple[Any, str]:
 
 
 @contextmanager
+def open_engine(job: JobConfig) -> Iterator[Connection]:
+    """The engine of ``job`` (:func:`connect`), with Dask's settings for a run where it is Dask."""
+    if job.cluster.kind == "processes":
+        with connect(job.cluster) as conn:
+            yield conn
+        return
+    with _dask_settings(job), connect(job.cluster) as conn:
+        yield conn
+
+
+def _dask_settings(job: JobConfig):
+    """Dask's configuration for a run on Dask workers."""
+    import dask
+    import distributed  # noqa: F401  (its config defaults must exist before dask.config.set)
+
+    # A task whose worker dies is re-run up to policy.retries more times before Dask
+    # gives up (KilledWorker); then the batch is split to isolate the culprit.
+    # worker-saturation 1.0 keeps queued tasks on the scheduler, so a worker that dies
+    # takes only its running task down with it, not innocent tasks queued behind it.
+    settings: dict[str, Any] = {"distributed.scheduler.allowed-failures": job.policy.retries,
+                                "distributed.scheduler.worker-saturation": 1.0}
+    # A cluster this run starts (its nannies hand the settings to the worker processes):
+    # the event-loop health tick every 20 ms and each worker's stack sampler every 10 ms
+    # are what an idle 2-worker LocalCluster spends its 0.14 CPU-s per second on (0.045
+    # with these two changed), and a conversion pays it on cores its decoding needs. The
+    # sampler feeds only the dashboard's profile page: kept when there is a dashboard.
+    settings["distributed.admin.tick.interval"] = "500ms"
+    if not job.cluster.dashboard:
+        settings["distributed.worker.profile.enabled"] = False
+    return dask.config.set(settings)
+
+
+@contextmanager
 def connect(cfg: ClusterConfig, wait_timeout: float = 300.0) -> Iterator[Connection]:
     """Open a client as ``cfg`` says; close what we started on exit (also on errors).
 
@@ -344,6 +379,13 @@ def connect(cfg: ClusterConfig, wait_timeout: float = 300.0) -> Iterator[Connect
         scheduler when set) before giving up with a :class:`~h5batch.errors.ConvertError`.
     """
 
+    if cfg.kind == "processes":
+        from .pool import DecoderPool
+
+        n = cfg.workers or default_workers()
+        with DecoderPool(n) as pool:
+            yield Connection(pool, f"{n} decoder processes on this machine", None)
+        return
     if cfg.kind in JOBQUEUE_KINDS:
         with _jobqueue(cfg, wait_timeout) as conn:
             yield conn

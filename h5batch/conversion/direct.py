@@ -5,10 +5,8 @@ in one call: a fixed-length field) and a ``direct_loader`` (a whole file read in
 array in one call: a field whose samples vary in size); :mod:`h5batch.fields.wav_direct`
 gives both for a plain mono 16-bit WAV. Each declines a file it cannot take exactly, and
 the ordinary decode (:func:`h5batch.fields.decode_field`) runs instead. The worker asks
-for them once per batch (:class:`~.worker._ItemPlan`); :func:`file_decoders` wraps them
-for the kind probe (:func:`~.inprocess.probe_seconds`), which must time what the batches
-will do, and :func:`sample_decoders` for the codec trial (:class:`~.trial.Trial`), whose
-samples are the batches' own.
+for them once per batch (:class:`~.worker._ItemPlan`); :func:`sample_decoders` wraps them
+for the codec trial (:class:`~.trial.Trial`), whose samples are the batches' own.
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ import numpy as np
 
 from ..fields import decode_field, fixed_sample_shape, kind_of, reads_files
 
-__all__ = ["direct_readers", "direct_loaders", "file_decoders", "sample_decoders"]
+__all__ = ["direct_readers", "direct_loaders", "sample_decoders"]
 
 
 def direct_readers(fields: tuple) -> list | None:
@@ -44,32 +42,18 @@ def direct_loaders(fields: tuple) -> list | None:
     return out if any(r is not None for r in out) else None
 
 
-def file_decoders(fields: tuple) -> list:
-    """Per field of ``fields`` (fields of files), a call ``decode(path)`` that decodes one
-    file the way this job's batches do: the field's direct reader into a scratch row (one
-    per field, reused, as a batch's rows are), its direct loader, the ordinary decode where
-    they decline or there are none. For timing (:func:`h5batch.conversion.inprocess.probe_seconds`):
-    the ordinary decode of a plain 16-bit WAV costs ~2.5x what a batch spends on it."""
-    return _decoders(fields, fresh_rows=False)
-
-
 def sample_decoders(fields: tuple) -> list:
-    """As :func:`file_decoders`, each call returning the sample in an array of its own (the
-    direct reader's row is a new one per call). For the codec trial (:class:`~.trial.Trial`),
-    on the serial path to the writer's start: the 4,096-pair bench job's trial (32 items of
-    two fields) took 8.9 ms decoded the ordinary way, 6.0 ms this way (40 alternating runs)."""
-    return _decoders(fields, fresh_rows=True)
-
-
-def _decoders(fields: tuple, fresh_rows: bool) -> list:
+    """Per field of ``fields`` (fields of files), a call ``decode(path)`` that decodes one
+    file the way this job's batches do (the field's direct reader, its direct loader, the
+    ordinary decode where they decline or there are none), each returning the sample in an
+    array of its own. For the codec trial (:class:`~.trial.Trial`)."""
     readers = direct_readers(fields) or [None] * len(fields)
     loaders = direct_loaders(fields) or [None] * len(fields)
     out = []
     for (_, fc), read, load in zip(fields, readers, loaders):
         if read is not None:
             shape, dtype = fixed_sample_shape(fc)
-            row = None if fresh_rows else np.empty(shape, dtype)
-            out.append(partial(_into_row, fc=fc, read=read, shape=shape, dtype=dtype, row=row))
+            out.append(partial(_into_row, fc=fc, read=read, shape=shape, dtype=dtype))
         elif load is not None:
             out.append(partial(_loaded, fc=fc, load=load))
         else:
@@ -77,8 +61,8 @@ def _decoders(fields: tuple, fresh_rows: bool) -> list:
     return out
 
 
-def _into_row(path: str, fc, read, shape, dtype, row: np.ndarray | None) -> np.ndarray:
-    row = np.empty(shape, dtype) if row is None else row
+def _into_row(path: str, fc, read, shape, dtype) -> np.ndarray:
+    row = np.empty(shape, dtype)
     return row if read(path, row) else decode_field(path, fc)
 
 

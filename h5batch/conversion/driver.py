@@ -1,12 +1,13 @@
-"""The driver loop: Dask decodes, the writer stores, in manifest order, with backpressure.
+"""The driver loop: the engine decodes, the writer stores, in manifest order, with backpressure.
 
-The driver never touches pixel or sample data. It submits batches to Dask with a bounded
+The driver never touches pixel or sample data. It submits batches to the engine (the local
+decoder processes or Dask, :mod:`.cluster`) with a bounded
 number in flight (a batch counts until the writer has stored it, so memory stays flat
 whatever the corpus size), forwards finished batches to the writer process strictly in
 manifest order, isolates files that crash their worker by splitting their batch in two,
-recursively (:mod:`.isolation`), and reports progress. Everything it waits for arrives on one event queue:
-finished futures (from Dask's callbacks) and writer messages (from a pipe-reading thread),
-each dispatched through a handler.
+recursively (:mod:`.isolation`), and reports progress. Everything it waits for arrives on one
+event queue: finished futures (from their callbacks) and writer messages (from a
+pipe-reading thread), each dispatched through a handler.
 """
 
 from __future__ import annotations
@@ -16,11 +17,10 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, nullcontext
+from contextlib import ExitStack
 from typing import Any
 
 from .. import format as fmt
-from .. import gcpause
 from ..batches import BatchResult
 from ..config import JobConfig
 from ..errors import ConvertError
@@ -33,26 +33,20 @@ from ..writer.messages import (
     Done,
     Failed,
     Finish,
-    Layout,
     Ready,
     Store,
     Stored,
     WriterDied,
 )
-from ..writer.process import WriterGone, WriterHandle, writer_context
-from . import inprocess, signals
-from .cluster import connect
+from ..writer.process import WriterGone, WriterHandle
+from . import signals
+from .cluster import Connection
 from .cluster_watch import ClusterWatch
 from .decoder_warnings import WarningLog
-from .direct_chunks import ChunkPlacer
-from .fence import Fence
-from .head_start import HeadStart
 from .isolation import Slot, after_failure
 from .options import ConvertOptions, ConvertSummary
 from .plan import Plan, RowPredictor
-from .preflight import preflight
 from .progress import Progress
-from .spares import SpareDecoder, close_all
 from .worker import decode_batch
 
 WINDOW_BYTES = 1 << 30  # decoded bytes waiting in shared memory, at most (about)
@@ -65,29 +59,16 @@ RESULT_TIMEOUT = 60.0
 
 
 class Driver:
-    """Runs a :class:`~.plan.Plan` on a cluster, feeding the writer. Use :meth:`run`."""
+    """Runs a :class:`~.plan.Plan` on an engine's :class:`~.cluster.Connection`, feeding the
+    writer. Use :meth:`run`."""
 
     def __init__(self, job: JobConfig, opts: ConvertOptions, plan: Plan, writer: WriterHandle, run_id: str,
-                 say, spares: list[SpareDecoder] | None = None, choice: inprocess.KindChoice | None = None,
-                 head: HeadStart | None = None, finish_work: Iterator[Any] | None = None):
-        """``head``: batches submitted before the plan (``conversion/head_start.py``), taken over.
-        ``finish_work``: what the writer's ``Finish`` needs (the inventory sidecar), in steps
-        the loop takes between its events (:meth:`_step_finish_work`)."""
-        self.opts, self.plan, self.writer, self.run_id, self.say = opts, plan, writer, run_id, say
-        self.head = head
+                 say, conn: Connection, finish_work: Iterator[Any] | None = None):
+        """``finish_work``: what the writer's ``Finish`` needs (the inventory sidecar), in
+        steps the loop takes between its events (:meth:`_step_finish_work`)."""
+        self.job, self.opts, self.plan, self.writer, self.run_id, self.say = job, opts, plan, writer, run_id, say
+        self.conn, self.client = conn, conn.client
         self.finish_work = finish_work
-        # cluster.kind auto: in-process for a small fresh job, a LocalCluster otherwise
-        # (``choice``: made already, before the plan sized the batches for it).
-        m = plan.tasks.manifest
-        self.choice = choice or inprocess.choose_kind(job, m, len(m.items) - plan.tasks.first_item(plan.start),
-                                                      resuming=plan.start > 0 or plan.spec.resume is not None)
-        self.job = job = inprocess.resolved(job, self.choice.kind)
-        # Decoders forked at the start (spares.py) serve an in-process run only; where the
-        # writer came from the fork server, an in-process run starts them from it itself.
-        self.spares = spares or []
-        if self.spares and job.cluster.kind != "inprocess":
-            close_all(self.spares)
-            self.spares = []
         self.events: queue.Queue = queue.Queue()
         self.slots: dict[int, Slot] = {}
         self.futures: dict[Any, tuple[int, int]] = {}  # future -> (batch index, part position)
@@ -96,24 +77,19 @@ class Driver:
         self.submissions = 0
         self.rejects = 0
         self.bytes_decoded = 0
-        self.direct_samples = 0  # stored by the decoders into the output's chunks (direct_chunks.py)
-        self.client: Any = None
         self.progress: Progress | None = None
         # Worker-side compression: where each split's next batch will start, assuming the
         # batches in flight lose no samples (a wrong guess only costs the writer a decode).
         self.rows = RowPredictor(job, plan.written, plan.spec.codecs)
-        # Decoders that write chunks themselves (direct_chunks.py): where each batch lands.
-        self.placer = ChunkPlacer(plan.spec.partial_path, plan.written)
-        self.fence: Fence | None = None  # made in run() where batches may be placed
         # Decoder warnings of the stored batches, in a log beside the output (not the console).
         self.warning_log = WarningLog(fmt.warnings_file(plan.spec.final_path), resume=plan.start > 0)
 
     # -- the loop --------------------------------------------------------------------------
 
-    def _next_event(self, conn: Any) -> tuple[str, Any]:
+    def _next_event(self) -> tuple[str, Any]:
         """The next future or writer event. On a LocalCluster the run started, a thread looks
         at its workers meanwhile (:mod:`.cluster_watch`) and may stop the run through here."""
-        cluster = getattr(conn, "cluster", None) if self.job.cluster.kind == "local" else None
+        cluster = self.conn.cluster if self.job.cluster.kind == "local" else None
         if cluster is not None and self.watch is None:
             spec = self.plan.spec
             then = ("the sync is undone; run the same command again" if spec.sync is not None else
@@ -130,71 +106,29 @@ class Driver:
         Returns once the writer has said it is done (the file is renamed and closed),
         without waiting for the writer's exit: the callers decide (a conversion does not
         wait at all, :mod:`.pipeline`)."""
-        job, tasks = self.job, self.plan.tasks
-        in_proc = job.cluster.kind == "inprocess"
+        job, tasks, conn = self.job, self.plan.tasks, self.conn
         with ExitStack() as stack:
-            stack.enter_context(nullcontext() if in_proc else _dask_settings(job))
-            if self.plan.spec.direct:  # decoders may write chunks: their fence, let go at the end
-                self.fence = Fence.create(self.plan.spec.partial_path, len(tasks))
-                stack.callback(lambda: self.fence and self.fence.retire())
-            if in_proc and not self.spares and not self.writer.forked:
-                self.spares = SpareDecoder.start_all(job, writer_context())
-            # In-process decoding points fd 2 at the decoder-warning capture while a batch
-            # decodes, and the driver's own decode thread starts in connect() (at once on a
-            # head start's queued batches): a line written to fd 2 meanwhile would be taken
-            # for a file's decoder warning. Progress and the driver's lines go around it,
-            # through a duplicate of fd 2 taken before that thread starts.
-            log = stack.enter_context(inprocess.console(self.opts.log)) if in_proc else self.opts.log
-            if in_proc and self.opts.log is None:
-                stack.callback(setattr, self, "say", self.say)
-                self.say = lambda text: print(text, file=log, flush=True)
-            head = self.head if in_proc else None
-            conn = stack.enter_context(inprocess.connect(job.cluster, self.spares, head and head.take())
-                                       if in_proc else connect(job.cluster))
-            self.client = conn.client
             stack.callback(lambda: self.watch and self.watch.stop())  # before the cluster closes
-            if self.choice.why:
-                self.say(self.choice.describe())
-            self.say(f"cluster: {conn.description}" + (f"; dashboard {conn.dashboard}" if conn.dashboard else ""))
-            if in_proc:
-                self.say(inprocess.check_packages(job))
-            else:
-                preflight(self.client, job, tasks.manifest, self.say)
             n_workers = max(1, len(self.client.scheduler_info(n_workers=-1)["workers"]))
-            # Batches in flight: enough to keep every worker busy, and not more decoded
-            # samples waiting in shared memory than WINDOW_BYTES. Two per worker, not
-            # three: each batch in flight may hold a segment of its own, and a segment's
-            # first touch costs ~1.1 ms of CPU per MB here (page faults on a fresh
-            # mapping); 4,096 pairs on 2 cores, alternating: 4 in flight took 0.05-0.12
-            # CPU-s less than 6, in process and on a LocalCluster, at the same wall time.
+            # Batches in flight: enough to keep every worker busy (two each: one decoding,
+            # one waiting for the writer), and not more decoded samples waiting in shared
+            # memory than WINDOW_BYTES.
             window = job.cluster.max_in_flight or max(4, min(2 * n_workers, WINDOW_BYTES // max(1, self.plan.batch_bytes)))
             self.progress = Progress(len(tasks.manifest.items), tasks.first_item(self.plan.start),
-                                     mode=self.opts.progress, log=log)
+                                     mode=self.opts.progress, log=self.opts.log)
             threading.Thread(target=self._pump_writer, daemon=True).start()
-            gcpause.resume()  # the set-up is done: collection on again for the run
             next_submit = next_forward = self.plan.start
-            for index, fut in (head.futures.items() if head else ()):  # decoding since before the plan
-                self.slots[index] = Slot(tasks[index])
-                self.placer.place(tasks[index])  # (no layout yet: only the row count moves on)
-                self._track(fut, index, 0)
-                next_submit = max(next_submit, index + 1)
-            released = False
             while self.acked < len(tasks):
                 signals.raise_pending()
-                while next_submit < len(tasks) and next_submit - self.acked < window and not self._awaiting_layout():
-                    self.slots[next_submit] = Slot(self.placer.place(self.rows.place(tasks[next_submit])))
+                while next_submit < len(tasks) and next_submit - self.acked < window:
+                    self.slots[next_submit] = Slot(self.rows.place(tasks[next_submit]))
                     self._submit(next_submit, 0, len(tasks[next_submit].items))
                     next_submit += 1
-                kind, payload = self._next_event(conn)
+                kind, payload = self._next_event()
                 if kind == "future":
                     self._on_future(payload)
-                    if in_proc and not released and not self.futures and next_submit == len(tasks):
-                        self.client.release()  # all decoded: the forked decoders exit while the writer stores
-                        released = True
                     while next_forward in self.slots and self.slots[next_forward].complete():
                         slot = self.slots[next_forward]
-                        if slot.task.direct:  # its late copies write no more (fence.py)
-                            self.fence.close(next_forward)
                         for k, part in enumerate(slot.parts):
                             part.result.final_part = k == len(slot.parts) - 1
                             self._send(Store(part.result))
@@ -205,10 +139,6 @@ class Driver:
             signals.raise_pending()
             self._step_finish_work(to_the_end=True)
             self.progress.close()
-            if in_proc and self.spares:
-                self.say(self.client.report(len(head.futures) if head else 0, self.direct_samples))
-            elif self.direct_samples:
-                self.say(f"{self.direct_samples} samples written into the output by the workers")
             # The writer counts every reject (discovery, decode, write, and those of batches
             # committed by an earlier run) and keeps the file partial when there are too many.
             self._send(Finish(job.policy.max_reject_fraction))
@@ -295,27 +225,12 @@ class Driver:
         slot.written += msg.samples
         if slot.acked == len(slot.parts):
             self.rows.correct(slot.task, slot.written)
-            self.placer.correct(slot.task, slot.written)
             self.rejects += sum(len(p.result.rejects) for p in slot.parts)
-            self.bytes_decoded += sum(p.result.packed.nbytes + p.result.packed.direct_bytes for p in slot.parts)
-            self.direct_samples += sum(p.result.packed.direct_rows for p in slot.parts)
+            self.bytes_decoded += sum(p.result.packed.nbytes for p in slot.parts)
             self.warning_log.add(w for p in slot.parts for w in p.result.warnings)
             self.progress.update(len(slot.task.items), rejects=self.rejects, nbytes=self.bytes_decoded)
             del self.slots[msg.index]
             self.acked += 1
-
-    def _awaiting_layout(self) -> bool:
-        """True while the writer is placing the chunks the decoders will write into
-        (``direct_chunks``): a batch submitted before its :class:`Layout` would travel
-        through shared memory. The forked decoders meanwhile decode the head start's
-        batches; the writer sends the layout right after ``Ready``."""
-        return self.fence is not None and not self.placer.offsets
-
-    def _on_layout(self, msg: Layout) -> None:
-        # (Only a run direct_chunks.planned_rows admits asks for one; none is used where
-        # the file system gave no fence.)
-        if self.fence is not None:
-            self.placer.layout(msg.offsets, msg.k)
 
     def _on_failed(self, msg: Failed) -> None:
         raise ConvertError(f"writer failed: {msg.text}")
@@ -397,34 +312,11 @@ class Driver:
         threading.Thread(target=restart, daemon=True).start()
 
 
-def _dask_settings(job: JobConfig):
-    """Dask's configuration for a run on worker processes."""
-    import dask
-    import distributed  # noqa: F401  (its config defaults must exist before dask.config.set)
-
-    # A task whose worker dies is re-run up to policy.retries more times before Dask
-    # gives up (KilledWorker); then the batch is split to isolate the culprit.
-    # worker-saturation 1.0 keeps queued tasks on the scheduler, so a worker that dies
-    # takes only its running task down with it, not innocent tasks queued behind it.
-    settings: dict[str, Any] = {"distributed.scheduler.allowed-failures": job.policy.retries,
-                                "distributed.scheduler.worker-saturation": 1.0}
-    # A cluster this run starts (its nannies hand the settings to the worker processes):
-    # the event-loop health tick every 20 ms and each worker's stack sampler every 10 ms
-    # are what an idle 2-worker LocalCluster spends its 0.14 CPU-s per second on (0.045
-    # with these two changed), and a conversion pays it on cores its decoding needs. The
-    # sampler feeds only the dashboard's profile page: kept when there is a dashboard.
-    settings["distributed.admin.tick.interval"] = "500ms"
-    if not job.cluster.dashboard:
-        settings["distributed.worker.profile.enabled"] = False
-    return dask.config.set(settings)
-
-
 _WRITER_HANDLERS = {
     Stored: Driver._on_stored,
     Failed: Driver._on_failed,
     WriterDied: Driver._on_died,
     Ready: lambda self, msg: None,  # the plan already knows where the file goes on
-    Layout: Driver._on_layout,
     Committed: lambda self, msg: None,  # progress is counted from Stored
 }
 

@@ -27,11 +27,8 @@ from ..writer.commit import CommitRecord
 from ..writer.messages import WriterSpec
 from ..writer.process import current_umask
 from ..writer.versions import versions  # noqa: F401 - h5batch.bench reads them here
-from .auto import AutoSettings, Measurer, resolve
+from .auto import TrialRunner, resolve
 from .cluster import default_workers
-from .direct_chunks import planned_rows
-from .spares import count as forked_decoders
-from .trial import Decoded
 
 
 @dataclass
@@ -48,17 +45,12 @@ class Plan:
 
 def make_plan(job: JobConfig, manifest: Manifest, record: CommitRecord | None, final: str, partial: str,
               run_id: str, say: Callable[[str], None], keep_codecs: dict[str, CodecSpec] | None = None,
-              measurer: Measurer | None = None, new_file: bool = True, kind: str | None = None,
-              tasks: TaskList | None = None, known: Decoded | None = None) -> Plan:
+              new_file: bool = True, run_trial: TrialRunner | None = None) -> Plan:
     """``keep_codecs``: fields whose datasets exist already (a sync) keep these codecs;
-    ``measurer``: who takes ``codec: auto``'s measurements (:func:`.auto.measure`);
     ``new_file`` False: the writer extends a finished file (a sync), which keeps the
-    versions it was made with, so none are read (~0.04 s of package metadata); ``kind``:
-    the cluster kind the run will use (``auto`` resolved), which sizes ``batch_size: auto``;
-    ``tasks``: the batches a head start cut already (``conversion/head_start.py``), which
-    the plan's own choice must equal; ``known``: codec-trial samples decoded already (by
-    ``cluster.kind: auto``'s probe)."""
-    auto = resolve(job, manifest, measurer, keep_codecs, kind, known)
+    versions it was made with, so none are read; ``run_trial``: where the ``auto`` trial
+    decodes (:func:`.auto.resolve`)."""
+    auto = resolve(job, manifest, keep_codecs, run_trial)
     for line in auto.describe(job):
         say(line)
     codecs = {name: c.codec for name, c in auto.codecs.items()}
@@ -91,34 +83,9 @@ def make_plan(job: JobConfig, manifest: Manifest, record: CommitRecord | None, f
         resume=record, versions=None if new_file else {}, batch_size=batch_size,
         codec_notes=codec_notes, cwd=os.getcwd(), umask=current_umask(), annotations=manifest.annotations,
     )
-    if tasks is None:
-        tasks = make_tasks(job, manifest, run_id, hostname(), batch_size)
-    elif tasks.batch_size != batch_size:  # head_start's rule lets through only what needs no trial
-        raise AssertionError(f"head start cut batches of {tasks.batch_size} items, the plan chose {batch_size}")
+    tasks = make_tasks(job, manifest, run_id, hostname(), batch_size)
     written = {split: p.samples for split, p in record.splits.items()} if record else {}
-    spec.direct = planned_rows(job, kind, codecs, tasks, new_file, record is not None, forked_decoders(job))
-    if new_file:  # (a sync's few new samples are not worth it: writer/reserve.py)
-        spec.reserve_bytes = stored_bytes(auto, len(manifest.items) - tasks.first_item(record.next_batch if record else 0))
     return Plan(tasks, spec, record.next_batch if record else 0, written, batch_size * auto.item_bytes, num_inputs)
-
-
-def stored_bytes(auto: AutoSettings, items: int) -> int:
-    """The bytes ``items`` items are expected to take in the output's datasets, which the
-    writer reserves on disk before writing them (``writer/reserve.py``): a field's decoded
-    bytes where it is stored uncompressed, divided by the trial's ratio where ``auto``
-    compresses it; a field with neither figure (a codec the job names, a length the trial
-    did not measure) counts 0. An estimate (rejects, the trial's mean of variable lengths):
-    what the samples do not fill, the writer gives back."""
-    total = 0.0
-    for name, nbytes in auto.field_bytes.items():
-        c = auto.codecs.get(name)
-        if c is None:
-            continue
-        if c.codec.name == "none":
-            total += nbytes
-        elif c.ratio:
-            total += nbytes / c.ratio
-    return int(total * items)
 
 
 class TaskList(Sequence):
@@ -197,7 +164,7 @@ class RowPredictor:
     def __init__(self, job: JobConfig, written: dict[str, int], codecs: dict[str, CodecSpec]):
         self.fields: list[tuple[str, int, CodecSpec]] = []
         where = job.cluster.compress_on
-        if where == "writer" or (where == "auto" and job.cluster.kind == "local"):
+        if where == "writer" or (where == "auto" and job.cluster.kind in ("processes", "local")):
             names: list[str] = []
         else:
             names = list(job.fields)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import math
 import os
 import shutil
@@ -45,7 +44,6 @@ from .options import ConvertOptions
 
 if TYPE_CHECKING:
     from ..walk_ahead import RootWalk
-    from .writer_start import PendingWriter
 
 # The driver, the plan, the writer's start and its messages are imported when there is
 # something to write (or while the stat pass walks: _import_writing): a sync that finds the
@@ -195,7 +193,7 @@ def compare(job: JobConfig, final: str, say, ahead: RootWalk | None = None, full
     the caller then does its own."""
     t0 = time.perf_counter()
     generate_corpus(job, say)
-    with stat_pass.started(job, ahead) as walked, _gc_paused():
+    with stat_pass.started(job, ahead) as walked:
         if walked is None and not full:
             return None
         old = deltas.read_output(final)
@@ -212,13 +210,10 @@ def compare(job: JobConfig, final: str, say, ahead: RootWalk | None = None, full
 
 
 def _import_writing() -> None:
-    """Import what writing a delta needs (the driver, the plan, the writer's start, the
-    forked decoders) while the stat pass is still walking. Reason: this process would
-    otherwise wait idle for the walk (its child runs on the other core), then import these
-    (~0.1-0.2 s) on the sync's critical path; a sync that finds nothing to write has spent
-    that time waiting anyway."""
+    """Import what writing a delta needs (the driver, the plan, the writer's start) while
+    the stat pass is still walking."""
     from ..writer import messages  # noqa: F401
-    from . import driver, plan, spares, writer_start  # noqa: F401
+    from . import driver, plan  # noqa: F401
 
 
 def _sync(job: JobConfig, opts: ConvertOptions, final: str, lock: OutputLock, run_id: str, say,
@@ -241,62 +236,40 @@ def _sync(job: JobConfig, opts: ConvertOptions, final: str, lock: OutputLock, ru
                            len(old.rejects), 0.0, discover_seconds=t_discover,
                            output_bytes=os.path.getsize(final), dry_run=True,
                            paths={"new": d.new_paths, "changed": d.changed_paths, "removed": d.removed_paths})
-    # The writer starts now, on a thread: its imports overlap the rest of the preparation.
-    from .spares import SpareDecoder, close_all
-    from .writer_start import PendingWriter
+    from ..writer.process import WriterHandle
+    from .cluster import open_engine
+    from .preflight import check_engine, trial_runner
 
-    pending = PendingWriter(lock.inheritable(), read_versions=False)  # the file keeps its own
-    forked = SpareDecoder.start_all(job) if pending.forked and d.items else []  # spares.py
+    # The writer first: forked while this process has no other thread (the engine starts some).
+    writer = WriterHandle.start(lock.inheritable())
     say(f"sync: {d.new} new, {d.changed} changed, {d.removed} removed, {d.unchanged} unchanged")
     in_place = not readers_present(final)
     partial = final if in_place else final + COPY_SUFFIX
     t1 = time.perf_counter()
+    started = [False]  # set by _write once the writer has its Start
     try:
         if not in_place:
             say(f"{final} is open in another process: syncing a copy, renamed over it at the end")
             shutil.copyfile(final, partial)
-        plan = _plan(job, found, old, d, final, partial, in_place, run_id)
+        with open_engine(job) if d.items else contextlib.nullcontext() as conn:
+            if conn is not None:
+                check_engine(conn, job, found.manifest, say)
+            plan = _plan(job, found, old, d, final, partial, in_place, run_id,
+                         trial_runner(conn, say) if conn is not None else None)
+            summary = _write(job, plan, d, found, final, writer, run_id, opts, say, conn, started)
     except BaseException:
-        close_all(forked)
-        inventory.remove_sidecar(final)
-        writer = pending.get()
-        writer.stop()
-        writer.lifeline.close()
+        if not started[0]:
+            inventory.remove_sidecar(final)
+            writer.stop()
+            writer.lifeline.close()
         raise
-    try:
-        summary = _write(job, plan, d, found, final, pending, run_id, opts, say, forked)
-    finally:
-        close_all(forked)
     counts = _live(old, d.tombstones, summary.counts)
     return SyncSummary(final, d.new, d.changed, d.removed, d.unchanged, counts, summary.rejects, 0.0,
                        in_place=in_place, discover_seconds=t_discover, convert_seconds=time.perf_counter() - t1,
                        output_bytes=os.path.getsize(final))
 
 
-@contextlib.contextmanager
-def _gc_paused():
-    """The cyclic garbage collector off for the block. Reason: discovery makes a few hundred
-    thousand small objects (a tuple per file) and no cycles; the collector's passes over
-    them cost ~5-10 % of an incremental discovery.
-
-    When the block ends, what is alive then goes straight to the oldest generation
-    (``freeze`` + ``unfreeze``: two list moves, no scan) before the collector is on again.
-    Reason: the first collection after ``enable`` would otherwise scan every object the
-    block made, ~0.03 s for 100,000 files, only to promote them. Where a caller froze
-    objects of its own (``gc.get_freeze_count()``), they are left frozen: plain ``enable``."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            if gc.get_freeze_count() == 0:
-                gc.freeze()
-                gc.unfreeze()  # into the oldest generation, which is scanned only at a full collection
-            gc.enable()
-
-
-def _plan(job, found: _Found, old, d, final: str, partial: str, in_place: bool, run_id):
+def _plan(job, found: _Found, old, d, final: str, partial: str, in_place: bool, run_id, run_trial=None):
     """The writer's spec and the batches of new and changed items."""
     from .plan import make_plan
 
@@ -307,7 +280,7 @@ def _plan(job, found: _Found, old, d, final: str, partial: str, in_place: bool, 
                     annotations=manifest.annotations)
     keep = _codecs(old)
     plan = make_plan(job, work, None, final, partial, run_id, lambda _text: None, keep_codecs=keep,
-                     new_file=False)
+                     new_file=False, run_trial=run_trial)
     spec = plan.spec
     plan.written = dict(old.n_rows)
     spec.discovery_rejects = list(manifest.rejects)
@@ -320,9 +293,9 @@ def _plan(job, found: _Found, old, d, final: str, partial: str, in_place: bool, 
     return plan
 
 
-def _write(job, plan, d, found: _Found, final: str, pending: PendingWriter, run_id, opts, say, forked=()):
-    """Run the writer (and, for new and changed items, the workers: ``forked``, the
-    decoders forked for an in-process run, :mod:`.spares`) over the delta.
+def _write(job, plan, d, found: _Found, final: str, writer, run_id, opts, say, conn, started: list[bool]):
+    """Run the writer (and, for new and changed items, the engine of ``conn``) over the
+    delta; ``started[0]`` is set once the writer has its ``Start``.
 
     The inventory sidecar (``found``'s, ~20 MB for 100,000 inputs) is written after the
     writer has its ``Start``, so that writing it overlaps the writer opening the output
@@ -333,18 +306,14 @@ def _write(job, plan, d, found: _Found, final: str, pending: PendingWriter, run_
     from .driver import Driver, abort
 
     spec = plan.spec
-    try:
-        writer = pending.get()
-    except BaseException:
-        inventory.remove_sidecar(final)
-        raise
+    started[0] = True
     try:
         try:
             writer.send(Start(spec))
             _write_inventory(final, found)
             if d.items:
                 # Not waited for after Done, as a conversion's writer (conversion/pipeline.py).
-                return Driver(job, opts, plan, writer, run_id, say, list(forked)).run()
+                return Driver(job, opts, plan, writer, run_id, say, conn).run()
             writer.send(Finish(job.policy.max_reject_fraction))
             return _wait_done(writer)
         except WriterGone as e:

@@ -39,7 +39,6 @@ from ..transport.packing import Block, Packed, pack
 from ..transport.segments import FREE, abandon_segment, grow_segment, hostname, take_segment
 from . import decoder_warnings, readahead
 from .direct import direct_loaders, direct_readers
-from .direct_chunks import ChunkSink
 from .worker_compress import compress_chunks
 
 # A batch with a file at least this big (on disk) decodes its streamable field straight
@@ -66,7 +65,7 @@ class _Watched:
     afterwards, they were read back from memory: ~40 ms of CPU per 4,096-pair conversion
     (``perf record``), against ~23 ms for the same 512 MB in cache."""
 
-    def __init__(self, task: BatchTask, start: int, direct: _DirectRows | _StreamRows | ChunkSink | None = None):
+    def __init__(self, task: BatchTask, start: int, direct: _DirectRows | _StreamRows | None = None):
         self.task, self.direct = task, direct
         self.plan = _ItemPlan(task, direct)
         self.outcomes: dict[int, Any] = {}  # item index -> list of arrays, or the exception
@@ -74,9 +73,6 @@ class _Watched:
         self.current: tuple[int, float] | None = None  # (item index, start time)
         self.done = threading.Event()
         self.abandoned = False
-        # Held by this thread's writes into the output (ChunkSink.after): once give_up has
-        # taken it, the thread writes nothing more there.
-        self.lock = threading.Lock()
         threading.Thread(target=self._run, args=(start,), name="h5batch-decode", daemon=True).start()
 
     def _run(self, start: int) -> None:
@@ -98,16 +94,12 @@ class _Watched:
             if self.abandoned:
                 return
             self.outcomes[i] = out
-            if isinstance(self.direct, ChunkSink):
-                self.direct.after(i, isinstance(out, list), self)
         self.current = None
         self.done.set()
 
     def give_up(self) -> None:
-        """Abandon this thread (it hangs on an item): under :attr:`lock`, so it writes
-        nothing into the output after this."""
-        with self.lock:
-            self.abandoned = True
+        """Abandon this thread (it hangs on an item): its outcomes are not taken."""
+        self.abandoned = True
 
 
 class _ItemPlan:
@@ -117,11 +109,9 @@ class _ItemPlan:
     where it does not (:func:`direct_loaders`; not for the field a :class:`_StreamRows`
     decodes into its segment), whether faults are injected, and the corpus root as a prefix."""
 
-    def __init__(self, task: BatchTask, direct: _DirectRows | _StreamRows | ChunkSink | None = None):
+    def __init__(self, task: BatchTask, direct: _DirectRows | _StreamRows | None = None):
         self.files = [reads_files(fc) for _, fc in task.fields]
         self.fast = direct.fast if isinstance(direct, _DirectRows) else None
-        if isinstance(direct, ChunkSink):  # rows until it stops, arrays after: both
-            self.fast = direct_readers(task.fields)
         self.load = direct_loaders(task.fields) if not isinstance(direct, _DirectRows) else None
         if self.load is not None and isinstance(direct, _StreamRows):
             self.load[direct.k] = None
@@ -332,25 +322,20 @@ def decode_batch(task: BatchTask) -> BatchResult:
     outcomes: dict[int, Any] = {}
     mode = choose_mode(task.transport, task.writer_host)
     readahead.hint(task)
-    sink = ChunkSink.maybe(task, mode)
-    direct = sink or _DirectRows.maybe(task, mode) or _StreamRows.maybe(task, mode)
+    direct = _DirectRows.maybe(task, mode) or _StreamRows.maybe(task, mode)
     try:
         with decoder_warnings.batch():
             item_sums: dict[int, list[int]] = {}
             stuck = _decode_all(task, direct, outcomes, item_sums)
             warned = decoder_warnings.take(p for item in task.items for p in item[0])
         arrays, labels, sources, sums, rejects, kept = _collect(task, outcomes, names, item_sums)
-        if sink is not None:
-            packed = sink.packed(arrays, mode)
-        elif direct is not None and not stuck:
+        if direct is not None and not stuck:
             packed = direct.packed(kept, arrays)
         else:
             chunks = compress_chunks(task, arrays) if task.align else ()
             packed = pack(arrays, mode, task.run_id, chunks)
     except BaseException:
-        if isinstance(direct, ChunkSink):
-            direct.close()
-        elif direct is not None:
+        if direct is not None:
             direct.free()
         raise
     return BatchResult(
@@ -369,7 +354,7 @@ def decode_batch(task: BatchTask) -> BatchResult:
     )
 
 
-def _decode_all(task: BatchTask, direct: _DirectRows | _StreamRows | ChunkSink | None,
+def _decode_all(task: BatchTask, direct: _DirectRows | _StreamRows | None,
                 outcomes: dict[int, Any], sums: dict[int, list[int]]) -> bool:
     """Decode every item into ``outcomes`` (its arrays, or the exception) and ``sums`` (the
     checksums of each decoded one, :class:`_Watched`). Returns True
@@ -394,10 +379,9 @@ def _decode_all(task: BatchTask, direct: _DirectRows | _StreamRows | ChunkSink |
         outcomes[hung] = TimeoutError()
         stuck = True
         i = hung + 1
-        if isinstance(direct, (_StreamRows, ChunkSink)):
-            # The hung thread may still write at the stream's end, or into its item's row of
-            # the sink's buffer (never the output: give_up): the rest decodes into arrays,
-            # and the segment or the buffer is let go now.
+        if isinstance(direct, _StreamRows):
+            # The hung thread may still write at the stream's end: the rest decodes into
+            # arrays, and the segment is let go now.
             outcomes.update({k: [a.copy() for a in v] for k, v in outcomes.items() if isinstance(v, list)})
             direct.abandon()
             direct = None

@@ -59,11 +59,8 @@ class ChunkSet:
 
 @dataclass
 class Packed:
-    """Descriptor of a packed batch. Exactly one of ``shm_name`` / ``payload`` is set, or
-    neither when the decoder wrote every sample into the output's chunks itself.
-    ``direct_rows``: the batch's first samples that the decoder wrote into the output's
-    chunks (conversion/direct_chunks.py), ``direct`` the dataset row it wrote the first at,
-    per field, and ``direct_bytes`` their bytes; the blocks hold the samples after them."""
+    """Descriptor of a packed batch. Exactly one of ``shm_name`` / ``payload`` is set
+    (neither for a batch with no sample)."""
 
     blocks: tuple[Block, ...]
     nbytes: int
@@ -71,9 +68,6 @@ class Packed:
     payload: np.ndarray | None = field(default=None, repr=False)
     host: str = ""
     chunks: tuple[ChunkSet, ...] = ()
-    direct: tuple[tuple[str, int], ...] = ()
-    direct_rows: int = 0
-    direct_bytes: int = 0
 
 
 def _layout(arrays: dict[str, list[np.ndarray]]) -> tuple[tuple[Block, ...], int]:

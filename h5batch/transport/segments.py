@@ -15,7 +15,6 @@ import mmap
 import os
 import secrets
 import socket
-from collections.abc import Callable
 
 import numpy as np
 
@@ -109,13 +108,11 @@ class _Pool:
     def __init__(self) -> None:
         self.run_id = ""
         self.segments: list[Segment] = []
-        self.unused: set[str] = set()  # made by prewarm, not taken yet
 
     def _for_run(self, run_id: str) -> None:
         """A new job on a long-lived worker: let the old run's maps go."""
         if run_id != self.run_id:
             self.run_id, self.segments = run_id, []
-            self.unused.clear()
 
     @staticmethod
     def _room(nbytes: int) -> int:
@@ -133,42 +130,11 @@ class _Pool:
         for seg in self.segments:
             if seg.free and seg.data.nbytes >= nbytes:
                 seg.mark(BUSY)
-                self.unused.discard(seg.name)
                 return seg
         seg = create_segment(run_id, self._room(nbytes))
         seg.mark(BUSY)
         self.segments.append(seg)
         return seg
-
-    def prewarm(self, run_id: str, nbytes: int, count: int, stop: Callable[[], bool]) -> int:
-        """Make ``count`` segments for ``nbytes`` batches of ``run_id`` ahead (FREE, in this
-        pool) and touch their first ``nbytes`` page by page, a MiB at a time, until
-        ``stop()`` says there is work. Returns the MiB touched. Reason: a fresh tmpfs page
-        costs its first writer a fault and a zeroing, ~6 ms per 16 MB here, 3 segments per
-        forked decoder in a 4,096-pair run; a forked decoder has nothing to do while the
-        driver discovers the corpus, so it pays them then (``conversion/spares.py``)."""
-        self._for_run(run_id)
-        step, touched = 1 << 20, 0
-        for _ in range(count):
-            if stop():
-                break
-            seg = create_segment(run_id, self._room(nbytes))  # as take() would make it
-            self.segments.append(seg)
-            self.unused.add(seg.name)
-            for lo in range(0, nbytes, step):
-                if stop():
-                    return touched
-                seg.data[lo: lo + step: mmap.PAGESIZE] = 0
-                touched += 1
-        return touched
-
-    def drop_unused(self) -> None:
-        """Unlink the segments :meth:`prewarm` made that no batch took (a run that went to
-        worker processes): their memory is not held until the run ends."""
-        for seg in [s for s in self.segments if s.name in self.unused]:
-            seg.unlink()
-            self.segments.remove(seg)
-        self.unused.clear()
 
     def grow(self, seg: Segment, nbytes: int) -> Segment:
         """``seg`` (BUSY, being filled) with room for ``nbytes`` of data: the file is
@@ -199,15 +165,6 @@ def take_segment(run_id: str, nbytes: int) -> Segment:
     """A free segment of this process with room for ``nbytes``, marked BUSY: the caller
     fills ``seg.data`` and hands it to the writer by name (or marks it FREE on failure)."""
     return _pool.take(run_id, nbytes)
-
-
-def prewarm_segments(run_id: str, nbytes: int, count: int, stop: Callable[[], bool]) -> int:
-    """See :meth:`_Pool.prewarm`."""
-    return _pool.prewarm(run_id, nbytes, count, stop)
-
-
-def drop_unused_segments() -> None:
-    _pool.drop_unused()
 
 
 def grow_segment(seg: Segment, nbytes: int) -> Segment:

@@ -33,9 +33,6 @@ class ChunkAppender:
     def __init__(self, ds: h5py.Dataset, encoder, pool: ThreadPoolExecutor, max_pending: int = 8,
                  tail: np.ndarray | None = None, raw: bool = False):
         self.ds = ds
-        # Chunks allocated ahead for decoders that write them (allocate(); conversion/
-        # direct_chunks.py): the extent runs past the rows stored, and a commit keeps it so.
-        self.allocated = False
         # Uncompressed: a chunk's stored bytes are its rows, so whole chunks are written
         # straight from the caller's array (shared memory) without a copy or the pool.
         self.raw = raw
@@ -93,28 +90,6 @@ class ChunkAppender:
                 self.next_chunk += 1
         self.n += m
 
-    def allocate(self, rows: int) -> list[int]:
-        """Grow the extent to ``rows`` rows at once (the dataset was created with alloc time
-        ``EARLY``: every chunk gets its place in the file now, no byte is written) and return
-        each chunk's file offset, in row order, from one listing of the chunk index."""
-        self.ds.resize(rows, axis=0)
-        self.extent = rows
-        self.allocated = True
-        found: list[tuple[int, int]] = []
-        self.ds.id.chunk_iter(lambda info: found.append((info.chunk_offset[0], info.byte_offset)))
-        found.sort()
-        if [r for r, _ in found] != list(range(0, rows, self.k)):
-            raise RuntimeError(f"{self.ds.name}: HDF5 allocated {len(found)} chunks for {rows} rows of {self.k}")
-        return [off for _, off in found]
-
-    def skip(self, m: int) -> None:
-        """Count ``m`` rows that a decoder wrote into this dataset's allocated chunks,
-        whole chunks from the next one on."""
-        if self.fill or m % self.k or not self.allocated:
-            raise RuntimeError(f"{self.ds.name}: {m} rows written by a decoder do not start or end on a chunk")
-        self.next_chunk += m // self.k
-        self.n += m
-
     @property
     def rows_in_file(self) -> int:
         """Data rows the file holds for the committed samples (the rest of the last chunk's
@@ -161,7 +136,7 @@ class ChunkAppender:
             return None
         self._drain()
         written = self.next_chunk * self.k
-        if self.extent > written and not self.allocated:  # grown for chunks a failed append never stored
+        if self.extent > written:  # grown for chunks a failed append never stored
             self.ds.resize(written, axis=0)
             self.extent = written
         return self.buf[: self.fill].copy() if self.fill else None
@@ -171,9 +146,6 @@ class ChunkAppender:
         if self.encoder is None:
             return
         self._drain()
-        if self.allocated and self.extent > self.n and not self.fill:
-            self.ds.resize(self.n, axis=0)  # chunks allocated for samples that were rejected
-            self.extent = self.n
         if self.fill:
             # Grow the extent first: shrinking over a written chunk would make HDF5 rewrite
             # it through its own filter.

@@ -6,12 +6,10 @@ every message is small: decoded samples stay in shared memory and only their des
 type through a handler table (``writer.process.HANDLERS``, the driver's
 ``Driver._on_writer``), so a new message is a new class here plus one handler.
 
-Driver -> writer, in this order: any number of :class:`Measure` (answered by
-:class:`Measured`), one :class:`Start` (or :class:`Quit` when no job came of it), then :class:`Store` for every batch part in manifest order, and :class:`Finish` or
+Driver -> writer, in this order: one :class:`Start` (or :class:`Quit` when no job came of it), then :class:`Store` for every batch part in manifest order, and :class:`Finish` or
 :class:`Abort` last. The writer commits on its own, every ``policy.commit_every`` seconds.
 
-Writer -> driver: :class:`Ready` once the file is open (then :class:`Layout` where the
-decoders write chunks), :class:`Stored` per batch part,
+Writer -> driver: :class:`Ready` once the file is open, :class:`Stored` per batch part,
 :class:`Committed` per commit, then :class:`Done`, :class:`Aborted` or :class:`Failed`.
 """
 
@@ -60,10 +58,6 @@ class WriterSpec:
     umask: int | None = None
     inventory: str = ""  # the driver's inventory sidecar (h5batch.inventory), stored at finalize
     sync: SyncSpec | None = None  # set for `h5batch sync`: the finished output is extended
-    reserve_bytes: int = 0  # the samples' expected bytes, reserved on disk ahead of the writes (reserve.py)
-    # split -> rows whose chunks are placed at once for decoders that write them
-    # (conversion/direct_chunks.py); empty: none
-    direct: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -77,18 +71,6 @@ class SyncSpec:
 
 
 # -- driver -> writer ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Measure:
-    """Before :class:`Start`: measure ``codec: auto``'s figures on the trial samples
-    (:func:`h5batch.codecs.lz4_trial.measure`; ``fields``: name -> (flat, arrays)), in a
-    writer that has blosc2 loaded while the driver has not (``conversion/writer_start.py``)."""
-
-    fields: dict[str, Any]
-    level: int | None
-    shuffle: bool
-    min_ratio: float
 
 
 @dataclass(frozen=True)
@@ -127,30 +109,11 @@ class Quit:
 
 
 @dataclass(frozen=True)
-class Measured:
-    """The answer to :class:`Measure`: per field ``(ratio, decode GB/s, copy GB/s)``, or
-    None and the error's text (the driver then measures itself)."""
-
-    figures: dict[str, Any] | None
-    error: str = ""
-
-
-@dataclass(frozen=True)
 class Ready:
     """The output is open; ``next_batch`` is where a resumed file goes on."""
 
     next_batch: int
     samples: dict[str, int]
-
-
-@dataclass(frozen=True)
-class Layout:
-    """After :class:`Ready`, where :attr:`WriterSpec.direct` asked for it: the file offset
-    of every allocated chunk (split -> field -> offsets in row order) and each field's rows
-    per chunk, for decoders that write chunks (conversion/direct_chunks.py)."""
-
-    offsets: dict[str, dict[str, Any]]
-    k: dict[str, int]
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ through plain h5py writes with a tuned chunk cache. Commits follow :mod:`.commit
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -32,8 +31,7 @@ from .commit import (
     remove_tail_files,
     save_tails,
 )
-from .messages import FinalSummary, Layout, WriterSpec
-from .reserve import reserve, trim
+from .messages import FinalSummary, WriterSpec
 from .store import STATS, STR, FieldStore, SplitStore
 from .versions import versions
 
@@ -50,30 +48,12 @@ class OutputWriter:
         self.next_batch = 0
         self.bytes_written = 0
         tails = self._open(cache)
-        reserve(spec.partial_path, spec.reserve_bytes)  # reserve.py: trimmed again in close()
         self.splits: dict[str, SplitStore] = {}
         for s in spec.splits:
             if s in self.f:
                 self.splits[s] = SplitStore(self.f, s, spec, self.pool, tails)
         self.rej_ds = {k: SmallAppender(small_dataset(self.f.require_group(fmt.REJECTS), k, (), STR, 256))
                        for k in ("path", "stage", "reason")}
-        # Decoders that write chunks (conversion/direct_chunks.py): every planned row's chunk
-        # is placed now; split -> field -> the chunks' file offsets, sent to the driver.
-        self.layout: dict[str, dict[str, np.ndarray]] = {}
-        for split, rows in spec.direct.items():
-            store = self.splits.get(split) or SplitStore(self.f, split, spec, self.pool)
-            self.splits[split] = store
-            self.layout[split] = {name: np.asarray(fs.allocate(rows), dtype=np.int64)
-                                  for name, fs in store.fields.items()}
-
-    def layout_message(self) -> Layout | None:
-        """The placed chunks' offsets and each field's rows per chunk, for the driver; None
-        where the spec placed none."""
-        if not self.layout:
-            return None
-        k = {name: fs.data.k for store in self.splits.values() for name, fs in store.fields.items()
-             if fs.data is not None}
-        return Layout(self.layout, k)
 
     def _open(self, cache: dict) -> dict[str, np.ndarray]:
         """Open (create or resume) the partial file as ``self.f``; the tail rows to resume with."""
@@ -129,19 +109,6 @@ class OutputWriter:
         store = self.splits.get(r.split)
         if store is None:
             store = self.splits[r.split] = SplitStore(self.f, r.split, self.spec, self.pool)
-        if r.packed.direct_rows:
-            w = self._place_direct(store, r)
-            if w == r.n_samples:
-                if r.final_part:
-                    self.next_batch = r.index + 1
-                self.add_rejects(r.rejects)
-                return w, []
-            # The samples after a decoder's reject came through shared memory: the rest of
-            # this method stores them after the ones placed.
-            r = dataclasses.replace(r, sources=r.sources[w:], checksums=r.checksums[w:], labels=r.labels[w:],
-                                    packed=dataclasses.replace(r.packed, direct=(), direct_rows=0, direct_bytes=0))
-            kept, late = self.write_batch(r)
-            return w + kept, late
         att = Attached(r.packed)
         try:
             per_field = {b.name: (b, att.samples(b)) for b in r.packed.blocks}
@@ -181,49 +148,6 @@ class OutputWriter:
         if r.final_part:  # a batch split into parts counts as done with its last part
             self.next_batch = r.index + 1
         return len(keep), late
-
-    def _place_direct(self, store: SplitStore, r: BatchResult) -> int:
-        """The first ``r.packed.direct_rows`` samples of ``r``, which its decoder wrote into
-        the allocated chunks itself: count their rows where they landed as planned; where an
-        earlier batch lost samples they belong lower down, so read them back, all first, and
-        append them the ordinary way (into chunks already placed, none of a later batch:
-        direct_chunks.py). Their per-sample metadata is appended too; returns their count."""
-        m = r.packed.direct_rows
-        for name, row in r.packed.direct:
-            app = store.fields[name].data
-            assert app is not None
-            if app.n == row and not app.fill:
-                app.skip(m)
-                STATS["direct_chunks"] += m // app.k
-            else:
-                app.append(self._read_back(r.split, name, row, m))
-                STATS["direct_chunks_moved"] += m // app.k
-        srcs = r.sources[:m]
-        store.source.append(np.array([s if len(s) > 1 else s[0] for s in srcs], dtype=object))
-        store.checksum.append(r.checksums[:m])
-        if store.label is not None:
-            store.label.append(r.labels[:m])
-        store.n += m
-        self.bytes_written += r.packed.direct_bytes
-        return m
-
-    def _read_back(self, split: str, name: str, row: int, m: int) -> np.ndarray:
-        """Rows ``[row, row + m)`` of a field as a decoder wrote them into their chunks."""
-        app = self.splits[split].fields[name].data
-        assert app is not None
-        rows = np.empty((m, *app.row_shape), dtype=app.ds.dtype)
-        flat = rows.reshape(-1).view(np.uint8)
-        size = app.k * rows[0].nbytes
-        offsets = self.layout[split][name][row // app.k:(row + m) // app.k]
-        fd = os.open(self.spec.partial_path, os.O_RDONLY)
-        try:
-            for c, off in enumerate(offsets):
-                got = os.preadv(fd, [flat[c * size:(c + 1) * size]], int(off))
-                if got != size:
-                    raise OSError(f"{self.spec.partial_path}: short read of a chunk of {name} ({got} of {size} bytes)")
-        finally:
-            os.close(fd)
-        return rows
 
     def after_store(self) -> None:
         """Called once a batch is stored and acknowledged, while the driver decodes the next
@@ -320,4 +244,3 @@ class OutputWriter:
         self.pool.shutdown(wait=True)
         if self.f.id.valid:
             self.f.close()
-            trim(self.spec.partial_path)

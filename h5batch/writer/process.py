@@ -1,8 +1,8 @@
 """The writer process: its entry point and the handler of each driver message.
 
-The driver starts this process first (importing h5py and the codecs overlaps discovery),
-sends :class:`~.messages.Start` once it knows the job, then the decoded batches in
-manifest order. Every message type has one handler in :data:`HANDLERS`; a handler returns
+The driver starts this process once it knows there is work, before its decoders (so the
+writer can be forked while the driver has no other thread), sends
+:class:`~.messages.Start` once the plan is made, then the decoded batches in manifest order. Every message type has one handler in :data:`HANDLERS`; a handler returns
 True when the process is to end.
 
 Signals and the driver's death: Ctrl-C reaches the whole process group, so the writer
@@ -10,29 +10,26 @@ ignores SIGINT (and SIGTERM, SIGHUP) and lets the driver decide (it sends :class
 driver dies (``kill -9``), the writer commits what it has and exits, so the next run
 resumes from there. It learns of the death through ``lifeline``, the read end of a pipe
 whose only write end the driver holds and never writes to: it turns readable (EOF) exactly
-when the driver is gone. The parent pid does not tell, as the writer's parent is the fork
-server, which lives as long as anyone (this writer too) holds its own liveness pipe.
+when the driver is gone. The parent pid does not tell where the writer's parent is the fork
+server.
 """
 
 from __future__ import annotations
 
 import errno
-import multiprocessing as mp
 import os
 import queue
 import re
 import signal
 import sys
-import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing import spawn
 from typing import Any
 
-from .. import faults, gcpause
+from .. import faults
+from ..forking import start_context
 from ..transport.pipe import PipeQueue
 from .messages import (
     Abort,
@@ -41,8 +38,6 @@ from .messages import (
     Done,
     Failed,
     Finish,
-    Measure,
-    Measured,
     Quit,
     Ready,
     Start,
@@ -128,9 +123,8 @@ HANDLERS: dict[type, Callable[[_Session, Any], bool]] = {
 }
 
 
-def _wait_for_start(inbox, driver_gone: Callable[[], bool], outbox=None) -> WriterSpec | None:
-    """The job, sent once the driver has discovered the corpus (None: not needed after all).
-    A :class:`Measure` before it is answered on ``outbox``."""
+def _wait_for_start(inbox, driver_gone: Callable[[], bool]) -> WriterSpec | None:
+    """The job, sent once the driver has made its plan (None: not needed after all)."""
     while True:
         try:
             msg = inbox.get(timeout=POLL_SECONDS)
@@ -142,32 +136,24 @@ def _wait_for_start(inbox, driver_gone: Callable[[], bool], outbox=None) -> Writ
             return None
         if isinstance(msg, Start):
             return msg.spec
-        if isinstance(msg, Measure) and outbox is not None:
-            outbox.put(_measure(msg))
         if isinstance(msg, (Quit, Abort)):
             return None
 
 
-def _measure(msg: Measure) -> Measured:
-    from ..codecs import lz4_trial
-
-    try:
-        return Measured(lz4_trial.measure(msg.fields, msg.level, msg.shuffle, msg.min_ratio))
-    except Exception as e:  # noqa: BLE001 - the driver measures itself and reports its own error
-        return Measured(None, f"{type(e).__name__}: {e}")
-
-
-def writer_main(inbox, outbox, lifeline, lock: SharedFd | None = None) -> None:
+def writer_main(inbox, outbox, lifeline, lock: SharedFd | None = None, driver_end: int | None = None) -> None:
     """Writer process loop (see the module docstring and :mod:`.messages`). ``lock`` is the
-    output's lock file, held open (and so locked) until this process exits."""
+    output's lock file, held open (and so locked) until this process exits. ``driver_end``:
+    in a writer forked from the driver, its inherited copy of the lifeline's write end,
+    closed first, or the pipe would never turn readable when the driver dies."""
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, signal.SIG_IGN)
-    gcpause.resume()  # forked from a driver still setting up: collection on for the writer's run
+    if driver_end is not None:
+        os.close(driver_end)
 
     def driver_gone() -> bool:
         return lifeline.poll()
 
-    spec = _wait_for_start(inbox, driver_gone, outbox)
+    spec = _wait_for_start(inbox, driver_gone)
     if spec is None:
         return
     if spec.cwd:
@@ -178,9 +164,6 @@ def writer_main(inbox, outbox, lifeline, lock: SharedFd | None = None) -> None:
     try:
         session = _Session(spec, outbox)
         outbox.put(Ready(session.out.next_batch, {name: st.n for name, st in session.out.splits.items()}))
-        layout = session.out.layout_message()
-        if layout is not None:
-            outbox.put(layout)
         while True:
             try:
                 msg = inbox.get(timeout=POLL_SECONDS)
@@ -198,38 +181,6 @@ def writer_main(inbox, outbox, lifeline, lock: SharedFd | None = None) -> None:
                 session.out.close()
             except Exception:  # noqa: BLE001 - the error above is the one to report
                 pass
-
-
-def _forked_writer_main(lifeline_write_fd: int, preload: tuple[str, ...], read_versions: bool, *args: Any) -> None:
-    """:func:`writer_main` in a writer forked from the driver itself, which inherits every
-    file descriptor and the driver's signal handlers: the signals are ignored first (as
-    :func:`writer_main` does; a Ctrl-C during the preload raised the driver's
-    ``Interrupted`` here), and the driver's end of the lifeline is closed, or the pipe would
-    never turn readable when the driver dies (the writer would hold it open itself). Then
-    ``preload`` is imported (the codecs' libraries, on this process's core while the driver
-    discovers), as the fork server would have, and the output's versions are read
-    (:mod:`.versions`) where ``read_versions`` says the job will need them (a new file: a
-    sync keeps the file's own, and the reads cost its 2 cores ~30 ms of CPU)."""
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(s, signal.SIG_IGN)
-    os.close(lifeline_write_fd)
-    from ..codecs.libraries import load
-
-    # A codec library comes with its HDF5 filter: hdf5plugin registers the plugin filters the
-    # dataset creation needs (the driver no longer imports it: ~13 ms of a small job).
-    for name in (*preload, "hdf5plugin") if preload else ():
-        try:
-            load(name)
-        except ImportError:  # the store that needs it reports it, with the codec's name
-            pass
-    if read_versions:
-        from .versions import versions
-
-        try:
-            versions()  # read now, while the driver discovers: the job's Start needs them
-        except Exception:  # noqa: BLE001, S110 - the file's creation reads them again and reports it
-            pass
-    writer_main(*args)
 
 
 # -- starting the process (driver side) ----------------------------------------------------
@@ -250,70 +201,6 @@ class SharedFd:
 
 def _rebuild_fd(dup) -> SharedFd:
     return SharedFd(dup.detach())
-
-
-def writer_context() -> Any:
-    """The multiprocessing context the writer process is started with.
-
-    ``forkserver`` with this module preloaded where the platform has it: the first
-    conversion in a process starts the fork server (as slow as a spawn), and every later one
-    forks the writer from it with h5py already imported. Forking the driver itself is not
-    safe: it runs Dask's threads. The fork server is single-threaded; it fixes its working
-    directory, umask and environment when it starts, so the writer is sent the driver's
-    current ones (:attr:`WriterSpec.cwd`, :attr:`WriterSpec.umask`). Elsewhere: ``spawn``.
-    """
-    if "forkserver" not in mp.get_all_start_methods():
-        return mp.get_context("spawn")
-    ctx = mp.get_context("forkserver")
-    # Only effective before the (process-wide) fork server starts; '__main__' is the default.
-    ctx.set_forkserver_preload(["__main__", __name__, "hdf5plugin", "blosc2"])
-    return ctx
-
-
-_LAUNCH = threading.local()  # .writer: this thread is starting a writer process
-_LAUNCH_LOCK = threading.Lock()
-
-
-def _preparation_data(name: str, _real=spawn.get_preparation_data) -> dict[str, Any]:
-    data = _real(name)
-    if getattr(_LAUNCH, "writer", False):
-        data.pop("init_main_from_name", None)
-        data.pop("init_main_from_path", None)
-    return data
-
-
-def start_without_main(process: Any, ctx: Any) -> None:
-    """``process.start()`` without the caller's ``__main__`` (:func:`_without_main`) where
-    ``ctx`` would run it again; a fork needs no preparation data (and must not inherit
-    :data:`_LAUNCH_LOCK` held). For the writer and the forked decoders (conversion/spares.py)."""
-    if ctx.get_start_method() == "fork":
-        process.start()
-        return
-    with _without_main():
-        process.start()
-
-
-@contextmanager
-def _without_main() -> Iterator[None]:
-    """Start the writer without the driver's ``__main__``.
-
-    Rule: a process started by ``spawn`` or the fork server runs the parent's main module
-    again (as ``__mp_main__``) before it unpickles its target; the writer's target and
-    arguments live in h5batch, so the writer is started without it. Reason: the main module
-    is the caller's: a training script that imports torch made every writer import torch
-    again, ~0.7 CPU-s (3 s on a busy machine) per conversion before it stored a batch.
-    Only the starting thread is affected (multiprocessing reads the main module in
-    ``spawn.get_preparation_data``, which is wrapped for the length of the start).
-    """
-    with _LAUNCH_LOCK:
-        saved = spawn.get_preparation_data
-        spawn.get_preparation_data = _preparation_data
-        _LAUNCH.writer = True
-        try:
-            yield
-        finally:
-            _LAUNCH.writer = False
-            spawn.get_preparation_data = saved
 
 
 def current_umask() -> int | None:
@@ -344,28 +231,23 @@ class WriterHandle:
     inbox: PipeQueue  # driver -> writer
     outbox: PipeQueue  # writer -> driver
     lifeline: Any  # write end the driver holds open; closing it tells the writer we are gone
-    forked: bool = False  # forked from the driver itself (else from the fork server, or spawned)
 
     @classmethod
-    def start(cls, lock_fd: int | None = None, ctx: Any = None, preload: tuple[str, ...] = (),
-              read_versions: bool = True) -> WriterHandle:
-        """Start the writer process; it waits for :class:`~.messages.Start`. ``lock_fd``:
-        the output's lock, which the writer then holds too. ``ctx``: the multiprocessing
-        context (default :func:`writer_context`); ``preload``: modules a *forked* writer
-        imports first; ``read_versions``: whether it reads the versions of a new file
-        while it waits (:func:`_forked_writer_main`)."""
-        ctx = ctx or writer_context()
+    def start(cls, lock_fd: int | None = None) -> WriterHandle:
+        """Start the writer process (:func:`h5batch.forking.start_context`); it waits for
+        :class:`~.messages.Start`. ``lock_fd``: the output's lock, which the writer then
+        holds too."""
+        ctx = start_context()
         inbox, outbox = PipeQueue.create(ctx), PipeQueue.create(ctx)
         theirs, ours = ctx.Pipe(duplex=False)
         lock = SharedFd(lock_fd) if lock_fd is not None else None
-        target, args = writer_main, (inbox, outbox, theirs, lock)
-        if ctx.get_start_method() == "fork":
-            target, args = _forked_writer_main, (ours.fileno(), tuple(preload), read_versions, *args)
-        process = ctx.Process(target=target, args=args, name="h5batch-writer", daemon=True)
-        start_without_main(process, ctx)
+        driver_end = ours.fileno() if ctx.get_start_method() == "fork" else None
+        process = ctx.Process(target=writer_main, args=(inbox, outbox, theirs, lock, driver_end),
+                              name="h5batch-writer", daemon=True)
+        process.start()
         theirs.close()
         inbox.close_reader()  # a send to a writer that died fails instead of blocking
-        return cls(process, inbox, outbox, ours, ctx.get_start_method() == "fork")
+        return cls(process, inbox, outbox, ours)
 
     def send(self, msg: Any) -> None:
         """Send ``msg`` to the writer; :class:`WriterGone` when it has died."""

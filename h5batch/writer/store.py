@@ -17,7 +17,6 @@ from ..fields import (
     FieldConfig,
     field_attrs,
     file_fields,
-    fixed_sample_shape,
     is_fixed_shape,
     rows_per_chunk,
 )
@@ -80,24 +79,9 @@ class FieldStore:
             self.shapes = SmallAppender(node[fmt.SHAPES])
             self.end = int(node[fmt.OFFSETS][-1])
 
-    def allocate(self, rows: int) -> list[int]:
-        """Create this fixed, uncompressed field's dataset with ``rows`` rows whose chunks are
-        all placed in the file now (decoders write them: conversion/direct_chunks.py); each
-        chunk's file offset, in row order."""
-        fixed = fixed_sample_shape(self.fc)
-        if fixed is None or not self._raw or self.data is not None:
-            raise RuntimeError(f"field {self.name}: chunks are allocated only for a new fixed, uncompressed dataset")
-        self._create(fixed[1], tuple(fixed[0]), early=True)
-        assert self.data is not None
-        return self.data.allocate(rows)
-
-    def _create(self, dtype: np.dtype, shape: tuple[int, ...], early: bool = False) -> None:
+    def _create(self, dtype: np.dtype, shape: tuple[int, ...]) -> None:
         self.dtype = np.dtype(dtype)
         kw = self.codec.dataset_kwargs(self.dtype.itemsize)
-        if early:  # chunks placed when the extent grows, never filled by HDF5 (allocate())
-            dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
-            dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
-            kw.update(dcpl=dcpl, fill_time="never")
         attrs = _field_attrs(self.fc, self.codec)
         if self.spec.codec_notes.get(self.name):
             attrs["codec_choice"] = self.spec.codec_notes[self.name]
