@@ -175,7 +175,7 @@ class PolicyConfig:
     commit_every: float = 10.0  # seconds between durable commits
     retries: int = 2  # extra attempts for a batch whose worker died
     no_worker_timeout: float = 60.0  # seconds a run's own LocalCluster may have no worker at all
-    frozen_worker_timeout: float = 60.0  # seconds a worker of the run's own LocalCluster may go without a heartbeat
+    frozen_worker_timeout: float = 60.0  # seconds a decoder process or a worker of the run's own LocalCluster may go without a heartbeat
 
 
 @dataclass(frozen=True)

@@ -126,14 +126,17 @@ def read_all(fd: int) -> bytes:
         chunks.append(b)
 
 
-def close_inherited(keep: int) -> None:
+def close_inherited(*keep: int) -> None:
     """(a forked helper) Close every descriptor but the standard three and ``keep``: the
     rule of every process h5batch forks (the stat pass's children, the in-process decoders).
     Reason: an inherited descriptor outlives its owner, an output's lock among them (the
     lock would not go with a killed sync), and a pipe's write end held elsewhere keeps its
     reader from seeing EOF."""
-    os.closerange(3, keep)
-    os.closerange(keep + 1, _max_fd())
+    low = 3
+    for fd in sorted(keep):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, _max_fd())
 
 
 def _max_fd() -> int:

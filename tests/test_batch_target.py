@@ -45,15 +45,15 @@ def test_target_follows_the_resolved_kind(tmp_path):
     job = _job(tmp_path, tmp_path / "x.h5")
     m = discover(job)
     item = 2 * LENGTH * 2
-    assert resolve(job, m).batch_size == TARGET_BATCH_BYTES // item  # auto, unresolved: in-process size
-    assert resolve(job, m, kind="inprocess").batch_size == TARGET_BATCH_BYTES // item
-    assert resolve(job, m, kind="local").batch_size == TARGET_TASK_BYTES // item
+    assert resolve(job, m).batch_size == TARGET_BATCH_BYTES // item  # the default: decoder processes
+    inproc = _job(tmp_path, tmp_path / "x.h5", {"kind": "inprocess"})  # an older job file's kind
+    assert resolve(inproc, m).batch_size == TARGET_BATCH_BYTES // item
     assert resolve(_job(tmp_path, tmp_path / "x.h5", {"kind": "local"}), m).batch_size == TARGET_TASK_BYTES // item
-    fixed = _job(tmp_path, tmp_path / "x.h5", {"batch_size": 3})
-    assert resolve(fixed, m, kind="local").batch_size == 3  # an integer is kept
+    fixed = _job(tmp_path, tmp_path / "x.h5", {"batch_size": 3, "kind": "local"})
+    assert resolve(fixed, m).batch_size == 3  # an integer is kept
 
 
-def test_inprocess_conversion_uses_the_in_process_size(tmp_path):
+def test_the_default_engine_uses_its_batch_size(tmp_path):
     _corpus(tmp_path)
     log = io.StringIO()
     summary = convert(_job(tmp_path, tmp_path / "o.h5", {"kind": "inprocess"}),

@@ -155,38 +155,6 @@ def test_progress_log_prints_log_lines_on_a_terminal(paired_root, tmp_path):
     assert "32/32" in seen and "file/s" in seen and "[h5batch]" not in seen, seen
 
 
-def _quick_exit_script(tmp_path, body: str) -> subprocess.CompletedProcess:
-    marker = tmp_path / "atexit.txt"
-    code = ("import atexit, sys\n"
-            f"atexit.register(lambda: open({str(marker)!r}, 'w').write('ran'))\n"
-            "from h5batch.cli import quick_exit\n" + body)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env=clean_env())
-
-
-def test_quick_exit_keeps_the_exit_code_the_atexit_functions_and_buffered_output(tmp_path):
-    res = _quick_exit_script(tmp_path, "print('unflushed', end=''); sys.stderr.write('err'); quick_exit(3)\n")
-    assert res.returncode == 3, res.stderr
-    assert res.stdout == "unflushed" and res.stderr == "err"
-    assert (tmp_path / "atexit.txt").read_text() == "ran"
-
-
-def test_quick_exit_takes_the_normal_way_while_an_hdf5_file_is_open(tmp_path):
-    """An HDF5 file still open for writing is closed (and its data kept) by the normal exit."""
-    import h5py
-    import numpy as np
-
-    path = tmp_path / "open.h5"
-    res = _quick_exit_script(tmp_path, "import h5py, numpy as np\n"
-                                       f"f = h5py.File({str(path)!r}, 'w')\n"
-                                       "f['x'] = np.arange(1000)\n"
-                                       "quick_exit(0)\n")
-    assert res.returncode == 0, res.stderr
-    with h5py.File(path, "r") as f:
-        assert np.array_equal(f["x"][:], np.arange(1000))
-    assert (tmp_path / "atexit.txt").read_text() == "ran"
-
-
 def test_a_parser_of_one_command_parses_its_line_as_the_whole_parser_does():
     """main() builds only the named command's parser (its start-up cost): the same
     namespace as the parser of every command, the same usage in its errors; a name that is

@@ -32,7 +32,7 @@ DOC = (REPO / "docs" / "faults.md").read_text()
 
 
 def cmd(root: Path, out: Path, *settings: str, workers: int | None = 2) -> list[str]:
-    """``workers=None``: ``cluster.kind: auto`` decides (this corpus: in the driver)."""
+    """``workers=None``: one decoder process per core."""
     return convert_cmd(JOB, workers=workers, output=out, root=root,
                        settings=("cluster.batch_size=4", "policy.commit_every=0", "output.chunk_bytes=16384",
                                  *settings))
@@ -47,8 +47,8 @@ def corpus(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def reference(corpus, tmp_path_factory) -> Path:
-    """The uninterrupted run, decoded in the driver (no LocalCluster to start: the cluster is
-    no part of the output); every faulted run and its rerun must give this file."""
+    """The uninterrupted run (the engine is no part of the output); every faulted run and
+    its rerun must give this file."""
     out = tmp_path_factory.mktemp("ref") / "ref.h5"
     res = run(cmd(corpus, out, workers=None))
     assert res.returncode == 0, res.stderr
@@ -117,7 +117,8 @@ def kill_writer(corpus, out) -> tuple[Run, int]:
 
 def kill_worker(corpus, out) -> tuple[Run, int]:
     marker = out.parent / "killed-once"
-    r = Run(start(cmd(corpus, out), {"H5BATCH_FAULTS": f"kill_once=3:{marker}"}, new_session=True), out)
+    r = Run(start(cmd(corpus, out, "cluster.kind=local"), {"H5BATCH_FAULTS": f"kill_once=3:{marker}"},
+                  new_session=True), out)
     code = r.wait()
     assert marker.exists(), "the worker was not killed"
     return r, code
@@ -127,7 +128,7 @@ def freeze_worker(corpus, out) -> tuple[Run, int]:
     marker = out.parent / "frozen-once"
     # An injected freeze is no news for the session's event log (tests/support/hang_report.py).
     env = {"H5BATCH_FAULTS": f"freeze_once=30.wav:{marker}", "H5BATCH_EVENT_LOG": ""}
-    r = Run(start(cmd(corpus, out, "policy.frozen_worker_timeout=3"), env, new_session=True), out)
+    r = Run(start(cmd(corpus, out, "cluster.kind=local", "policy.frozen_worker_timeout=3"), env, new_session=True), out)
     code = r.wait()
     assert marker.exists(), "no worker froze"
     return r, code

@@ -14,7 +14,7 @@ import sys
 
 NAME = "convert"
 HELP = "convert a corpus to HDF5 as a job file says"
-DESCRIPTION = ("Discover the corpus of JOB, decode it on Dask workers and write one HDF5 file. "
+DESCRIPTION = ("Discover the corpus of JOB, decode it in parallel (decoder processes, or Dask workers) and write one HDF5 file. "
                "A matching partial output from an interrupted run is resumed.")
 
 
@@ -22,7 +22,7 @@ def add_job_arguments(p, job_help: str = "job file (YAML), e.g. jobs/demo.yaml")
     """The job and the flags that stand for job keys (:func:`job_overrides`), plus
     ``--progress`` and ``--json``: shared by every command that runs a job (convert, sync)."""
     p.add_argument("job", help=job_help)
-    p.add_argument("--workers", type=int, help="number of local worker processes (cluster.workers)")
+    p.add_argument("--workers", type=int, help="number of decoder or local worker processes (cluster.workers)")
     p.add_argument("--output", help="output path (output.path)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a job key, e.g. --set output.codec=gzip (repeatable)")
@@ -54,7 +54,7 @@ def job_overrides(args) -> list[str]:
         from ..config import load_job
 
         kind = load_job(args.job, over, check_paths=False).cluster.kind
-        if kind in ("local", "auto"):
+        if kind in ("local", "processes"):
             scheduler = os.environ["DASK_SCHEDULER_ADDRESS"]
     if scheduler:
         over += ["cluster.kind=address", f"cluster.address={scheduler}"]

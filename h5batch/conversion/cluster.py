@@ -337,7 +337,7 @@ def _open_client(cfg: ClusterConfig, security) -> tuple[Any, str]:
 def open_engine(job: JobConfig) -> Iterator[Connection]:
     """The engine of ``job`` (:func:`connect`), with Dask's settings for a run where it is Dask."""
     if job.cluster.kind == "processes":
-        with connect(job.cluster) as conn:
+        with connect(job.cluster, frozen_seconds=job.policy.frozen_worker_timeout) as conn:
             yield conn
         return
     with _dask_settings(job), connect(job.cluster) as conn:
@@ -367,7 +367,7 @@ def _dask_settings(job: JobConfig):
 
 
 @contextmanager
-def connect(cfg: ClusterConfig, wait_timeout: float = 300.0) -> Iterator[Connection]:
+def connect(cfg: ClusterConfig, wait_timeout: float = 300.0, frozen_seconds: float = 60.0) -> Iterator[Connection]:
     """Open a client as ``cfg`` says; close what we started on exit (also on errors).
 
     Parameters
@@ -383,7 +383,7 @@ def connect(cfg: ClusterConfig, wait_timeout: float = 300.0) -> Iterator[Connect
         from .pool import DecoderPool
 
         n = cfg.workers or default_workers()
-        with DecoderPool(n) as pool:
+        with DecoderPool(n, frozen_seconds) as pool:
             yield Connection(pool, f"{n} decoder processes on this machine", None)
         return
     if cfg.kind in JOBQUEUE_KINDS:

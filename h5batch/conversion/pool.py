@@ -12,7 +12,10 @@ with :class:`DecoderDied`, and the driver isolates the file that did it as on Da
 (:mod:`.isolation`); the pool starts a new decoder in its place. A decode that hangs past
 ``policy.decode_timeout`` is abandoned inside the decoder (``decode_batch`` makes it a
 ``timeout`` reject); that decoder, whose abandoned thread may still run, is replaced after
-the call.
+the call. A decoder that cannot even do that (frozen: a native call that holds the GIL, a
+stopped process) sends no heartbeat for ``policy.frozen_worker_timeout`` seconds: it is
+killed, and its call fails as a death does. Each decoder's heartbeat is a thread of it that
+writes a byte to a pipe of its own every :data:`HEARTBEAT_SECONDS`.
 
 Processes: forked where that is safe (:func:`h5batch.forking.start_context`), else started
 from the fork server or by spawn, through a context object: the caller's start method is
@@ -28,6 +31,7 @@ from __future__ import annotations
 import queue
 import signal
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from multiprocessing.connection import Connection
@@ -36,6 +40,7 @@ from typing import Any
 from ..forking import close_inherited, start_context
 
 CLOSE_SECONDS = 5.0  # how long closing waits for a decoder to finish its batch and exit
+HEARTBEAT_SECONDS = 1.0
 
 
 class DecoderDied(RuntimeError):
@@ -57,18 +62,31 @@ class PoolFuture(Future):
 class _Decoder:
     """One decoder process and the driver's end of its pipe."""
 
-    def __init__(self, ctx: Any):
+    def __init__(self, ctx: Any, frozen_seconds: float):
         self.conn, theirs = ctx.Pipe(duplex=True)
+        self.beats, beat = ctx.Pipe(duplex=False)
+        self.frozen_seconds = frozen_seconds
         forked = ctx.get_start_method() == "fork"
-        self.process = ctx.Process(target=_serve, args=(theirs, forked), name="h5batch-decoder", daemon=True)
+        self.process = ctx.Process(target=_serve, args=(theirs, beat, forked), name="h5batch-decoder", daemon=True)
         self.process.start()
         theirs.close()
+        beat.close()
 
     def call(self, fn: Callable[..., Any], args: tuple) -> tuple[bool, Any]:
         """``(False, fn(*args))`` or ``(True, the exception it raised)`` from the decoder;
-        :class:`DecoderDied` when it is gone before it answered."""
+        :class:`DecoderDied` when it is gone, or frozen, before it answered."""
         try:
             self.conn.send((fn, args))
+            last = time.monotonic()
+            while not self.conn.poll(HEARTBEAT_SECONDS):
+                while self.beats.poll():
+                    self.beats.recv_bytes()
+                    last = time.monotonic()
+                if time.monotonic() - last > self.frozen_seconds:
+                    self.process.kill()
+                    self.process.join(1.0)
+                    raise DecoderDied(f"decoder process {self.process.pid} sent no heartbeat for "
+                                      f"{self.frozen_seconds:g} s (policy.frozen_worker_timeout) and was killed")
             return self.conn.recv()
         except (EOFError, OSError):
             self.process.join(1.0)
@@ -79,6 +97,7 @@ class _Decoder:
     def close(self, timeout: float = CLOSE_SECONDS) -> None:
         """Ask the decoder to end (EOF on its pipe); killed when it has not within ``timeout``."""
         self.conn.close()
+        self.beats.close()
         self.process.join(timeout)
         if self.process.is_alive():
             self.process.kill()
@@ -88,11 +107,12 @@ class _Decoder:
 class DecoderPool:
     """``n`` decoder processes (see the module). Use as a context manager, or :meth:`close`."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, frozen_seconds: float = 60.0):
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.closing = False
         self.lock = threading.Lock()
-        self.decoders = [_Decoder(start_context()) for _ in range(n)]  # all forked before any thread
+        self.frozen_seconds = frozen_seconds
+        self.decoders = [_Decoder(start_context(), frozen_seconds) for _ in range(n)]  # forked before any thread
         self.died = 0
         self.threads = [threading.Thread(target=self._feed, args=(k,), name="h5batch-decoder-feed", daemon=True)
                         for k in range(n)]
@@ -136,7 +156,7 @@ class DecoderPool:
             if self.closing:
                 return
             old = self.decoders[k]
-            self.decoders[k] = _Decoder(start_context())
+            self.decoders[k] = _Decoder(start_context(), self.frozen_seconds)
         old.close(timeout=0)
 
     def close(self) -> None:
@@ -158,13 +178,14 @@ class DecoderPool:
         self.close()
 
 
-def _serve(conn: Connection, forked: bool) -> None:
+def _serve(conn: Connection, beat: Connection, forked: bool) -> None:
     """The decoder's loop: ``(fn, args)`` in, ``(raised, value)`` out, until EOF."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
     if forked:  # a started interpreter inherits only what it was given
-        close_inherited(conn.fileno())
+        close_inherited(conn.fileno(), beat.fileno())
+    threading.Thread(target=_heartbeat, args=(beat,), name="h5batch-heartbeat", daemon=True).start()
     try:
         while True:
             try:
@@ -181,3 +202,13 @@ def _serve(conn: Connection, forked: bool) -> None:
                 return
     finally:
         conn.close()
+
+
+def _heartbeat(beat: Connection) -> None:
+    """(in the decoder) A byte every :data:`HEARTBEAT_SECONDS` while this process runs Python."""
+    while True:
+        try:
+            beat.send_bytes(b".")
+        except OSError:
+            return
+        time.sleep(HEARTBEAT_SECONDS)
