@@ -19,11 +19,10 @@ TEST_JOBS ?= 2
 
 .PHONY: venv peers convert test bench lint clean distclean
 
-$(STAMP): pyproject.toml setup.py constraints.txt h5batch/_stat_many.c
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[torch,bench,cluster,audio,features,dev]'
-	@# setup.py builds h5batch/_stat_many*.so in place (optional: skipped without a C compiler).
 	@touch $(STAMP)
 
 # An editable install compiles no Python, and with PYTHONDONTWRITEBYTECODE set (as many

@@ -1,26 +1,15 @@
-"""Forked helper processes: whether this process may fork (:func:`can_fork`), the one rule
-every forked helper of a run follows (the writer, the in-process decoders, a sync's stat
-pass), and a child that computes one result and sends it back (:class:`Child`).
-
-Rule for a :class:`Child`: it closes every descriptor it inherited but its pipe and the
-standard three (an output's lock, another child's pipe: a lock goes with its owner, an EOF
-reaches its reader), ignores SIGINT (its parent decides), dies on SIGTERM and SIGHUP, and
-leaves by ``os._exit`` (no atexit handler, no buffer of the parent's flushed twice). A
-child whose work raises sends nothing: to its parent, a result that does not arrive whole
-is no result, and the parent does the work itself.
+"""Forked helper processes: whether this process may fork (:func:`can_fork`), and the one
+rule every forked helper of a run follows (:func:`close_inherited`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing as mp
 import os
-import signal
 import sys
 import threading
-from collections.abc import Callable
 
-__all__ = ["can_fork", "start_context", "Child", "close_inherited", "write_all", "read_all"]
+__all__ = ["can_fork", "start_context", "close_inherited"]
 
 
 def can_fork() -> bool:
@@ -44,91 +33,9 @@ def start_context() -> mp.context.BaseContext:
     return mp.get_context("forkserver" if "forkserver" in methods else "spawn")
 
 
-class Child:
-    """``work()`` run in a forked child, its bytes sent back through a pipe (see the module
-    docstring). :meth:`start` returns None where the process may not fork or the fork
-    fails. Read the result once (:meth:`result`), or :meth:`end` it; either reaps it."""
-
-    def __init__(self, pid: int, fd: int):
-        self.pid, self.fd = pid, fd
-
-    @classmethod
-    def start(cls, work: Callable[[], bytes]) -> Child | None:
-        if not can_fork():
-            return None
-        r, w = os.pipe()
-        try:
-            pid = os.fork()
-        except OSError:
-            os.close(r)
-            os.close(w)
-            return None
-        if pid == 0:
-            code = 1
-            try:
-                os.close(r)
-                signal.signal(signal.SIGINT, signal.SIG_IGN)
-                for sig in (signal.SIGTERM, signal.SIGHUP):
-                    signal.signal(sig, signal.SIG_DFL)
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGHUP})
-                close_inherited(w)
-                write_all(w, work())
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(w)
-        return cls(pid, r)
-
-    @property
-    def alive(self) -> bool:
-        return self.pid != 0
-
-    def done(self) -> bool:
-        """Whether the child has begun sending (its work is done)."""
-        import select
-
-        return bool(self.pid) and bool(select.select([self.fd], [], [], 0)[0])
-
-    def result(self) -> bytes:
-        """What the child sent (b"" or a truncated result if it failed or was killed)."""
-        try:
-            return read_all(self.fd)
-        finally:
-            self._close()
-
-    def end(self) -> None:
-        """End the child at once (SIGTERM), its result unread."""
-        if self.pid:
-            with contextlib.suppress(OSError):
-                os.kill(self.pid, signal.SIGTERM)
-            self._close()
-
-    def _close(self) -> None:
-        if self.pid:
-            os.close(self.fd)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(self.pid, 0)
-            self.pid, self.fd = 0, -1
-
-
-def write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def read_all(fd: int) -> bytes:
-    chunks = []
-    while True:
-        b = os.read(fd, 1 << 20)
-        if not b:
-            return b"".join(chunks)
-        chunks.append(b)
-
-
 def close_inherited(*keep: int) -> None:
     """(a forked helper) Close every descriptor but the standard three and ``keep``: the
-    rule of every process h5batch forks (the stat pass's children, the in-process decoders).
+    rule of every process h5batch forks (the writer, the in-process decoders).
     Reason: an inherited descriptor outlives its owner, an output's lock among them (the
     lock would not go with a killed sync), and a pipe's write end held elsewhere keeps its
     reader from seeing EOF."""

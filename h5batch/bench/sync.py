@@ -20,7 +20,7 @@ not land in it:
 4. ``h5batch verify`` of the last synced output;
 5. the floor of any one-shot sync, three times (the median counts): a process that starts
    Python, imports numpy and h5py (to read the output's inventory) and lists and stats
-   every file of the corpus (the C loop on two threads, as the stat pass does), nothing
+   every file of the corpus (:class:`h5batch.walker.Walker`, as the stat pass does), nothing
    else. Reason: when a full conversion is fast, 5 % of it can be less than that floor, and
    then no sync that checks every file's size and mtime can meet the target.
 
@@ -228,13 +228,8 @@ def run_shape(shape: Shape, base: Path, files: int, syncs: int, fulls: int = 3) 
 FLOOR = """
 import sys, numpy, h5py
 from pathlib import Path
-from h5batch.walker import Walker, scan_files, stat_in_two
-root = sys.argv[1]
-found = scan_files(root)
-if found is None:  # no C extension (or a symlink in the tree): the Python walk stats as it lists
-    Walker(Path(root)).walk()
-else:
-    stat_in_two(root, *found)
+from h5batch.walker import Walker
+Walker(Path(sys.argv[1]), ordered=False).walk()
 """
 
 

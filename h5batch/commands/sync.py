@@ -28,27 +28,17 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    # OpenBLAS starts a thread pool (and its buffers) when numpy is first imported: ~0.05-0.08 s
-    # of a sync's ~1-2 s, for linear algebra that neither the sync nor its decoders do. One
-    # thread unless the user chose otherwise (the writer and decoders inherit it). numpy is
-    # not imported yet here: h5batch.config, below, is what first imports it.
+    # OpenBLAS starts a thread pool (and its buffers) when numpy is first imported, for linear
+    # algebra that neither the sync nor its decoders do. One thread unless the user chose
+    # otherwise (the writer and decoders inherit it). numpy is not imported yet here:
+    # h5batch.config, below, is what first imports it.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    overrides = _convert.job_overrides(args)
-    # The corpus's walk starts now, from the job file alone, and overlaps the imports and the
-    # job's loading below (~0.1 s); the sync takes it over if it walks the job's root.
-    from ..walk_ahead import ahead_of
+    from ..config import load_job
+    from ..conversion.options import ConvertOptions
+    from ..conversion.sync import sync
 
-    ahead = ahead_of(args.job, overrides)
-    try:
-        from ..config import load_job
-        from ..conversion.options import ConvertOptions
-        from ..conversion.sync import sync
-
-        job = load_job(args.job, overrides)
-        s = sync(job, ConvertOptions(progress=args.progress), ahead=ahead, dry_run=args.dry_run)
-    finally:
-        if ahead is not None:
-            ahead.end()  # not taken over (an error, another root): its children go now
+    job = load_job(args.job, _convert.job_overrides(args))
+    s = sync(job, ConvertOptions(progress=args.progress), dry_run=args.dry_run)
     counts = ", ".join(f"{k} {v}" for k, v in s.counts.items())
     if s.dry_run and not s.up_to_date:
         print(f"{s.path}: a sync would bring in {s.new} new and {s.changed} changed files and remove "

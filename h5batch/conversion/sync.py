@@ -25,13 +25,12 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from .. import format as fmt
 from .. import inventory
 from ..config import JobConfig
 from ..errors import EXIT_BAD_INPUT, ConvertError
-from ..layouts import discover, resolved_job, stat_pass
+from ..layouts import discover, resolved_job
 from ..manifest import Manifest
 from ..transport import semaphores
 from ..transport.segments import new_run_id, remove_segments, remove_stale_segments
@@ -42,12 +41,9 @@ from .generate import generate_corpus
 from .lock import OutputLock
 from .options import ConvertOptions
 
-if TYPE_CHECKING:
-    from ..walk_ahead import RootWalk
 
 # The driver, the plan, the writer's start and its messages are imported when there is
-# something to write (or while the stat pass walks: _import_writing): a sync that finds the
-# output up to date does without them, and the stat pass starts ~20-30 ms sooner.
+# something to write: a sync that finds the output up to date does without them.
 
 __all__ = ["sync", "SyncSummary", "compare", "Comparison", "recover", "COPY_SUFFIX"]
 
@@ -84,15 +80,12 @@ def recover(final: str, say) -> None:
         say(f"removed {copy}, left by an interrupted sync")
 
 
-def sync(job: JobConfig, opts: ConvertOptions | None = None, ahead: RootWalk | None = None,
-         dry_run: bool = False) -> SyncSummary:
+def sync(job: JobConfig, opts: ConvertOptions | None = None, dry_run: bool = False) -> SyncSummary:
     """Sync the output of ``job`` with its corpus (see the module docstring). Raises
-    :class:`~h5batch.errors.ConvertError` with the command line's exit code. ``ahead``: the
-    corpus's walk, started before the job was loaded (:func:`h5batch.walk_ahead.ahead_of`);
-    taken over where it walks the job's root, else ended. ``dry_run``: discover and compare
-    only, and say what a sync would do (the summary's counts and ``paths``); nothing is
-    written (an interrupted sync found under the lock is still undone first, as by any
-    command that takes the lock)."""
+    :class:`~h5batch.errors.ConvertError` with the command line's exit code. ``dry_run``:
+    discover and compare only, and say what a sync would do (the summary's counts and
+    ``paths``); nothing is written (an interrupted sync found under the lock is still undone
+    first, as by any command that takes the lock)."""
     opts = opts or ConvertOptions()
     log = opts.log or sys.stderr
 
@@ -101,24 +94,20 @@ def sync(job: JobConfig, opts: ConvertOptions | None = None, ahead: RootWalk | N
 
     t0 = time.perf_counter()
     final = os.path.abspath(job.output.path)
-    try:
-        if not os.path.exists(final) and not has_journal(final):
-            raise ConvertError(f"{final} does not exist: there is nothing to sync; run `h5batch convert` first",
-                               EXIT_BAD_INPUT)
-        with signals.graceful():
-            run_id = new_run_id()
-            lock = OutputLock.acquire(final, run_id, say)
-            try:
-                recover(final, say)
-                remove_stale_segments()
-                semaphores.remove_stale()
-                with semaphores.tagged():
-                    s = _sync(job, opts, final, lock, run_id, say, ahead, dry_run)
-            finally:
-                lock.release()
-    finally:
-        if ahead is not None:
-            ahead.end()  # not taken over (the sync stopped before its stat pass): its children go now
+    if not os.path.exists(final) and not has_journal(final):
+        raise ConvertError(f"{final} does not exist: there is nothing to sync; run `h5batch convert` first",
+                           EXIT_BAD_INPUT)
+    with signals.graceful():
+        run_id = new_run_id()
+        lock = OutputLock.acquire(final, run_id, say)
+        try:
+            recover(final, say)
+            remove_stale_segments()
+            semaphores.remove_stale()
+            with semaphores.tagged():
+                s = _sync(job, opts, final, lock, run_id, say, dry_run)
+        finally:
+            lock.release()
     s.seconds = time.perf_counter() - t0
     return s
 
@@ -140,22 +129,16 @@ class _Found:
         return deltas.from_rediscovery(old, r) if r is not None else deltas.compute(old, self.manifest)
 
 
-def _discover(job: JobConfig, old, say, walked=None, full: bool = True) -> _Found | None:
+def _discover(job: JobConfig, old, say, full: bool = True) -> _Found | None:
     """``full`` False: None where a full discovery would be needed."""
     from ..layouts.incremental import rediscover
 
     mem = old.memory()
-    if walked is not None and not isinstance(mem, str):
-        mem.index()  # needed once the walk is in; made while it is not
-    if walked is not None and walked.running():
-        _import_writing()
-    r = mem if isinstance(mem, str) else rediscover(job, mem, old.rejects, walked)
+    r = mem if isinstance(mem, str) else rediscover(job, mem, old.rejects)
     if isinstance(r, str) and not full:
         return None
     if isinstance(r, str):
         say(f"sync: full discovery ({r})")
-        if walked is not None:
-            walked.stop()  # its walk is not used: its processes would compete with the full discovery
         m = discover(job)
         n = len(m.items)
         return _Found(m, n, sum(len(it.paths) for it in m.items) + len(m.rejects), None, upgrade=isinstance(mem, str))
@@ -183,7 +166,7 @@ class Comparison:
         return _live(self.old, {})
 
 
-def compare(job: JobConfig, final: str, say, ahead: RootWalk | None = None, full: bool = True) -> Comparison | None:
+def compare(job: JobConfig, final: str, say, full: bool = True) -> Comparison | None:
     """The finished output ``final`` of ``job`` compared with the corpus as it is now:
     incrementally (the stat pass and the output's inventory) where the layout can vouch
     for it, else by a full discovery. Raises :class:`~h5batch.errors.ConvertError` where
@@ -191,34 +174,28 @@ def compare(job: JobConfig, final: str, say, ahead: RootWalk | None = None, full
     lock held. ``full`` False (``convert``'s check of an existing output): None where the
     answer would need a full discovery, or the output has no inventory to compare with;
     the caller then does its own."""
+    from ..layouts.incremental import why_not_incremental
+
     t0 = time.perf_counter()
     generate_corpus(job, say)
-    with stat_pass.started(job, ahead) as walked:
-        if walked is None and not full:
+    if not full and why_not_incremental(job):
+        return None
+    old = deltas.read_output(final)
+    if not old.has_inventory:
+        if not full:
             return None
-        old = deltas.read_output(final)
-        if not old.has_inventory:
-            if not full:
-                return None
-            raise ConvertError(f"{final} was written by an h5batch that kept no inventory of its inputs, so a sync "
-                               f"cannot tell what changed; convert it once more (--overwrite), later syncs are "
-                               f"incremental", EXIT_BAD_INPUT)
-        found = _discover(job, old, say, walked, full)
-        if found is None:
-            return None
+        raise ConvertError(f"{final} was written by an h5batch that kept no inventory of its inputs, so a sync "
+                           f"cannot tell what changed; convert it once more (--overwrite), later syncs are "
+                           f"incremental", EXIT_BAD_INPUT)
+    found = _discover(job, old, say, full)
+    if found is None:
+        return None
     return Comparison(old, found, _job_for(job, found.manifest, old), time.perf_counter() - t0)
 
 
-def _import_writing() -> None:
-    """Import what writing a delta needs (the driver, the plan, the writer's start) while
-    the stat pass is still walking."""
-    from ..writer import messages  # noqa: F401
-    from . import driver, plan  # noqa: F401
-
-
 def _sync(job: JobConfig, opts: ConvertOptions, final: str, lock: OutputLock, run_id: str, say,
-          ahead: RootWalk | None = None, dry_run: bool = False) -> SyncSummary:
-    c = compare(job, final, say, ahead)
+          dry_run: bool = False) -> SyncSummary:
+    c = compare(job, final, say)
     assert c is not None  # full=True: a full discovery where an incremental one cannot vouch
     old, found, job, t_discover = c.old, c.found, c.job, c.seconds
     if c.up_to_date:
@@ -383,7 +360,7 @@ def _job_for(job: JobConfig, manifest: Manifest, old) -> JobConfig:
         was = old.fields.get(name, {}).get("categories")
         if getattr(fc, "dtype", None) == "category" and was is not None:
             was = [str(c) for c in was]
-            known = set(was)  # a list's `in` made this quadratic: 2,600 speakers took ~20 ms
+            known = set(was)  # a set: a list's `in` made this quadratic in the categories
             then[name] = dataclasses.replace(fc, categories=was)  # the job as it was
             now[name] = dataclasses.replace(fc, categories=was + [c for c in fc.categories if c not in known])
     if dataclasses.replace(resolved, fields=then).hash() != old.job_hash:

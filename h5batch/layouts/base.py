@@ -29,7 +29,6 @@ from .records import hash_inputs, hash_rejects, input_stats, item_records
 
 if TYPE_CHECKING:
     from ..config import JobConfig, SourceConfig
-    from .stat_pass import Walked
 
 
 class Layout:
@@ -56,13 +55,6 @@ class Layout:
         """(an incremental layout) Every file :meth:`build` looks at, as ``(relative path,
         size, mtime_ns)``, the walk's rejects put in ``b``; and the split order when the
         folders fix it (None when the items' splits do)."""
-        raise NotImplementedError
-
-    def from_root_walk(self, root: Path, src: SourceConfig, b: Builder, walked: Walked) -> tuple[Walked, list[str] | None]:
-        """(an incremental layout) What :meth:`walk` returns, derived from ``walked``, a
-        whole-root walk (:mod:`h5batch.walk_ahead`) whose rejects and symlinks are in ``b``
-        already: the same files, rejects and split order as :meth:`walk` would give
-        (a sync's stat pass, :mod:`.stat_pass`)."""
         raise NotImplementedError
 
     def build(self, root: Path, src: SourceConfig, b: Builder, files: list[tuple[str, int, int]],
@@ -165,7 +157,7 @@ class Builder:
         self.items: list[Item] = []
         self.rejects: list[Reject] = []
         self.stats: dict[str, tuple[int, int]] = {}
-        self.walkers: list[Walker] = []  # the finished walks: their files' identities (Walker.all_ids)
+        self.walkers: list[Walker] = []  # the finished walks: their files' identities (Walker.ids)
         self.annotations: list[str] = []  # annotation files read (root-relative)
         self.resolved: dict = {}  # field configs completed by the annotation stage
         self.symlinks = False  # a walk met a symlink (see Memo.plain)
@@ -231,14 +223,14 @@ class Builder:
         Cost: the ``(st_dev, st_ino)`` the walk already has finds the candidates; only those
         (none in a corpus without symlinks or hard links) have their paths resolved, which keeps the
         result right where a file system reports unreliable inode numbers. Where no walk met a
-        symlink there can be no alias, and nothing is looked at: grouping 100,000 items by
-        inode took ~0.4 s of a 3-4 s discovery.
+        symlink there can be no alias, and nothing is looked at: grouping every item by inode
+        is a sizeable share of a large corpus's discovery.
         """
         if not self.symlinks:
             return items
         known: dict[str, tuple[int, int]] = {}  # path -> (st_dev, st_ino)
         for walker in self.walkers:
-            known.update(walker.all_ids())
+            known.update(walker.ids)
         by_inode: dict[tuple, list[int]] = {}
         for i, it in enumerate(items):
             ids = tuple(known.get(p) for p in it.paths)

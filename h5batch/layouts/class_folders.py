@@ -11,15 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from ..fields import file_fields
 from ..manifest import Item, Reject
 from .base import Builder, Layout, Walker, ext, not_accepted, register, split_dirs
 
 if TYPE_CHECKING:
     from ..config import JobConfig, SourceConfig
-    from .stat_pass import Walked
 
 
 class ClassFolders(Layout):
@@ -32,20 +29,6 @@ class ClassFolders(Layout):
         files = [f for split in splits for f in walker.walk(split)]
         b.walked(walker)
         return files, splits
-
-    def from_root_walk(self, root: Path, src: SourceConfig, b: Builder, walked: Walked) -> tuple[Walked, list[str]]:
-        """The files, walk rejects and symlinks inside the split folders: what :meth:`walk`
-        lists (a top-level file or unlisted folder is no part of the corpus; :func:`split_dirs`
-        puts the top level's own rejects and symlinks in ``b``)."""
-        walk_rejects, b.rejects, b.symlinks = b.rejects, [], False
-        splits = split_dirs(root, src, b)
-        inside = set(splits)
-        b.rejects += [r for r in walk_rejects if r.path.partition("/")[0] in inside]
-        b.symlinks = b.symlinks or any(link.partition("/")[0] in inside for link in walked.links)
-        keep = np.zeros(len(walked), dtype=bool)
-        for split in splits:
-            keep |= np.char.startswith(walked.names, split.encode("utf-8", "surrogateescape") + b"/")
-        return walked.subset(keep), splits
 
     def build(self, root: Path, src: SourceConfig, b: Builder, files: list[tuple[str, int, int]],
               splits: list[str] | None) -> list[str]:

@@ -42,6 +42,7 @@ import glob
 import hashlib
 import json
 import re
+from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -56,16 +57,16 @@ from . import annotate, exclude
 from . import splits as split_rules
 from .base import Builder, get
 from .records import hash_inputs, hash_rejects, input_stats, item_record
-from .stat_pass import StatPass, Walked, columns
 
 if TYPE_CHECKING:
     from ..config import JobConfig
 
-__all__ = ["Rediscovery", "rediscover"]
+__all__ = ["Rediscovery", "rediscover", "why_not_incremental"]
 
 _DISCOVERY_STAGES = ("discover", fmt.STAGE_EXCLUDED)
-# What base.Walker rejects (the file could not be stat-ed, is no regular file, ...): the walk
-# finds each of them again, and a file that became readable since must become an item.
+# What the walker (h5batch.walker) rejects (the file could not be stat-ed, is no regular file,
+# ...): the walk finds each of them again, and a file that became readable since must become
+# an item.
 _WALK_REASONS = ("cannot list folder:", "cannot stat:", "not a regular file", "broken symlink", "symlink ")
 _JSON = json.JSONDecoder()
 _HEAD = re.compile(rb'\["([^"\\]*)", "([^"\\]*)"')  # an item record's split and key (records.item_record)
@@ -123,30 +124,33 @@ class _OldKeys:
         return self._cache[i]
 
 
-def rediscover(job: JobConfig, mem: Memory, old_rejects: list[Reject], walked: StatPass | None = None) -> Rediscovery | str:
-    """The corpus of ``job`` compared with ``mem`` (see the module docstring), or the reason
-    a full discovery is needed. ``walked``: the stat pass, started already
-    (:mod:`.stat_pass`); else it is done here."""
-    layout = get(job.source.layout)
-    why = layout.cannot_sync_incrementally(job)
+def why_not_incremental(job: JobConfig) -> str | None:
+    """Why ``job``'s corpus cannot be rediscovered incrementally whatever the output holds
+    (None: it can): its layout has no incremental discovery, or a value field takes its
+    names from every sample's value."""
+    why = get(job.source.layout).cannot_sync_incrementally(job)
     if why:
         return why
     blocker = needs_every_value(job.fields)
-    if blocker:
-        return f"field {blocker!r} takes its names from every sample's value"
+    return f"field {blocker!r} takes its names from every sample's value" if blocker else None
+
+
+def rediscover(job: JobConfig, mem: Memory, old_rejects: list[Reject]) -> Rediscovery | str:
+    """The corpus of ``job`` compared with ``mem`` (see the module docstring), or the reason
+    a full discovery is needed."""
+    why = why_not_incremental(job)
+    if why:
+        return why
     if not mem.plain:
         return "items of the last discovery depended on each other (a key with its extension, a duplicate, a symlink)"
     root = Path(job.source.root)
     why = _inputs_changed(root, job, mem)
     if why:
         return why
-    if walked is not None:
-        walk, files, folders = walked.result()
-    else:
-        walk = Builder(job)
-        walk.ordered_walk = False  # the stat pass is compared in numpy, in any order
-        listed, folders = layout.walk(root, job.source, walk)
-        files = columns(listed)
+    layout = get(job.source.layout)
+    walk = Builder(job)
+    walk.ordered_walk = False  # the stat pass is compared in numpy, in any order
+    files, folders = layout.walk(root, job.source, walk)
     if walk.symlinks:
         return "the corpus has symlinks"
     rule = job.source.split
@@ -175,10 +179,12 @@ def _inputs_changed(root: Path, job: JobConfig, mem: Memory) -> str | None:
     return None
 
 
-def _rediscover(job, layout, mem: Memory, old_rejects, root: Path, walk: Builder, files: Walked, folders) -> Rediscovery | str:
+def _rediscover(job, layout, mem: Memory, old_rejects, root: Path, walk: Builder, files: list[tuple[str, int, int]],
+                folders) -> Rediscovery | str:
     n = len(mem.keys)
-    stat = files.stat
-    found = mem.find(None, files.names, files.hashes) if files.names is not None else mem.find(files.paths)
+    paths = [f[0] for f in files]
+    stat = np.fromiter(chain.from_iterable(f[1:] for f in files), dtype=np.int64, count=2 * len(files)).reshape(-1, 2)
+    found = mem.find(paths)
     hit = found >= 0
     at = np.maximum(found, 0)
     same = hit & (mem.stat[at] == stat).all(axis=1) if n else hit
@@ -188,16 +194,18 @@ def _rediscover(job, layout, mem: Memory, old_rejects, root: Path, walk: Builder
     carried = [r for r in old_rejects if r.stage in _DISCOVERY_STAGES and not _found_by_walk(r)]
     rejected = {r.path for r in carried}
     changed_at = np.flatnonzero(hit & ~same)
-    todo = [row for row in map(files.row, np.flatnonzero(~hit).tolist()) if row[0] not in rejected]
-    changed = [files.path(i) for i in changed_at.tolist()]
-    todo += [files.row(i) for i in changed_at.tolist()]
+    todo = [row for row in map(files.__getitem__, np.flatnonzero(~hit).tolist()) if row[0] not in rejected]
+    changed = [paths[i] for i in changed_at.tolist()]
+    todo += [files[i] for i in changed_at.tolist()]
 
     b = Builder(job)
     b.rejects = list(walk.rejects)
     layout.build(root, job.source, b, todo, folders)
     exclude.apply(job.source, b)
     split_rules.apply(root, job, b, annotate.join(root, job, b))
-    b.rejects += [r for r, there in zip(carried, files.contains([r.path for r in carried])) if there]
+    if carried:  # a path-based reject is carried while its file is still there
+        there = set(paths)
+        b.rejects += [r for r in carried if r.path in there]
     order = {s: i for i, s in enumerate(mem.splits)}
     if any(it.split not in order for it in b.items):
         return "a new split appeared"
@@ -308,7 +316,7 @@ def _merge(mem: Memory, b: Builder, new: list[Item], at: list[int], replaced: di
     starts_at = np.flatnonzero(~special & np.concatenate([[True], (src[1:] != src[:-1] + 1) | special[:-1]]))
     ends_at = np.flatnonzero(~special & np.concatenate([(src[1:] != src[:-1] + 1) | special[1:], [True]]))
     # Only the runs' ends and the new or changed items are looked at one by one: lists of
-    # those, not of every item (three 100,000-item lists cost ~15 ms of a +1 % sync).
+    # those, not of every item (a +1 % sync changes few items of many).
     runs = dict(zip(starts_at.tolist(), zip(ends_at.tolist(), starts[src[starts_at]].tolist(),
                                              mem.record_end[src[ends_at]].tolist())))
     specials = dict(zip(np.flatnonzero(special).tolist(), src[special].tolist()))
