@@ -41,7 +41,6 @@ from .generate import generate_corpus
 from .lock import OutputLock
 from .options import ConvertOptions
 
-
 # The driver, the plan, the writer's start and its messages are imported when there is
 # something to write: a sync that finds the output up to date does without them.
 
