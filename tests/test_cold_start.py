@@ -1,13 +1,11 @@
 """``cluster.kind: auto`` and ``inprocess``: a small job decodes in the driver process, a large
 one on a LocalCluster; the file is the same either way, down to the stored chunk bytes; a
 file that kills its decoder still becomes a reject wherever processes are used, and the
-decode timeout holds in-process. Speed is the bench's business: nothing here is timed but
-the kind probe's estimate against itself."""
+decode timeout holds in-process. Speed is the bench's business: nothing here is timed."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from pathlib import Path
@@ -103,28 +101,6 @@ def test_auto_chooses_by_the_estimated_work(demo_root, monkeypatch):
     assert inprocess.resolved(job, "local").cluster.kind == "local"
     ip = inprocess.resolved(job, "inprocess").cluster
     assert ip.kind == "inprocess" and ip.compress_on == "writer"  # as on a LocalCluster: the writer compresses
-
-
-def test_the_kind_probe_does_not_count_a_files_first_read(paired):
-    """A one-off cost of the moment (here the first read of files evicted from the page
-    cache, as a fork's copy-on-write faults or a decoder's first calls are) must not move
-    ``auto``'s estimate: timed once, it did, by 4.5x on this corpus (5-11x on the bench's
-    4,096 pairs), and ``auto`` flipped between kinds from one run of the same job to the
-    next. The only timing in this module, a ratio of two estimates of the same files, and
-    what it asserts is not a speed."""
-    from h5batch.bench.convert_ab import evict
-
-    job = load_job(PAIRED, [f"source.root={paired}", "cluster.kind=auto"])
-    m = discover(job)
-    files = [str(paired / p) for it in m.items for p in it.paths]
-    ratios = []
-    for _ in range(3):
-        warm = inprocess.probe_seconds(job, m, timeout=30)
-        os.sync()  # dirty pages are not dropped
-        evict(files)  # the next read of each comes from the disk
-        cold = inprocess.probe_seconds(job, m, timeout=30)
-        ratios.append(cold / warm)
-    assert sorted(ratios)[1] < 3, ratios
 
 
 def test_auto_uses_processes_when_resuming_or_when_faults_are_injected(demo_root, monkeypatch):
