@@ -9,7 +9,6 @@ import pytest
 
 from h5batch import generate
 from h5batch.transport.segments import list_segments, owner_pid
-from tests.support import hang_report
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "corpora"
@@ -46,24 +45,26 @@ def no_leaked_segments():
 
 # One name per pytest session, shared by its xdist workers (they inherit the environment).
 _SESSION = os.environ.setdefault("H5BATCH_TEST_SESSION", f"{os.getpid()}")
-os.environ.setdefault("H5BATCH_EVENT_LOG", str(hang_report.event_log(_SESSION)))
+_EVENTS = Path(os.environ.get("TMPDIR", "/tmp")) / "h5batch-test-events" / f"{_SESSION}.log"
+os.environ.setdefault("H5BATCH_EVENT_LOG", str(_EVENTS))
+_EVENTS.parent.mkdir(exist_ok=True)
 
-
-@pytest.fixture(autouse=True)
-def stacks_before_timeout(request):
-    """A test about to reach its pytest-timeout limit leaves the stacks of the processes it
-    started in a report printed at the end of the session (tests/support/hang_report.py)."""
-    marker = request.node.get_closest_marker("timeout")
-    limit = float(marker.args[0]) if marker and marker.args else float(request.config.getini("timeout") or 0)
-    timer = hang_report.Timer(request.node.nodeid, limit, _SESSION) if limit >= 60 else None
-    yield
-    if timer is not None:
-        timer.cancel()
+# No fixture here starts a thread: a second Python thread makes h5batch.forking.can_fork()
+# false, and an in-process conversion would then take a path users never take. A test that
+# reaches its limit gets pytest-timeout's own dump of every thread's stack (method: signal,
+# a SIGALRM handler, no thread); test_conftest_threads.py keeps it so.
 
 
 def pytest_terminal_summary(terminalreporter):
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        hang_report.print_reports(_SESSION, terminalreporter.write)
+    """The Dask workers that the driver's cluster watch killed for a missing heartbeat during
+    the session (``H5BATCH_EVENT_LOG``, h5batch/conversion/cluster_watch.py): such a kill
+    ends a freeze and the test passes, so its message would otherwise go unseen."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or not _EVENTS.exists():
+        return
+    lines = _EVENTS.read_text().splitlines()
+    terminalreporter.write(f"\n== {len(lines)} frozen Dask worker(s) killed by the cluster watch this session ==\n")
+    terminalreporter.write("".join(line + "\n" for line in lines))
+    _EVENTS.unlink()
 
 
 @pytest.fixture(scope="session")

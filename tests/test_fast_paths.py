@@ -205,8 +205,6 @@ def test_the_trial_leaves_no_thread_behind(corpus, tmp_path):
 def test_trial_gives_up_on_a_file_that_hangs(corpus, tmp_path, monkeypatch):
     """The codec trial runs in the driver, before the workers' watchdog: a decode that
     hangs is abandoned after policy.decode_timeout and left out of the trial."""
-    import time
-
     from h5batch.conversion.auto import resolve
     from h5batch.layouts import discover
 
@@ -219,9 +217,9 @@ def test_trial_gives_up_on_a_file_that_hangs(corpus, tmp_path, monkeypatch):
                         file="<test>")
     m = discover(job)
     normal = resolve(job, m).codecs["data"].samples
-    t0 = time.monotonic()
     monkeypatch.setenv("H5BATCH_FAULTS", "hang_on=0.wav")
-    hung = resolve(job, m)  # item 0 is always a trial pick
-    assert time.monotonic() - t0 < 10
+    # item 0 is always a trial pick; its decode sleeps an hour, past this test's
+    # pytest-timeout: a trial that waited for it fails the test
+    hung = resolve(job, m)
     assert hung.codecs["data"].samples == normal - 1 and hung.codecs["target"].samples == normal - 1
     assert hung.codecs["data"].codec.name == "none" and hung.codecs["target"].codec.name == "blosc2-lz4"

@@ -126,7 +126,7 @@ def kill_worker(corpus, out) -> tuple[Run, int]:
 
 def freeze_worker(corpus, out) -> tuple[Run, int]:
     marker = out.parent / "frozen-once"
-    # An injected freeze is no news for the session's event log (tests/support/hang_report.py).
+    # An injected freeze is no news for the session's event log (tests/conftest.py).
     env = {"H5BATCH_FAULTS": f"freeze_once=30.wav:{marker}", "H5BATCH_EVENT_LOG": ""}
     r = Run(start(cmd(corpus, out, "cluster.kind=local", "policy.frozen_worker_timeout=3"), env, new_session=True), out)
     code = r.wait()

@@ -98,7 +98,7 @@ def test_a_frozen_worker_is_killed_and_its_batch_decoded_again(corpus, reference
     decoded again and the output is the reference's."""
     out = tmp_path / "out.h5"
     marker = tmp_path / "frozen-once"
-    events = tmp_path / "events.log"  # this run's kill, not the session's (tests/support/hang_report.py)
+    events = tmp_path / "events.log"  # this run's kill, not the session's (tests/conftest.py)
     res = convert(corpus, out, f"freeze_once=3.wav:{marker}", "--set", "policy.frozen_worker_timeout=3",
                   env={"H5BATCH_EVENT_LOG": str(events)})
     assert res.returncode == 0, res.stderr
