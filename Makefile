@@ -54,7 +54,7 @@ bench: $(PYC) $(if $(findstring --quick,$(BENCH)),,$(PEERS))
 	$(BIN)/h5batch bench $(BENCH)
 
 lint: $(PYC)
-	$(BIN)/ruff check h5batch tests
+	$(BIN)/ruff check h5batch tests benchmarks
 
 clean:
 	rm -rf out data/demo data/paired_audio data/bench .pytest_cache .ruff_cache dask-worker-space

@@ -1,9 +1,11 @@
-"""``h5batch bench``: conversion and read throughput, memory and scaling, side by side.
+"""``h5batch bench``: conversion and DataLoader reads against baselines and peers, side by side.
 
-Modules: :mod:`corpus` (what is converted), :mod:`baselines` (naive HDF5 recipe, raw files,
-memmap), :mod:`strict` (the strict read limit and the storages judged against it),
-:mod:`peers` (WebDataset, LitData), :mod:`measure` (timing, process-tree RSS),
-:mod:`decode_only` (the decode-only floor), :mod:`suite` (the run), :mod:`report` (JSON,
-markdown, PNG), :mod:`cli` (the arguments of ``h5batch bench``, whose command is
-:mod:`h5batch.commands.bench`). See docs/benchmarks.md.
+Modules: :mod:`corpus` (what is converted and the decoded reference), :mod:`writers` (the
+conversion rows: the job file of ``h5batch convert``, the naive recipe, WebDataset, LitData),
+:mod:`loaders` (the read rows: h5batch, the naive file, raw files, the memmap limit, the
+peers), :mod:`measure` (a row in a process of its own, timed from outside), :mod:`suite`
+(the run), :mod:`report` (targets, ``results.md``, ``results.json``, plots), :mod:`cli` (the
+arguments of ``h5batch bench``, whose command is :mod:`h5batch.commands.bench`). Studies and
+probes that are not part of the suite live in the repository's ``benchmarks/`` folder. See
+docs/benchmarks.md.
 """

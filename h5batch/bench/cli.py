@@ -31,41 +31,46 @@ def _ints(text: str) -> tuple[int, ...]:
     return out
 
 
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected >= 1, got {v}")
-    return v
+def _at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"expected >= {low}, got {v}")
+        return v
+    return parse
+
+
+_positive = _at_least(1)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of ``h5batch bench`` (the command is :mod:`h5batch.commands.bench`)."""
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="1024 pairs, 2 repetitions, codecs auto, blosc2-lz4 and gzip, no peers (< 2 min)")
-    mode.add_argument("--full", action="store_true", help="4096 pairs (x4: 16384 for scaling), every codec, peers, real corpora")
+    mode.add_argument("--quick", action="store_true",
+                      help="1024 pairs, 64 images, 2 repetitions, codecs auto, blosc2-lz4 and gzip, no peers")
+    mode.add_argument("--full", action="store_true",
+                      help="the default: 4096 pairs (x4: 16384 for scaling), 400 images, 3 repetitions, every codec, "
+                           "peers, real corpora")
     p.add_argument("--peers", action="store_true", help="also WebDataset and LitData (always on in full mode)")
     p.add_argument("--no-peers", action="store_true", help="skip the peers even in full mode")
     p.add_argument("--no-real", action="store_true", help="skip ../shared/corpora even in full mode")
     p.add_argument("--pairs", type=_positive, help="paired-audio samples of the x1 corpus")
-    p.add_argument("--images", type=_positive, help="generated images")
+    p.add_argument("--images", type=_at_least(0), help="generated images (0: no image corpus)")
     p.add_argument("--rate", type=_positive,
                    help="sample rate (Hz) of the generated 2 s paired-audio clips (default 16000)")
-    p.add_argument("--scale", type=_positive, help="the scaling corpus is SCALE x pairs (default 4)")
+    p.add_argument("--scale", type=_positive, help="the scaling corpus is SCALE x pairs (default 4; 1: none)")
     p.add_argument("--reps", type=_positive, help="timed repetitions per configuration")
     p.add_argument("--codecs", type=_codecs, help="comma-separated codecs for the audio corpus")
     p.add_argument("--workers", type=_ints, help="DataLoader num_workers values (default 0,2)")
-    p.add_argument("--random-all", action="store_true",
-                   help="read every codec in full random order too (default: only the default codec)")
     p.add_argument("--out", help="results root (default bench/results)")
     p.add_argument("--cache", help="where generated corpora are kept (default data/bench)")
     p.add_argument("--keep", action="store_true", help="keep the converted outputs under <results>/work")
     p.add_argument("--render", metavar="RESULTS_DIR",
                    help="measure nothing: judge the targets again and rewrite RESULTS_DIR/results.md, its plots "
-                        "and the targets in results.json from the measurements in results.json "
-                        "(after a change to the report)")
+                        "and results.json from the measurements in results.json (after a change to the report)")
     p.add_argument("--consume", action="store_true",
                    help="reads: sum every tensor of every batch in the main process, as a training step "
                         "reads its input (default: batches are only counted)")

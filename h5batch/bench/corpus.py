@@ -1,4 +1,4 @@
-"""The corpora the benchmark converts and reads, and the job of each.
+"""The corpora the benchmark converts and reads, their jobs, and the decoded reference.
 
 Generated corpora (``h5batch.generate``) live under a cache directory and are made once: the
 generators skip a root whose marker matches their arguments. Real corpora
@@ -8,7 +8,6 @@ generators skip a root whose marker matches their arguments. Real corpora
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from ..manifest import Manifest
 
 AUDIO_SECONDS = 2.0
 AUDIO_RATE = 16000  # Hz, the default; ``h5batch bench --rate`` picks another
+IMAGE_SIZE = (224, 224)
 
 
 def audio_length(rate: int) -> int:
@@ -31,45 +31,37 @@ def audio_length(rate: int) -> int:
 
 
 AUDIO_LENGTH = audio_length(AUDIO_RATE)  # 32000: every default pair is (32000,) int16 x 2
-IMAGE_SIZE = (224, 224)
 
 
 @dataclass(frozen=True)
 class Corpus:
     """A corpus plus the job settings (``source`` and ``fields``) that read it.
 
-    ``kind`` is ``audio`` or ``image``; ``fixed`` says whether every field has one shape
-    (a memmap baseline needs that); ``real`` marks corpora that were not generated.
+    ``fixed`` says whether every field has one shape (the memmap limit and torch's default
+    collate need that); ``real`` marks corpora that were not generated.
     """
 
     name: str
     root: str
-    kind: str
+    kind: str  # audio | image
     source: dict[str, Any]
     fields: dict[str, dict[str, Any]]
     fixed: bool = True
     real: bool = False
-    batch_size: int | str = "auto"  # cluster.batch_size (items per Dask task)
     notes: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def job(self, out_path: str, codec: str = "auto", cluster: dict[str, Any] | None = None) -> JobConfig:
-        """The h5batch job converting this corpus to ``out_path`` with ``codec``."""
-        data = {
-            "name": f"bench-{self.name}",
-            "source": {"root": self.root, **self.source},
-            "fields": self.fields,
-            "output": {"path": out_path, "codec": codec, "overwrite": True},
-            "cluster": {"batch_size": self.batch_size, "dashboard": False, **(cluster or {})},
-        }
-        return job_from_dict(data, file=f"<bench {self.name}>")
+    def job_dict(self, out_path: str, codec: str = "auto") -> dict[str, Any]:
+        """The job of ``h5batch convert``: the corpus, its fields and the output; every
+        other setting (the cluster above all) left at its default, as a user's job file."""
+        return {"name": f"bench-{self.name}", "source": {"root": self.root, **self.source},
+                "fields": self.fields, "output": {"path": out_path, "codec": codec}}
+
+    def job(self, out_path: str, codec: str = "auto") -> JobConfig:
+        return job_from_dict(self.job_dict(out_path, codec), file=f"<bench {self.name}>")
 
     def manifest(self) -> Manifest:
         return discover(self.job(os.path.join(self.root, "unused.h5")))
-
-    @property
-    def field_names(self) -> tuple[str, ...]:
-        return tuple(self.fields)
 
 
 def _audio_field(folder: str | None, length: int | None, rate: int) -> dict[str, Any]:
@@ -92,8 +84,7 @@ def paired_audio(cache: str | os.PathLike[str], pairs: int, rate: int = AUDIO_RA
     return Corpus(
         name=name, root=str(root), kind="audio",
         source={"layout": "paired_folders", "splits": ["train"]},
-        fields={"data": _audio_field("data", length, rate),
-                "target": _audio_field("label", length, rate)},
+        fields={"data": _audio_field("data", length, rate), "target": _audio_field("label", length, rate)},
         notes=f"{pairs} pairs of 2 s {rate / 1000:g} kHz 16-bit wav (noisy + clean), "
               f"2 x {2 * length / 1000:g} kB decoded per sample",
         extra={"pairs": pairs, "rate": rate, "length": length})
@@ -102,10 +93,11 @@ def paired_audio(cache: str | os.PathLike[str], pairs: int, rate: int = AUDIO_RA
 def images(cache: str | os.PathLike[str], count: int) -> Corpus:
     """``count`` textured JPEGs of 160-640 px (generate.make_image_corpus), resized to 224x224."""
     per_class = max(1, count // 2)
-    root = Path(cache) / f"images_{2 * per_class}"
+    name = f"images_{2 * per_class}"
+    root = Path(cache) / name
     generate.make_image_corpus(root, n_per_class=per_class, splits={"train": 1.0})
     return Corpus(
-        name=f"images_{2 * per_class}", root=str(root), kind="image",
+        name=name, root=str(root), kind="image",
         source={"layout": "class_folders", "splits": ["train"]},
         fields={"image": {"type": "image", "extensions": [".jpg"], "mode": "RGB", "size": list(IMAGE_SIZE)}},
         notes=f"{2 * per_class} JPEGs 160-640 px, resized + centre-cropped to 224x224 RGB (150 kB decoded)")
@@ -115,19 +107,17 @@ def real_corpora(shared: str | os.PathLike[str]) -> list[Corpus]:
     """The corpora of ``shared`` (``../shared/corpora``) that are present."""
     shared = Path(shared)
     out: list[Corpus] = []
-    fsdd = shared / "fsdd"
-    if fsdd.is_dir():
+    if (shared / "fsdd").is_dir():
         out.append(Corpus(
-            name="fsdd", root=str(fsdd), kind="audio", real=True, fixed=False,
+            name="fsdd", root=str(shared / "fsdd"), kind="audio", real=True, fixed=False,
             source={"layout": "pattern", "pattern": r"(?P<label>\d)_(?P<speaker>[a-z]+)_(?P<index>\d+)\.wav",
                     "split": {"group": "index", "ranges": {"train": [0, 1000]}, "default": "train"},
                     "splits": ["train"]},
             fields={"audio": _audio_field(None, None, 8000)},
             notes="Free Spoken Digit Dataset: 3000 wav, 8 kHz, variable length (~0.5 s)"))
-    imgs = shared / "images"
-    if imgs.is_dir():
+    if (shared / "images").is_dir():
         out.append(Corpus(
-            name="hymenoptera", root=str(imgs), kind="image", real=True,
+            name="hymenoptera", root=str(shared / "images"), kind="image", real=True,
             source={"layout": "class_folders", "splits": ["train", "val"]},
             fields={"image": {"type": "image", "extensions": [".jpg", ".jpeg", ".png"], "mode": "RGB",
                               "size": list(IMAGE_SIZE)}},
@@ -135,41 +125,28 @@ def real_corpora(shared: str | os.PathLike[str]) -> list[Corpus]:
     return out
 
 
-def decode_items(corpus: Corpus, manifest: Manifest | None = None) -> dict[str, Any]:
-    """Decode every sample of ``corpus`` in this process (the reference for correctness checks).
-
-    Returns ``{field: array (N, *shape)}`` for a fixed-shape corpus, ``{field: [arrays]}``
-    otherwise, in manifest order (the order of the h5batch output, splits concatenated).
-    """
-    manifest = manifest or corpus.manifest()
-    job = corpus.job(os.path.join(corpus.root, "unused.h5"))
-    out: dict[str, list[np.ndarray]] = {n: [] for n in job.fields}
-    for it in manifest.items:
-        for (name, fc), rel in zip(job.fields.items(), it.paths):
-            out[name].append(decode_field(os.path.join(manifest.root, rel), fc))
-    if corpus.fixed:
-        return {n: np.stack(v) for n, v in out.items()}
-    return dict(out)
-
-
 def item_paths(manifest: Manifest) -> list[tuple[str, ...]]:
     """Absolute paths of each sample's files, in manifest order."""
     return [tuple(os.path.join(manifest.root, p) for p in it.paths) for it in manifest.items]
 
 
-def sample_nbytes(reference: dict[str, Any]) -> float:
-    """Mean decoded bytes of one sample (all fields)."""
-    total = 0
-    n = 0
-    for v in reference.values():
-        if isinstance(v, np.ndarray):
-            total += v.nbytes
-            n = len(v)
-        else:
-            total += sum(a.nbytes for a in v)
-            n = len(v)
-    return total / max(n, 1)
+def decode_items(corpus: Corpus, manifest: Manifest) -> dict[str, list[np.ndarray]]:
+    """Every sample of ``corpus`` decoded in this process, ``{field: [array per sample]}`` in
+    manifest order (the order of the h5batch output, splits concatenated): the reference
+    every output is checked against."""
+    job = corpus.job(os.path.join(corpus.root, "unused.h5"))
+    out: dict[str, list[np.ndarray]] = {n: [] for n in job.fields}
+    for it in manifest.items:
+        for (name, fc), rel in zip(job.fields.items(), it.paths):
+            out[name].append(decode_field(os.path.join(manifest.root, rel), fc))
+    return out
 
 
-def splits_of(corpus: Corpus) -> Sequence[str]:
-    return corpus.source.get("splits") or ["train"]
+def to_float(a: np.ndarray) -> np.ndarray:
+    """A stored sample as float32, scaled like ``H5Dataset(as_float=True)``: int16 ``x / 32768``,
+    uint8 ``x / 255``, anything else as it is."""
+    scale = {np.dtype(np.int16): 32768.0, np.dtype(np.uint8): 255.0}.get(a.dtype)
+    out = a.astype(np.float32)
+    if scale is not None:
+        out /= np.float32(scale)
+    return out

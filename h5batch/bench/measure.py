@@ -1,117 +1,126 @@
-"""Timing, peak memory of a process tree, and the statistics of repeated measurements."""
+"""A row in a process of its own, timed and sampled from outside; statistics of repetitions.
+
+Rule: every row of the bench runs in a new interpreter: the whole ``h5batch convert``
+command, the naive recipe's or a peer's script (:func:`call`), a DataLoader's epochs
+(:func:`read_row`). Reason: each pays its own start and imports, as a user's command or
+training script does, and none inherits the bench's heap, threads or environment (in the
+bench's own process a 0-worker read row moved 2x with the heap's history, and a live Dask
+client's threads changed how a conversion started its writer). The bench samples the RSS of
+the row's process tree from outside and counts its CPU time when the tree is reaped.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import pickle
+import resource
 import statistics
-import threading
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
-import psutil
+ROW_TIMEOUT = 1800.0  # seconds; a row that takes longer has hung
+RSS_INTERVAL = 0.05  # seconds between two samples of the tree's RSS
 
 
-def tree_rss(root: psutil.Process) -> tuple[int, int]:
-    """``(RSS of root and all its descendants, number of processes)`` in bytes.
+def tree_rss(pid: int) -> int:
+    """RSS of process ``pid`` and all its descendants, in bytes (pages shared between them
+    counted once per process, as ``top`` shows them; 0 once it has exited)."""
+    import psutil
 
-    RSS counts pages shared between processes (forked workers, mapped files) once per
-    process, so the sum over-states what the tree costs; it is the figure ``top`` shows.
-    """
-    procs = [root]
     try:
-        procs += root.children(recursive=True)
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
     except psutil.Error:
-        pass
+        return 0
     total = 0
-    alive = 0
     for p in procs:
         try:
             total += p.memory_info().rss
-            alive += 1
         except psutil.Error:  # exited between listing and reading
             pass
-    return total, alive
+    return total
 
 
-class PeakRss:
-    """Sample the RSS of this process and its descendants in a thread; keep the peak.
-
-    >>> with PeakRss() as mem:        # doctest: +SKIP
-    ...     work()
-    >>> mem.peak, mem.baseline        # doctest: +SKIP
-    """
-
-    def __init__(self, interval: float = 0.05, pid: int | None = None):
-        self.interval = interval
-        self.root = psutil.Process(pid or os.getpid())
-        self.baseline = 0
-        self.peak = 0
-        self.peak_procs = 0
-        self.samples = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def _poll(self) -> None:
-        total, n = tree_rss(self.root)
-        self.samples += 1
-        if total > self.peak:
-            self.peak, self.peak_procs = total, n
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._poll()
-
-    def __enter__(self) -> PeakRss:
-        self.baseline, _ = tree_rss(self.root)
-        self.peak = self.baseline
-        self._thread = threading.Thread(target=self._run, name="h5batch-bench-rss", daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self._poll()
-
-
-@dataclass
-class Sample:
-    """One timed run: seconds, work done and peak tree RSS."""
-
-    seconds: float
-    items: int
-    nbytes: float
-    peak_rss: int
-    baseline_rss: int
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def rate(self) -> float:
-        return self.items / self.seconds if self.seconds > 0 else 0.0
-
-    @property
-    def mbps(self) -> float:
-        return self.nbytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"seconds": self.seconds, "items": self.items, "bytes": self.nbytes, "rate": self.rate,
-                "mb_per_s": self.mbps, "peak_rss": self.peak_rss, "baseline_rss": self.baseline_rss,
-                **self.extra}
-
-
-def timed(fn: Callable[[], Any], items: Callable[[Any], int] | int,
-          nbytes: Callable[[Any], float] | float) -> tuple[Sample, Any]:
-    """Run ``fn`` under :class:`PeakRss`; ``items``/``nbytes`` are numbers or functions of its result."""
-    with PeakRss() as mem:
+def run(argv: list[str], cwd: str | None = None) -> dict[str, Any]:
+    """Run ``argv`` to its end: ``{"wall", "cpu_seconds", "peak_rss", "result"}``, where
+    ``result`` is the JSON of its last line on stdout. Raises with its stderr when it fails."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
-        result = fn()
-        seconds = time.perf_counter() - t0
-    n = items(result) if callable(items) else items
-    b = nbytes(result) if callable(nbytes) else nbytes
-    return Sample(seconds, int(n), float(b), mem.peak, mem.baseline), result
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, cwd=cwd)
+        peak = 0
+        while proc.poll() is None:
+            if time.perf_counter() - t0 > ROW_TIMEOUT:
+                proc.kill()
+            peak = max(peak, tree_rss(proc.pid))
+            time.sleep(RSS_INTERVAL)
+        wall = time.perf_counter() - t0
+        ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[:5])} ... failed ({proc.returncode}):\n{stderr[-3000:]}")
+    lines = stdout.strip().splitlines()
+    return {"wall": wall, "peak_rss": peak, "result": json.loads(lines[-1]) if lines else None,
+            "cpu_seconds": (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime)}
+
+
+def call(fn: Callable[..., dict[str, Any]], *args: Any, scratch: str | None = None) -> dict[str, Any]:
+    """``fn(*args)`` in a new interpreter (:func:`run`); ``fn`` must be a module-level function.
+    The arguments travel in a pickle written before the timing starts (a script has them in
+    its source)."""
+    fd, spec = tempfile.mkstemp(suffix=".pkl", dir=scratch)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump((fn, args), f)
+        return run([sys.executable, "-c", "from h5batch.bench.measure import child; child()", spec])
+    finally:
+        os.unlink(spec)
+
+
+def child() -> None:
+    """The entry of :func:`call`'s interpreter: run the pickled call, print its JSON result."""
+    with open(sys.argv[1], "rb") as f:
+        fn, args = pickle.load(f)
+    print(json.dumps(fn(*args)), flush=True)
+
+
+def read_row(build: Callable[..., Any], args: dict[str, Any], epochs: int, seed: int = 0,
+             consume: bool = False) -> dict[str, Any]:
+    """A read row in its process: the loader ``build(**args)``, one untimed epoch (workers'
+    start, file opens, caches), then ``epochs`` timed ones with ``sampler.set_epoch`` before
+    each, as a training loop must. ``consume``: sum every tensor of every batch here, as a
+    training step reads its input (otherwise a batch from a worker is never touched)."""
+    import torch
+
+    torch.manual_seed(seed)  # shuffle=True draws its order from torch's global generator
+    loader = build(**args)
+    sampler = getattr(loader, "sampler", None)
+    drain(loader, consume)
+    t0, c0, n = time.perf_counter(), time.process_time(), 0
+    for epoch in range(epochs):
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch + 1)
+        n += drain(loader, consume)
+    return {"samples": n, "seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0}
+
+
+def drain(loader: Any, consume: bool = False) -> int:
+    """Iterate ``loader`` to its end; the samples seen (the first dimension of each batch's
+    first tensor)."""
+    n = 0
+    for batch in loader:
+        tensors = [v for v in batch.values() if hasattr(v, "shape")]
+        n += int(tensors[0].shape[0])
+        if consume:
+            sum(float(t.sum()) for t in tensors)
+    return n
 
 
 def summarize(values: Iterable[float]) -> dict[str, float]:
@@ -120,82 +129,4 @@ def summarize(values: Iterable[float]) -> dict[str, float]:
     if not v:
         return {"median": 0.0, "min": 0.0, "max": 0.0, "spread": 0.0, "n": 0}
     med = statistics.median(v)
-    return {"median": med, "min": v[0], "max": v[-1],
-            "spread": (v[-1] - v[0]) / med if med else 0.0, "n": len(v)}
-
-
-def drain(loader: Any, limit: int | None = None, count: Callable[[Any], int] | None = None,
-          consume: bool = False) -> int:
-    """Iterate ``loader`` to the end (or ``limit`` samples); return the samples seen.
-
-    ``consume``: read every batch as a training step would, summing each of its tensors in
-    this process (otherwise the pages of a batch from a DataLoader worker are never touched
-    here, and what touching them costs is not measured).
-    """
-    n = 0
-    for batch in loader:
-        n += count(batch) if count else batch_len(batch)
-        if consume:
-            touch(batch)
-        if limit is not None and n >= limit:
-            break
-    return n
-
-
-def touch(batch: Any) -> float:
-    """Sum every tensor / array of a batch (a dict, list or tuple of them, or one)."""
-    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else [batch]
-    total = 0.0
-    for x in items:
-        if hasattr(x, "sum") and getattr(x, "ndim", 0) > 0:
-            total += float(x.sum())
-    return total
-
-
-def batch_len(batch: Any) -> int:
-    """Samples in a batch: the first dimension of its first tensor/array (or list length)."""
-    if isinstance(batch, dict):
-        batch = next(iter(batch.values()))
-    elif isinstance(batch, (tuple, list)) and batch and not isinstance(batch[0], (int, float, str)):
-        batch = batch[0]
-    shape = getattr(batch, "shape", None)
-    if shape is not None:
-        return int(shape[0])
-    return len(batch)
-
-
-def run_command(argv: list[str], interval: float = 0.1) -> tuple[int, float, PeakRss]:
-    """Run ``argv`` and sample its process tree's RSS every ``interval`` seconds.
-
-    Returns ``(exit code, wall seconds, the PeakRss)``; ``peak`` is in bytes.
-    """
-    import subprocess
-
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(argv)
-    with PeakRss(interval=interval, pid=proc.pid) as mem:
-        code = proc.wait()
-    return code, time.perf_counter() - t0, mem
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m h5batch.bench.measure [--interval S] -- COMMAND ...``: wall time and peak
-    RSS of a command's whole process tree (driver, Dask workers, writer), as the README's
-    large-run figures were measured. Exits with the command's exit code."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m h5batch.bench.measure", description=main.__doc__)
-    parser.add_argument("--interval", type=float, default=0.1, help="seconds between RSS samples (default 0.1)")
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="the command to run, after --")
-    args = parser.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        parser.error("no command given (put it after --)")
-    code, wall, mem = run_command(command, args.interval)
-    print(f"wall {wall:.2f} s, peak RSS of the process tree {mem.peak / 1e6:,.0f} MB "
-          f"({mem.peak_procs} processes), exit code {code}", flush=True)
-    return code
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return {"median": med, "min": v[0], "max": v[-1], "spread": (v[-1] - v[0]) / med if med else 0.0, "n": len(v)}

@@ -1,47 +1,44 @@
-"""The benchmark run: conversions, reads, memory, scaling and peers, side by side.
+"""The benchmark run: conversions, correctness, reads, side by side on the same corpora.
 
-Order of a run (each phase interleaves its configurations within every repetition, so slow
-drift of the machine hits all of them alike):
+Order of a run; each phase rotates its configurations within every round, so that slow
+drift of the machine hits all of them alike, and every row runs in a process of its own
+(:mod:`.measure`):
 
 1. corpora: generated once into the cache directory, real ones used when present;
-2. conversions, per corpus (``bench.converts``): an untimed warm-up round, then ``reps``
-   rounds of h5batch (every codec, on a LocalCluster started once: start-up excluded),
-   h5batch cold (``kind: local``, the cluster started inside ``convert``: start-up
-   included), ``kind: auto``, the decode-only floor (``bench.decode_only`` on the same
-   cluster; for WAV corpora with the read+write bound of ``bench.physics`` measured right
-   after it), the naive recipe, the x``scale`` corpus (cold) and the peers; each row that
-   times a fresh start in a clean process of its own (``bench.zygote``);
+2. conversions, per corpus: an untimed round (the machine's first writes of that much data
+   were 2-4x slower than the others), then ``reps`` rounds of ``h5batch convert`` (every
+   codec, and the default codec on the x``scale`` corpus), the naive recipe and the peers,
+   each a whole command timed from outside, ``sync(2)`` before each;
 3. correctness: every output is compared with the source decoded in this process;
-4. reads through a DataLoader (batch 64, shuffle on), per corpus: for each configuration a
-   warm-up epoch, then the timed epochs; every configuration reads the same samples; rows at
-   ``num_workers=0`` each in a fresh interpreter (``bench.fresh_reads``);
-5. full mode: the memory of converting 2-hour recordings (``bench.longfile``), then the
-   sampler's figures and the first epoch of a file of many chunks.
+4. reads through a DataLoader, per corpus and ``num_workers``: one untimed epoch, then
+   whole epochs timed (at least :data:`MIN_EPOCHS`), the same for every row.
 """
 
 from __future__ import annotations
 
-import gc
-import logging
+import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
+
 from .. import __version__
 from ..codecs import choices
-from . import corpus, first_epoch, longfile, memstate, peers, sampling, strict
-from .checks import CheckPhase
-from .converts import ConvertPhase
-from .reads import ReadPhase
-from .records import DEFAULT_CODEC, Record
-from .zygote import CONVERT_PRELOAD, PEER_CONVERT_PRELOAD, Zygote
+from . import corpus, loaders, measure, writers
 
 ALL_CODECS = choices()  # auto first, then every registered codec (h5batch/codecs/)
+DEFAULT_CODEC = "auto"  # the job default
+PLAIN = "plain-dataloader"  # DataLoader(ds, batch_size, shuffle=True), torch's default collate
+LOADER = "ds.loader"  # H5Dataset(...).loader(batch_size, num_workers)
+MIN_EPOCHS = 3  # timed epochs of a read row at least: one epoch of the quick corpus is ~0.1 s
 
 
 @dataclass
@@ -49,33 +46,26 @@ class BenchConfig:
     """What one ``h5batch bench`` run measures. See :func:`quick_config` / :func:`full_config`."""
 
     mode: str = "quick"
-    pairs: int = 1024  # paired-audio samples of the x1 corpus (read corpus too)
+    pairs: int = 1024  # paired-audio samples of the main corpus
     rate: int = corpus.AUDIO_RATE  # Hz of the generated paired audio (2 s clips)
-    images: int = 64  # generated images
-    scale: int = 4  # the scaling corpus is scale x pairs
+    images: int = 64  # generated images; 0: no image corpus
+    scale: int = 4  # the scaling corpus is scale x pairs; 1: none
     reps: int = 2
     codecs: tuple[str, ...] = ("auto", "blosc2-lz4", "gzip")
     image_codecs: tuple[str, ...] = ("auto",)
-    random_all_codecs: bool = False  # also read every codec in full random order (else default codec only)
-    read_samples: int = 512  # timed samples per read measurement (whole epochs, at least one)
     workers: tuple[int, ...] = (0, 2)  # DataLoader num_workers
-    dask_workers: int = 2
-    long_minutes: float = 0.0  # long recordings' memory (bench.longfile): their length; 0: not measured
+    read_samples: int = 2048  # timed samples per read row of the main corpus (whole epochs)
     batch_size: int = 64
+    processes: int = 2  # processes of the peers' writers
     peers: bool = False
     real: bool = False  # include ../shared/corpora
     shared: str = os.path.join("..", "shared", "corpora")
     cache: str = os.path.join("data", "bench")
     out_root: str = os.path.join("bench", "results")
-    keep: bool = False  # keep converted outputs (else deleted at the end)
-    warmup: bool = True  # an untimed conversion round first; in each child, a warm-up on a small corpus
-    consume: bool = False  # reads: sum every tensor of every batch in the main process (measure.drain)
-    fresh_reads: bool = True  # reads at num_workers=0: each measurement in a new interpreter (bench.fresh_reads)
-    fresh_converts: bool = True  # conversions: each in a child of a clean interpreter (bench.converts)
+    keep: bool = False  # keep the converted outputs (else deleted at the end)
+    warmup: bool = True  # an untimed conversion round first
+    consume: bool = False  # reads: sum every tensor of every batch (measure.read_row)
     seed: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def quick_config(**over: Any) -> BenchConfig:
@@ -84,36 +74,55 @@ def quick_config(**over: Any) -> BenchConfig:
 
 def full_config(**over: Any) -> BenchConfig:
     base = dict(mode="full", pairs=4096, images=400, reps=3, codecs=ALL_CODECS,
-                image_codecs=("auto", "blosc2-lz4", "gzip"), read_samples=2048,
-                peers=True, real=True, long_minutes=120.0)
-    base.update(over)
-    return BenchConfig(**base)
+                image_codecs=("auto", "blosc2-lz4", "gzip"), read_samples=8192, peers=True, real=True)
+    return BenchConfig(**{**base, **over})
 
 
-def _say(log: Any, text: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=log, flush=True)
+@dataclass
+class Record:
+    """All repetitions of one configuration: one row of a table."""
+
+    phase: str  # convert | read
+    corpus: str
+    method: str  # h5batch, naive, raw-files, memmap, webdataset[-Np], litdata
+    codec: str = ""
+    variant: str = ""  # the reader's order, or the scaled corpus (x4)
+    workers: int | None = None  # DataLoader num_workers (reads)
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        parts = [self.phase, self.corpus, self.method, self.codec, self.variant,
+                 "" if self.workers is None else f"w{self.workers}"]
+        return "/".join(p for p in parts if p)
+
+    def to_dict(self) -> dict[str, Any]:
+        rate = measure.summarize(r["items"] / r["seconds"] for r in self.runs if r["seconds"] > 0)
+        return {**asdict(self), "key": self.key, "rate": rate,
+                "seconds": measure.summarize(r["seconds"] for r in self.runs),
+                "peak_rss": measure.summarize(r["peak_rss"] for r in self.runs)}
 
 
-class Bench(CheckPhase, ConvertPhase, ReadPhase):
-    """One benchmark run; :meth:`run` returns the results dict that :mod:`report` renders."""
+Row = tuple[Record, str, Callable[[], dict[str, Any]]]  # (its record, output path, one timed run)
+
+
+class Bench:
+    """One benchmark run; :meth:`run` returns the results dict that :mod:`.report` renders."""
 
     def __init__(self, cfg: BenchConfig, log: Any = None):
         self.cfg = cfg
         self.log = log or sys.stderr
-        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        self.out_dir = os.path.abspath(os.path.join(cfg.out_root, stamp))
+        self.out_dir = os.path.abspath(os.path.join(cfg.out_root, datetime.now().strftime("%Y%m%d-%H%M%S")))
         self.work = os.path.join(self.out_dir, "work")
         self.records: dict[str, Record] = {}
         self.corpora: dict[str, dict[str, Any]] = {}
         self.checks: list[dict[str, Any]] = []
         self.skipped: list[str] = []
-        self.cluster = None
-        self.client = None
-
-    # ------------------------------------------------------------------ helpers
+        self.peer_ok: dict[str, bool] = {}
 
     def say(self, text: str) -> None:
-        _say(self.log, text)
+        print(f"[{time.strftime('%H:%M:%S')}] {text}", file=self.log, flush=True)
 
     def record(self, phase: str, corpus_name: str, method: str, codec: str = "", variant: str = "",
                workers: int | None = None) -> Record:
@@ -121,161 +130,265 @@ class Bench(CheckPhase, ConvertPhase, ReadPhase):
         return self.records.setdefault(r.key, r)
 
     def path(self, *parts: str) -> str:
-        """A file path under the work directory (its folder created)."""
+        """A path under the work directory, its folder created."""
         p = os.path.join(self.work, *parts)
         os.makedirs(os.path.dirname(p), exist_ok=True)
         return p
 
-    def folder(self, *parts: str) -> str:
-        """A folder path under the work directory (its parent created, itself not)."""
-        return self.path(*parts)
-
-    def _start_cluster(self) -> None:
-        from distributed import Client, LocalCluster
-
-        t0 = time.perf_counter()
-        self.cluster = LocalCluster(n_workers=self.cfg.dask_workers, threads_per_worker=1, processes=True,
-                                    host="127.0.0.1", dashboard_address=None, silence_logs=logging.ERROR)
-        self.client = Client(self.cluster)
-        self.cluster_start_seconds = time.perf_counter() - t0
-
-    def _stop_cluster(self) -> None:
-        if self.client is not None:
-            self.client.close()
-        if self.cluster is not None:
-            self.cluster.close()
-        self.client = self.cluster = None
-
-    # ------------------------------------------------------------------- run
+    def check(self, what: str, ok: bool, detail: str = "") -> None:
+        self.checks.append({"check": what, "ok": bool(ok), "detail": detail})
+        if not ok:
+            self.say(f"CHECK FAILED: {what} {detail}")
 
     def run(self) -> dict[str, Any]:
         t0 = time.perf_counter()
-        self.load = {"start": os.getloadavg()}
-        if self.load["start"][0] > 1.5:
-            self.say(f"WARNING: load average {self.load['start'][0]:.1f} on {os.cpu_count()} cores: other "
+        load = {"start": os.getloadavg()}
+        if load["start"][0] > 1.5:
+            self.say(f"WARNING: load average {load['start'][0]:.1f} on {os.cpu_count()} cores: other "
                      "processes compete for the CPU and every figure will be low and noisy")
         os.makedirs(self.work, exist_ok=True)
         self.say(f"h5batch bench ({self.cfg.mode}) -> {self.out_dir}")
-        self.memory = {"start": self._memory_probe()}
-        self.say(f"memory: {memstate.describe(self.memory['start'])}")
-        jobs = self._corpora()
-        peer_ok = self._peers_available() if self.cfg.peers else {}
-        # The zygotes are made before a cluster alters os.environ (see bench.zygote).
-        zygote = Zygote()  # the 0-worker reads fork from it
-        self.convert_zygote = Zygote(preload=CONVERT_PRELOAD) if self.cfg.fresh_converts else None
-        self.peer_zygote = Zygote(preload=PEER_CONVERT_PRELOAD) if self.cfg.fresh_converts else None
-        self._start_cluster()
-        try:
-            for spec in jobs:
-                self._convert_phase(spec, peer_ok if spec["peers"] else {})
-            strict.convert_storages(self, jobs[0])  # the strict limit's storages, untimed
-            self._demo_phase()
-        finally:
-            self._stop_cluster()
-            for z in (self.convert_zygote, self.peer_zygote):
-                if z is not None:
-                    z.close()
-        for spec in jobs:
-            self._check_phase(spec, peer_ok if spec["peers"] else {})
-            spec.pop("reference", None)  # free it: forked loader workers would inherit it
-        gc.collect()
-        with zygote:
-            for spec in jobs:
-                self._read_phase(spec, peer_ok if spec["peers"] else {}, zygote)
-        longfile.bench_phase(self)  # full mode: memory of 2-hour recordings
-        sampling_results = sampling.phase(self.folder("sampling"), self.say, self.skipped, self.cfg.pairs < 512)
-        # A file of many chunks (the main corpus, one row per chunk): its first epoch (bench.first_epoch).
-        self.first_epoch = first_epoch.probe(self.cfg.cache, self.folder("first-epoch"), self.cfg.pairs, self.cfg.rate)
-        self.say(f"reading: {first_epoch.describe(self.first_epoch)}")
-        self.load["end"] = os.getloadavg()
-        self.memory["end"] = self._memory_probe()
-        self.say(f"memory at the end: {memstate.describe(self.memory['end'])}")
-        results = {
-            "meta": self._meta(time.perf_counter() - t0),
-            "config": self.cfg.to_dict(),
-            "corpora": self.corpora,
-            "main_corpus": jobs[0]["corpus"].name,
-            "image_corpus": jobs[1]["corpus"].name,
-            "records": [r.to_dict() for r in self.records.values()],
-            "checks": self.checks,
-            "skipped": self.skipped,
-            "out_dir": self.out_dir,
-            "sampling": sampling_results,
-        }
+        specs = self._corpora()
+        for name in writers.PEERS if self.cfg.peers else ():
+            ok, why = writers.available(name)
+            self.peer_ok[name] = ok
+            if not ok:
+                self.skipped.append(f"peer {name}: not importable ({why}); install requirements-peers.txt")
+                self.say(self.skipped[-1])
+        for spec in specs:
+            self._convert_phase(spec)
+        for spec in specs:
+            self._check_phase(spec)
+        for spec in specs:
+            self._read_phase(spec)
+        load["end"] = os.getloadavg()
+        results = {"meta": self._meta(time.perf_counter() - t0, load), "config": asdict(self.cfg),
+                   "corpora": self.corpora, "main_corpus": specs[0]["corpus"].name,
+                   "records": [r.to_dict() for r in self.records.values()], "checks": self.checks,
+                   "skipped": self.skipped, "out_dir": self.out_dir}
         if not self.cfg.keep:
             shutil.rmtree(self.work, ignore_errors=True)
         return results
 
-    def _memory_probe(self) -> dict[str, Any]:
-        """bench.memstate's probe (what writing into memory free for a second costs here);
-        a smaller one outside full mode, whose figures nobody compares."""
-        if self.cfg.mode == "full":
-            return memstate.probe(self.work)
-        return memstate.probe(self.work, **memstate.SMALL)
-
-    def _meta(self, seconds: float) -> dict[str, Any]:
+    def _meta(self, seconds: float, load: dict[str, Any]) -> dict[str, Any]:
+        import h5py
         import psutil
 
-        from ..conversion.plan import versions
-
-        v = versions()
-        for name in ("torch", "webdataset", "litdata"):
-            ok, ver = peers.available(name) if name != "torch" else (True, __import__("torch").__version__)
+        versions = {"h5batch": __version__, "numpy": np.__version__, "h5py": h5py.version.version,
+                    "hdf5": h5py.version.hdf5_version}
+        for name in ("torch", "dask", *self.peer_ok):
+            ok, v = writers.available(name)
             if ok:
-                v[name] = ver
-        return {"h5batch": __version__, "mode": self.cfg.mode, "seconds": seconds,
-                "finished": datetime.now(UTC).isoformat(timespec="seconds"),
+                versions[name] = v
+        git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             cwd=os.path.dirname(os.path.abspath(__file__)))
+        return {"h5batch": __version__, "commit": git.stdout.strip() if git.returncode == 0 else None,
+                "mode": self.cfg.mode, "seconds": seconds,
+                "finished": datetime.now(UTC).isoformat(timespec="seconds"), "load_average": load,
                 "machine": {"cpus": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)),
                             "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
                             "platform": platform.platform(), "python": platform.python_version()},
-                "versions": v, "cluster_start_seconds": getattr(self, "cluster_start_seconds", None),
-                "load_average": self.load, "memory": self.memory,
-                "first_epoch": getattr(self, "first_epoch", None),
-                "note": "warm page cache: every input and output file is read from memory"}
+                "versions": versions, "note": "warm page cache: every input and output file is read from memory"}
 
-    def _peers_available(self) -> dict[str, bool]:
-        out = {}
-        for name in peers.PEERS:
-            ok, why = peers.available(name)
-            out[name] = ok
-            if not ok:
-                msg = f"peer {name} skipped: not importable ({why}); install requirements-peers.txt"
-                self.skipped.append(msg)
-                self.say(msg)
-        return out
-
-    # --------------------------------------------------------------- corpora
+    # ---------------------------------------------------------------- corpora
 
     def _corpora(self) -> list[dict[str, Any]]:
         c = self.cfg
         self.say(f"corpora in {c.cache} (generated once)")
-        main = corpus.paired_audio(c.cache, c.pairs, c.rate)
-        big = corpus.paired_audio(c.cache, c.pairs * c.scale, c.rate)
-        warm = corpus.paired_audio(c.cache, max(16, min(64, c.pairs // 8)), c.rate) if c.warmup else None
-        imgs = corpus.images(c.cache, c.images)
-        warm_img = corpus.images(c.cache, 16) if c.warmup else None
-        specs = [
-            {"corpus": main, "warm": warm, "codecs": c.codecs, "scaled": big, "peers": True,
-             "read_samples": c.read_samples},
-            {"corpus": imgs, "warm": warm_img, "codecs": c.image_codecs, "scaled": None, "peers": False,
-             "read_samples": 128},
-        ]
+        scaled = corpus.paired_audio(c.cache, c.pairs * c.scale, c.rate) if c.scale > 1 else None
+        specs = [self._spec(corpus.paired_audio(c.cache, c.pairs, c.rate), c.codecs, c.read_samples, scaled,
+                            peers=True)]
+        if c.images:
+            specs.append(self._spec(corpus.images(c.cache, c.images), c.image_codecs, 256))
         if c.real:
             reals = corpus.real_corpora(c.shared)
             if not reals:
                 self.skipped.append(f"real corpora: none found in {c.shared}")
-            for rc in reals:
-                specs.append({"corpus": rc, "warm": None, "codecs": (DEFAULT_CODEC,), "scaled": None,
-                              "peers": False, "read_samples": 0})
-        for s in specs:
-            for key in ("corpus", "scaled"):
-                if s[key] is None:
-                    continue
-                cp = s[key]
-                m = cp.manifest()
-                if key == "corpus":
-                    s["manifest"] = m
-                self.corpora[cp.name] = {"root": cp.root, "kind": cp.kind, "samples": len(m.items),
-                                         "files": sum(len(it.paths) for it in m.items),
-                                         "fields": list(cp.fields), "real": cp.real, "notes": cp.notes}
+            specs += [self._spec(rc, (DEFAULT_CODEC,), 0) for rc in reals]
         return specs
+
+    def _spec(self, cp: corpus.Corpus, codecs: tuple[str, ...], read_samples: int,
+              scaled: corpus.Corpus | None = None, peers: bool = False) -> dict[str, Any]:
+        m = cp.manifest()
+        for x in filter(None, (cp, scaled)):
+            n = len(m.items) if x is cp else x.extra["pairs"]
+            self.corpora[x.name] = {"root": x.root, "kind": x.kind, "samples": n, "files": n * len(x.fields),
+                                    "fields": list(x.fields), "real": x.real, "notes": x.notes}
+        train = [k for k, it in enumerate(m.items) if it.split == "train"]
+        return {"corpus": cp, "codecs": codecs, "read_samples": read_samples, "scaled": scaled, "peers": peers,
+                "manifest": m, "items": corpus.item_paths(m), "fields": tuple(cp.job("x.h5").fields.items()),
+                "train": train}
+
+    # ------------------------------------------------------------ conversions
+
+    def _convert_rows(self, spec: dict[str, Any]) -> list[Row]:
+        cp, items, fields = spec["corpus"], spec["items"], spec["fields"]
+        rows: list[Row] = []
+
+        def h5batch(codec: str, src: corpus.Corpus, variant: str = "") -> Row:
+            out = self.path("h5", f"{src.name}-{codec}.h5")
+            job_file = self.path("jobs", f"{src.name}-{codec}.yaml")
+            with open(job_file, "w") as f:
+                json.dump(src.job_dict(out, codec), f, indent=1)  # JSON is YAML
+
+            def run() -> dict[str, Any]:
+                r = measure.run(writers.convert_argv(job_file))
+                s = r["result"]
+                return {"seconds": r["wall"], "work_seconds": s["seconds"], "items": sum(s["counts"].values()),
+                        "cpu_seconds": r["cpu_seconds"], "peak_rss": r["peak_rss"], "output_bytes": s["output_bytes"]}
+            return self.record("convert", cp.name, "h5batch", codec, variant), out, run
+
+        def script(method: str, codec: str, fn: Callable[..., dict[str, Any]], out: str, *args: Any) -> Row:
+            def run() -> dict[str, Any]:
+                r = measure.call(fn, items, fields, out, *args, scratch=self.work)
+                s = r["result"]
+                return {"seconds": r["wall"], "work_seconds": s["seconds"], "items": s["samples"],
+                        "cpu_seconds": r["cpu_seconds"], "peak_rss": r["peak_rss"],
+                        "output_bytes": writers.dir_bytes(out)}
+            return self.record("convert", cp.name, method, codec), out, run
+
+        rows += [h5batch(codec, cp) for codec in spec["codecs"]]
+        rows.append(script("naive", "gzip", writers.naive_convert, self.path("naive", f"{cp.name}.h5")))
+        if spec["scaled"] is not None:
+            rows.append(h5batch(DEFAULT_CODEC, spec["scaled"], f"x{self.cfg.scale}"))
+        if spec["peers"] and self.peer_ok.get("webdataset"):
+            p = self.cfg.processes
+            rows.append(script(f"webdataset-{p}p", "", writers.wds_convert, self.path("wds", cp.name, "x"),
+                               p, max(16, len(items) // 16)))
+        if spec["peers"] and self.peer_ok.get("litdata"):
+            rows.append(script("litdata", "", writers.litdata_convert, self.path("litdata", cp.name, "x"),
+                               self.cfg.processes))
+        return rows
+
+    def _convert_phase(self, spec: dict[str, Any]) -> None:
+        name = spec["corpus"].name
+        rows = self._convert_rows(spec)
+        rounds = [False] * self.cfg.warmup + [True] * self.cfg.reps
+        for k, timed in enumerate(rounds):
+            which = f"round {k + 1 - self.cfg.warmup}/{self.cfg.reps}" if timed else "untimed round"
+            self.say(f"convert {name}: {which} ({len(rows)} configurations)")
+            for rec, out, run in rows[k % len(rows):] + rows[:k % len(rows)]:
+                writers.remove_output(out)
+                os.sync()  # else the previous output's writeback lands in this run
+                r = run()
+                rec.info["path"] = out
+                if timed:
+                    rec.runs.append(r)
+
+    # ------------------------------------------------------------ correctness
+
+    def _check_phase(self, spec: dict[str, Any]) -> None:
+        cp, m = spec["corpus"], spec["manifest"]
+        self.say(f"check {cp.name}: decoding the source in this process for reference")
+        ref = corpus.decode_items(cp, m)
+        self.corpora[cp.name]["sample_bytes"] = sum(a.nbytes for v in ref.values() for a in v) / max(len(m.items), 1)
+        for rec in [r for r in self.records.values() if r.phase == "convert" and r.corpus == cp.name]:
+            path = rec.info.get("path")
+            if path is None or rec.variant:
+                continue
+            if rec.method == "h5batch":
+                rec.info["field_codecs"] = field_codecs(path)
+                self.check(f"{cp.name}: h5batch {rec.codec} output equals the decoded source", h5_equal(path, m, ref))
+            elif rec.method == "naive":
+                ok = all(_equal(writers.naive_read_all(path, name), ref[name]) for name in ref)
+                self.check(f"{cp.name}: naive output equals the decoded source", ok)
+            else:
+                build = loaders.webdataset if rec.method.startswith("webdataset") else loaders.litdata
+                rec.info["verify"] = v = loaders.verify(build(path, list(ref), 2, self.cfg.batch_size, keys=True), ref)
+                self.check(f"{cp.name}: {rec.method} holds every sample once, equal to the source", v["ok"],
+                           json.dumps(v))
+        if cp.fixed:
+            spec["memmap"] = loaders.write_memmaps({k: [v[i] for i in spec["train"]] for k, v in ref.items()},
+                                                   os.path.dirname(self.path("memmap", cp.name, "x")))
+
+    # ------------------------------------------------------------------ reads
+
+    def _read_rows(self, spec: dict[str, Any], nw: int) -> list[tuple[Record, Callable[..., Any], dict[str, Any]]]:
+        cp = spec["corpus"]
+        names, fixed, n = list(cp.fields), cp.fixed, len(spec["train"])
+        rows: list[tuple[Record, Callable[..., Any], dict[str, Any]]] = []
+
+        def add(method: str, codec: str, variant: str, build: Callable[..., Any], **args: Any) -> None:
+            rows.append((self.record("read", cp.name, method, codec, variant, nw), build,
+                         {**args, "workers": nw, "batch": self.cfg.batch_size}))
+
+        def converted(method: str, codec: str = "") -> str | None:
+            rec = self.records.get("/".join(filter(None, ("convert", cp.name, method, codec))))
+            return rec.info.get("path") if rec is not None and rec.runs else None
+
+        for codec in spec["codecs"]:
+            if (path := converted("h5batch", codec)) is not None:
+                add("h5batch", codec, "chunk-shuffle", loaders.h5_chunk_shuffle, path=path, seed=self.cfg.seed)
+        if (path := converted("h5batch", DEFAULT_CODEC)) is not None:
+            add("h5batch", DEFAULT_CODEC, "random", loaders.h5_random, path=path)
+            if fixed:  # torch's default collate cannot stack variable lengths
+                add("h5batch", DEFAULT_CODEC, PLAIN, loaders.h5_plain, path=path)
+            add("h5batch", DEFAULT_CODEC, LOADER, loaders.h5_loader, path=path, seed=self.cfg.seed)
+        if (path := converted("naive", "gzip")) is not None:
+            add("naive", "gzip", "random", loaders.naive, path=path, names=names, n=n, fixed=fixed)
+        add("raw-files", "", "random", loaders.raw, items=[spec["items"][k] for k in spec["train"]],
+            fields=spec["fields"], fixed=fixed)
+        if "memmap" in spec:
+            add("memmap", "", "random", loaders.memmap, folder=spec["memmap"])
+        for rec in [r for r in self.records.values() if r.phase == "convert" and r.corpus == cp.name]:
+            if rec.info.get("verify", {}).get("ok") and rec.method.startswith("webdataset"):
+                add("webdataset", "", "shard+buffer", loaders.webdataset, path=rec.info["path"], names=names)
+            elif rec.info.get("verify", {}).get("ok") and rec.method == "litdata":
+                add("litdata", "", "default", loaders.litdata, path=rec.info["path"], names=names)
+        return rows
+
+    def _read_phase(self, spec: dict[str, Any]) -> None:
+        cp, n = spec["corpus"], max(len(spec["train"]), 1)
+        if not spec["train"]:
+            return
+        epochs = max(MIN_EPOCHS, -(-spec["read_samples"] // n))
+        rows = [row for nw in self.cfg.workers for row in self._read_rows(spec, nw)]
+        for rec, _, _ in rows:
+            rec.info.update(samples_per_epoch=n, epochs=epochs)
+        os.sync()  # the conversions' outputs, written back now rather than during the reads
+        for k in range(self.cfg.reps):
+            self.say(f"read {cp.name}: round {k + 1}/{self.cfg.reps} ({len(rows)} configurations)")
+            for rec, build, args in rows[k % len(rows):] + rows[:k % len(rows)]:
+                r = measure.call(measure.read_row, build, args, epochs, self.cfg.seed, self.cfg.consume,
+                                 scratch=self.work)
+                s = r["result"]
+                rec.runs.append({"seconds": s["seconds"], "items": s["samples"], "cpu_seconds": s["cpu_seconds"],
+                                 "peak_rss": r["peak_rss"], "wall": r["wall"]})
+
+
+def h5_equal(path: str, manifest: Any, ref: dict[str, list[np.ndarray]]) -> bool:
+    """Every sample of the h5batch file at ``path``, read back with ``H5Dataset``, equals the
+    decoded source (``ref``, in manifest order: splits in turn)."""
+    from ..torch import H5Dataset
+
+    sets: dict[str, Any] = {}
+    seen: dict[str, int] = {}
+    try:
+        for k, it in enumerate(manifest.items):
+            ds = sets.get(it.split) or sets.setdefault(it.split, H5Dataset(path, it.split, as_float=False))
+            j = seen[it.split] = seen.get(it.split, -1) + 1
+            if j >= len(ds):
+                return False
+            sample = ds[j]
+            if any(not np.array_equal(sample[name].numpy(), ref[name][k]) for name in ref):
+                return False
+        return all(len(sets[s]) == seen[s] + 1 for s in sets)
+    finally:
+        for ds in sets.values():
+            ds.close()
+
+
+def field_codecs(path: str) -> dict[str, str]:
+    """The codec each field of the file's first split was stored with (``auto`` resolves per
+    field, the same in every split)."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        splits = [k for k in json.loads(f.attrs.get("splits", "[]")) if k in f]
+        if not splits:
+            return {}
+        return {name: str(node.attrs["codec"]) for name, node in f[splits[0]].items() if "codec" in node.attrs}
+
+
+def _equal(got: list[Any], ref: list[np.ndarray]) -> bool:
+    return len(got) == len(ref) and all(np.array_equal(a, b) for a, b in zip(got, ref))

@@ -1,4 +1,4 @@
-"""``h5batch bench``: the benchmark suite (h5batch.bench; docs/benchmarks.md).
+"""``h5batch bench``: the benchmark suite (:mod:`h5batch.bench`; docs/benchmarks.md).
 
 Its arguments are defined in :mod:`h5batch.bench.cli` beside the suite they configure; the
 suite, its reports and their dependencies (torch, matplotlib) are imported only in ``run``.
@@ -16,10 +16,11 @@ __all__ = ["DESCRIPTION", "HELP", "NAME", "add_arguments", "run"]
 
 NAME = "bench"
 HELP = "benchmark conversion and reading against baselines and peers"
-DESCRIPTION = ("Convert generated (and, in full mode, real) corpora with h5batch and with the naive "
-               "HDF5 recipe, measure the decode-only floor, read every layout through a torch "
-               "DataLoader, and write bench/results/<timestamp>/ (results.json, results.md, PNG "
-               "plots). See docs/benchmarks.md.")
+DESCRIPTION = ("Convert generated (and, in full mode, real) corpora with `h5batch convert`, the naive "
+               "HDF5 recipe and (with --peers) WebDataset and LitData, each a whole command, check every "
+               "output against the source, read every layout through a torch DataLoader beside raw files "
+               "and a memmap, and write bench/results/<timestamp>/ (results.json, results.md with the "
+               "targets, PNG plots). See docs/benchmarks.md.")
 
 
 def run(args) -> int:
@@ -39,8 +40,6 @@ def run(args) -> int:
         over["cache"] = args.cache
     if args.keep:
         over["keep"] = True
-    if args.random_all:
-        over["random_all_codecs"] = True
     if args.consume:
         over["consume"] = True
     cfg = quick_config(**over) if args.quick else full_config(**over)

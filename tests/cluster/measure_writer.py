@@ -4,7 +4,7 @@
     .venv/bin/python tests/cluster/measure_writer.py [--job jobs/fsdd.yaml] [--workers 2]
         [--set output.codec=gzip ...] [--json]
 
-1. decode only      ``h5batch.bench.decode_only`` on a LocalCluster (cluster start-up excluded)
+1. decode only      :func:`decode_only` on a LocalCluster (cluster start-up excluded)
 2. decode + pack    ``tasks.decode_batch``: decode and put each batch in /dev/shm (the
                     workers' whole share of a conversion); results kept for step 3
 3. writer alone     this process appends those batches with ``writer.OutputWriter`` exactly
@@ -26,16 +26,33 @@ import tempfile
 import time
 
 from h5batch import ConvertOptions, convert
-from h5batch.bench.decode_only import decode_only
 from h5batch.config import ClusterConfig, load_job
 from h5batch.conversion.auto import AutoSettings, resolve
 from h5batch.conversion.cluster import connect
 from h5batch.conversion.plan import make_tasks, versions
 from h5batch.conversion.worker import decode_batch
+from h5batch.errors import DecodeError
+from h5batch.fields import decode_field, reads_files
 from h5batch.layouts import discover
 from h5batch.transport.segments import hostname, new_run_id, remove_segments
 from h5batch.writer.messages import WriterSpec
 from h5batch.writer.output import OutputWriter
+
+
+def decode_only(task) -> tuple[int, int]:
+    """Decode every item of a batch task, without packing, shared memory or writing:
+    ``(samples decoded, bytes decoded)``; a file that does not decode is skipped, as the
+    conversion would reject it."""
+    n = nbytes = 0
+    files = [fc for _, fc in task.fields if reads_files(fc)]  # annotation values cost nothing
+    for paths, _label, _values in task.items:
+        try:
+            for fc, rel in zip(files, paths):
+                nbytes += decode_field(os.path.join(task.root, rel), fc).nbytes
+            n += 1
+        except DecodeError:
+            pass
+    return n, nbytes
 
 
 def writer_spec(job, manifest, auto: AutoSettings, partial: str, final: str) -> WriterSpec:

@@ -2,7 +2,7 @@
 ``store: encoded`` against ``store: decoded``, and against WebDataset and LitData holding
 the same JPEG bytes.
 
-``python -m h5batch.bench.encoded --out DIR`` converts ``../shared/corpora/images`` (an
+``python benchmarks/encoded.py --out DIR`` converts ``../shared/corpora/images`` (an
 ImageFolder of JPEG photos) when present, else a generated corpus
 (:func:`h5batch.generate.make_image_corpus`), with every image decoded at ``--size`` (shorter
 side resized, centre crop):
@@ -38,19 +38,19 @@ from typing import Any
 
 import numpy as np
 
-from ..fields import KINDS
-from ..fields.encoded import decode_bytes
-from ..fields.image import ImageField
-from .peers import available, dir_bytes
+from h5batch.bench.writers import available, dir_bytes
+from h5batch.fields import KINDS
+from h5batch.fields.encoded import decode_bytes
+from h5batch.fields.image import ImageField
 
-SHARED_IMAGES = Path(__file__).resolve().parents[3] / "shared" / "corpora" / "images"
+SHARED_IMAGES = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "images"
 TRANSCODE = {"format": "jpeg", "quality": 90, "max_size": 256}
 
 
 def _corpus(out: Path, count: int) -> Path:
     if SHARED_IMAGES.is_dir():
         return SHARED_IMAGES
-    from ..generate import make_image_corpus
+    from h5batch.generate import make_image_corpus
 
     root = out / "corpus"
     make_image_corpus(root, n_per_class=max(1, count // 2))
@@ -88,7 +88,7 @@ def _h5_convert(root: Path, out: Path, name: str, size: int, workers: int, extra
     job = {"name": name, "source": {"root": str(root), "splits": ["train"]},
            "fields": {"image": {"type": "image", "extensions": [".jpg", ".jpeg", ".png"], "size": [size, size],
                                 **extra}},
-           "output": {"path": str(path), "codec": "auto"}, "cluster": {"kind": "local", "dashboard": False}}
+           "output": {"path": str(path), "codec": "auto"}}
     (out / f"{name}.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
     cmd = [sys.executable, "-m", "h5batch.cli", "convert", str(out / f"{name}.yaml"), "--workers", str(workers),
            "--overwrite", "--progress", "none"]
@@ -105,7 +105,7 @@ def _h5_convert(root: Path, out: Path, name: str, size: int, workers: int, extra
 def _h5_loader(path: str, workers: int, batch: int) -> Any:
     from torch.utils.data import DataLoader
 
-    from ..torch import ChunkShuffleSampler, H5Dataset, collate
+    from h5batch.torch import ChunkShuffleSampler, H5Dataset, collate
 
     ds = H5Dataset(path, "train", as_float=False)
     return DataLoader(ds, batch_size=batch, sampler=ChunkShuffleSampler(ds, seed=0), num_workers=workers,
@@ -265,7 +265,7 @@ def table(result: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m h5batch.bench.encoded", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python benchmarks/encoded.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, type=Path, help="working folder (outputs, encoded.json)")
     ap.add_argument("--size", type=int, default=224, help="decoded size, pixels (default 224)")
     ap.add_argument("--count", type=int, default=256, help="generated images when there is no shared corpus")

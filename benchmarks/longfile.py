@@ -1,4 +1,4 @@
-"""``python -m h5batch.bench.longfile``: the memory a conversion of one long recording
+"""``python benchmarks/longfile.py``: the memory a conversion of one long recording
 costs, against the size of its decoded sample.
 
 The target (issue 19, item 5): the peak RSS of the conversion's whole process tree is at
@@ -8,7 +8,7 @@ written block by block), converts it with the whole CLI in a subprocess, does th
 the 1-second corpus, and prints, side by side in one run:
 
 ``tree RSS``   the sum of the RSS of every process of the tree (the driver, the writer, the
-               Dask workers), as :mod:`h5batch.bench.measure` and ``top`` show it; a page of
+               decoder processes), as ``top`` shows it; a page of
                shared memory counts once per process that maps it.
 ``footprint``  the private RSS of every process (RSS minus mapped shared memory) plus the
                bytes the run's ``/dev/shm`` segments hold, counted once: what the job holds,
@@ -18,9 +18,7 @@ The ratio is ``(peak - baseline) / decoded sample``. Then the stored sample is c
 block by block, with ``soundfile.read`` of the file. Cases whose file would not fit in the
 free memory (three times the decoded sample) are skipped with a note.
 
-``make bench BENCH=`` (full mode) runs both cases of 2 hours ``reps`` times after its reads
-(:func:`bench_phase`; the WAVs are made once into the bench's cache, 1.6 GB), and its report
-judges the target (``report.memory_targets``), so that every target of issue 19 is in one run.
+Run it on a machine with ~10 GB free; each 2-hour WAV is written once into ``--workdir``.
 """
 
 from __future__ import annotations
@@ -34,12 +32,9 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import psutil
-
-from .measure import Sample
 
 SHM_DIR = "/dev/shm"
 
@@ -84,7 +79,7 @@ def job_text(root: Path, out: Path, case: Case, codec: str) -> str:
     return (f"name: longfile\nsource:\n  root: {root}\n  layout: class_folders\n"
             f"fields:\n  audio:\n    type: audio\n    extensions: [.wav]\n    sample_rate: {case.rate}\n"
             f"    channels: {'keep' if case.keep else 'mono'}\n    dtype: {case.dtype}\n"
-            f"output:\n  path: {out}\n  codec: {codec}\ncluster:\n  kind: local\n  workers: 2\n")
+            f"output:\n  path: {out}\n  codec: {codec}\n")
 
 
 def _status(pid: int) -> tuple[int, int]:
@@ -251,73 +246,8 @@ def report(r: dict) -> str:
     return "\n".join(lines)
 
 
-# -- in the full bench ---------------------------------------------------------------------
-
-BENCH_CASES = tuple(CASES)
-TARGET = 1.5  # the peak above the baseline, in decoded samples, at most
-
-
-def bench_phase(bench: Any) -> None:
-    """Each case of ``bench.cfg.long_minutes`` minutes (0: none), ``bench.cfg.reps`` times,
-    as records of phase ``memory`` (corpus: the case); the stored sample is compared with
-    the file in the first round. The WAVs stay in the bench's cache; the outputs go with its
-    work folder."""
-    minutes = bench.cfg.long_minutes
-    if not minutes:
-        return
-    work = Path(bench.cfg.cache) / "longfile"
-    out_dir = Path(bench.folder("longfile", "x")).parent  # (made by folder())
-    for name in BENCH_CASES:
-        rec = bench.record("memory", name, "h5batch-cli", "none")
-        for rep in range(bench.cfg.reps):
-            bench.say(f"long recording {name} ({minutes:g} min): round {rep + 1}/{bench.cfg.reps}")
-            r = run_case(name, CASES[name], minutes, work, "none", out_dir, check=rep == 0)
-            if "skipped" in r:
-                bench.skipped.append(f"long recording {name}: {r['skipped']}")
-                break
-            base, long = r["baseline"], r["long"]
-            rec.runs.append(Sample(long.seconds, 1, r["sample_bytes"], long.tree_rss, base.tree_rss, {
-                "footprint": long.footprint, "baseline_footprint": base.footprint, "minutes": minutes,
-                "exit_code": long.code, "identical": r["identical"] if rep == 0 else None,
-                "at_peak": [list(x) for x in long.at_peak]}))
-            if rep == 0 or long.code != 0:  # (the bench's correctness table; _check logs a failure)
-                bench._check(f"long recording {name}", long.code == 0 and r["identical"],
-                             f"exit {long.code}, the stored sample equals soundfile.read of the file: {r['identical']}")
-            if long.code != 0:
-                break
-        for f in out_dir.glob(f"{name}-*.h5"):
-            f.unlink()
-
-
-def over(run: dict) -> float:
-    """A run's peak above its baseline, in decoded samples."""
-    return (run["peak_rss"] - run["baseline_rss"]) / run["bytes"]
-
-
-def markdown(results: dict) -> list[str]:
-    """The long-recording rows of ``results.md`` (none where the run had none)."""
-    recs = [r for r in results["records"] if r["phase"] == "memory" and r["runs"]]
-    if not recs:
-        return []
-    mb = 1e6
-    lines = ["## Long recordings (memory; `python -m h5batch.bench.longfile`)", "",
-             "The whole CLI on one generated recording (`cluster.kind: local`, 2 workers, `codec: none`) "
-             "against the same job on a 1-second file (the baseline); the tree's RSS sampled every 50 ms; "
-             "medians over the rounds.", "",
-             "| recording | decoded sample MB | converted in s | tree RSS peak MB (baseline) | above the baseline "
-             "/ sample | footprint / sample | stored == soundfile |", "|---|---:|---:|---:|---:|---:|---|"]
-    for r in recs:
-        runs = r["runs"]
-        mid = sorted(runs, key=over)[len(runs) // 2]
-        foot = (mid["footprint"] - mid["baseline_footprint"]) / mid["bytes"]
-        lines.append(f"| {r['corpus']}, {mid['minutes']:g} min | {mid['bytes'] / mb:,.0f} | "
-                     f"{r['seconds']['median']:.1f} | {mid['peak_rss'] / mb:,.0f} ({mid['baseline_rss'] / mb:,.0f}) | "
-                     f"{over(mid):.2f}x | {foot:.2f}x | {runs[0].get('identical')} |")
-    return lines + [""]
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m h5batch.bench.longfile", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python benchmarks/longfile.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=120.0, help="length of the recording (default 120)")
     parser.add_argument("--cases", default="16k-mono-int16,48k-stereo-float32",
                         help=f"comma-separated, of: {', '.join(CASES)}")

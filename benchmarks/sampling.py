@@ -1,8 +1,7 @@
 """The sampling bench: shuffle quality vs locality, ranks, resume latency, length bucketing.
 
-``python -m h5batch.bench.sampling --out DIR`` writes ``DIR/sampling.json`` and
-``DIR/sampling.md``; ``h5batch bench`` runs it too (its ``sampling`` section). What it
-measures, each on files it converts itself (deterministic generated corpora):
+``python benchmarks/sampling.py --out DIR`` writes ``DIR/sampling.json`` and
+``DIR/sampling.md`` (``--small``: a fifth of the files, for a quick look). What it measures, each on files it converts itself (deterministic generated corpora):
 
 * **shuffle**: on a class-sorted corpus (FSDD-style, 10 digits x 270 train files, chunk
   groups of 64 samples, blosc2-lz4 so that reading a chunk means decoding it), per sampler:
@@ -39,17 +38,14 @@ RATE = 8000
 
 def _convert(root: Path, out: Path, n_files: int, seconds: float, chunk_bytes: int, codec: str,
              workers: int | None = 2) -> Path:
-    """Generate and convert a corpus once; ``workers`` None: ``cluster.kind: auto`` decides
-    (a small corpus decodes in the driver, no LocalCluster to start: the same file)."""
-    from .. import generate
-    from ..config import load_job
-    from ..conversion.options import ConvertOptions
-    from ..conversion.pipeline import convert
+    """Generate and convert a corpus once; ``workers`` None: the job's default."""
+    from h5batch import ConvertOptions, convert, generate
+    from h5batch.config import load_job
 
     if out.exists():
         return out
     generate.make_audio_corpus(root, n_files=n_files, seconds=seconds, sample_rate=RATE)
-    job_file = Path(__file__).resolve().parents[2] / "jobs" / "fsdd.yaml"
+    job_file = Path(__file__).resolve().parents[1] / "jobs" / "fsdd.yaml"
     cluster = [] if workers is None else [f"cluster.workers={workers}"]
     job = load_job(job_file, [f"output.path={out}", f"source.root={root}", *cluster,
                               f"output.chunk_bytes={chunk_bytes}", f"output.codec={codec}"])
@@ -61,7 +57,7 @@ def _read_epoch(path: Path, batches: list[list[int]]) -> tuple[float, int, list[
     """One epoch of ``batches`` from a fresh dataset: (samples/s, chunks decoded, labels)."""
     from torch.utils.data import DataLoader
 
-    from ..torch import H5Dataset, collate
+    from h5batch.torch import H5Dataset, collate
 
     ds = H5Dataset(path, "train")
     t0 = time.perf_counter()
@@ -72,8 +68,8 @@ def _read_epoch(path: Path, batches: list[list[int]]) -> tuple[float, int, list[
 
 
 def shuffle_rows(path: Path) -> list[dict[str, Any]]:
-    from ..torch import ChunkShuffleSampler, GlobalBatchSampler, H5Dataset
-    from ..torch.quality import batch_label_kl, chunks_touched, label_batches_kl
+    from h5batch.torch import ChunkShuffleSampler, GlobalBatchSampler, H5Dataset
+    from h5batch.torch.quality import batch_label_kl, chunks_touched, label_batches_kl
 
     ds = H5Dataset(path, "train")
     labels = ds._index_array("label")
@@ -110,8 +106,8 @@ def shuffle_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def rank_rows(path: Path) -> list[dict[str, Any]]:
-    from ..torch import ChunkShuffleSampler, GlobalBatchSampler, H5Dataset
-    from ..torch.quality import chunks_touched
+    from h5batch.torch import ChunkShuffleSampler, GlobalBatchSampler, H5Dataset
+    from h5batch.torch.quality import chunks_touched
 
     ds = H5Dataset(path, "train")
     starts = ds.chunk_starts()
@@ -137,7 +133,7 @@ def rank_rows(path: Path) -> list[dict[str, Any]]:
 def resume_rows(path: Path, big_n: int) -> list[dict[str, Any]]:
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    from ..torch import ChunkShuffleSampler, H5Dataset, collate
+    from h5batch.torch import ChunkShuffleSampler, H5Dataset, collate
 
     rows = []
     for workers in (0, 2):
@@ -195,7 +191,7 @@ def _lhotse_batches(lengths: np.ndarray, max_frames: int, quadratic: float | Non
 
 
 def bucketing_rows(path: Path | None, lengths: np.ndarray, max_frames: int, corpus: str) -> list[dict[str, Any]]:
-    from ..torch import BucketingBatchSampler
+    from h5batch.torch import BucketingBatchSampler
 
     t0 = time.perf_counter()
     ours = BucketingBatchSampler(lengths if path is None else _dataset(path), max_frames=max_frames, seed=0)
@@ -221,7 +217,7 @@ def bucketing_rows(path: Path | None, lengths: np.ndarray, max_frames: int, corp
 
 
 def _dataset(path: Path) -> Any:
-    from ..torch import H5Dataset
+    from h5batch.torch import H5Dataset
 
     return H5Dataset(path, "train")
 
@@ -229,11 +225,9 @@ def _dataset(path: Path) -> Any:
 def measure(work: str | os.PathLike[str], small: bool = False) -> dict[str, Any]:
     """Every table of the module docstring; converts its corpora under ``work`` (kept).
 
-    ``small`` (the suite's tiny test runs): a fifth of the files and of the resumed sampler,
-    converted as ``cluster.kind: auto`` decides (in the driver: no two LocalCluster starts,
-    ~9 of the ~17 s the small phase took on 2 cores).
+    ``small``: a fifth of the files and of the resumed sampler, with the job's default workers.
     """
-    from ..torch.bucketing import field_lengths
+    from h5batch.torch.bucketing import field_lengths
 
     work, k = Path(work), 5 if small else 1
     workers = None if small else 2
@@ -251,23 +245,8 @@ def measure(work: str | os.PathLike[str], small: bool = False) -> dict[str, Any]
     return out
 
 
-def phase(work: str, say: Any, skipped: list[str], small: bool = False) -> dict[str, Any] | None:
-    """The suite's sampling phase: :func:`measure` plus its ``markdown`` lines (the report
-    prints them as they are), or a line in ``skipped`` and ``None``."""
-    try:
-        import lhotse  # noqa: F401
-        import torchdata  # noqa: F401
-    except ImportError as exc:
-        skipped.append(f"sampling: {exc} (install the dev dependencies)")
-        return None
-    say("sampling: shuffle quality, ranks, resume, bucketing")
-    res = measure(work, small)
-    res["markdown"] = markdown(res)  # the report's section, kept with the figures
-    return res
-
-
 def markdown(res: dict[str, Any]) -> list[str]:
-    """The ``## Sampling`` section of the bench report."""
+    """The tables of ``sampling.md``."""
     lines = ["## Sampling", "", "Shuffle quality vs locality (class-sorted corpus, 10 classes, chunk groups of 64, "
              "batches of 64, default cache, 0 workers):", "",
              "| sampler | KL bits (mean / max of 5 seeds) | chunks per batch | chunks decoded / epoch | samples/s |",
@@ -294,11 +273,12 @@ def markdown(res: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m h5batch.bench.sampling", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python benchmarks/sampling.py", description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="folder for sampling.json, sampling.md and the converted files")
+    p.add_argument("--small", action="store_true", help="a fifth of the files")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    res = measure(os.path.join(args.out, "work"))
+    res = measure(os.path.join(args.out, "work"), args.small)
     with open(os.path.join(args.out, "sampling.json"), "w") as fh:
         json.dump(res, fh, indent=1)
     text = "\n".join(markdown(res))
