@@ -30,7 +30,7 @@ from tests.support.run import convert_cmd, run, start
 
 JOB = REPO / "jobs" / "paired_audio.yaml"
 CHAINS = 3  # chains of kills, each ending in a run that finishes
-KILLS = 9  # kills per chain (a chain whose run finishes before its kill has fewer)
+KILLS = 8  # kills per chain (a chain whose run finishes before its kill has fewer)
 WRITE_MODES = {"w", "a", "r+", "a+"}
 BAD = ("train/data/17.wav", "test/label/3.wav")  # rejects the resumed runs must keep
 

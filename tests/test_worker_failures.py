@@ -1,16 +1,26 @@
-"""Worker failures on a real LocalCluster: a killed worker, a file that crashes its worker
-every time, and a file whose decode hangs. Faults are injected into the real worker task
-through ``H5BATCH_FAULTS`` (the worker really dies by SIGKILL, or really hangs)."""
+"""Worker failures in real conversions, through the command line: a killed worker, a file
+that crashes its worker every time, a file whose decode hangs, a frozen worker, a cluster
+whose workers all die for good (on ``cluster.kind: local``, a Dask LocalCluster), and a
+user transform that kills its decoder with a real SIGSEGV or hangs it (on the default
+engine and on a LocalCluster). Faults are injected into the real processes through
+``H5BATCH_FAULTS`` (the worker really dies by SIGKILL, or really hangs), a transform module
+or a ``sitecustomize`` on ``PYTHONPATH``; what is checked is what a user sees: the exit code,
+the message, the rejects list and the output's content."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 from pathlib import Path
 
 import h5py
+import numpy as np
+import psutil
 import pytest
+import soundfile as sf
 
 from h5batch import generate
 from tests.conftest import REPO
@@ -28,18 +38,21 @@ def corpus(tmp_path_factory) -> Path:
     return root
 
 
+SETTINGS = ("cluster.batch_size=8", "policy.retries=1", "policy.max_reject_fraction=0.2")
+
+
 def convert(root: Path, out: Path, faults: str = "", *extra: str, workers: int | None = 2,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """``workers=None``: ``cluster.kind: auto`` decides (this corpus: in the driver)."""
+    """``workers=2``: a LocalCluster of 2 workers; ``workers=None``: the job's own engine."""
+    local = ("cluster.kind=local",) if workers else ()
     return run.convert(JOB, *extra, workers=workers, output=out, root=root, env_extra={"H5BATCH_FAULTS": faults, **(env or {})},
-                       settings=("cluster.batch_size=8", "policy.retries=1", "policy.max_reject_fraction=0.2"),
-                       timeout=400)
+                       settings=(*SETTINGS, *local), timeout=400)
 
 
 @pytest.fixture(scope="module")
 def reference(corpus, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ref") / "ref.h5"
-    res = convert(corpus, out, workers=None)  # no fault, in the driver: the cluster is no part of the output
+    res = convert(corpus, out, workers=None)  # no fault, the default engine: the engine is no part of the output
     assert res.returncode == 0, res.stderr
     return out
 
@@ -63,11 +76,16 @@ def test_killed_worker_batch_is_retried_and_output_is_complete(corpus, reference
     assert not orphaned_segments()
 
 
-def test_file_that_crashes_its_worker_is_isolated_and_rejected(corpus, reference, tmp_path):
+@pytest.mark.parametrize("batch", [8, 2])
+def test_file_that_crashes_its_worker_is_isolated_and_rejected(batch, corpus, reference, tmp_path):
+    """Only the crashing file's pairs are rejected, never a file decoded beside it. Batches
+    of 2: a worker often dies holding the finished result of the batch before (not fetched
+    yet); that batch is decoded again whole, not split towards blaming one of its files
+    (before, such a file, decoded twice, was rejected in the culprit's place 1 run in 3)."""
     out = tmp_path / "out.h5"
     # No retry of a dead batch before it is split (the killed-worker test above covers the
     # retry): each file takes 4 worker deaths (batches of 8, 4, 2, 1), not 8, each a restart.
-    res = convert(corpus, out, "crash_on=5.wav", "--set", "policy.retries=0")
+    res = convert(corpus, out, "crash_on=5.wav", "--set", "policy.retries=0", "--set", f"cluster.batch_size={batch}")
     assert res.returncode == 0, res.stderr
     got = sources(out)
     want = [p for p in sources(reference) if not p.endswith("/5.wav")]
@@ -112,94 +130,137 @@ def test_a_frozen_worker_is_killed_and_its_batch_decoded_again(corpus, reference
     assert not orphaned_segments()
 
 
-def test_a_local_cluster_left_without_workers_stops_the_wait_instead_of_hanging(corpus):
-    """A LocalCluster of the run that has no worker left (its nannies gone: here scaled to
-    zero) would keep the tasks waiting forever; the driver's wait gives up after
-    policy.no_worker_timeout with the error the CLI prints, and an event that arrives in time
-    is returned as usual. Real cluster, real client; the driver object holds only what its
-    wait reads."""
-    import queue
-    import time
-    from types import SimpleNamespace
-
-    from distributed import Client, LocalCluster
-
-    from h5batch.config import load_job
-    from h5batch.conversion.cluster import Connection
-    from h5batch.conversion.driver import Driver
-    from h5batch.errors import ConvertError
-
-    job = load_job(JOB, [f"source.root={corpus}", "cluster.kind=local", "policy.no_worker_timeout=1"])
-    with LocalCluster(n_workers=1, processes=False, threads_per_worker=1, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
-        d = Driver.__new__(Driver)
-        d.job, d.client, d.events, d.watch, d.say = job, client, queue.Queue(), None, print
-        d.plan = SimpleNamespace(spec=SimpleNamespace(partial_path="out.h5.partial", final_path="out.h5", sync=None))
-        conn = Connection(client, "LocalCluster", None, cluster)
-        d.events.put(("future", 1))
-        assert d._next_event(conn) == ("future", 1)  # with workers: the event, at once
-        cluster.scale(0)
-        deadline = time.monotonic() + 60
-        while client.scheduler_info(n_workers=-1)["workers"]:
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        t0 = time.monotonic()
-        with pytest.raises(ConvertError, match="every worker of the local Dask cluster is gone and none came back "
-                                               "in 1 s .policy.no_worker_timeout") as e:
-            d._next_event(conn)
-        assert 1.0 <= time.monotonic() - t0 < 30
-        assert "progress is committed in out.h5.partial; run the same command again to resume" in str(e.value)
-        d.events.put(("writer", 2))  # an event within the limit still comes through
-        assert d._next_event(conn) == ("writer", 2)
+def _pythonpath(*dirs: Path) -> str:
+    return os.pathsep.join([*map(str, dirs), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
-def test_a_part_whose_worker_died_after_it_finished_is_decoded_again_not_split(corpus):
-    """A batch that ran to the end on a worker which then died (of the next task in its
-    queue) before the result was fetched: none of its files took the worker down, so it is
-    submitted again whole, never split towards blaming one of its files. Real LocalCluster
-    worker process, real finished task, the worker killed by SIGKILL, the driver's own
-    handler. (Before, such a file decoded just before the culprit, twice, was rejected in
-    the culprit's place: test_file_that_crashes_its_worker_is_isolated_and_rejected failed
-    1 run in 3.)"""
-    import os
-    import queue
-    import signal
-    import time
+# Started by multiprocessing's spawn (a Dask nanny's worker process) while the file named by
+# H5BATCH_TEST_NO_WORKER exists: exit at once, so no worker ever comes back.
+SITECUSTOMIZE = """
+import os, sys
+_marker = os.environ.get("H5BATCH_TEST_NO_WORKER")
+if _marker and os.path.exists(_marker) and "spawn_main" in " ".join(getattr(sys, "orig_argv", ())):
+    os._exit(3)
+"""
 
-    from distributed import Client, LocalCluster
 
-    from h5batch.config import load_job
-    from h5batch.conversion.driver import Driver
-    from h5batch.conversion.isolation import Slot
-    from h5batch.conversion.plan import make_tasks
-    from h5batch.layouts import discover
-    from h5batch.transport.segments import new_run_id, remove_segments
+def test_a_local_cluster_left_without_workers_stops_the_run_instead_of_hanging(corpus, reference, tmp_path):
+    """Every worker of the run's LocalCluster dies (kill -9) and none can start again: the run
+    stops after policy.no_worker_timeout with the message, its progress committed, instead
+    of waiting for ever; the same command then resumes to the uninterrupted file."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    marker, out = tmp_path / "no-more-workers", tmp_path / "out.h5"
+    # 7.wav hangs its worker: the run is surely still decoding when its workers are killed.
+    cmd = run.convert_cmd(JOB, workers=2, output=out, root=corpus,
+                          settings=(*SETTINGS, "cluster.kind=local", "policy.decode_timeout=60",
+                                    "policy.no_worker_timeout=2"))
+    proc = run.start(cmd, {"PYTHONPATH": _pythonpath(hook), "H5BATCH_TEST_NO_WORKER": str(marker),
+                           "H5BATCH_FAULTS": "hang_on=7.wav"}, new_session=True)
+    try:
+        err = ""
+        while "preflight:" not in err:  # the cluster is up, decoding has begun
+            line = proc.stderr.readline()
+            assert line, f"the run ended before decoding:\n{err}"
+            err += line
+        marker.touch()
+        workers = [c for c in psutil.Process(proc.pid).children(recursive=True)
+                   if "spawn_main" in " ".join(c.cmdline())]
+        assert len(workers) == 2, [c.cmdline() for c in workers]
+        for w in workers:
+            w.kill()
+        _, rest = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    err += rest
+    assert proc.returncode == 1, f"exit code {proc.returncode}:\n{err}"
+    assert re.search(r"every worker of the local Dask cluster is gone and none came back in 2 s "
+                     r"\(policy.no_worker_timeout", err), err
+    assert f"progress is committed in {out}.partial; run the same command again to resume" in err, err
+    res = convert(corpus, out)  # workers start again: the rerun resumes
+    assert res.returncode == 0, res.stderr
+    assert_same_h5(reference, out)
+    assert not orphaned_segments()
 
-    job = load_job(JOB, [f"source.root={corpus}", "cluster.kind=local", "cluster.batch_size=2"])
-    run_id = new_run_id()
-    task = make_tasks(job, discover(job), run_id, "")[0]
-    assert len(task.items) == 2
-    with LocalCluster(n_workers=1, processes=True, threads_per_worker=1, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
-        try:
-            d = Driver.__new__(Driver)
-            d.client, d.events, d.run_id, d.submissions, d.futures = client, queue.Queue(), run_id, 0, {}
-            d.slots = {0: Slot(task)}
-            d._submit(0, 0, 2)
-            kind, event = d.events.get(timeout=120)
-            fut, fired_as = event
-            assert (kind, fired_as) == ("future", "finished")
-            (pid,) = client.run(os.getpid).values()
-            os.kill(pid, signal.SIGKILL)  # the worker dies after the task finished, its result with it
-            deadline = time.monotonic() + 60
-            while fut.status == "finished":
-                assert time.monotonic() < deadline, "the scheduler never noticed the worker's death"
-                time.sleep(0.05)
-            d._on_future(event)
-            parts = d.slots[0].parts
-            assert [(p.lo, p.hi, p.lost, p.confirming) for p in parts] == [(0, 2, 1, False)], parts
-            assert list(d.futures.values()) == [(0, 0)]  # submitted again, whole
-            kind, (again, fired_as) = d.events.get(timeout=120)  # the nanny's new worker decodes it
-            assert fired_as == "finished" and again.result(timeout=60).n_samples == 2
-        finally:
-            remove_segments(run_id)
+
+# User transforms (docs/jobs.md, "Transforms and features"): one kills its process with a
+# real SIGSEGV on the one file of SEGV_FRAMES frames, the other hangs on the one of HANG_FRAMES.
+SEGV_FRAMES, HANG_FRAMES = 4321, 4322
+TRANSFORM = f"""
+import os, signal, time
+
+def segfault(x):
+    if x.shape[0] == {SEGV_FRAMES}:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return x
+
+def hang(x):
+    if x.shape[0] == {HANG_FRAMES}:
+        time.sleep(3600)
+    return x
+"""
+SEGV_FILE, HANG_FILE = "train/data/0.wav", "train/data/3.wav"  # 0: item 0, always in codec auto's trial
+
+
+@pytest.fixture(scope="module")
+def marked(tmp_path_factory) -> tuple[Path, Path]:
+    """A corpus whose SEGV_FILE and HANG_FILE have the lengths the transform acts on, and
+    the folder of the transform's module."""
+    base = tmp_path_factory.mktemp("marked")
+    root = base / "corpus"
+    generate.make_paired_audio(root, n_train=24, n_test=8, seconds=0.25, seed=5)
+    rng = np.random.default_rng(0)
+    for rel, frames in ((SEGV_FILE, SEGV_FRAMES), (HANG_FILE, HANG_FRAMES)):
+        sf.write(root / rel, (rng.standard_normal(frames) * 3000).astype(np.int16), 16000, subtype="PCM_16")
+    hooks = base / "hooks"
+    hooks.mkdir()
+    (hooks / "h5batch_test_transform.py").write_text(TRANSFORM)
+    return root, hooks
+
+
+# engine -> settings; codec -> settings (auto: the job as shipped, a trial decodes files in
+# the driver first; none with a numeric batch size: no trial, the engine alone decodes)
+ENGINES = {"default engine": (), "LocalCluster": ("cluster.kind=local", "cluster.workers=2")}
+CODECS = {"codec auto": (), "codec none": ("output.codec=none", "cluster.batch_size=8")}
+
+
+def _convert_marked(marked, out: Path, transform: str, *settings: str) -> subprocess.CompletedProcess:
+    root, hooks = marked
+    return run.convert(JOB, output=out, root=root, timeout=400, env_extra={"PYTHONPATH": _pythonpath(hooks)},
+                       settings=(f"fields.data.transform=h5batch_test_transform:{transform}",
+                                 "policy.decode_timeout=2", "policy.retries=0", "policy.max_reject_fraction=0.2",
+                                 *settings))
+
+
+def _assert_only_rejected(out: Path, root: Path, victim: str) -> list[dict]:
+    """The victim's pair is rejected, with a reason; every other pair is in the output."""
+    rej = rejects(out)
+    pair = {victim, victim.replace("/data/", "/label/")}
+    assert {r["path"] for r in rej} == pair, rej
+    assert all(r["reason"] for r in rej), rej
+    want = {str(p.relative_to(root)) for p in root.glob("*/data/*.wav")} - {victim}
+    assert sorted(sources(out)) == sorted(want)
+    return rej
+
+
+@pytest.mark.parametrize("codec", list(CODECS))
+@pytest.mark.parametrize("engine", list(ENGINES))
+def test_a_transform_that_segfaults_its_decoder_rejects_that_file_only(engine, codec, marked, tmp_path):
+    out = tmp_path / "out.h5"
+    res = _convert_marked(marked, out, "segfault", *ENGINES[engine], *CODECS[codec])
+    assert res.returncode == 0, f"{engine}, {codec}: exit code {res.returncode}:\n{res.stderr}"
+    _assert_only_rejected(out, marked[0], SEGV_FILE)
+    assert not orphaned_segments()
+
+
+@pytest.mark.parametrize("engine", list(ENGINES))
+def test_a_transform_that_hangs_its_decoder_rejects_that_file_after_the_timeout(engine, marked, tmp_path):
+    out = tmp_path / "out.h5"
+    res = _convert_marked(marked, out, "hang", *ENGINES[engine])
+    assert res.returncode == 0, f"{engine}: exit code {res.returncode}:\n{res.stderr}"
+    rej = _assert_only_rejected(out, marked[0], HANG_FILE)
+    assert all(r["stage"] == "timeout" for r in rej), rej
+    assert not orphaned_segments()
