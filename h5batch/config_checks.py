@@ -80,6 +80,9 @@ def validate(job: JobConfig, check_paths: bool) -> None:
         raise ConfigError(f, "cluster.workers", f"must be >= 1, got {c.workers}")
     if c.batch_size != "auto" and c.batch_size < 1:
         raise ConfigError(f, "cluster.batch_size", f"must be >= 1, got {c.batch_size}")
+    if c.security and c.kind == "processes":
+        raise ConfigError(f, "cluster.security", "is for Dask's connections, and kind 'processes' (the default) "
+                                                 "has none: set cluster.kind to local or to a scheduler's kind")
     if c.kind == "address" and not c.address:
         raise ConfigError(f, "cluster.address", "is required for kind 'address'")
     if c.kind == "scheduler_file" and not c.scheduler_file:

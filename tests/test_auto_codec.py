@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from h5batch import ConvertOptions, convert, generate
-from h5batch.codecs import AUTO_CODEC, CodecSpec
+from h5batch.codecs import AUTO_CODEC, CodecSpec, lz4_trial
 from h5batch.config import job_from_dict
 from h5batch.conversion.auto import (
     MIN_RATIO,
@@ -29,7 +29,6 @@ from h5batch.conversion.auto import (
     choose,
     decode_cost,
     read_saving,
-    trial_speeds,
 )
 from h5batch.errors import ConfigError
 
@@ -105,7 +104,7 @@ def test_trial_speeds_measures_both_speeds_and_leaves_blosc2s_threads_alone():
     rng = np.random.default_rng(0)
     clips = [(rng.integers(-3000, 3000, 16000) / 32768).astype(np.float32) for _ in range(8)]
     before = blosc2.nthreads
-    decode, copy = trial_speeds(clips, None, True)
+    decode, copy = lz4_trial.speeds(clips, None, True)
     assert blosc2.nthreads == before
     assert 0.0 < decode < math.inf and 0.0 < copy < math.inf
 

@@ -327,7 +327,7 @@ def test_tls_external_scheduler(tls, corpus, reference, tmp_path):
 
 def test_tls_local_cluster(tls, corpus, reference, tmp_path):
     out = tmp_path / "out.h5"
-    res, _ = convert(write_job(tmp_path, corpus, out, workers=2, security=tls.security()))
+    res, _ = convert(write_job(tmp_path, corpus, out, kind="local", workers=2, security=tls.security()))
     assert "LocalCluster, 2 worker processes x 1 thread on 127.0.0.1 (TLS)" in res.stderr
     _assert_no_secrets(res.stdout + res.stderr, tls)
     assert_same_h5(reference, out)

@@ -22,7 +22,8 @@ def test_killed_run_leaves_no_semaphore_after_the_next_run(tmp_path):
     job = Path(__file__).parents[1] / "jobs" / "paired_audio.yaml"
     out = tmp_path / "out.h5"
     cmd = convert_cmd(job, output=out, root=root, workers=2,
-                      settings=["cluster.batch_size=4", "policy.commit_every=0", "output.chunk_bytes=16384"])
+                      settings=["cluster.kind=local", "cluster.batch_size=4", "policy.commit_every=0",
+                                "output.chunk_bytes=16384"])
     proc = start(cmd, {"H5BATCH_FAULTS": "pause_at=commit:3"}, new_session=True)
     wait_for(Path(str(out) + ".partial.paused"), proc)
     during = semaphores.list_tagged(proc.pid)

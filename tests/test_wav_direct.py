@@ -327,14 +327,14 @@ def test_a_conversion_of_files_of_every_length_stores_what_the_ordinary_decode_g
         assert stored[rel].dtype == want.dtype and np.array_equal(stored[rel], want), rel
 
 
-def test_file_decoders_take_the_batches_paths_and_fall_back(tmp_path):
-    """``direct.file_decoders`` (what the kind probe times): per field the direct reader
-    into a scratch row, the direct loader, or the ordinary decode; a file the fast path
+def test_sample_decoders_take_the_batches_paths_and_fall_back(tmp_path):
+    """``direct.sample_decoders`` (what the codec trial decodes with): per field the direct
+    reader into a new row, the direct loader, or the ordinary decode; a file the fast path
     declines goes to the ordinary decode, which decodes it or raises its reject."""
-    from h5batch.conversion.direct import file_decoders
+    from h5batch.conversion.direct import sample_decoders
 
     fields = (("fixed", _field()), ("var", _var()), ("float", _var(dtype="float32")))
-    decoders = file_decoders(fields)
+    decoders = sample_decoders(fields)
     good = _wav(tmp_path / "g.wav", _samples(LENGTH, 104).tobytes())
     stereo = DECLINED["stereo"](tmp_path / "s.wav")
     garbage = DECLINED["not_audio"](tmp_path / "n.wav")

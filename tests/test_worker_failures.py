@@ -160,7 +160,7 @@ def test_a_local_cluster_left_without_workers_stops_the_run_instead_of_hanging(c
                            "H5BATCH_FAULTS": "hang_on=7.wav"}, new_session=True)
     try:
         err = ""
-        while "preflight:" not in err:  # the cluster is up, decoding has begun
+        while "codec auto:" not in err:  # the cluster is up, the plan made, decoding has begun
             line = proc.stderr.readline()
             assert line, f"the run ended before decoding:\n{err}"
             err += line

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         rows[name] = {"seconds": seconds, "samples_per_s": n / seconds, "mb_per_s": nbytes / 1e6 / seconds}
 
     try:
-        with connect(ClusterConfig(workers=args.workers, dashboard=False)) as conn:
+        with connect(ClusterConfig(kind="local", workers=args.workers, dashboard=False)) as conn:
             client = conn.client
             client.gather(client.map(decode_only, tasks[: args.workers], pure=False))  # warm imports + cache
             t0 = time.perf_counter()
