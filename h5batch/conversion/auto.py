@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -69,8 +68,7 @@ from ..fields import (
     rows_per_chunk,
 )
 from ..manifest import Manifest
-from .decoder_warnings import silenced
-from .trial import TRIAL_BYTES, Trial
+from .trial import TRIAL_BYTES, Trial, TrialRunner, run_here
 
 MIN_RATIO = 1.15  # keep compression when it saves at least ~13 % of the bytes
 TARGET_BATCH_BYTES = 16 << 20  # decoded bytes per batch of the local engine
@@ -202,7 +200,7 @@ def resolve(job: JobConfig, manifest: Manifest, keep: dict[str, CodecSpec] | Non
         need = [name for name in job.fields if name not in keep]
     if job.cluster.batch_size == "auto":  # variable lengths: the trial estimates a batch's bytes
         need += [name for name, f in fixed.items() if f is None and name not in need]
-    trial = (run_trial or trial_here)(job, os.path.abspath(manifest.root), Trial.items(manifest), need) \
+    trial = (run_trial or run_here)(job, os.path.abspath(manifest.root), Trial.items(manifest), need) \
         if need else Trial({})
 
     field_bytes = _field_bytes(job, fixed, trial.arrays)
@@ -223,15 +221,6 @@ def resolve(job: JobConfig, manifest: Manifest, keep: dict[str, CodecSpec] | Non
                                        round(ratio, 3), len(trial.arrays.get(name) or []), *speeds, o.prefer)
 
     return AutoSettings(codecs, _batch_size(job, manifest, item_bytes, fixed), item_bytes, field_bytes)
-
-
-TrialRunner = Callable[[JobConfig, str, list, list[str]], Trial]
-
-
-def trial_here(job: JobConfig, root: str, items: list, fields: list[str]) -> Trial:
-    """The trial in this process (a worker's, or the driver's where no worker is asked)."""
-    with silenced():  # the batches decode these files again and log their warnings
-        return Trial.run(job, root, items, fields)
 
 
 def _field_bytes(job: JobConfig, fixed: dict, trial: dict[str, list[np.ndarray]]) -> dict[str, int]:

@@ -14,7 +14,7 @@ from ..transport import semaphores
 from ..transport.segments import new_run_id, remove_segments, remove_stale_segments
 from ..writer.messages import Start
 from ..writer.process import WriterGone, WriterHandle
-from . import signals
+from . import signals, trial
 from .cluster import open_engine
 from .driver import Driver, abort
 from .generate import generate_corpus
@@ -22,7 +22,7 @@ from .lock import OutputLock
 from .options import ConvertOptions, ConvertSummary
 from .partial import OutputFiles
 from .plan import make_plan
-from .preflight import check_engine, trial_runner
+from .preflight import check_engine
 from .sync import recover
 
 __all__ = ["convert"]
@@ -90,7 +90,7 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
             say(f"cluster: {conn.description}" + (f"; dashboard {conn.dashboard}" if conn.dashboard else ""))
             check_engine(conn, job, manifest, say)
             plan = make_plan(job, manifest, record, output.final, output.partial, run_id, say,
-                             run_trial=trial_runner(conn, say))
+                             run_trial=trial.on_engine(conn, say))
             plan.spec.inventory = inventory.sidecar(output.partial)
             try:
                 writer.send(Start(plan.spec))

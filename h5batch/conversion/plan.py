@@ -27,8 +27,9 @@ from ..writer.commit import CommitRecord
 from ..writer.messages import WriterSpec
 from ..writer.process import current_umask
 from ..writer.versions import versions  # noqa: F401 - h5batch.bench reads them here
-from .auto import TrialRunner, resolve
+from .auto import resolve
 from .cluster import default_workers
+from .trial import TrialRunner
 
 
 @dataclass

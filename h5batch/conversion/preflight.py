@@ -355,22 +355,3 @@ def check_engine(conn, job, manifest, say: Callable[[str], None]) -> None:
     shown = ", ".join(f"{k} {versions[k]}" for k in ("numpy", "soundfile", "libsndfile", "pillow") if k in versions)
     say(f"preflight: decoder packages import ({shown})")
 
-
-def trial_runner(conn, say: Callable[[str], None]):
-    """Runs ``auto``'s codec trial (:meth:`~.trial.Trial.run`) as one task of the run's
-    engine, so a trial file that kills its decoder takes a worker down, not the driver.
-    A trial whose worker died, or that failed, decides on no samples (a warning says so):
-    the batches then reject that file with its reason."""
-    from .auto import trial_here
-    from .trial import Trial
-
-    def run(job, root: str, items: list, fields: list[str]) -> Trial:
-        fut = conn.client.submit(trial_here, job, root, items, fields, pure=False)
-        try:
-            return fut.result()
-        except Exception as e:  # noqa: BLE001 - the trial only informs the choice
-            say(f"warning: the codec trial failed on a worker ({type(e).__name__}: {e}); "
-                f"choosing without its samples")
-            return Trial({})
-
-    return run

@@ -213,8 +213,9 @@ def _sync(job: JobConfig, opts: ConvertOptions, final: str, lock: OutputLock, ru
                            output_bytes=os.path.getsize(final), dry_run=True,
                            paths={"new": d.new_paths, "changed": d.changed_paths, "removed": d.removed_paths})
     from ..writer.process import WriterHandle
+    from . import trial
     from .cluster import open_engine
-    from .preflight import check_engine, trial_runner
+    from .preflight import check_engine
 
     # The writer first: forked while this process has no other thread (the engine starts some).
     writer = WriterHandle.start(lock.inheritable())
@@ -231,7 +232,7 @@ def _sync(job: JobConfig, opts: ConvertOptions, final: str, lock: OutputLock, ru
             if conn is not None:
                 check_engine(conn, job, found.manifest, say)
             plan = _plan(job, found, old, d, final, partial, in_place, run_id,
-                         trial_runner(conn, say) if conn is not None else None)
+                         trial.on_engine(conn, say) if conn is not None else None)
             summary = _write(job, plan, d, found, final, writer, run_id, opts, say, conn, started)
     except BaseException:
         if not started[0]:

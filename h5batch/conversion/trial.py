@@ -22,6 +22,7 @@ from .. import faults
 from ..config import JobConfig
 from ..fields import file_fields, value_array, value_fields
 from ..manifest import Manifest
+from .decoder_warnings import silenced
 from .direct import sample_decoders
 
 TRIAL_ITEMS = 32  # items decoded at most, spread over the manifest
@@ -114,3 +115,29 @@ class _Deadline:
         for t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
         return [b[0] if b else None for b in boxes]
+
+
+TrialRunner = Callable[[JobConfig, str, list, list[str]], Trial]
+
+
+def run_here(job: JobConfig, root: str, items: list, fields: list[str]) -> Trial:
+    """:meth:`Trial.run` in this process, its decoders' warnings silenced (the batches decode
+    these files again and log them)."""
+    with silenced():
+        return Trial.run(job, root, items, fields)
+
+
+def on_engine(conn, say: Callable[[str], None]) -> TrialRunner:
+    """A runner of the trial as one task of the run's engine (``conn``: a
+    :class:`~.cluster.Connection`), so a trial file that kills its decoder takes a worker
+    down, not the driver. A trial whose worker died, or that failed, decides on no samples
+    (a warning says so); the batches then reject that file with its reason."""
+    def run(job: JobConfig, root: str, items: list, fields: list[str]) -> Trial:
+        try:
+            return conn.client.submit(run_here, job, root, items, fields, pure=False).result()
+        except Exception as e:  # noqa: BLE001 - the trial only informs the choice
+            say(f"warning: the codec trial failed on a worker ({type(e).__name__}: {e}); "
+                f"choosing without its samples")
+            return Trial({})
+
+    return run
