@@ -1,7 +1,8 @@
 """Semantic checks of a job: values that type-check but cannot work (a pattern that is not a
 regex, two split rules, a level the codec does not take, a missing corpus root).
 
-Rule: :mod:`h5batch.config` turns YAML into typed dataclasses and calls :func:`validate`;
+Rule: :mod:`h5batch.config` turns YAML into the typed dataclasses of
+:mod:`h5batch.config_types` and calls :func:`validate`;
 every check that needs more than a type is here, each raising
 :class:`~h5batch.errors.ConfigError` with the file, the dotted key and what is wrong.
 Reason: config.py had grown past the size one concept should have; the checks of a field
@@ -20,7 +21,7 @@ from .errors import ConfigError
 from .fields import file_fields, reads_files, validate_field
 
 if TYPE_CHECKING:
-    from .config import JobConfig
+    from .config_types import JobConfig
 
 
 def validate(job: JobConfig, check_paths: bool) -> None:

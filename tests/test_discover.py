@@ -327,14 +327,19 @@ def test_digit_like_names_are_sorted_not_crashed_on(tmp_path: Path) -> None:
     assert natural_key("٣") == natural_key("3")
 
 
-def test_the_config_layout_type_is_the_registry() -> None:
-    """config.Layout is built from the registry when config is imported (no hand-kept list)."""
+def test_the_config_layout_type_is_the_registry(tmp_path) -> None:
+    """source.layout is checked against the registry when a job is loaded (no hand-kept
+    list), and the error lists the registered layouts in registration order."""
     import typing
 
     from h5batch import config, layouts
+    from h5batch.errors import ConfigError
 
-    assert typing.get_args(config.Layout) == layouts.names()
+    assert typing.get_type_hints(config.SourceConfig)["layout"] is config.LayoutName
     assert layouts.names() == ("class_folders", "paired_folders", "pattern", "manifest")
+    with pytest.raises(ConfigError, match=r"source\.layout.*must be one of 'class_folders', 'paired_folders', "
+                                          r"'pattern', 'manifest', got 'flat'"):
+        _job(tmp_path, {"layout": "flat"})
     with pytest.raises(ValueError, match=r"unknown layout 'flat' \(registered: class_folders, paired_folders, pattern, manifest\)"):
         layouts.get("flat")
 

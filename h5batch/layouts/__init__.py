@@ -45,7 +45,7 @@ from . import splits as split_rules
 from .base import LAYOUTS, Builder, Layout, get, names, register
 
 if TYPE_CHECKING:
-    from ..config import JobConfig
+    from ..config_types import JobConfig
 
 __all__ = ["LAYOUTS", "Builder", "Layout", "discover", "get", "names", "register", "resolved_job"]
 

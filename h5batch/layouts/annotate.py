@@ -35,7 +35,7 @@ from . import exclude
 from .base import stem
 
 if TYPE_CHECKING:
-    from ..config import JobConfig, TableSpec
+    from ..config_types import JobConfig, TableSpec
     from .base import Builder
 
 TABLE_COLUMN = "_table"  # every table row's column naming its file's stem

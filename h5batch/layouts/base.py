@@ -1,9 +1,10 @@
 """What every layout shares: the :class:`Layout` base class and its registry, the manifest
 builder and the path helpers (the file walker, :class:`~h5batch.walker.Walker`, is in :mod:`h5batch.walker`).
 
-Rule: this module names no layout; each layout is one module of this package. The config
-classes are imported for type checking only. Reason: :mod:`h5batch.config` builds its
-``Layout`` type from this registry, so importing config here at run time would be a cycle.
+Rule: this module names no layout; each layout is one module of this package. The layouts
+take the job's settings from :mod:`h5batch.config_types` and never import
+:mod:`h5batch.config`. Reason: config checks ``source.layout`` against this registry, so
+importing it here would be a cycle.
 
 Invariants every layout keeps (the builder enforces the last two): hidden files and folders
 (``.name``) are skipped; every other file met ends up either in an item or among the rejects
@@ -28,7 +29,7 @@ from ..walker import Walker
 from .records import hash_inputs, hash_rejects, input_stats, item_records
 
 if TYPE_CHECKING:
-    from ..config import JobConfig, SourceConfig
+    from ..config_types import JobConfig, SourceConfig
 
 
 class Layout:

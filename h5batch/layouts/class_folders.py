@@ -16,7 +16,7 @@ from ..manifest import Item, Reject
 from .base import Builder, Layout, Walker, ext, not_accepted, register, split_dirs
 
 if TYPE_CHECKING:
-    from ..config import JobConfig, SourceConfig
+    from ..config_types import JobConfig, SourceConfig
 
 
 class ClassFolders(Layout):

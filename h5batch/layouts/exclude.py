@@ -18,7 +18,7 @@ from ..format import STAGE_EXCLUDED as STAGE
 from ..manifest import Reject
 
 if TYPE_CHECKING:
-    from ..config import SourceConfig
+    from ..config_types import SourceConfig
     from .base import Builder
 
 

@@ -59,7 +59,7 @@ from .base import Builder, get
 from .records import hash_inputs, hash_rejects, input_stats, item_record
 
 if TYPE_CHECKING:
-    from ..config import JobConfig
+    from ..config_types import JobConfig
 
 __all__ = ["Rediscovery", "rediscover", "why_not_incremental"]
 

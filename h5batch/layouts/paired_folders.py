@@ -15,7 +15,7 @@ from ..manifest import Item, Reject
 from .base import Builder, Layout, Walker, not_accepted, register, split_dirs, stem_ext
 
 if TYPE_CHECKING:
-    from ..config import SourceConfig
+    from ..config_types import SourceConfig
 
 
 class PairedFolders(Layout):

@@ -18,7 +18,7 @@ from ..manifest import Item, Reject
 from .base import Builder, Layout, Walker, declared_then_found, not_accepted, register, stem_ext
 
 if TYPE_CHECKING:
-    from ..config import SourceConfig
+    from ..config_types import SourceConfig
 
 
 class Pattern(Layout):

@@ -24,7 +24,7 @@ from ..errors import ConfigError
 from ..manifest import Item, Reject, natural_key
 
 if TYPE_CHECKING:
-    from ..config import JobConfig, SplitRule
+    from ..config_types import JobConfig, SplitRule
     from .base import Builder
 
 

@@ -21,7 +21,7 @@ from ..manifest import Item, Reject
 from .base import Builder, Layout, declared_then_found, not_accepted, register, stem
 
 if TYPE_CHECKING:
-    from ..config import SourceConfig
+    from ..config_types import SourceConfig
 
 
 def read_rows(path: Path) -> list[tuple[int, dict | str]]:
