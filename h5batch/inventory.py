@@ -36,7 +36,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -60,16 +59,10 @@ def stamp(item: Item, stats: dict) -> int:
 
 def stamps(m: Manifest) -> list[int]:
     """The stamp of every item of ``m``, in item order (worked out once per manifest)."""
-    cached = _cached_stamps(m)
-    if cached is None:
+    cached = getattr(m, "_stamps", None)
+    if cached is None or len(cached) != len(m.items):
         cached = m._stamps = stamps_of(m.items, m.stats)  # type: ignore[attr-defined]
     return cached
-
-
-def _cached_stamps(m: Manifest) -> list[int] | None:
-    """The stamps :func:`stamps` or :func:`sidecar_steps` worked out for ``m``, if still whole."""
-    cached = getattr(m, "_stamps", None)
-    return cached if cached is not None and len(cached) == len(m.items) else None
 
 
 def stamps_of(items: list[Item], stats: dict) -> list[int]:
@@ -246,24 +239,6 @@ def sidecar(partial: str) -> str:
 def write_sidecar(partial: str, m: Manifest) -> str:
     """Write the manifest's inventory beside the partial output (replaced atomically)."""
     return write_arrays(partial, *of_manifest(m))
-
-
-STAMP_STEP = 512  # items stamped per step of sidecar_steps (~1 ms)
-
-
-def sidecar_steps(partial: str, m: Manifest, per_step: int = STAMP_STEP) -> Iterator[None]:
-    """:func:`write_sidecar` in small steps: each ``next`` stamps ``per_step`` more items
-    (the costly part: a blake2b per item), the last one writes the file. Reason: a
-    conversion's driver advances it between the events of its loop, while it would
-    otherwise wait, so the ~10 ms of stamps for 4,096 pairs are neither on the way to the
-    first batch nor after the last (``Driver.run``)."""
-    if _cached_stamps(m) is None:
-        done: list[int] = []
-        for lo in range(0, len(m.items), per_step):
-            done += stamps_of(m.items[lo: lo + per_step], m.stats)
-            yield
-        m._stamps = done  # type: ignore[attr-defined]
-    write_sidecar(partial, m)
 
 
 def write_arrays(partial: str, keys: list[str], stamps_: np.ndarray, extra: dict) -> str:

@@ -26,7 +26,7 @@ from ..transport.segments import hostname
 from ..writer.commit import CommitRecord
 from ..writer.messages import WriterSpec
 from ..writer.process import current_umask
-from ..writer.versions import versions  # noqa: F401 - h5batch.bench reads them here
+from ..writer.versions import versions  # h5batch.bench reads them here too
 from .auto import TrialRunner, resolve
 from .cluster import default_workers
 
@@ -79,8 +79,8 @@ def make_plan(job: JobConfig, manifest: Manifest, record: CommitRecord | None, f
         chunk_bytes=job.output.chunk_bytes, cache_bytes=job.output.cache_bytes,
         discovery_rejects=manifest.rejects, num_inputs=num_inputs,
         commit_every=job.policy.commit_every, threads=max(2, min(4, n_workers)),
-        # a new file's versions are read by the writer; a sync keeps the file's own
-        resume=record, versions=None if new_file else {}, batch_size=batch_size,
+        # a sync keeps the file's own versions
+        resume=record, versions=versions() if new_file else {}, batch_size=batch_size,
         codec_notes=codec_notes, cwd=os.getcwd(), umask=current_umask(), annotations=manifest.annotations,
     )
     tasks = make_tasks(job, manifest, run_id, hostname(), batch_size)
