@@ -8,8 +8,8 @@ registry gives each filter id one step.
 
 Decoding (the reader's hot path): the filter stores each HDF5 chunk as a one-chunk
 super-chunk frame (a header of ~100 bytes, the Blosc2 chunk, an index, a trailer). Building a
-``blosc2.SChunk`` from that frame to decompress its one chunk costs ~50 us per HDF5 chunk (a
-new context, often a new thread pool), 10-20 % of decoding a 1 MiB chunk.
+``blosc2.SChunk`` from that frame to decompress its one chunk costs a new context, often a
+new thread pool, per HDF5 chunk: a sizeable share of decoding the chunk.
 :func:`frame_chunk` finds the Blosc2 chunk in the frame's header instead (offsets from c-blosc2's
 ``frame.h``) and :meth:`Blosc2Step.decode_into` hands it to ``blosc2.decompress``, straight
 into the chunk buffer, with blosc2's kept global context (``blosc2.nthreads`` threads). A

@@ -19,8 +19,8 @@ of a file people already use:
   ``splits``, ``annotations``, ``synced``).
 
 Two steps of the end are taken early, after the first stored batch, while the driver
-decodes the next ones (the writer waits for them ~60 % of a small sync; the end is on the
-sync's critical path): ``/inventory`` is written then (its sidecar is in place before the
+decodes the next ones (the writer spends most of a small sync waiting for them; the end is
+on the sync's critical path): ``/inventory`` is written then (its sidecar is in place before the
 first ``Store`` is sent; ~14 MB for 100,000 inputs), and :class:`_Writeback` flushes what is
 written so far to the disk on a thread (``fdatasync``) after each stored batch, so the
 commit's ``fsync`` finds little left to write. Both are safe at any moment: every overwrite
