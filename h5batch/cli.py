@@ -24,11 +24,8 @@ from .commands import COMMANDS
 from .errors import EXIT_INTERRUPTED, ConfigError, H5batchError
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The parser of every command, or of the command named ``only`` alone (where it is
-    one): what parsing that command's line needs, its usage and errors the same. Reason:
-    building every command's arguments took ~10-15 ms of each command's start (a sync of
-    100,000 files waits for its start)."""
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every command."""
     from . import __version__
 
     parser = argparse.ArgumentParser(
@@ -36,8 +33,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         description="Turn a corpus of media files (audio, images) into fast HDF5 training data.")
     parser.add_argument("--version", action="version", version=f"h5batch {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    chosen = [cmd for cmd in COMMANDS if cmd.NAME == only]
-    for cmd in chosen or COMMANDS:
+    for cmd in COMMANDS:
         p = sub.add_parser(cmd.NAME, help=cmd.HELP, description=getattr(cmd, "DESCRIPTION", None))
         cmd.add_arguments(p)
         p.set_defaults(handler=cmd.run)
@@ -46,7 +42,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser(argv[0] if argv else None).parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
     except ConfigError as e:

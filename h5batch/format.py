@@ -95,9 +95,9 @@ def chunk_table(dsid: Any, k: int, n_rows: int) -> tuple[Any, Any, Any]:
 
     One ``chunk_iter`` call lists the whole index. Reason: HDF5 2.0's
     ``get_chunk_info_by_coord`` walks the index, so a lookup per chunk costs more the more
-    chunks there are (49 µs at 1,000 chunks, 7.5 ms at 100,000; ``chunk_iter`` lists 100,000
-    in ~72 ms; docs/benchmarks.md, nineteenth round). Raises what h5py raises where it has no
-    ``chunk_iter`` (HDF5 before 1.14) or HDF5 refuses; callers fall back to lookups."""
+    chunks there are and looking each one up is quadratic; one listing is linear. Raises
+    what h5py raises where it has no ``chunk_iter`` (HDF5 before 1.14) or HDF5 refuses;
+    callers fall back to lookups."""
     import numpy as np
 
     n_blocks = -(-n_rows // k)

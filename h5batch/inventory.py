@@ -18,17 +18,17 @@ is synced by a full discovery, which writes them.
 
 Since version 3 ``key`` is one ``uint8`` dataset, the keys' UTF-8 bytes each ended by a NUL
 (a path holds no NUL), instead of a variable-length string per key. Reason: h5py reads and
-writes 100,000 variable-length strings in ~0.08 s each way, a sync's largest fixed cost
-after the stat pass; the bytes are read in one call and split in a few milliseconds. A
+writes variable-length strings one object at a time, a sync's largest fixed cost after the
+stat pass; the bytes are read in one call and split in one more. A
 version 2 file is still read (its keys the slow way), and the sync writes version 3.
 Undecodable bytes of a file name (``os.fsdecode``'s surrogate escapes) are stored as they
 were on disk.
 
 The driver writes the stamps of its manifest to a sidecar ``<partial>.inventory.npy``
-before the writer starts; the writer folds it into the file when it finishes (the driver
+before it sends the first batch; the writer folds it into the file when it finishes (the driver
 never opens the HDF5 file). The sidecar is ``.npy`` arrays one after the other (keys, stamps,
-then version 2's arrays and the memo's bytes): no zip archive, whose CRCs over ~14 MB cost a
-sync ~0.03 s more for 100,000 keys.
+then version 2's arrays and the memo's bytes): no zip archive, whose CRCs over every byte
+would cost each sync time for nothing.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -60,24 +59,18 @@ def stamp(item: Item, stats: dict) -> int:
 
 def stamps(m: Manifest) -> list[int]:
     """The stamp of every item of ``m``, in item order (worked out once per manifest)."""
-    cached = _cached_stamps(m)
-    if cached is None:
+    cached = getattr(m, "_stamps", None)
+    if cached is None or len(cached) != len(m.items):
         cached = m._stamps = stamps_of(m.items, m.stats)  # type: ignore[attr-defined]
     return cached
-
-
-def _cached_stamps(m: Manifest) -> list[int] | None:
-    """The stamps :func:`stamps` or :func:`sidecar_steps` worked out for ``m``, if still whole."""
-    cached = getattr(m, "_stamps", None)
-    return cached if cached is not None and len(cached) == len(m.items) else None
 
 
 def stamps_of(items: list[Item], stats: dict) -> list[int]:
     """:func:`stamp` of each item. Rule: where :func:`~h5batch.manifest.plain_items` holds for
     both quotes (so ``repr`` of each string is the string in single quotes), the texts are
-    put together in one comprehension; anything else goes item by item. Reason: ~2 -> ~1.4
-    µs an item, once per sample of the corpus on the way to the first batch of a job whose
-    batches wait for the plan (``tests/test_sync.py`` compares the two)."""
+    put together in one comprehension; anything else goes item by item. Reason: this runs
+    once per sample of the corpus before the first batch, and the comprehension costs less
+    per item (``tests/test_sync.py`` compares the two)."""
     if not plain_items(items, "'\""):
         return [stamp(it, stats) for it in items]
     get, q = stats.get, "'"
@@ -163,7 +156,7 @@ class Memory:
         paths) and ``hashes`` (their :func:`name_hashes`) may be given instead of
         ``paths``: a sync's stat pass makes them in its child process. Reason: this runs for
         every file of the corpus on each sync, and a dict, or a binary search over the keys
-        as numpy strings, costs 2-4x as much for 100,000 paths (~0.04-0.1 s)."""
+        as numpy strings, costs several times as much."""
         n = len(self.keys)
         count = len(paths) if names is None else len(names)
         if not n or not count:
@@ -246,24 +239,6 @@ def sidecar(partial: str) -> str:
 def write_sidecar(partial: str, m: Manifest) -> str:
     """Write the manifest's inventory beside the partial output (replaced atomically)."""
     return write_arrays(partial, *of_manifest(m))
-
-
-STAMP_STEP = 512  # items stamped per step of sidecar_steps (~1 ms)
-
-
-def sidecar_steps(partial: str, m: Manifest, per_step: int = STAMP_STEP) -> Iterator[None]:
-    """:func:`write_sidecar` in small steps: each ``next`` stamps ``per_step`` more items
-    (the costly part: a blake2b per item), the last one writes the file. Reason: a
-    conversion's driver advances it between the events of its loop, while it would
-    otherwise wait, so the ~10 ms of stamps for 4,096 pairs are neither on the way to the
-    first batch nor after the last (``Driver.run``)."""
-    if _cached_stamps(m) is None:
-        done: list[int] = []
-        for lo in range(0, len(m.items), per_step):
-            done += stamps_of(m.items[lo: lo + per_step], m.stats)
-            yield
-        m._stamps = done  # type: ignore[attr-defined]
-    write_sidecar(partial, m)
 
 
 def write_arrays(partial: str, keys: list[str], stamps_: np.ndarray, extra: dict) -> str:

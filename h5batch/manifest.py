@@ -139,9 +139,9 @@ def natural_keys(texts: list[str]) -> list:
     any text at the same place, a shorter number before a longer one, and numbers of one
     length by their digits. Where a text holds a NUL itself the encoding could be ambiguous,
     and every text gets its :func:`natural_key` instead.
-    Reason: the strings compare in C. Sorting 100,000 FSDD-like keys took ~0.36 s with
-    the tuples (building ~0.17, comparing ~0.19) and ~0.14 s with the strings (~0.11, ~0.03);
-    ``tests/test_discover.py`` holds the two orders equal."""
+    Reason: the strings compare in C, tuples element by element as Python objects; sorting
+    a corpus's keys as strings takes well under half the time of building and sorting the
+    tuples. ``tests/test_discover.py`` holds the two orders equal."""
     if any("\0" in t for t in texts):
         return [natural_key(t) for t in texts]
     sub, number = _NUMBER.sub, _number

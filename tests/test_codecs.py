@@ -294,24 +294,3 @@ def test_the_reader_lists_every_chunk_once(tmp_path):
         assert len(store.get(5)) == 5
         del store, ds
         mapping.close()
-
-
-def test_blosc2_loads_without_httpx_command_line_and_httpx_stays_whole():
-    """codecs/libraries.py: blosc2 without the command line httpx would import (rich, pygments),
-    then ``import httpx._main`` still works; blosc2 round-trips."""
-    import subprocess
-    import sys
-
-    code = ("import sys\n"
-            "from h5batch.codecs.libraries import load\n"
-            "b = load('blosc2')\n"
-            "assert b is sys.modules['blosc2'] and load('blosc2') is b\n"
-            "assert 'httpx' in sys.modules and 'rich' not in sys.modules, sorted(sys.modules)\n"
-            "assert 'httpx._main' not in sys.modules\n"
-            "import numpy as np\n"
-            "a = np.arange(10000, dtype=np.int16)\n"
-            "assert np.array_equal(np.frombuffer(b.decompress(b.compress(a)), np.int16), a)\n"
-            "import httpx._main\n"
-            "print('ok')\n")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr

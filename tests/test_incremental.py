@@ -304,25 +304,3 @@ def test_an_unreadable_inventory_is_a_reason_not_a_traceback(tmp_path):
         assert isinstance(got, str) and got.startswith("the output's inventory is unreadable") and reason in got, got
         with h5py.File(path, "r+") as f:  # put the intact inventory back for the next damage
             inventory.store(f, keys, stamps, extra)
-
-
-def test_the_sidecar_written_in_steps_is_the_sidecar(tmp_path):
-    """The driver writes the inventory sidecar in steps between its loop's events
-    (inventory.sidecar_steps): step by step it must give the same bytes as in one go, and
-    take one step per ``per_step`` items before it writes."""
-    job = _fsdd(tmp_path / "corpus")
-    whole = discover(job)
-    stepped = discover(job)  # another manifest: its stamps are not cached yet
-    n = len(stepped.items)
-    assert n == 21
-    one = inventory.write_sidecar(str(tmp_path / "one.h5"), whole)
-    steps = inventory.sidecar_steps(str(tmp_path / "steps.h5"), stepped, per_step=4)
-    taken = 0
-    for _ in steps:
-        taken += 1
-        assert not os.path.exists(inventory.sidecar(str(tmp_path / "steps.h5"))), "written before its last step"
-    assert taken == -(-n // 4)
-    with open(one, "rb") as a, open(inventory.sidecar(str(tmp_path / "steps.h5")), "rb") as b:
-        assert a.read() == b.read()
-    keys, stamps, _ = inventory.read_sidecar(one)
-    assert len(stamps) == n and len(set(stamps.tolist())) == n

@@ -8,8 +8,8 @@ registry gives each filter id one step.
 
 Decoding (the reader's hot path): the filter stores each HDF5 chunk as a one-chunk
 super-chunk frame (a header of ~100 bytes, the Blosc2 chunk, an index, a trailer). Building a
-``blosc2.SChunk`` from that frame to decompress its one chunk costs ~50 us per HDF5 chunk (a
-new context, often a new thread pool), 10-20 % of decoding a 1 MiB chunk.
+``blosc2.SChunk`` from that frame to decompress its one chunk costs a new context, often a
+new thread pool, per HDF5 chunk: a sizeable share of decoding the chunk.
 :func:`frame_chunk` finds the Blosc2 chunk in the frame's header instead (offsets from c-blosc2's
 ``frame.h``) and :meth:`Blosc2Step.decode_into` hands it to ``blosc2.decompress``, straight
 into the chunk buffer, with blosc2's kept global context (``blosc2.nthreads`` threads). A
@@ -25,7 +25,6 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .base import Codec, DecodeStep, Encoder, uses_shuffle
-from .libraries import load
 
 FILTER_BLOSC2 = 32026  # registered HDF5 filter id of Blosc2
 
@@ -60,7 +59,7 @@ class Blosc2Step(DecodeStep):
     library = "blosc2"
 
     def decode(self, raw: Any, nbytes: int) -> tuple[Any, str]:
-        blosc2 = load("blosc2")
+        import blosc2
 
         s = blosc2.schunk_from_cframe(raw, copy=False)
         if "b2nd" in s.meta.keys():
@@ -74,7 +73,7 @@ class Blosc2Step(DecodeStep):
     def decode_into(self, raw: Any, out: np.ndarray) -> str | None:
         """Decompress a one-chunk Blosc2 super-chunk frame (what our encoder writes) into
         ``out``; None for any other frame."""
-        blosc2 = load("blosc2")
+        import blosc2
 
         dst = out.reshape(-1).view(np.uint8)
         chunk = frame_chunk(raw, out.nbytes)
@@ -107,7 +106,7 @@ class Blosc2Codec(Codec):
         return dict(hdf5plugin.Blosc2(cname=self.cname, clevel=level, filters=b2_filter))
 
     def encoder(self, level: int | None, shuffle: bool, dtype: np.dtype) -> Encoder | None:
-        blosc2 = load("blosc2")
+        import blosc2
 
         codec = getattr(blosc2.Codec, self.cname.upper())
         filt = blosc2.Filter.SHUFFLE if uses_shuffle(shuffle, dtype.itemsize) else blosc2.Filter.NOFILTER

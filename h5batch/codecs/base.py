@@ -22,6 +22,7 @@ library upgrade can slow a run down but never corrupt a file.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -74,10 +75,8 @@ class DecodeStep:
     def available(self) -> bool:
         if self.library is None:
             return True
-        from .libraries import load
-
         try:
-            load(self.library)
+            importlib.import_module(self.library)
         except ImportError:
             return False
         return True

@@ -1,8 +1,8 @@
 """The two measurements ``codec: auto`` weighs (``h5batch/conversion/auto.py``): how much
 Blosc2-LZ4 shrinks the trial samples, and how fast it decodes them against a memory copy.
 
-Rule: numpy and the ``blosc2`` package only, imported when a trial needs it (through
-:mod:`.libraries`): a conversion whose codec is not ``auto`` never pays for the import.
+Rule: numpy and the ``blosc2`` package only, imported when a trial needs it: a conversion
+whose codec is not ``auto`` never pays for the import.
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ import math
 import time
 
 import numpy as np
-
-from .libraries import load
 
 TIMING_ROUNDS = 5  # interleaved rounds of decode and copy timing; the best of each is kept
 TIMING_BYTES = 1 << 20  # trial bytes timed per field: the same share of every trial sample
@@ -26,7 +24,7 @@ def lz4_chunks(flat: np.ndarray, level: int | None, shuffle: bool, piece: int) -
     itemsize = flat.dtype.itemsize
     raw = flat.view(np.uint8)
     clevel = 5 if level is None else level
-    blosc2 = load("blosc2")
+    import blosc2
     filt = blosc2.Filter.SHUFFLE if shuffle and itemsize > 1 else blosc2.Filter.NOFILTER
     return [blosc2.compress2(raw[pos: pos + piece], typesize=itemsize, clevel=clevel,
                              codec=blosc2.Codec.LZ4, filters=[filt], nthreads=1)
@@ -45,7 +43,7 @@ def speeds(arrays: list[np.ndarray], level: int | None, shuffle: bool) -> tuple[
     makes for each stored chunk, ``h5batch/codecs/_blosc2.py``), and ``numpy.copyto`` of the
     same bytes; both timed in :data:`TIMING_ROUNDS` interleaved rounds, the best of each kept.
     Blosc2's global settings are left alone."""
-    blosc2 = load("blosc2")
+    import blosc2
 
     def decompress(chunk: bytes, dst: np.ndarray) -> None:
         blosc2.decompress2(chunk, dst=dst, nthreads=1)

@@ -26,9 +26,9 @@ chunk it touches. So, per field, with ``r`` the trial's Blosc2-LZ4 ratio:
   measured on the trial's own samples (:func:`h5batch.codecs.lz4_trial.speeds`: the decompression call the
   reader makes per chunk, on one core, and ``numpy.copyto``, best of ``TIMING_ROUNDS``
   interleaved rounds so a busy machine slows both alike). In practice decoding is the slower
-  side by far for audio and photos (float32 clips: 1.5-1.8x smaller, ~2 GB/s to decode
-  against 5-20 GB/s to copy; even silence decodes slower than a copy), so they are stored
-  uncompressed and read ~3x faster (chunks mapped in place);
+  side by far for audio and photos (float32 clips shrink by less than half, and decoding
+  them costs more than reading the bytes saved; even silence decodes slower than a copy), so
+  they are stored uncompressed and read faster (chunks mapped in place);
 * ``output.prefer: size``: Blosc2-LZ4 wherever ``r`` reaches :data:`MIN_RATIO` (the files
   are smaller; choose it for a corpus larger than RAM or on slow network storage, where the
   page cache is cold and reading does cost more than decoding).

@@ -356,10 +356,10 @@ def _dask_settings(job: JobConfig):
     settings: dict[str, Any] = {"distributed.scheduler.allowed-failures": job.policy.retries,
                                 "distributed.scheduler.worker-saturation": 1.0}
     # A cluster this run starts (its nannies hand the settings to the worker processes):
-    # the event-loop health tick every 20 ms and each worker's stack sampler every 10 ms
-    # are what an idle 2-worker LocalCluster spends its 0.14 CPU-s per second on (0.045
-    # with these two changed), and a conversion pays it on cores its decoding needs. The
-    # sampler feeds only the dashboard's profile page: kept when there is a dashboard.
+    # at Dask's defaults the event-loop health tick and each worker's stack sampler, both
+    # run many times a second, are most of what an idle LocalCluster spends CPU on, and a
+    # conversion pays it on cores its decoding needs. The sampler feeds only the
+    # dashboard's profile page: kept when there is a dashboard.
     settings["distributed.admin.tick.interval"] = "500ms"
     if not job.cluster.dashboard:
         settings["distributed.worker.profile.enabled"] = False

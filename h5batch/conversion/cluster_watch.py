@@ -13,17 +13,18 @@ Rules, and why:
   (``cluster.LOST_WORKER_TIMEOUT`` keeps Dask from closing nannies itself, the cause seen
   on a loaded machine).
 * A worker whose heartbeat has not changed for ``policy.frozen_worker_timeout`` seconds is
-  killed (SIGKILL; its nanny starts a new one, as after a crash). Reason: a worker sends one every 0.5 s from its event loop; one silent that
-  long is frozen (a native call that holds the GIL, a deadlock, swapping), and then its own
-  decode watch (``worker._Watched``) cannot run either. Dask restarts it only after
-  ``worker-ttl``, 5 minutes by default, and the run waited meanwhile with nothing to say
-  (CI saw a conversion time out at 300 s so, cause unknown). Killed, not restarted through
-  the scheduler: a stopped process cannot answer a close request, and a restart still
-  waiting when the run ends is cancelled with a traceback. The kill fails its task,
-  which runs again and, where it freezes its worker each time, is split down to the file
-  like a crash. Silence is timed on this process's monotonic clock from the moment the
-  worker's last heartbeat time was seen to change, not from that wall-clock time: a clock
-  step or a suspended laptop must not look like frozen workers.
+  killed (SIGKILL; its nanny starts a new one, as after a crash). Reason: a worker sends one
+  every half second or so from its event loop; one silent that long is frozen (a native call
+  that holds the GIL, a deadlock, swapping), and then its own decode watch
+  (``worker._Watched``) cannot run either. Dask restarts it only after ``worker-ttl``, 5
+  minutes by default, and the run waited meanwhile with nothing to say (CI saw a conversion
+  time out at 300 s so, cause unknown). Killed, not restarted through the scheduler: a
+  stopped process cannot answer a close request, and a restart still waiting when the run
+  ends is cancelled with a traceback. The kill fails its task, which runs again and, where
+  it freezes its worker each time, is split down to the file like a crash. Silence is timed
+  on this process's monotonic clock from the moment the worker's last heartbeat time was
+  seen to change, not from that wall-clock time: a clock step or a suspended laptop must not
+  look like frozen workers.
 * Each kill is also appended to the file named by ``H5BATCH_EVENT_LOG``, when it is set.
   Reason: the test suite sets it and prints the kills of a session at its end: a freeze that
   the watch ends leaves a passing test, and its message would otherwise go unseen (the hang

@@ -16,7 +16,6 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import Any
 
@@ -63,12 +62,9 @@ class Driver:
     writer. Use :meth:`run`."""
 
     def __init__(self, job: JobConfig, opts: ConvertOptions, plan: Plan, writer: WriterHandle, run_id: str,
-                 say, conn: Connection, finish_work: Iterator[Any] | None = None):
-        """``finish_work``: what the writer's ``Finish`` needs (the inventory sidecar), in
-        steps the loop takes between its events (:meth:`_step_finish_work`)."""
+                 say, conn: Connection):
         self.job, self.opts, self.plan, self.writer, self.run_id, self.say = job, opts, plan, writer, run_id, say
         self.conn, self.client = conn, conn.client
-        self.finish_work = finish_work
         self.events: queue.Queue = queue.Queue()
         self.slots: dict[int, Slot] = {}
         self.futures: dict[Any, tuple[int, int]] = {}  # future -> (batch index, part position)
@@ -135,9 +131,7 @@ class Driver:
                         next_forward += 1
                 else:
                     self._on_writer(payload)
-                self._step_finish_work()
             signals.raise_pending()
-            self._step_finish_work(to_the_end=True)
             self.progress.close()
             # The writer counts every reject (discovery, decode, write, and those of batches
             # committed by an earlier run) and keeps the file partial when there are too many.
@@ -162,20 +156,6 @@ class Driver:
                     f"policy.max_reject_fraction {job.policy.max_reject_fraction:.1%}; {kept}, reasons in "
                     f"{s.rejects_file} (raise policy.max_reject_fraction and run again to accept it)", 1)
             return summary
-
-    def _step_finish_work(self, to_the_end: bool = False) -> None:
-        """One step of ``finish_work`` (all of it with ``to_the_end``, before ``Finish``).
-        Reason: the inventory sidecar of 4,096 pairs costs ~12 ms, mostly stamps. Written
-        before the loop it held back the driver's decode thread and the head start's first
-        ``Store``; written after the last decode it held back ``Finish`` (the writer
-        drains its last batches in ~5 ms). In steps of ~1 ms between events it costs
-        neither: the loop's thread waits for events most of the run."""
-        if self.finish_work is None:
-            return
-        for _ in self.finish_work:
-            if not to_the_end:
-                return
-        self.finish_work = None
 
     def _submit(self, index: int, lo: int, hi: int) -> None:
         whole = self.slots[index].task

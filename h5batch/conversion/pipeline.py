@@ -100,8 +100,10 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
             if plan.start:
                 say(f"resuming {output.partial}: {plan.start} of {len(plan.tasks)} batches already committed")
             try:
-                summary = Driver(job, opts, plan, writer, run_id, say, conn,
-                                 finish_work=inventory.sidecar_steps(output.partial, manifest)).run()
+                # In place (written whole, then renamed) before the first Store; the writer
+                # folds it into the file at Finish.
+                inventory.write_sidecar(output.partial, manifest)
+                summary = Driver(job, opts, plan, writer, run_id, say, conn).run()
             except KeyboardInterrupt as e:
                 abort(writer)
                 why = "interrupted" if signals.signal_name(e) == "SIGINT" else f"stopped by {signals.signal_name(e)}"

@@ -28,6 +28,7 @@ The writer host's output directory is checked by :mod:`h5batch.conversion.partia
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import platform
 import secrets
@@ -86,9 +87,7 @@ def _version(name: str) -> str:
         from importlib.metadata import version
 
         return version(name)
-    from ..codecs.libraries import load
-
-    mod = load(name)
+    mod = importlib.import_module(name)
     return str(getattr(mod, "__version__", "unknown"))
 
 

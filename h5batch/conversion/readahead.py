@@ -3,9 +3,9 @@
 Rule: before a batch decodes, its first and last files are checked with a read that may not
 wait (``RWF_NOWAIT``); when either is not in the page cache, the kernel is asked to start
 reading every file of the batch (``POSIX_FADV_WILLNEED``), so reads from the disk overlap
-the decoding instead of waiting one file at a time. Reason: measured on 4,096 pairs with the
-page cache evicted, the in-process path (one decode thread) went 1,066-1,162 -> 1,800-1,995
-pairs/s and the warm-cluster path 1,256-1,266 -> 1,294-1,670; a warm batch costs two opens.
+the decoding instead of waiting one file at a time. Reason: with the page cache cold, a
+decoder otherwise waits for the disk once per file, and a cold conversion is then bound by
+those waits, not by the decoding; a warm batch costs two opens.
 Nothing here reads sample data or can fail a batch: what cannot be hinted is left to the decode.
 """
 
@@ -44,7 +44,7 @@ def in_page_cache(path: str) -> bool | None:
 
 def cached(task: BatchTask) -> bool:
     """True when the batch's first and last files are both in the page cache: a warm
-    corpus skips :func:`prefetch` and its open per file (~0.1 CPU-s per 8,192 files)."""
+    corpus skips :func:`prefetch` and its open per file."""
     first, last = task.items[0][0], task.items[-1][0]
     if not first or not last:
         return True  # annotation values only: nothing to read
@@ -55,12 +55,11 @@ def prefetch(root: str, items: list) -> None:
     """Ask the kernel to start reading every file of a batch (``POSIX_FADV_WILLNEED``), so
     reads from the disk overlap the decoding instead of waiting one file at a time.
 
-    Reason: with the page cache cold, one decode thread waits for each file in turn; measured
-    in-process on 4,096 pairs it fell to 0.68-1.02x the peers' writers, whose two processes
-    overlap their reads. With the cache warm a file costs one open and close (~5 us).
-    BEWARE: inline, before the decoding, not on a thread of its own: a thread that goes in
-    and out of the GIL per file made the decode thread hand the GIL over each time (a warm
-    4,096-pair decode went 0.73 -> 1.19 CPU-s). Non-blocking open and regular files only: a
+    Reason: with the page cache cold, one decode thread waits for each file in turn and
+    falls behind writers whose several processes overlap their reads. With the cache warm a
+    file costs one open and close. BEWARE: inline, before the decoding, not on a thread of
+    its own: a thread that goes in and out of the GIL per file made the decode thread hand
+    the GIL over each time, half as much CPU again. Non-blocking open and regular files only: a
     FIFO or a device named like a sample must not hang the batch (the decode rejects it)."""
     for item in items:
         for rel in item[0]:

@@ -275,9 +275,9 @@ def _write(job, plan, d, found: _Found, final: str, writer, run_id, opts, say, c
     delta; ``started[0]`` is set once the writer has its ``Start``.
 
     The inventory sidecar (``found``'s, ~20 MB for 100,000 inputs) is written after the
-    writer has its ``Start``, so that writing it overlaps the writer opening the output
-    (~0.03-0.07 s each); it is in place (written whole, then renamed) before the first
-    ``Store`` or ``Finish`` is sent, and only ``Finish`` reads it."""
+    writer has its ``Start``, while the writer opens the output; it is in place (written
+    whole, then renamed) before the first ``Store`` or ``Finish`` is sent, and only
+    ``Finish`` reads it."""
     from ..writer.messages import Finish, Start
     from ..writer.process import WriterGone
     from .driver import Driver, abort

@@ -22,9 +22,8 @@ from ..transport.packing import ChunkSet
 @cache
 def _encoder(codec: CodecSpec, dtype: str):
     if codec.name.startswith("blosc2"):
-        from ..codecs.libraries import load
+        import blosc2
 
-        blosc2 = load("blosc2")
         # One compression thread per worker process: the workers already fill the cores.
         blosc2.set_nthreads(1)
     return make_encoder(codec, np.dtype(dtype)) if self_check(codec, dtype) else None

@@ -27,8 +27,8 @@ So this module walks the frames (MP3) or pages (Ogg) and calls a file truncated 
 Junk after the audio (an unknown tag, garbage) stops the walk without a verdict: it is not
 a truncation, and the decoder skips it. An MP3 without Xing cut exactly on a frame
 boundary cannot be told from a shorter valid file, and passes. The walk reads headers
-only (a few bytes per 26 ms frame or per page) from a memory map: a few milliseconds for
-a song, against the decode's tens.
+only (a few bytes per 26 ms frame or per page) from a memory map: a small fraction of
+the decode's cost.
 """
 
 from __future__ import annotations

@@ -25,9 +25,8 @@ sample again or rejects the file with its reason.
 Reason: for such a file this is what the ordinary path does (:func:`~.audio.pcm16_layout`,
 then one ``readinto``), without the Python around it: a file object, a separate header
 read, the RIFF chunk walk, and the decoder-warning watch (no decoder library runs here, so
-nothing can warn). On the bench's 8,192 two-second files the whole decode per file fell
-from ~55 to ~25 µs of CPU, most of what is left being the kernel's copy of the bytes; on
-FSDD's 3,000 short files (8 kHz, ~0.4 s) from ~23 to ~9 µs. ``tests/test_wav_direct.py``
+nothing can warn). That Python was more than half of a short file's decode; what is left
+is mostly the kernel's copy of the bytes. ``tests/test_wav_direct.py``
 holds the two paths equal, byte for byte, on good files and on every kind of file that
 must fall back.
 """

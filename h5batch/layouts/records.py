@@ -19,7 +19,7 @@ __all__ = ["item_record", "item_records", "input_stats", "hash_inputs", "hash_re
 
 
 # json.dumps(values, default=str), made once: dumps builds a new encoder per call when given
-# ``default`` (~2x the cost of encoding Speech Commands' one speaker value). Same bytes.
+# ``default``, which costs more than encoding a short value. Same bytes.
 _VALUES_JSON = json.JSONEncoder(default=str)
 
 
@@ -27,8 +27,8 @@ def _head(it: Item) -> str:
     """``json.dumps([it.split, it.key, it.paths, it.label])``. Rule: where every string is
     printable ASCII without a quote or a backslash, and the label a string, an int or None, the same
     text is put together directly; anything else goes through json. Reason: json.dumps
-    was ~60 % of item_record, ~7 ms of a 4,096-pair discovery on the way to the first batch,
-    and the bytes must stay those of json.dumps (stored manifest hashes and records)."""
+    was most of item_record's cost, paid once per item of the corpus before the first batch;
+    the bytes must stay those of json.dumps (stored manifest hashes and records)."""
     label = it.label
     text = it.split + it.key + "".join(it.paths)
     if type(label) is str:  # a class name (folder, pattern group): quoted like the other strings
@@ -46,8 +46,8 @@ def _head(it: Item) -> str:
 def item_records(items: list[Item], stats: dict) -> list[bytes]:
     """:func:`item_record` of each item. Rule: where :func:`~h5batch.manifest.plain_items`
     holds for the double quote, the records are put together in one comprehension, checked
-    once for the lot; anything else goes item by item. Reason: ~2 -> ~0.8 µs an
-    item of one file, for every item of a corpus (the bytes are the same:
+    once for the lot; anything else goes item by item. Reason: this runs for every item of
+    a corpus, and a call per item costs more than twice as much (the bytes are the same:
     ``tests/test_discover.py`` compares them with :func:`item_record`'s)."""
     if not plain_items(items, '"'):
         return [item_record(it, stats) for it in items]

@@ -22,8 +22,8 @@ COLOR = "#3b6ea5"
 THUMB_MAX = 256  # longest side of an image thumbnail, px (smaller images are kept as they are)
 FIGSIZE_CHART = (5.0, 2.6)  # inches at DPI: the page shows charts at 500 px
 DPI = 100
-PNG_LEVEL = 1  # zlib level of every PNG: level 6 took 13 ms a spectrogram, level 1 a fraction
-MARGINS = {"left": 0.12, "right": 0.98, "bottom": 0.17, "top": 0.9}  # tight_layout costs 0.2 s a chart
+PNG_LEVEL = 1  # zlib level of every PNG: higher levels cost many times the time for a few bytes
+MARGINS = {"left": 0.12, "right": 0.98, "bottom": 0.17, "top": 0.9}  # tight_layout draws each chart again
 
 
 def _figure(size: tuple[float, float]):

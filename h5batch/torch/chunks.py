@@ -9,12 +9,12 @@ a small LRU of decoded chunks whose buffers are recycled, so memory stays flat. 
 mapped (``H5Dataset(mmap=True)``, the default), a compressed chunk is decoded straight from
 the mapping into its buffer: its file location comes from one listing of the dataset's
 chunk index per process (:meth:`ChunkStore._chunk_info`), so reading it makes no HDF5 call
-and no copy of the stored bytes (``read_direct_chunk`` copies them into a buffer first:
-float32 blosc2-lz4 chunks read that way decoded at ~0.7x the speed of
-``blosc2.decompress`` alone, from the mapping at ~0.8x; the rest is refaulting pages after each
-bulk release, which keeps resident memory flat). Big rows of *uncompressed* chunks that are
-copied as stored are not taken from the mapping at all: the gathers read them with ``preadv``
-straight into the batch (:mod:`h5batch.torch.preads`), so no page is mapped or refaulted.
+and no copy of the stored bytes (``read_direct_chunk`` copies them into a buffer first,
+which slows a fast codec's decode markedly; what a mapped read still pays is refaulting
+pages after each bulk release, which keeps resident memory flat). Big rows of
+*uncompressed* chunks that are copied as stored are not taken from the mapping at all: the
+gathers read them with ``preadv`` straight into the batch (:mod:`h5batch.torch.preads`), so
+no page is mapped or refaulted.
 
 A dataset whose filter pipeline we cannot decode (lzf, szip, fletcher32, ...) or whose
 chunks do not hold whole rows is read through HDF5 instead, still one call per chunk. The
@@ -172,13 +172,11 @@ class ChunkStore:
         Rule: the first lookup lists every chunk of the dataset with one ``chunk_iter``
         call into three arrays indexed by block (:attr:`table`), and later ones read them.
         Reason: HDF5 2.0's ``get_chunk_info_by_coord`` walks the chunk index, so its cost
-        grows with the number of chunks (measured: 49 µs a call at 1,000 chunks, 547 µs at
-        10,000, 7.5 ms at 100,000, where ``read_direct_chunk`` takes 3-30 µs). Looking each
-        chunk up once per process was then quadratic: the first epoch of a file of 16,384
-        chunks per field took 7.4 s against 1.0 s for the second, and 100,000 chunks (a 100
-        GB field at the default 1 MiB chunks) would cost ~12 minutes per process.
-        ``chunk_iter`` lists 100,000 chunks in ~72 ms. Where h5py lacks it (HDF5 before
-        1.14) or it fails, each chunk is looked up on its own as before."""
+        grows with the number of chunks, and looking each chunk up once per process is
+        quadratic: the first epoch of a large field (a 100 GB field has 100,000 chunks at
+        the default 1 MiB) would spend minutes per process on lookups. One ``chunk_iter``
+        listing is linear. Where h5py lacks it (HDF5 before 1.14) or it fails, each chunk
+        is looked up on its own as before."""
         if not self.listed:
             self.listed = True
             self.table = self._list_chunks()
@@ -398,7 +396,7 @@ def gather_padded(store: ChunkStore | None, lo: np.ndarray, hi: np.ndarray, orde
     size = store.dtype.itemsize
     pending, last, block, base = 0, -1, None, -1  # cache buffers (not mapped views) tasks still read
     # Per sample in file order; the block (and its file offset) is looked up once per run of
-    # samples in it, not per piece: the loop is ~1 ms of Python a batch of 2 x 64 samples.
+    # samples in it, not per piece: the loop is Python, run for every sample of a batch.
     for j, a, b in zip(order.tolist(), lo[order].tolist(), hi[order].tolist()):
         if b <= a:
             continue

@@ -4,11 +4,11 @@ Why: an uncompressed chunk of a mapped file can be used in place (a view of the 
 like a ``numpy.memmap``), but every page the view touches is then mapped into this process
 and counts in its resident memory. The reader keeps that bounded by dropping the mapping's
 pages in bulk (``MADV_DONTNEED``, :class:`~h5batch.torch.chunks.ChunkStore`), so once a
-split is larger than the cache every page faults in again each epoch: measured on 1,024
-pairs of 2 s clips (1 MiB chunks, batch 64, 0 workers), the faults and the unmapping cost
-1.0-2.5 ms of a 7-11 ms batch. A ``preadv`` of the same bytes copies them from the page
-cache into the batch tensor in the kernel: the same one copy a warm memmap makes, with no
-page table work, nothing mapped, and nothing cached (the kernel's page cache is the cache).
+split is larger than the cache every page faults in again each epoch, and the faults and
+the unmapping are a sizeable share of each batch's time. A ``preadv`` of the same bytes
+copies them from the page cache into the batch tensor in the kernel: the same one copy a
+warm memmap makes, with no page table work, nothing mapped, and nothing cached (the
+kernel's page cache is the cache).
 
 The rule: a copy task of :func:`~h5batch.torch.batch.copy_all` whose source is a
 :class:`FileSpan` (rows of a plain chunk at a file offset, checked against HDF5 once per

@@ -6,8 +6,8 @@ torch's ``default_collate``. The fetcher hands it what ``H5Dataset.__getitems__`
 :class:`Batch` whose columns are already the batch; ``default_collate`` sees a sequence of
 sample dicts and ``torch.stack``\\ s every field again: one more copy of the whole batch and,
 inside a DataLoader worker, into a *fresh* shared-memory storage whose every page is faulted
-in and zeroed (the cost :mod:`h5batch.torch.recycle` exists to remove). Measured on 1,200
-pairs of 2 s 16 kHz clips that made the plain path half as fast as ``collate_fn=collate``.
+in and zeroed (the cost :mod:`h5batch.torch.recycle` exists to remove), which made the
+plain path far slower than ``collate_fn=collate``.
 
 The rule: a ``Batch``'s samples are :class:`BatchRow` tensors (a marker subclass; every
 operation on one behaves as on a plain tensor and returns plain tensors). When torch's own
@@ -69,7 +69,7 @@ class BatchRow(torch.Tensor):
     def _typed_storage(self) -> Any:
         # In a worker, collate_tensor_fn first asks for a fresh shared storage to stack
         # into (``_typed_storage()._new_shared(numel)``): torch allocates all its pages
-        # there and then (~2 ms per 8 MB). None is needed when the stack is the column.
+        # there and then, for every batch. None is needed when the stack is the column.
         frame = sys._getframe(1)
         if frame.f_code is _COLLATE_TENSOR_CODE and _SKIP_OUT:
             with torch._C.DisableTorchFunctionSubclass():

@@ -14,8 +14,8 @@ came at (a journal record cut short by the crash was never followed by its write
 Overwrites of the old bytes are held back in memory (reads see them) and made in one go,
 after one ``fsync`` of the journal records written for them, at the driver's ``flush``, at a
 ``truncate``, at the commit, or once they hold :data:`PENDING_MAX` bytes. Reason: HDF5
-rewrites its metadata in dozens of small writes per flush (a 100,000-sample sync: ~30),
-and an ``fsync`` of the journal before each was ~1 ms apiece on the sync's critical path.
+rewrites its metadata in dozens of small writes per flush, and an ``fsync`` of the journal
+before each put a disk round trip per write on the sync's critical path.
 The rule holds as before: no old byte is overwritten before its record is durable. Writes
 past the old end go to the file at once (nothing there needs undoing).
 

@@ -51,7 +51,7 @@ class WriterSpec:
     codec_notes: dict[str, str] = field(default_factory=dict)  # why auto chose each codec
     annotations: tuple[str, ...] = ()  # annotation files read by discovery (root-relative)
     resume: CommitRecord | None = None  # a commit record to continue from
-    versions: dict[str, str] | None = field(default_factory=dict)  # None: the writer reads them (versions.py)
+    versions: dict[str, str] = field(default_factory=dict)  # root attribute of a new file (versions.py)
     # The driver's working directory and umask: a writer forked from a fork server would
     # otherwise have the server's (relative paths, output file permissions).
     cwd: str = ""

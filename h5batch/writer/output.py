@@ -33,7 +33,6 @@ from .commit import (
 )
 from .messages import FinalSummary, WriterSpec
 from .store import STATS, STR, FieldStore, SplitStore
-from .versions import versions
 
 
 class OutputWriter:
@@ -72,7 +71,7 @@ class OutputWriter:
         a[fmt.ATTR_JOB] = self.spec.job_json
         a[fmt.ATTR_JOB_HASH] = self.spec.job_hash
         a[fmt.ATTR_MANIFEST_HASH] = self.spec.manifest_hash
-        a[fmt.ATTR_VERSIONS] = fmt.dumps(versions() if self.spec.versions is None else self.spec.versions)
+        a[fmt.ATTR_VERSIONS] = fmt.dumps(self.spec.versions)
         a[fmt.ATTR_CREATED] = datetime.now(UTC).isoformat(timespec="seconds")
         a[fmt.ATTR_SPLITS] = fmt.dumps(list(self.spec.splits))
         a[fmt.ATTR_FIELDS] = fmt.dumps([n for n, _ in self.spec.fields])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import zlib
 
 import h5py
+import hdf5plugin  # noqa: F401  (the filters that read a partial's samples back)
 import numpy as np
 
 from .. import format as fmt
@@ -38,10 +39,6 @@ def _in_file(node, n: int, rows: int) -> int:
 
 def check_partial(path: str, record: CommitRecord, fields: tuple[str, ...]) -> str | None:
     """None when ``path`` can be resumed from ``record``, else the reason it cannot."""
-    # The plugin filters are needed only to read a partial's samples back: imported here,
-    # not at the top, as every conversion imports this module (~13 ms of a small job).
-    import hdf5plugin  # noqa: F401
-
     try:
         tails = load_tails(path, record)
     except (OSError, KeyError, ValueError) as e:

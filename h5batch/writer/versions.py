@@ -1,12 +1,9 @@
 """Versions of what shapes the bytes of an output file (its ``versions`` attribute).
 
-Rule: read by the writer process (:class:`~.output.OutputWriter`, when the spec leaves them
-to it), once per process; a writer forked from the driver reads them while it waits for its
-job. Reason: the reads of package metadata take ~30 ms, which the driver spent on its way to
-the first batch of a small job (issue 19 item 1), while the forked writer is idle then.
-They come from the installed distributions' metadata, not by importing the packages: dask
-and blosc2 alone take ~1 s to import, which a small in-process conversion never needs. The
-strings are the same as the packages' ``__version__``.
+Rule: read once per process, by the driver's plan (:func:`h5batch.conversion.plan.make_plan`),
+from the installed distributions' metadata, not by importing the packages. Reason: importing
+dask and blosc2 is slow, and a small local conversion needs neither. The strings are the same
+as the packages' ``__version__``.
 """
 
 from __future__ import annotations
