@@ -113,7 +113,6 @@ class DecoderPool:
         self.lock = threading.Lock()
         self.frozen_seconds = frozen_seconds
         self.decoders = [_Decoder(start_context(), frozen_seconds) for _ in range(n)]  # forked before any thread
-        self.died = 0
         self.threads = [threading.Thread(target=self._feed, args=(k,), name="h5batch-decoder-feed", daemon=True)
                         for k in range(n)]
         for t in self.threads:
@@ -140,7 +139,6 @@ class DecoderPool:
             try:
                 raised, value = self.decoders[k].call(fn, args)
             except DecoderDied as e:
-                self.died += 1
                 fut.set_exception(e)
                 self._replace(k)
                 continue
