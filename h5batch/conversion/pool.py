@@ -134,7 +134,10 @@ class DecoderPool:
             if got is None:
                 return
             fut, fn, args = got
-            if self.closing or not fut.set_running_or_notify_cancel():
+            if self.closing:
+                fut.cancel()
+                continue
+            if not fut.set_running_or_notify_cancel():
                 continue
             try:
                 raised, value = self.decoders[k].call(fn, args)
