@@ -43,67 +43,58 @@ DEFAULT_SAMPLER_CHUNK = 64  # rows per "chunk" when a file has no chunked field 
 class H5Dataset(Dataset):
     """One split of an h5batch file as a map-style torch ``Dataset``.
 
-    ``ds[i]`` is a dict: one tensor per field, ``label`` (int64 scalar tensor) when the split
-    is labelled, ``source`` (``str``, or a tuple of ``str`` when a sample has one file per
-    field) when ``with_source``. ``ds.__getitems__(indices)`` returns a :class:`Batch` (a
-    sequence of those dicts whose fields are already batched tensors); pair it with
-    ``collate_fn=h5batch.torch.collate`` to get the batch without any re-stacking.
+    ``ds[i]`` is a dict: a tensor per field, ``label`` (int64 scalar) when labelled, ``source``
+    (``str``, or a tuple for one file per field) when ``with_source``. ``__getitems__(indices)``
+    returns a :class:`Batch` of already batched tensors; use
+    ``collate_fn=h5batch.torch.collate`` to avoid re-stacking.
 
     Parameters
     ----------
     path : str or PathLike
-        A complete h5batch file (``complete`` root attribute true).
+        A complete h5batch file.
     split : str
         Group to read (``train``, ``test``, ...).
     fields : sequence of str, optional
         Fields to return, in this order; default all, in file order.
     transform : callable, optional
-        Applied to each sample dict (after ``as_float``/``channels_first``). With a transform
-        ``__getitems__`` returns a plain list of transformed dicts.
+        Applied to each sample dict (after ``as_float``/``channels_first``); ``__getitems__``
+        then returns a plain list.
     as_float : bool
-        int16 audio -> float32 ``x / 32768`` (in [-1, 1)), uint8 images -> float32
-        ``x / 255``, as the field's kind says (a field of an unknown kind: by stored dtype);
-        other dtypes are returned as stored. ``False`` returns stored values.
+        int16 audio -> float32 ``x / 32768``, uint8 images -> float32 ``x / 255``, by the
+        field's kind (unknown kind: by dtype); other dtypes as stored.
     with_source : bool
         Add each sample's source path(s), relative to the corpus root.
     cache_bytes : int, optional
-        Decoded-chunk cache per field and per process. Default: enough chunks to hold a
-        :class:`~h5batch.torch.ChunkShuffleSampler` window of 12 chunk groups (12 chunks of the
-        grouping field, proportionally more of a field with fewer samples per chunk, twice
-        as many for variable fields, whose samples straddle chunk boundaries) plus 2.
-        BEWARE: a cache smaller than a window makes a chunk-shuffled epoch decompress chunks
-        several times.
+        Decoded-chunk cache per field and process. Default: one
+        :class:`~h5batch.torch.ChunkShuffleSampler` window of 12 chunk groups (scaled per field,
+        doubled for variable fields) plus 2. BEWARE: a cache smaller than a window makes a
+        chunk-shuffled epoch decompress chunks several times.
     channels_first : bool
-        Images as ``(C, H, W)`` instead of the stored ``(H, W, C)`` (the kind says which axes).
+        Images as ``(C, H, W)`` instead of the stored ``(H, W, C)``.
     locking : bool, optional
-        HDF5 file locking; ``False`` for NFS/Lustre, where locking fails (h5py#1082).
-        ``None`` leaves HDF5's default (and ``HDF5_USE_FILE_LOCKING``) in charge.
+        HDF5 file locking; ``False`` for NFS/Lustre (h5py#1082). ``None``: HDF5's default.
     direct_chunks : bool
-        Read chunks with ``read_direct_chunk`` and decode them in Python when the codec
-        allows (checked against HDF5 on the first chunk); ``False`` lets HDF5 decode.
+        Read chunks with ``read_direct_chunk`` and decode in Python where the codec allows
+        (checked on the first chunk); ``False`` lets HDF5 decode.
     shared_memory : bool, optional
-        Allocate batch tensors in shared memory; default: only inside DataLoader workers.
+        Batch tensors in shared memory; default: only inside DataLoader workers.
     mmap : bool
-        Uncompressed chunks: big rows read with ``preadv`` straight into the batch, small
-        ones used in place in a read-only mapping (:mod:`h5batch.torch.preads`). ``False``
-        reads them like the others.
+        Uncompressed chunks read with ``preadv`` or used in place from a read-only mapping
+        (:mod:`h5batch.torch.preads`).
     recycle : bool
-        Reuse a batch's memory once every tensor on it is dropped, instead of faulting in
-        fresh pages per batch: a DataLoader worker's shared memory once the main process
-        dropped it (:mod:`h5batch.torch.recycle`), the main process's own batches without
-        workers (:mod:`h5batch.torch.reuse`). Turn it off if the main process hands batch
-        tensors on to yet another process without copying them.
+        Reuse a batch's memory once every tensor on it is dropped (:mod:`h5batch.torch.recycle`,
+        :mod:`h5batch.torch.reuse`). Turn off if the main process hands batch tensors to another
+        process without copying them.
     view : str, optional
-        Read only the rows of the split's view ``name`` (``h5batch view add``; stored as
-        ``/<split>/views/<name>``): ``len(ds)`` is the view's size, index ``i`` its ``i``-th
-        row (in file order), and :meth:`chunk_starts` groups those rows by the file's chunks.
+        Read only the rows of the split's view ``name`` (``/<split>/views/<name>``): ``len`` is
+        the view's size, index ``i`` its ``i``-th row, :meth:`chunk_starts` groups them by chunk.
 
     Notes
     -----
     The constructor opens the file only to read its layout and check its index (raising
     ``CorruptFileError``, ``FileNotFoundError`` for a partial, ``BlockingIOError`` for a file
-    being written: :mod:`h5batch.tools.index`), then closes it; every process opens its own
-    handle on first access. ``label`` values index ``class_names``.
+    being written), then closes it; each process opens its own handle on first access.
+    ``label`` values index ``class_names``.
     """
 
     def __init__(self, path: str | os.PathLike[str], split: str = "train",

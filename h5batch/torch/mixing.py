@@ -1,35 +1,26 @@
 """Mixing: several h5batch files (or splits) read as one dataset, sampled with weights or in turn.
 
 :class:`MixedDataset` puts datasets side by side (index ``i`` of source ``k`` is
-``offsets[k] + i``) and checks at construction that the fields they return match: the same
-names in the same order, and per field the same kind (fixed or variable), per-sample shape
-(fixed) or rank (variable) and output dtype, labels in all or none, sources in all or
-none. The files may hold other fields too; choose the common ones with ``fields=``. Every
-batch gets a ``dataset`` column (int64, the source's index in ``names``) saying where each
-sample came from.
+``offsets[k] + i``) and checks that their fields match: names and order, kind, per-sample
+shape (fixed) or rank (variable), output dtype, labels and sources in all or none (choose
+common fields with ``fields=``). Every batch gets a ``dataset`` column (int64, index in
+``names``).
 
-:class:`MixingSampler` decides the order, as a pure function of ``(seed, epoch)``:
+:class:`MixingSampler` orders, as a pure function of ``(seed, epoch)``:
 
-* ``weights=None``: every sample of every source once per epoch, the sources interleaved at
-  random (each unit's source is a random permutation of the sources' sizes);
-* ``weights=[w0, w1, ...]``: each unit's source is drawn independently with probability
-  ``w_k / sum(w)``; an epoch has ``num_samples`` samples (default: all sources' total); a
-  source that runs out starts a new pass in a new order;
-* ``in_turn=True``: source 0 to its end, then source 1, ... (no weights).
+* ``weights=None``: every sample once per epoch, sources interleaved at random;
+* ``weights=[w0, ...]``: each unit's source drawn with probability ``w_k / sum(w)``,
+  ``num_samples`` per epoch (default all); a source that runs out starts a new pass;
+* ``in_turn=True``: source 0 to its end, then source 1, ...
 
-Within a source the order is the chunk-aware one of
-:class:`~h5batch.torch.ChunkShuffleSampler` (seeded from ``(seed, epoch, source)``), so each
-source's reads stay chunk-local. With ``batch_size`` the sampler is a batch sampler (use it
-as ``batch_sampler=``) whose every batch comes from one source: no per-batch mixing of
-files, no copy. Without, it yields sample indices (``sampler=``) and a batch mixes sources.
+Within a source the order is :class:`~h5batch.torch.ChunkShuffleSampler`'s (seeded from
+``(seed, epoch, source)``), so reads stay chunk-local. With ``batch_size`` it is a batch
+sampler (``batch_sampler=``) whose batches each come from one source, with no copy; without,
+it yields indices and a batch mixes sources, read source by source and assembled with one
+more copy.
 
-State: ``state_dict()`` / ``load_state_dict()`` hold ``(seed, epoch, position)`` with the
-rules of :mod:`h5batch.torch.state` (the other samplers' convention): the order of an epoch
-is recomputed from the seed in O(units) numpy, no data is read or replayed.
-
-Cost: a batch whose samples come from several sources is read source by source and its
-columns are assembled into one new batch (one more copy of its bytes); a batch from one
-source (``batch_size`` mode) is that source's batch as read, plus the ``dataset`` column.
+State: ``state_dict()`` holds ``(seed, epoch, position)`` per :mod:`h5batch.torch.state`; an
+epoch's order is recomputed from the seed, no data replayed.
 """
 
 from __future__ import annotations

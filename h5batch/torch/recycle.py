@@ -1,35 +1,25 @@
 """Shared-memory batch buffers that DataLoader workers reuse once the main process is done.
 
-Why: a DataLoader worker hands each batch to the main process in shared memory. With a new
-shared storage per batch, every 4 KiB page of it is faulted in and zeroed by the kernel when
-the worker fills it, and freed again when the main process drops it: that alone caps
-what ``num_workers > 0`` can deliver, whatever the dataset does (the figures are in
-``docs/benchmarks.md``). Reusing the storages removes that cost.
+Why: with a fresh shared storage per batch, every page is faulted in and zeroed when the
+worker fills it and freed when the main process drops it, which caps ``num_workers > 0``
+throughput (``docs/benchmarks.md``).
 
-A storage may be reused only when the main process no longer holds any tensor on it, and
-only the main process knows that. So:
+A storage may be reused only when the main process holds no tensor on it, which only the
+main process knows:
 
-* Each worker keeps up to :data:`MAX_SLOTS` storages ("slots") per pool and carves
-  batches out of them (:meth:`SharedBatchPool.storage`, carved by ``batch.empty_columns``).
-* When a slot's tensor is pickled for the main process (in the worker's queue feeder
-  thread), the reducer this module registers in the worker stamps it with a *lease*
-  ``(pool token, worker row, slot, generation, worker pid)``; generations are unique per
-  worker process.
-* The main process rebuilds the tensor as torch does and keeps its storage. When nothing
-  else holds that storage any more (checked each time another leased tensor arrives), it
-  writes the lease's generation into the pool's *control block*: a small shared int64 array
-  created with the pool in the main process (inherited by fork, sent by file descriptor with
-  spawn or forkserver). The storage stays mapped in the main process for the slot's next
-  batch, until its worker process exits (:class:`_Releases`).
-* A worker reuses a slot only when it holds the last local reference to it and the control
-  block shows the generation it last sent. A slot that is never sent is reused as soon as
-  the worker drops it.
+* each worker keeps up to :data:`MAX_SLOTS` storages ("slots") per pool and carves batches
+  from them (:meth:`SharedBatchPool.storage`);
+* when a slot's tensor is pickled for the main process, this module's reducer stamps it with
+  a *lease* ``(pool token, worker row, slot, generation, worker pid)``;
+* once nothing else in the main process holds that storage (checked as leased tensors
+  arrive), it writes the generation into the pool's shared int64 *control block*; the
+  storage stays mapped until its worker exits (:class:`_Releases`);
+* a worker reuses a slot only when it holds the last local reference and the control block
+  shows the generation it last sent; an unsent slot is reused once dropped.
 
-Nothing is shared that would not be shared anyway; a slot still leased is simply not used
-(the worker takes another one or, past the limits, a fresh storage as before). One caveat:
-if the main process passes a batch tensor on to *another* process and drops its own
-reference, the worker may overwrite it while that process still reads it; copy such tensors
-first, or build the dataset with recycling off.
+A slot still leased is not used (another one or a fresh storage is taken). BEWARE: if the
+main process passes a batch tensor to *another* process and drops its own reference, the
+worker may overwrite it while that process reads it; copy such tensors, or turn recycling off.
 """
 
 from __future__ import annotations

@@ -60,42 +60,32 @@ class ChunkShuffleSampler(EpochState, Sampler[int]):
     Parameters
     ----------
     data : H5Dataset, Sized or int
-        What to sample: a dataset (its ``len`` and, for an ``H5Dataset``, its chunk groups)
-        or a number of samples.
+        A dataset (its ``len`` and, for an ``H5Dataset``, its chunk groups) or a sample count.
     chunk_size : int, optional
-        Samples per chunk. Default: the groups of ``data.chunk_starts()`` (an ``H5Dataset``
-        groups samples by the chunks of its field with the most samples per chunk: ``k`` rows
-        of a fixed field, or the samples whose values start in one chunk of a variable
-        field), else 64.
+        Samples per chunk. Default: the groups of ``data.chunk_starts()``, else 64.
     window : int
-        Chunk groups whose samples are mixed together (>= 1). ``window >= number of chunks``
-        is a full random permutation.
+        Chunk groups mixed together (>= 1); ``window >= number of chunks`` is a full permutation.
     seed : int
         Base seed (>= 0). The order is a pure function of ``(seed, epoch)``.
     rank, world_size : int
         This process's share of every epoch, like ``DistributedSampler``.
     drop_last : bool
-        With ``world_size > 1`` and ``n`` not divisible by it: ``False`` pads the epoch by
-        repeating its first samples so every rank gets ``ceil(n / world_size)``; ``True``
-        drops the epoch's last samples so every rank gets ``n // world_size``.
+        With ``world_size > 1`` and ``n`` not divisible: ``False`` pads with the epoch's first
+        samples to ``ceil(n / world_size)`` per rank; ``True`` drops to ``n // world_size``.
     mixing : {"stratified", "random"}
-        How windows are made and ordered (:mod:`h5batch.torch.order`); ``"random"`` is the
-        order of earlier versions.
+        How windows are made and ordered (:mod:`h5batch.torch.order`).
 
     Notes
     -----
-    Epochs roll on by themselves: each ``iter()`` after a fully drawn epoch yields the next
-    epoch's order. :meth:`set_epoch` still chooses an epoch explicitly. ``state_dict()`` /
-    ``load_state_dict()`` save and restore ``(seed, epoch, position)``; torchdata's
-    ``StatefulDataLoader`` calls them.
+    Each ``iter()`` after a fully drawn epoch yields the next epoch; :meth:`set_epoch` chooses
+    one explicitly. ``state_dict()`` / ``load_state_dict()`` hold ``(seed, epoch, position)``
+    (torchdata's ``StatefulDataLoader`` calls them).
 
-    Ranks get *contiguous* slices of the epoch's order (``DistributedSampler`` deals them
-    out round robin), so each rank touches about ``1 / world_size`` of the chunks. A state
-    loads only into the same world size; for an order and a state that do not depend on it,
-    use :class:`~h5batch.torch.GlobalBatchSampler`.
+    Ranks get *contiguous* slices of the order (not round robin), so each touches about
+    ``1 / world_size`` of the chunks. A state loads only into the same world size; for one that
+    does not depend on it, use :class:`~h5batch.torch.GlobalBatchSampler`.
 
-    Works as ``sampler=`` of a ``DataLoader`` with ``batch_size`` (torch wraps it in a
-    ``BatchSampler``) or inside your own ``BatchSampler``.
+    Use as ``sampler=`` with ``batch_size``, or inside your own ``BatchSampler``.
     """
 
     def __init__(self, data: Any, chunk_size: int | None = None, window: int = DEFAULT_WINDOW,
