@@ -2,55 +2,38 @@
 ``batch_size: auto`` (both the defaults).
 
 The trial (:mod:`.trial`) decodes 32 items spread evenly over the manifest (at most 4 MB per
-field) on a worker of the run. Spread, not the
-first ones: a corpus sorted by
-speaker or class starts with one kind of file, whose ratio need not be the corpus'. The batch
-size and the compression ratio depend only on those samples and on the manifest, never on the
-number of workers or on timing. The codec of a field that shrinks enough also depends on two
-speeds measured on this machine (below): a rerun on a busy machine may choose otherwise when
-the two sides of the rule are close. A resumed run keeps the codecs of the run it resumes (the
-commit record), so one file never mixes codecs.
+field) on a worker of the run; spread, because a corpus sorted by class starts with one kind
+of file. Batch size and ratio depend only on those samples and the manifest, never on the
+worker count or timing. The codec also depends on two speeds measured here, so a rerun on a
+busy machine may choose otherwise when the rule is close. A resumed run keeps the codecs of
+the run it resumes (the commit record), so one file never mixes codecs.
 
 Codec
 -----
-Decoded media compresses far less than people expect (the ratios per corpus are in
-``docs/benchmarks.md``, "Figures behind design choices"), and the tool exists to make reads
-fast. A training loop reads the same file epoch after epoch, mostly from the page cache: reading
-an uncompressed chunk then costs a memory copy, while a compressed one costs a decode of every
-chunk it touches. So, per field, with ``r`` the trial's Blosc2-LZ4 ratio:
+Decoded media compresses little (ratios in ``docs/benchmarks.md``) and training reads the
+same file from the page cache every epoch, where an uncompressed chunk costs a memory copy
+and a compressed one a decode. Per field, with ``r`` the trial's Blosc2-LZ4 ratio:
 
-* ``r`` under :data:`MIN_RATIO`: ``none`` (a few percent saved is not worth any CPU; no
-  timing is done);
-* ``output.prefer: speed`` (the default): Blosc2-LZ4 only when decoding it costs less than
-  the reading it saves, ``1 / decode_speed < (1 - 1/r) / copy_speed``, with both speeds
-  measured on the trial's own samples (:func:`h5batch.codecs.lz4_trial.speeds`: the decompression call the
-  reader makes per chunk, on one core, and ``numpy.copyto``, best of ``TIMING_ROUNDS``
-  interleaved rounds so a busy machine slows both alike). In practice decoding is the slower
-  side by far for audio and photos (float32 clips shrink by less than half, and decoding
-  them costs more than reading the bytes saved; even silence decodes slower than a copy), so
-  they are stored uncompressed and read faster (chunks mapped in place);
-* ``output.prefer: size``: Blosc2-LZ4 wherever ``r`` reaches :data:`MIN_RATIO` (the files
-  are smaller; choose it for a corpus larger than RAM or on slow network storage, where the
-  page cache is cold and reading does cost more than decoding).
+* ``r`` under :data:`MIN_RATIO`: ``none`` (no timing done);
+* ``output.prefer: speed`` (default): Blosc2-LZ4 only when
+  ``1 / decode_speed < (1 - 1/r) / copy_speed``, both speeds measured on the trial's samples
+  (:func:`h5batch.codecs.lz4_trial.speeds`, one core, best of ``TIMING_ROUNDS`` interleaved
+  rounds). Audio and photos usually end up ``none`` (chunks mapped in place);
+* ``output.prefer: size``: Blosc2-LZ4 wherever ``r`` reaches :data:`MIN_RATIO` (for corpora
+  larger than RAM or slow network storage, where the cache is cold).
 
-:meth:`CodecChoice.why` says which rule decided, with the figures the samples fix (the
-ratio, the break-even decode speed); it is stored as each dataset's ``codec_choice``
-attribute (``h5batch inspect`` prints it). The log line adds the measured speeds, which are
-not stored: they differ from run to run, and a rerun must write the same file. Set
-``output.codec`` to a codec name to force it (``gzip`` for tools without hdf5plugin).
+:meth:`CodecChoice.why` (stored as each dataset's ``codec_choice`` attribute) gives only
+figures the samples fix; the measured speeds go to the log only, since a rerun must write the
+same file. ``output.codec`` forces a codec (``gzip`` for tools without hdf5plugin).
 
 Batch size
 ----------
-Each Dask task costs the driver and scheduler a fixed amount of CPU whatever its size,
-and each batch a round trip through the writer, while a short clip decodes far faster than
-that. So a task should carry megabytes: ``auto`` puts about :data:`TARGET_BATCH_BYTES` of
-decoded samples in a batch of the local engine (``cluster.kind: processes``), and
-:data:`TARGET_TASK_BYTES` in a Dask task, but cuts a small corpus into at least
-:data:`MIN_BATCHES` batches so the workers and the writer overlap. The count is then rounded down to whole chunks of every fixed-shape field
-(:func:`whole_chunks`), so the writer stores each batch straight from shared memory.
-Reason for the two: a Dask task costs the driver, the scheduler and the worker several
-milliseconds of CPU, a batch of the local engine one pipe round trip; a smaller batch starts
-the writer sooner and leaves it less to do alone at the end.
+A Dask task costs driver, scheduler and worker several ms of CPU, a local-engine batch one
+pipe round trip, and a short clip decodes much faster; so ``auto`` puts about
+:data:`TARGET_BATCH_BYTES` of decoded samples in a local batch (``cluster.kind: processes``)
+and :data:`TARGET_TASK_BYTES` in a Dask task, but makes at least :data:`MIN_BATCHES` batches
+so workers and writer overlap. The count is rounded down to whole chunks of every fixed-shape
+field (:func:`whole_chunks`).
 """
 
 from __future__ import annotations
@@ -92,10 +75,10 @@ class CodecChoice:
     def why(self) -> str:
         """For ``auto``: why this codec (stored as the field's ``codec_choice`` attribute).
 
-        Only figures that the trial's samples fix (the ratio, and the decode speed relative to
-        a memory copy at which compressing pays, ``1 / (1 - 1/ratio)``): the measured speeds
-        vary from run to run, and a rerun of a job must write the same file. They are in the
-        log (:meth:`describe`)."""
+        Only figures the samples fix (the ratio, and the break-even ``1 / (1 - 1/ratio)``): measured
+        speeds vary between runs and a rerun must write the same file; they go to the log
+        (:meth:`describe`).
+        """
         if self.ratio is None:
             return ""
         shrank = f"{AUTO_CODEC} shrank {self.samples} trial samples spread over the corpus {self.ratio:.2f}x"
@@ -252,11 +235,10 @@ def _batch_size(job: JobConfig, manifest: Manifest, item_bytes: int, fixed: dict
 
 
 def whole_chunks(bs: int, job: JobConfig, fixed: dict) -> int:
-    """``bs`` rounded down to a multiple of the rows per chunk of every fixed-shape field
-    (their least common multiple), where it is at least that. Reason: a batch of whole
-    chunks is stored straight from shared memory; one that ends inside a chunk has its last
-    rows copied into the writer's chunk buffer, and the next batch's first ones (4,096
-    pairs in 131-item batches: ~1 MB per field per batch, 64 MB of the writer's 512)."""
+    """``bs`` rounded down to a multiple of the LCM of every fixed-shape field's rows per chunk,
+    where it is at least that. Reason: a batch of whole chunks is stored straight from shared
+    memory; a partial chunk is copied into the writer's chunk buffer.
+    """
     ks = [rows_per_chunk(f[0], f[1], job.output.chunk_bytes) for f in fixed.values() if f is not None]
     step = math.lcm(*ks) if ks else 1
     return bs - bs % step if bs >= step else bs

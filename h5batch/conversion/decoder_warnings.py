@@ -1,38 +1,26 @@
 """Warnings from decoders: caught per file on the workers, counted in the summary, and
-written to a log beside the output (``OUT.warnings.txt``), never onto the console.
+written to ``OUT.warnings.txt`` beside the output, never onto the console.
 
-Two kinds reach a console otherwise: Python warnings (Pillow's ``UserWarning: Tag data
-larger than file``, ``Palette images with Transparency ...``) and what native libraries
-write straight to file descriptor 2 (libmpg123's ``Warning: Xing stream size off by more
-than 1%``, libtiff's messages). On a corpus of odd files they are hundreds of raw lines
-that drown the progress output and name no file.
+Reason: Python warnings (Pillow's ``Tag data larger than file``) and native libraries'
+writes to fd 2 (libmpg123, libtiff) are hundreds of raw lines on an odd corpus, drowning the
+progress output and naming no file.
 
-Worker side (:func:`batch`, :func:`watch`, :func:`take`):
+Worker side (:func:`batch`, :func:`watch`, :func:`take`): while a batch decodes, fd 2 points
+at an unlinked temporary file (one ``dup2`` per batch, reference-counted); :func:`watch`
+records each file's Python warnings (``always``, except deprecation kinds, which are about
+code) and the fd 2 bytes written during its decode. Dask's and Tornado's log lines, and
+anything written between files, go on to the real stderr at batch end. :func:`take` hands
+the messages per file to the :class:`~h5batch.batches.BatchResult`.
 
-* while a batch decodes, fd 2 of the worker process points at an unlinked temporary file
-  (one ``dup2`` per batch, reference-counted for workers running several batches at once);
-* each file's decode is wrapped by :func:`watch`: Python warnings are recorded with
-  ``warnings.catch_warnings(record=True)`` (every occurrence: ``always``, except the
-  deprecation kinds, which are about code, not files), and the bytes fd 2 received between
-  the file's start and end (two ``lseek`` calls) are that file's native messages. Lines
-  that are Dask's or Tornado's own log records go on to the real stderr, and so does
-  anything written between files, when the batch ends;
-* :func:`take` hands the batch's messages, per file, to the
-  :class:`~h5batch.batches.BatchResult`.
+BEWARE: fd 2 and warning filters are per process (no thread-local ``catch_warnings`` before
+Python 3.14). With several worker threads, or an abandoned hung decode still running, a
+message can be attributed to another file decoding at the same moment.
 
-BEWARE: fd 2 and Python's warning filters are per process, not per thread (Python < 3.14
-has no thread-local ``catch_warnings``). A worker decodes one file at a time (the decode
-thread of ``worker._Watched``, one thread per worker process in h5batch's own clusters);
-with several worker threads, or a hung decode that was abandoned and keeps running, a
-message can be attributed to a file that was decoding at the same moment. Dask's log
-records are recognised and passed on; any other output of another thread during a decode
-lands in that file's line.
+The driver's trial decode (``conversion/auto.py``) runs inside :func:`silenced`: the workers
+decode those files again and report them.
 
-The driver's trial decode of a few files (``conversion/auto.py``) runs inside
-:func:`silenced`: the workers decode those files again and report them.
-
-Driver side: :class:`WarningLog` appends each stored batch's lines to the log, one line
-per file (``path<TAB>messages``, several joined by `` | ``), and counts the files.
+Driver side: :class:`WarningLog` appends one line per file (``path<TAB>messages``, joined by
+`` | ``) and counts the files.
 """
 
 from __future__ import annotations

@@ -1,18 +1,14 @@
 """``h5batch sync``: bring a finished output up to date with its corpus, converting only
 what changed (docs/sync.md).
 
-The stages are those of :func:`h5batch.conversion.pipeline.convert`, with the difference
-of :mod:`.delta` between discovery and planning: read the output's inventory, discover the
-corpus as it is now, decide what is new, changed and removed, and hand only the new and
-changed items to the workers. Discovery is incremental where the layout can vouch for it
-(:mod:`h5batch.layouts.incremental`: a stat pass, items built for new and changed files
-only), else full, and the log says why; either way the output ends up as a fresh
-conversion's would. Nothing past discovery is imported or started (driver, plan, writer)
-unless there is something to write. The writer (:class:`h5batch.writer.sync.SyncWriter`) appends
-them to the output itself, through an undo journal, or to a copy when a reader has the
-output open; removed and changed rows become tombstones. All or nothing: an interrupted
-sync (Ctrl-C, ``kill -9``, power loss) is undone the next time anything takes the output's
-lock (:func:`recover`), and the same command then does the whole sync again.
+The stages are :func:`h5batch.conversion.pipeline.convert`'s plus :mod:`.delta` between
+discovery and planning; only new and changed items go to the workers. Discovery is
+incremental where the layout can vouch for it (:mod:`h5batch.layouts.incremental`), else
+full, and the log says why; either way the output ends as a fresh conversion's would.
+Nothing past discovery is started unless there is something to write. The writer
+(:class:`h5batch.writer.sync.SyncWriter`) appends through an undo journal, or to a copy when a
+reader has the output open; removed and changed rows become tombstones. All or nothing: an
+interrupted sync is undone by the next lock holder (:func:`recover`) and then redone whole.
 """
 
 from __future__ import annotations
@@ -80,11 +76,10 @@ def recover(final: str, say) -> None:
 
 
 def sync(job: JobConfig, opts: ConvertOptions | None = None, dry_run: bool = False) -> SyncSummary:
-    """Sync the output of ``job`` with its corpus (see the module docstring). Raises
-    :class:`~h5batch.errors.ConvertError` with the command line's exit code. ``dry_run``:
-    discover and compare only, and say what a sync would do (the summary's counts and
-    ``paths``); nothing is written (an interrupted sync found under the lock is still undone
-    first, as by any command that takes the lock)."""
+    """Sync the output of ``job`` with its corpus; raises
+    :class:`~h5batch.errors.ConvertError` with the exit code. ``dry_run``: only say what a sync
+    would do (nothing written, but an interrupted sync under the lock is still undone).
+    """
     opts = opts or ConvertOptions()
     log = opts.log or sys.stderr
 
@@ -166,13 +161,12 @@ class Comparison:
 
 
 def compare(job: JobConfig, final: str, say, full: bool = True) -> Comparison | None:
-    """The finished output ``final`` of ``job`` compared with the corpus as it is now:
-    incrementally (the stat pass and the output's inventory) where the layout can vouch
-    for it, else by a full discovery. Raises :class:`~h5batch.errors.ConvertError` where
-    the output was made by a different job, or kept no inventory. Call with the output's
-    lock held. ``full`` False (``convert``'s check of an existing output): None where the
-    answer would need a full discovery, or the output has no inventory to compare with;
-    the caller then does its own."""
+    """``job``'s finished output ``final`` compared with the corpus now: incrementally where
+    the layout can vouch for it, else by full discovery. Call with the lock held. Raises
+    :class:`~h5batch.errors.ConvertError` where another job made the output or it has no
+    inventory. ``full`` False (``convert``'s check): None instead where a full discovery or an
+    inventory is needed; the caller does its own.
+    """
     from ..layouts.incremental import why_not_incremental
 
     t0 = time.perf_counter()
@@ -271,13 +265,12 @@ def _plan(job, found: _Found, old, d, final: str, partial: str, in_place: bool, 
 
 
 def _write(job, plan, d, found: _Found, final: str, writer, run_id, opts, say, conn, started: list[bool]):
-    """Run the writer (and, for new and changed items, the engine of ``conn``) over the
-    delta; ``started[0]`` is set once the writer has its ``Start``.
+    """Run the writer (and the engine of ``conn`` for new and changed items) over the delta;
+    ``started[0]`` is set once the writer has its ``Start``.
 
-    The inventory sidecar (``found``'s, ~20 MB for 100,000 inputs) is written after the
-    writer has its ``Start``, while the writer opens the output; it is in place (written
-    whole, then renamed) before the first ``Store`` or ``Finish`` is sent, and only
-    ``Finish`` reads it."""
+    The inventory sidecar is written (whole, then renamed) after ``Start`` and before the first
+    ``Store`` or ``Finish``; only ``Finish`` reads it.
+    """
     from ..writer.messages import Finish, Start
     from ..writer.process import WriterGone
     from .driver import Driver, abort
