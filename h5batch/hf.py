@@ -1,48 +1,35 @@
 """``to_dataset(path)``: an h5batch output as a Hugging Face ``datasets.Dataset`` (one split)
 or ``DatasetDict`` (every split), with features that say what each column is.
 
-Why a bridge and not ``load_dataset("hdf5", ...)``: the ``hdf5`` packaged loader of
-``datasets`` (5.2) reads a whole file as one table: every dataset in the file becomes a
-column (groups become structs) and all must have the same number of rows. An h5batch file
-has one group per split, ``/class_names`` and ``/rejects`` beside them, and variable-length
-fields stored as ``values`` + ``offsets`` (``N + 1`` rows) + ``shapes`` groups, so the loader
-refuses it (``DatasetGenerationError`` from ``ArrowInvalid: Column 2 named rejects expected
-length 3 but got length 0``, tested in tests/test_hf.py); were it to read the groups, it
-would hand back offsets instead of samples, encoded fields undecoded, text as bytes and
-tombstoned rows.
+Why not ``load_dataset("hdf5", ...)``: that loader (datasets 5.2) reads a file as one table
+whose columns must have equal lengths, so it refuses an h5batch file (``ArrowInvalid``,
+tests/test_hf.py), and would return offsets, undecoded fields and tombstoned rows.
 
-Rule: the rows are what :class:`h5batch.torch.H5Dataset` yields (live rows only, encoded
-fields decoded, text as ``str``; :mod:`h5batch.export.samples`), read in runs of 64 samples;
-each run becomes one Arrow table, built column by column from numpy, appended to an Arrow
-file in the cache folder with ``datasets``' own ``ArrowWriter``; the finished file is
-memory-mapped by ``Dataset.from_file``. So the .h5 is never loaded whole into memory, and
-the result is an ordinary cached ``Dataset``. Not ``Dataset.from_generator``: it converts
-each row's Python objects one by one: 76 rows/s against 500 here (docs/interop.md).
-The Arrow file is named by a hash of the output's identity (absolute path, size, mtime, job
-and corpus hashes) and the arguments, so the same call maps the cached file at once and a
-changed or synced output is read again, never served stale; it is written under a temporary
-name and renamed, so a killed call leaves no half file under that name.
-``streaming=True`` returns an ``IterableDataset`` (``IterableDataset.from_generator``, one
-row at a time) instead: no cache, nothing written.
+Rule: the rows are what :class:`h5batch.torch.H5Dataset` yields (live rows, decoded, text as
+``str``; :mod:`h5batch.export.samples`), read in runs of 64, each run one Arrow table
+appended with ``datasets``' ``ArrowWriter``, the file memory-mapped by ``Dataset.from_file``:
+the .h5 is never loaded whole. Not ``Dataset.from_generator``: it converts row by row, far
+slower (docs/interop.md). The Arrow file is named by a hash of the output's identity (path,
+size, mtime, job and corpus hashes) and the arguments, so a changed output is never served
+stale; it is written under a temporary name and renamed. ``streaming=True`` returns an
+``IterableDataset`` instead: no cache, nothing written.
 
 Features, per column:
 
 =============  ============================================================================
 label          ``ClassLabel(names=class_names)`` (labelled splits; -1 = no label)
 audio field    struct ``{"array": List(Value(int16|float32)), "sampling_rate": int32}``;
-               ``(T, C)`` audio is ``List(List(Value, length=C))``. ``datasets.Audio`` is not used:
-               in ``datasets`` 5.2 it needs ``torchcodec`` (and FFmpeg's libraries) even to
-               store WAV bytes, which this environment does not have
-image field    ``Image()`` holding the sample as PNG bytes (lossless; ``(H, W, 1)`` images
-               come back as mode ``L``, ``(H, W)``)
+               ``(T, C)`` is ``List(List(Value, length=C))``. Not ``datasets.Audio``: it
+               needs ``torchcodec`` and FFmpeg even to store WAV bytes
+image field    ``Image()`` holding PNG bytes (``(H, W, 1)`` comes back as mode ``L``)
 text field     ``Value("string")``
 value field    ``Value(dtype)``; ``ClassLabel(names=categories)`` for ``dtype: category``;
-               a field of K columns is a struct ``{name: Value(dtype)}``
+               K columns: struct ``{name: Value(dtype)}``
 multilabel     struct ``{name: Value("uint8")}`` (0/1 per target)
-source         ``Value("string")`` (``List(Value("string"))`` for a sample of several files)
+source         ``Value("string")`` (``List(Value("string"))`` for several files)
 =============  ============================================================================
 
-Needs ``datasets`` (``pip install datasets``) and the reader (``h5batch[torch]``).
+Needs ``datasets`` and the reader (``h5batch[torch]``).
 """
 
 from __future__ import annotations
@@ -230,26 +217,20 @@ def to_dataset(path: str | os.PathLike[str], split: str | None = None, *,
     path : str or PathLike
         A complete h5batch output.
     split : str, optional
-        One split; default every split, as a ``DatasetDict`` in the file's split order.
+        One split; default every split, as a ``DatasetDict`` in file order.
     fields : sequence of str, optional
         Fields to include (default all).
     as_float : bool
-        int16 audio as float32 ``x / 32768`` (what ``H5Dataset(as_float=True)`` gives);
-        default the stored int16 (lossless). Images stay uint8 (the ``Image`` feature).
+        int16 audio as float32 ``x / 32768``; default the stored int16. Images stay uint8.
     cache_dir : str or PathLike, optional
-        Folder of the Arrow files (``h5batch-<key>-<split>.arrow``); default the ``datasets``
-        cache (``HF_DATASETS_CACHE``, ``~/.cache/huggingface/datasets``). BEWARE: the Arrow
-        copy is as large as the decoded samples (uncompressed), often several times the .h5.
+        Folder of the Arrow files; default the ``datasets`` cache (``HF_DATASETS_CACHE``).
+        BEWARE: the Arrow copy is as large as the decoded samples, often several times the .h5.
     streaming : bool
-        Return an ``IterableDataset`` (or ``IterableDatasetDict``) read from the file as it
-        is iterated: nothing written, no cache.
+        Return an ``IterableDataset`` (or ``IterableDatasetDict``): nothing written, no cache.
 
     Examples
     --------
-    >>> from h5batch.hf import to_dataset  # doctest: +SKIP
     >>> ds = to_dataset("out/demo.h5", "train", cache_dir="/tmp/hf")  # doctest: +SKIP
-    >>> ds.features["label"].names  # doctest: +SKIP
-    ['circle', 'square', 'triangle']
     """
     import datasets as hf
 

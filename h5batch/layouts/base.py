@@ -1,18 +1,15 @@
-"""What every layout shares: the :class:`Layout` base class and its registry, the manifest
-builder and the path helpers (the file walker, :class:`~h5batch.walker.Walker`, is in :mod:`h5batch.walker`).
+"""What every layout shares: the :class:`Layout` base class and registry, the manifest
+builder and path helpers (the walker is :mod:`h5batch.walker`).
 
-Rule: this module names no layout; each layout is one module of this package. The layouts
-take the job's settings from :mod:`h5batch.config_types` and never import
-:mod:`h5batch.config`. Reason: config checks ``source.layout`` against this registry, so
-importing it here would be a cycle.
+Rule: this module names no layout, and layouts take settings from
+:mod:`h5batch.config_types`, never :mod:`h5batch.config`. Reason: config checks
+``source.layout`` against this registry, so that import would be a cycle.
 
-Invariants every layout keeps (the builder enforces the last two): hidden files and folders
-(``.name``) are skipped; every other file met ends up either in an item or among the rejects
-with its reason, never silently dropped; the manifest's order and hash depend only on the
-corpus, not on the file system's listing order. In a job of one field of files, two files
-that share a stem (``song.mp3`` beside ``song.flac``) are two samples whose keys keep the
-extension (:func:`keys_with_extensions`); with several fields the stem pairs the files, so
-a second file of one stem and field is a duplicate.
+Invariants (the builder enforces the last two): hidden files and folders are skipped;
+every other file ends in an item or a reject with its reason; manifest order and hash depend
+only on the corpus. In a one-field job, ``song.mp3`` beside ``song.flac`` are two samples
+(:func:`keys_with_extensions`); with several fields the stem pairs files, so a second file of
+one stem and field is a duplicate.
 """
 
 from __future__ import annotations
@@ -104,9 +101,9 @@ def get(name: str) -> Layout:
 
 
 def _suffix_at(name: str) -> int:
-    """Where the suffix of a file name starts (``len(name)`` for none), as pathlib says:
-    the last dot, not leading and not trailing. String work, not ``PurePosixPath``: this
-    runs for every file of the corpus, and pathlib builds an object per call."""
+    """Where the suffix of a file name starts (``len(name)`` for none), as pathlib says. String
+    work, not ``PurePosixPath``: it runs per file.
+    """
     i = name.rfind(".")
     return i if 0 < i < len(name) - 1 else len(name)
 
@@ -213,19 +210,14 @@ class Builder:
     def _drop_aliases(self, root: str, items: list[Item]) -> list[Item]:
         """One sample per file reached through several symlinks inside the root.
 
-        An item is an alias of another when each of its files is, field by field, the same
-        directory entry reached by another path (a file symlink, or a folder symlink above
-        it). The item kept is the one whose paths are the files' own (no symlink on the way),
-        else the first in manifest order; each path of the others becomes a reject naming the
-        kept path. Items sharing only some files (one clean file symlinked beside several
-        noisy ones) are distinct samples. Hard links are distinct directory entries, so
-        distinct samples too, like copies (docs/jobs.md says why).
+        An item is an alias when each of its files is the same directory entry reached by another
+        path. The item kept is the one with no symlink on its paths, else the first in manifest
+        order; the others' paths become rejects naming it. Items sharing only some files are
+        distinct samples, as are hard links (docs/jobs.md says why).
 
-        Cost: the ``(st_dev, st_ino)`` the walk already has finds the candidates; only those
-        (none in a corpus without symlinks or hard links) have their paths resolved, which keeps the
-        result right where a file system reports unreliable inode numbers. Where no walk met a
-        symlink there can be no alias, and nothing is looked at: grouping every item by inode
-        is a sizeable share of a large corpus's discovery.
+        Only items sharing ``(st_dev, st_ino)`` have their paths resolved (inode numbers can be
+        unreliable), and nothing is looked at where no walk met a symlink: grouping every item is
+        costly on a large corpus.
         """
         if not self.symlinks:
             return items
@@ -319,9 +311,9 @@ class Builder:
         return [items[i] for i in sorted(range(len(items)), key=keys.__getitem__)]
 
     def final_rejects(self) -> list[Reject]:
-        """The rejects in manifest order. Annotation files (tables, split lists) lying in the
-        corpus were rejected by the layout as files of no field: they are inputs of another
-        kind, listed in the output, not rejects."""
+        """The rejects in manifest order. Annotation files in the corpus (tables, split lists) are
+        listed as inputs, not rejects.
+        """
         taken = set(self.annotations)
         # The path's parts break ties of natural_key ("a01.wav", "a1.wav"): the order is then
         # total, the same whatever order the rejects were found in (a sync's incremental
@@ -338,10 +330,10 @@ def _clash_free(items: list[Item]) -> bool:
 
 
 def keys_with_extensions(items: list[Item]) -> list[Item]:
-    """The keys of a one-field job's items, with the file's extension kept where two
-    items of a split would otherwise share one (``song.mp3`` beside ``song.flac``: keys
-    ``song.mp3`` and ``song.flac``, two samples). Keys that do not clash stay as they are,
-    so a corpus without such pairs keeps its keys (and its output) unchanged."""
+    """The keys of a one-field job's items, with the extension kept only where two items of a
+    split would share a key (``song.mp3``, ``song.flac``); other keys, and so outputs, stay as
+    they were.
+    """
     seen: dict[tuple[str, str], int] = {}
     for it in items:
         seen[(it.split, it.key)] = seen.get((it.split, it.key), 0) + 1
@@ -358,11 +350,10 @@ def keys_with_extensions(items: list[Item]) -> list[Item]:
 
 
 def split_dirs(root: Path, src: SourceConfig, b: Builder) -> list[str]:
-    """The split folders to walk (for the layouts whose corpus is ``root/<split>/...``).
-    Entries at the top of the corpus that cannot be a split are rejected when they matter:
-    broken or escaping symlinks, and media files (of an accepted extension) lying outside any
-    split folder. Other top-level files (README, LICENSE) and, when ``source.splits`` is
-    given, unlisted folders are not part of the corpus."""
+    """The split folders to walk (layouts whose corpus is ``root/<split>/...``). Top-level
+    broken or escaping symlinks and media files outside any split are rejected; other top-level
+    files and unlisted folders (with ``source.splits``) are not part of the corpus.
+    """
     walker = Walker(root)
     found: list[str] = []
     for e in sorted(os.scandir(root), key=lambda e: e.name):

@@ -1,36 +1,25 @@
-"""Incremental discovery for ``h5batch sync``: the corpus's manifest hash, rejects and
-inventory, with items built only for the files that are new or changed since the output's
-inventory (:class:`~h5batch.inventory.Memory`) was written.
+"""Incremental discovery for ``h5batch sync``: builds items only for files new or changed
+since the output's inventory (:class:`~h5batch.inventory.Memory`) was written.
 
-Rule: the result is what :func:`h5batch.layouts.discover` would give, or no result at all.
-A layout opts in (``Layout.incremental``: its walk is separate from its item building, and a
-file's item or reject depends on that file's path alone); then one stat pass over the
-corpus (the layout's :meth:`~.base.Layout.walk`) is compared with the inventory's sorted
-keys and their stats, in numpy:
+Rule: the result is what :func:`h5batch.layouts.discover` would give, or none at all. A
+layout opts in (``Layout.incremental``: walk separate from item building, and a file's item
+or reject depends on its path alone); one stat pass (:meth:`~.base.Layout.walk`) is compared
+with the inventory's sorted keys and stats, in numpy:
 
-* a file in the inventory with the same size and mtime is unchanged: its stored stamp and
-  hash record (:class:`~h5batch.manifest.Memo`) are kept, nothing is built for it;
-* a file that was a discovery reject for its path (extension, pattern, folder: same path,
-  same job, same annotation files, the same reason) stays one, carried from the output's
-  rejects; a reject of the walk itself (cannot stat, not a regular file) is not carried: the
-  stat pass finds it again, or finds the file readable now and it is built as a new one;
-* every other file (new, or in the inventory with another size or mtime) goes through the
-  layout's :meth:`~.base.Layout.build`, the exclusions, the annotation join and the split
-  rules, as in a full discovery; the new items are put into the stored manifest order by
-  bisection (their records decoded only where the bisection looks);
-* an inventory key the walk no longer finds is removed.
+* same size and mtime: unchanged, stored stamp and :class:`~h5batch.manifest.Memo` kept;
+* a discovery reject for its path (extension, pattern, folder) stays one; a reject of the
+  walk itself (cannot stat, not regular) is not carried, the stat pass decides again;
+* any other file goes through :meth:`~.base.Layout.build`, exclusions, annotation join and
+  split rules as in a full discovery, and is put into manifest order by bisection;
+* an inventory key the walk does not find is removed.
 
-The manifest hash is then computed over the stored records of the unchanged items and the
-new records, in order (``sha256`` is streamed: updating with the pieces is updating with
-their concatenation), so it equals a full discovery's.
+The manifest hash is streamed over the records in order, so it equals a full discovery's.
 
-Whenever the fast path cannot vouch for that, :func:`rediscover` returns the reason instead
-and sync runs the full discovery (and logs the reason): the layout is not incremental (or
-the job pairs several fields), a value field takes its names from every sample's value
-(:func:`~h5batch.fields.needs_every_value`; category names do not: the new items' are
-appended to the output's, as a sync keeps them), the last discovery had items that depended on each other (:attr:`Memo.plain`), an
-annotation file (table, split list) changed or a table's glob matches other files, the
-split folders changed, a new split appeared, a new item's key clashes with another's, or a
+Where the fast path cannot vouch, :func:`rediscover` returns the reason and sync runs (and
+logs) a full discovery: layout not incremental or several paired fields, a value field that
+names from every value (:func:`~h5batch.fields.needs_every_value`; category names are
+appended), items that depended on each other (:attr:`Memo.plain`), a changed annotation file
+or a table glob matching other files, changed split folders, a new split, a key clash, or a
 changed file's item moved.
 """
 
@@ -76,10 +65,10 @@ _HEAD = re.compile(rb'\["([^"\\]*)", "([^"\\]*)"')  # an item record's split and
 class Rediscovery:
     """What changed, and the corpus's state after it.
 
-    ``manifest`` has the whole corpus's hash, rejects and annotations, but only the new and
-    changed items (in manifest order), and as ``splits`` only those of these items (the
-    sync takes the others from the output); ``inventory`` is the ``(keys, stamps, extra)``
-    of the whole corpus for the synced output (:func:`h5batch.inventory.write_arrays`)."""
+    ``manifest`` has the whole corpus's hash, rejects and annotations but only the new and
+    changed items (manifest order) and their ``splits``; ``inventory`` is the whole corpus's
+    ``(keys, stamps, extra)`` (:func:`h5batch.inventory.write_arrays`).
+    """
 
     manifest: Manifest
     changed: list[str]  # first paths of items whose file has another size or mtime
@@ -233,12 +222,10 @@ def _rediscover(job, layout, mem: Memory, old_rejects, root: Path, walk: Builder
 
 
 def _hints(mem: Memory, old: _OldKeys, position: np.ndarray, path: str, split: str) -> tuple[int, ...]:
-    """Where a new item most likely goes in the stored order: before the item of the same
-    split whose key follows ``path`` among the sorted keys, or after the one of that split
-    before it (path order and manifest order mostly agree locally within a split). Up to
-    :data:`_HINT_REACH` keys are looked at each way, reading only their split (no natural
-    key): the nearest key is often another split's (Speech Commands' lists, FSDD's test
-    indexes), which made the plain neighbours wrong hints and sent the item to a bisection."""
+    """Where a new item likely goes: next to the nearest sorted key of the same split,
+    looking up to :data:`_HINT_REACH` keys each way. Reason: the nearest key is often another
+    split's (Speech Commands, FSDD), which would send the item to a full bisection.
+    """
     j = bisect.bisect_left(mem.keys, path)
     n = len(mem.keys)
     out = []
@@ -257,11 +244,10 @@ _HINT_REACH = 64
 
 
 def _insertion_points(old: _OldKeys, wanted: list[tuple], hints: list[tuple[int, ...]]) -> list[int]:
-    """``bisect_left(old, k)`` of each of the sorted ``wanted``. A hint that checks out (the
-    stored item before it sorts below ``k``, the one at it not) is the answer after two
-    reads of ``old``; the others are found by halving, within the answers around them.
-    Reason: each read decodes a stored record; a plain bisection reads ~17 of them per new
-    item in a 100,000-item output, this ~2-4."""
+    """``bisect_left(old, k)`` of each sorted ``wanted``: a hint that checks out costs two reads
+    of ``old``, the others are found by halving between known answers. Reason: each read decodes
+    a stored record.
+    """
     n = len(old)
     out = [-1] * len(wanted)
     for i, (k, cands) in enumerate(zip(wanted, hints)):
@@ -359,8 +345,8 @@ def _merge(mem: Memory, b: Builder, new: list[Item], at: list[int], replaced: di
 
 def _merged_keys(mem: Memory, gone: np.ndarray, added: list[str]) -> tuple[list[str], np.ndarray, np.ndarray]:
     """The sorted keys after the change, and where each old key (-1: removed) and each of
-    ``added`` (the new items' keys, none of them an old key) went. The old keys are sorted
-    already: the new ones are merged in by bisection, no string sort of the whole list."""
+    ``added`` went; ``added`` is merged in by bisection, no sort of the whole list.
+    """
     old = mem.keys
     n = len(old)
     alive = np.ones(n, dtype=bool)
