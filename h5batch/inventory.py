@@ -1,34 +1,23 @@
 """What an output remembers of its inputs, so that ``h5batch sync`` can tell what changed.
 
-Rule: every finished output holds ``/inventory``: per manifest item (a sample, or an item
-that a worker rejected) its *key*, the item's first path (one file belongs to one item
-only), and its *stamp*, 64 bits of a hash over everything discovery knows that decides the
-sample's content: each file's path, size and mtime, the label name and the annotation
-values. Reason: a later discovery finds a changed file, a relabelled one or an edited
-annotation cell by comparing stamps, without reading one file's content; the split is left
-out on purpose, as a file keeps the split it was given when it was first converted.
+Rule: every finished output holds ``/inventory``: per manifest item its *key* (the item's
+first path) and *stamp*, 64 bits of a hash over each file's path, size and mtime, the label
+name and annotation values. Reason: a changed, relabelled or re-annotated file is found by
+comparing stamps, without reading content; the split is left out, as a file keeps the split
+it was first converted with.
 
-Since version 2 it also remembers what discovery saw, so that a sync can rediscover
-incrementally (:mod:`h5batch.layouts.incremental`): ``stat`` (size, mtime_ns of each key's
-file, aligned with ``key``), ``order`` (the manifest's item order, as indexes into ``key``),
-``record`` + ``record_end`` (the bytes the manifest hash took from each item, in manifest
-order: :class:`~h5batch.manifest.Memo`) and the attribute ``memo`` (JSON: the annotation
-files' stats, the split order, whether items depended on each other). A file without them
-is synced by a full discovery, which writes them.
+Version 2 adds what discovery saw, for :mod:`h5batch.layouts.incremental`: ``stat`` (size,
+mtime_ns per key), ``order`` (manifest order as indexes into ``key``), ``record`` +
+``record_end`` (the bytes hashed per item: :class:`~h5batch.manifest.Memo`) and the ``memo``
+attribute (JSON). A file without them is synced by full discovery, which writes them.
 
-Since version 3 ``key`` is one ``uint8`` dataset, the keys' UTF-8 bytes each ended by a NUL
-(a path holds no NUL), instead of a variable-length string per key. Reason: h5py reads and
-writes variable-length strings one object at a time, a sync's largest fixed cost after the
-stat pass; the bytes are read in one call and split in one more. A
-version 2 file is still read (its keys the slow way), and the sync writes version 3.
-Undecodable bytes of a file name (``os.fsdecode``'s surrogate escapes) are stored as they
-were on disk.
+Version 3 stores ``key`` as one ``uint8`` dataset of NUL-ended UTF-8 keys. Reason: h5py
+handles variable-length strings one object at a time. Version 2 files are still read.
+Undecodable name bytes (surrogate escapes) are stored as on disk.
 
-The driver writes the stamps of its manifest to a sidecar ``<partial>.inventory.npy``
-before it sends the first batch; the writer folds it into the file when it finishes (the driver
-never opens the HDF5 file). The sidecar is ``.npy`` arrays one after the other (keys, stamps,
-then version 2's arrays and the memo's bytes): no zip archive, whose CRCs over every byte
-would cost each sync time for nothing.
+The driver writes the stamps to a sidecar ``<partial>.inventory.npy`` before the first
+batch; the writer folds it in at finish (the driver never opens the HDF5 file). The sidecar
+is concatenated ``.npy`` arrays, not a zip, whose CRCs would cost every sync for nothing.
 """
 
 from __future__ import annotations

@@ -2,33 +2,22 @@
 
 Rules, and why:
 
-* A thread of the driver looks at its own cluster's workers every :data:`WATCH_SECONDS`
-  (:meth:`ClusterWatch.look`), not the driver's loop between events: that loop may wait a
-  minute for a result held by the frozen worker itself (``driver.RESULT_TIMEOUT``). Clusters it did not start (a scheduler,
-  dask-jobqueue) are not watched: they may legitimately be without workers for a while,
-  and Dask's ``worker-ttl`` watches their heartbeats.
-* No worker at all for ``policy.no_worker_timeout`` seconds stops the run (its progress
-  committed). Reason: Dask keeps tasks waiting for workers forever, and a nanny that cannot
-  start its worker again closes for good: the run would hang with nothing left to run it
-  (``cluster.LOST_WORKER_TIMEOUT`` keeps Dask from closing nannies itself, the cause seen
-  on a loaded machine).
+* A driver thread looks at its own cluster's workers every :data:`WATCH_SECONDS`
+  (:meth:`ClusterWatch.look`), not the event loop, which may wait on the frozen worker
+  itself (``driver.RESULT_TIMEOUT``). Clusters it did not start are not watched: they may
+  lack workers for a while, and Dask's ``worker-ttl`` watches them.
+* No worker for ``policy.no_worker_timeout`` seconds stops the run (progress committed).
+  Reason: Dask waits for workers forever, and a nanny that cannot restart its worker closes
+  for good (see ``cluster.LOST_WORKER_TIMEOUT``).
 * A worker whose heartbeat has not changed for ``policy.frozen_worker_timeout`` seconds is
-  killed (SIGKILL; its nanny starts a new one, as after a crash). Reason: a worker sends one
-  every half second or so from its event loop; one silent that long is frozen (a native call
-  that holds the GIL, a deadlock, swapping), and then its own decode watch
-  (``worker._Watched``) cannot run either. Dask restarts it only after ``worker-ttl``, 5
-  minutes by default, and the run waited meanwhile with nothing to say (CI saw a conversion
-  time out at 300 s so, cause unknown). Killed, not restarted through the scheduler: a
-  stopped process cannot answer a close request, and a restart still waiting when the run
-  ends is cancelled with a traceback. The kill fails its task, which runs again and, where
-  it freezes its worker each time, is split down to the file like a crash. Silence is timed
-  on this process's monotonic clock from the moment the worker's last heartbeat time was
-  seen to change, not from that wall-clock time: a clock step or a suspended laptop must not
-  look like frozen workers.
-* Each kill is also appended to the file named by ``H5BATCH_EVENT_LOG``, when it is set.
-  Reason: the test suite sets it and prints the kills of a session at its end: a freeze that
-  the watch ends leaves a passing test, and its message would otherwise go unseen (the hang
-  it stands in for was never reproduced outside CI).
+  SIGKILLed (its nanny starts a new one). Reason: a frozen worker (GIL-holding native call,
+  deadlock, swapping) cannot run its own decode watch, and Dask restarts it only after
+  ``worker-ttl`` (5 min). Killed, not restarted through the scheduler: a stopped process
+  cannot answer a close request. The failed task reruns and, if it freezes each time, is
+  split down to the file like a crash. Silence is timed on the monotonic clock from when
+  the heartbeat was seen to change, so a clock step or suspend is not a freeze.
+* Each kill is appended to ``H5BATCH_EVENT_LOG`` when set. Reason: the test suite prints
+  them, since a freeze the watch ends leaves a passing test.
 """
 
 from __future__ import annotations

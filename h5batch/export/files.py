@@ -1,35 +1,28 @@
 """Target ``files``: one WAV/PNG file per audio/image field of each sample, and
 ``DIR/labels.csv``, so that the export is itself a corpus h5batch converts again.
 
-Where a sample's files go (``<stem>`` is the file name of the sample's first source, less
-its suffix; a leading dot becomes ``_`` so no file is hidden; a stem already used in the same
-folder gets ``-<row>`` appended):
+``<stem>`` is the sample's first source's file name less its suffix (a leading dot becomes
+``_``; a stem already used in the folder gets ``-<row>``):
 
 =====================================  ==================================================
-labelled split                         ``DIR/<split>/<class>/<stem>.wav|png``: the
-                                       ``class_folders`` layout (one stem, one sample)
+labelled split                         ``DIR/<split>/<class>/<stem>.wav|png``
+                                       (``class_folders`` layout)
 labelled, two fields share an          ``DIR/<split>/<class>/<field>/<stem>.<ext>``
-extension                              (convert it with the ``manifest`` layout)
+extension                              (``manifest`` layout)
 unlabelled, one file field             ``DIR/<split>/<stem>.<ext>``
-unlabelled, several file fields        ``DIR/<split>/<field>/<stem>.<ext>``: the
-                                       ``paired_folders`` layout
+unlabelled, several file fields        ``DIR/<split>/<field>/<stem>.<ext>``
+                                       (``paired_folders`` layout)
 =====================================  ==================================================
 
-A class name is used as a folder name with ``/``, ``\\`` and a leading dot replaced by
-``_`` (the ``label`` column keeps the real name). A sample whose label is -1 goes where an
-unlabelled one would.
+Class folder names have ``/``, ``\\`` and a leading dot replaced by ``_`` (the ``label``
+column keeps the real name); label -1 goes where an unlabelled sample would.
 
-``labels.csv`` has one row per sample, in split then file order: ``path`` (the sample's
-first file, relative to ``DIR``: the key ``source.tables`` matches, and the one-field
-``manifest`` layout's column), one column per file field named after it when there are
-several (the ``manifest`` layout's columns), ``split``, ``label`` (the class name, empty when
-none), ``source`` (the original path(s) relative to the corpus root, ``;``-joined), ``row``
-(the sample's row in the output), then one column per text / value field (a category's
-name), and for a value field of K columns or a multilabel field one column per name (0/1
-for multilabel), named as the names are: h5batch's names of such a field *are* the table
-columns it was read from, so ``columns: [A, B]`` reads them back under the same names. A
-column name met twice (a field named ``split``, a multilabel target named like another
-field) stops the export naming the field.
+``labels.csv``, one row per sample in split then file order: ``path`` (first file, relative
+to ``DIR``: the key ``source.tables`` matches), one column per file field when several,
+``split``, ``label`` (class name or empty), ``source`` (original paths, ``;``-joined),
+``row``, then one column per text / value field, and one per name of a K-column value or
+multilabel field (0/1), named as the names are, so ``columns: [A, B]`` reads them back. A
+column name met twice stops the export naming the field.
 """
 
 from __future__ import annotations

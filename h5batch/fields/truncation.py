@@ -1,34 +1,22 @@
 """Telling a truncated MP3 or Ogg file from a valid one, from the file's own structure.
 
 Rule: an MP3 or Ogg file is judged by its frames or pages, never by libsndfile's frame
-count against what it read. Reason, measured with libsndfile 1.2.2 (libmpg123, libvorbis,
-libopus inside):
+count against what it read. Reason (libsndfile 1.2.2):
 
-* **MP3**: for a file without a Xing/Info/VBRI header (common for CBR files) libsndfile's
-  frame count is an estimate from the file size: a valid 2 s stereo file written by
-  FFmpeg's LAME encoder reports 90184 frames and reads 89856 (encoder delay, padding,
-  trailing tags). A truncated file reads short *without an error* (libmpg123 just drops
-  the cut frame), and for a file without Xing the estimate shrinks with the file, so
-  header-vs-read can neither pass every valid file nor catch a cut one.
-* **Ogg** (Vorbis, Opus): the frame count is the last page's granule position, so a file
-  cut at a page boundary reports fewer frames and reads them all without an error (Opus
-  cut at 60%: 46728 of 96000 frames, no error); a cut inside a page gives "malformed"
-  on open, or zero frames.
+* **MP3** without a Xing/Info/VBRI header: the frame count is an estimate from the file
+  size (valid files read fewer frames than it says), and a truncated file reads short
+  without an error;
+* **Ogg** (Vorbis, Opus): the count is the last page's granule position, so a file cut at a
+  page boundary reads all it claims without an error.
 
-So this module walks the frames (MP3) or pages (Ogg) and calls a file truncated when
+So a file is truncated when its last frame or page runs past the end of the file, or
 
-* its last frame or page runs past the end of the file (a cut in the middle of one), or
-* MP3: the Xing/Info/VBRI header of the first frame promises more frames than the file
-  holds (more than one short; an encoder may or may not count the header frame), or, with
-  only a byte count there, more than 1% more bytes (libmpg123's own threshold);
-* Ogg: a logical stream has no end-of-stream page (every encoder sets that flag on a
-  stream's last page; a file cut on a page boundary lacks it).
+* MP3: the first frame's Xing/Info/VBRI header promises more than one frame more than the
+  file holds, or (byte count only) more than 1% more bytes (libmpg123's threshold);
+* Ogg: a logical stream has no end-of-stream page.
 
-Junk after the audio (an unknown tag, garbage) stops the walk without a verdict: it is not
-a truncation, and the decoder skips it. An MP3 without Xing cut exactly on a frame
-boundary cannot be told from a shorter valid file, and passes. The walk reads headers
-only (a few bytes per 26 ms frame or per page) from a memory map: a small fraction of
-the decode's cost.
+Junk after the audio stops the walk without a verdict (the decoder skips it). An MP3
+without Xing cut exactly on a frame boundary passes. Only headers are read, from a memory map.
 """
 
 from __future__ import annotations

@@ -1,34 +1,21 @@
 """The fast path of a mono 16-bit audio field: a plain mono 16-bit WAV read in one system
-call, into its row (a fixed-length field) or into a new array (a variable-length one).
+call, into its row (fixed length) or a new array (variable length).
 
 Rule: where a field stores exactly a file's samples (``dtype: int16``, no ``channels:
-keep``, nothing run after decoding: no ``transform``, ``features`` or ``store: encoded``),
-a file is read without a decoder library:
+keep``, no ``transform``, ``features`` or ``store: encoded``), no decoder library is used:
+:func:`read_into` (with ``length``) reads header and samples with one ``preadv`` straight
+into the row, cropped or zero-padded; :func:`load` (without) does so into a new array, for
+files below :data:`~.blocks.STREAM_MIN_BYTES` (bigger ones are streamed to bound memory).
 
-* with a ``length``, :func:`read_into` opens the file with ``os.open`` and reads its first
-  44 bytes *and* the samples with one ``preadv``, straight into the row (in shared memory,
-  on the conversion's path), cropped or zero-padded;
-* without one, :func:`load` takes the file's size (``fstat``) and reads the 44 bytes and
-  everything after them with one ``preadv`` into a new array, whose first ``data`` bytes
-  are the sample (a file below :data:`~.blocks.STREAM_MIN_BYTES` decoded: a bigger one is
-  streamed by the ordinary path, block by block, to bound its memory).
+Either succeeds only on the canonical 44-byte header: ``RIFF``/``WAVE``, a 16-byte PCM
+``fmt`` chunk, mono, 16 bits, block align 2, the job's sample rate (if named), ``data`` at
+byte 36 with its declared bytes present. Anything else declines (False, None) and the caller
+decodes the ordinary way (:func:`h5batch.fields.audio.decode_audio`), which rewrites the
+sample or rejects the file.
 
-Either only says it is done when those 44 bytes are the canonical header of such a file:
-``RIFF``/``WAVE``, a 16-byte ``fmt`` chunk of tag 1 (PCM), one channel, 16 bits, block align
-2, the job's sample rate (any, where the field names none), then the ``data`` chunk at byte
-36, whose declared bytes the file holds. Anything else (another codec, stereo, an
-extensible or longer ``fmt`` chunk, a chunk before ``data``, a truncated, empty, missing or
-unreadable file, an FFmpeg extension) declines (False, None) and the caller decodes the
-file the ordinary way (:func:`h5batch.fields.audio.decode_audio`), which writes the whole
-sample again or rejects the file with its reason.
-
-Reason: for such a file this is what the ordinary path does (:func:`~.audio.pcm16_layout`,
-then one ``readinto``), without the Python around it: a file object, a separate header
-read, the RIFF chunk walk, and the decoder-warning watch (no decoder library runs here, so
-nothing can warn). That Python was more than half of a short file's decode; what is left
-is mostly the kernel's copy of the bytes. ``tests/test_wav_direct.py``
-holds the two paths equal, byte for byte, on good files and on every kind of file that
-must fall back.
+Reason: it is what the ordinary path does (:func:`~.audio.pcm16_layout`, one ``readinto``)
+without the Python around it (file object, header read, chunk walk, warning watch), over
+half of a short file's decode. ``tests/test_wav_direct.py`` holds both paths byte-equal.
 """
 
 from __future__ import annotations

@@ -67,10 +67,9 @@ def make_audio_corpus(
 ) -> SynthSummary:
     """Flat folder of ``<label>_<speaker>_<index>.wav`` files, FSDD-style, fast.
 
-    File ``k`` (0-based) gets ``label = k % classes``, speaker
-    ``FSDD_SPEAKERS[(k // classes) % 6]`` and ``index = k // (classes * 6)``,
-    so labels are balanced and names are unique.  All files sit in ``root``
-    itself: a single huge directory is the layout being benchmarked.
+    File ``k`` gets ``label = k % classes``, speaker ``FSDD_SPEAKERS[(k // classes) % 6]`` and
+    ``index = k // (classes * 6)``: balanced labels, unique names. All files sit in ``root``:
+    one huge directory is the layout being benchmarked.
 
     Parameters
     ----------
@@ -79,8 +78,7 @@ def make_audio_corpus(
     n_files : int
         Number of WAV files (100,000+ is the intended scale).
     seconds : float
-        Maximum duration; each file lasts between ``seconds / 2`` and
-        ``seconds`` (uniform, whole frames), like real recordings.
+        Maximum duration; each file lasts uniformly between ``seconds / 2`` and ``seconds``.
     sample_rate : int
         Hz.
     classes : int
@@ -95,11 +93,9 @@ def make_audio_corpus(
 
     Notes
     -----
-    Mono 16-bit PCM, canonical 44-byte header (byte-identical to soundfile's
-    PCM_16 output).  Speed comes from computing one base waveform per
-    (label, speaker) and deriving each file from it with a random length,
-    gain and a slice of a shared noise table: a couple of vector ops, one
-    int16 cast and one write per file.  Peaks stay below ~92 % of full scale.
+    Mono 16-bit PCM with the canonical 44-byte header (byte-identical to soundfile's PCM_16).
+    Each file derives from one base waveform per (label, speaker) with a random length, gain and
+    noise slice; peaks stay below ~92 % of full scale.
     """
     n_files = integer("n_files", n_files)
     classes = integer("classes", classes, 1)

@@ -1,34 +1,26 @@
 """``BucketingBatchSampler``: batches of similar lengths, bounded by padded frames.
 
-Speech and other variable-length fields are read as zero-padded ``(B, T_max, ...)`` tensors,
-so a batch costs ``B * T_max`` frames whatever its samples' lengths: a batch of one long and
-63 short clips is mostly padding. This sampler forms batches of samples of similar length
-whose *padded* cost stays within ``max_frames`` (``B * cost(T_max)``, with
-``cost(T) = T + T**2 / quadratic`` when ``quadratic`` is given, for models whose cost grows
-with the square of the length, as Lhotse's ``quadratic_duration``).
+Variable-length fields are read zero-padded, so a batch costs ``B * T_max`` frames. This
+sampler groups samples of similar length so the *padded* cost ``B * cost(T_max)`` stays
+within ``max_frames`` (``cost(T) = T + T**2 / quadratic`` when ``quadratic`` is given, as
+Lhotse's ``quadratic_duration``).
 
-The rules:
+Rules:
 
-* Lengths come from the file's index (:func:`field_lengths`: the variable field's offsets or
-  shapes), never from sample data; any sequence of ints works too.
-* Buckets: ``num_buckets`` length ranges holding equal numbers of samples (quantiles of the
-  lengths, fixed for the run).
-* Chunk-aware: the epoch walks the chunk-local order of :mod:`h5batch.torch.order` in pools
-  of ``window`` chunk groups; within a pool (plus the samples left over from earlier pools)
-  each bucket's samples, sorted by length, are packed greedily into batches; a bucket's last,
-  incomplete batch waits for the next pool. A pool's batches are emitted in random order,
-  so a reader whose cache holds a window decodes almost every chunk once (only left-overs
-  come back to an evicted chunk).
-* Deterministic from ``(seed, epoch)``; every sample exactly once per epoch on one rank.
-  With ``world_size`` ranks, rank ``r`` gets batches ``r, r + W, ...``; the epoch's batch
-  count is made a multiple of ``W`` by repeating its first batches (``drop_last=False``) or
-  dropping its last ones (``True``).
-* A sample whose own cost exceeds ``max_frames`` makes a batch alone (the bound cannot hold);
-  :attr:`oversized` counts them.
-* Resumable: :mod:`h5batch.torch.state` with ``position`` in this rank's batches (a state
-  loads into the same world size).
+* Lengths come from the file's index (:func:`field_lengths`), never sample data; any
+  sequence of ints works too.
+* ``num_buckets`` length ranges of equal sample counts (quantiles, fixed for the run).
+* Chunk-aware: the epoch walks :mod:`h5batch.torch.order`'s order in pools of ``window``
+  chunk groups; in a pool (plus earlier left-overs) each bucket's samples, sorted by length,
+  are packed greedily; a bucket's incomplete batch waits for the next pool. A pool's batches
+  come in random order, so a cache holding a window decodes almost every chunk once.
+* Deterministic from ``(seed, epoch)``; each sample once per epoch. Rank ``r`` of ``W``
+  gets batches ``r, r + W, ...``; the count is made a multiple of ``W`` by repeating the
+  first batches (``drop_last=False``) or dropping the last.
+* A sample whose own cost exceeds ``max_frames`` is a batch alone (:attr:`oversized`).
+* Resumable: :mod:`h5batch.torch.state`, ``position`` in this rank's batches.
 
-The number of batches varies a little from epoch to epoch; ``len()`` is the current epoch's.
+The batch count varies slightly between epochs; ``len()`` is the current epoch's.
 """
 
 from __future__ import annotations
