@@ -1,32 +1,21 @@
 """Corpus discovery: a job's ``source`` section -> a stable, sorted
 :class:`~h5batch.manifest.Manifest`, through the layout named by ``source.layout``.
 
-Layouts (one module each, registered in this order, which job-file errors list):
+Layouts (registered in this order, which job-file errors list):
 
-``class_folders``   ``root/<split>/<class>/<file>`` (ImageFolder style). With several
-                    fields, files of one stem form a sample (``x/cat/1.wav`` + ``x/cat/1.png``).
-``paired_folders``  ``root/<split>/<field folder>/<name>``: files of the same stem in each
-                    field folder form one sample (``data/7.wav`` + ``label/7.wav``).
-``pattern``         a regex with named groups (``label``, split group) matched against each
-                    file's path relative to ``root``.
-``manifest``        a CSV or JSONL table listing the path of each field, ``label`` and
-                    ``split`` (module ``table.py``).
+``class_folders``   ``root/<split>/<class>/<file>``; with several fields, files of one stem
+                    form a sample.
+``paired_folders``  ``root/<split>/<field folder>/<name>``, paired by stem.
+``pattern``         a regex with named groups matched against each relative path.
+``manifest``        a CSV or JSONL table (module ``table.py``).
 
-Whatever the file system's listing order, the manifest is sorted (split order, then a
-natural sort of the key) so outputs are identical from run to run. Hidden files and folders
-(``.name``) are skipped. Every other file found ends up either in an item or in the rejects
-list with its reason: nothing is silently dropped.
+Ordering, hidden files and rejects: see :mod:`.base`.
 
-Rule: this file only imports the layout modules and runs the chosen one; walking, building
-and hashing are in :mod:`.base`, each layout's rules in its own module. Reason: adding a
-layout is one new module, and :mod:`h5batch.config` takes the accepted ``source.layout``
-values from :data:`LAYOUTS`.
-
-Adding a layout: write ``h5batch/layouts/<name>.py`` with a :class:`~.base.Layout` subclass
-whose ``collect(root, src, b)`` appends :class:`~h5batch.manifest.Item` s to ``b.items``
-(sizes and mtimes to ``b.stats``, the hash covers them), every unusable file to
-``b.rejects``, and returns the split order; call ``register(...)`` at the bottom and import
-the module below. Details and the config side in docs/jobs.md ("Adding a layout").
+Rule: this file only imports the layouts and runs the chosen one; walking, building and
+hashing are in :mod:`.base`. Reason: a new layout is one new module (a
+:class:`~.base.Layout` subclass that calls ``register``, imported below), and
+:mod:`h5batch.config` takes ``source.layout`` values from :data:`LAYOUTS`. See docs/jobs.md
+("Adding a layout").
 """
 
 from __future__ import annotations

@@ -1,32 +1,23 @@
 """``h5batch compact``: give an output's dead space back, by copying every object into a new
 file that is renamed over it.
 
-Where dead space comes from: the writer creates the output without HDF5's free-space
-tracking (``fs_strategy="none"``: no write may land on bytes an earlier commit covers, which
-resuming a conversion relies on), so space that HDF5 frees is never reused. Each sync
-replaces the inventory (~16 MB per 100,000 inputs, measured), the rejects, the class names
-and the tombstone lists, and leaves the old ones behind as unreferenced bytes: ~1 % of a
-100,000-file output per sync (docs/sync.md). The samples of tombstoned rows are not dead
-space in this sense: they stay, so that no row changes its number (views, sampler orders and
-row numbers a user stored keep their meaning); ``convert --overwrite`` drops them.
+Dead space: the writer disables HDF5's free-space tracking (``fs_strategy="none"``: no write
+may land on bytes an earlier commit covers, which resume relies on), so freed space is never
+reused; each sync leaves the old inventory, rejects, class names and tombstones behind
+(~1 % of a 100,000-file output, docs/sync.md). Tombstoned samples are kept so no row changes
+its number; ``convert --overwrite`` drops them.
 
-How, crash-safe as a view is written (:mod:`h5batch.tools.replace`):
+Steps, crash-safe as in :mod:`h5batch.tools.replace`:
 
-1. take the output's lock (:mod:`h5batch.conversion.lock`), so no conversion, sync or view
-   command works on it meanwhile; undo an interrupted sync first (a half-synced file is
-   never copied);
-2. copy every object under the root with HDF5's object copy (``H5Ocopy`` through h5py's
-   ``Group.copy``: chunks are copied as stored, neither decompressed nor compressed again)
-   into ``OUT.compact-tmp``, created with the writer's own file settings, and the root's
-   attributes;
-3. check the copy: the same groups and datasets, each with the same shape, dtype, chunks,
-   filters, attributes and stored bytes, and (unless ``verify=False``) what ``h5batch
-   verify`` checks: every sample's checksum, every input accounted for;
-4. fsync it, rename it over ``OUT`` (atomic) and fsync the folder.
+1. take the output's lock (:mod:`h5batch.conversion.lock`); undo an interrupted sync first;
+2. copy every root object with ``Group.copy`` (``H5Ocopy``: chunks copied as stored) and the
+   root attributes into ``OUT.compact-tmp``, created with the writer's file settings;
+3. check the copy: same objects, shapes, dtypes, chunks, filters, attributes and stored
+   bytes, and (unless ``verify=False``) what ``h5batch verify`` checks;
+4. fsync it, rename it over ``OUT`` and fsync the folder.
 
-A crash before the rename leaves ``OUT`` as it was (the next run removes the stale copy);
-after it the new file is complete. Readers that have ``OUT`` open keep reading the file
-they opened (its old inode). The copy needs the output's size again in free space.
+A crash before the rename leaves ``OUT`` as it was (the stale copy is removed next run).
+Open readers keep the old inode. Needs the output's size again in free space.
 """
 
 from __future__ import annotations

@@ -1,30 +1,22 @@
 """An undo journal that lets ``h5batch sync`` change a finished output in place, crash-safe.
 
-A sync appends new samples to ``X.h5`` itself, so that its cost follows the change and not
-the size of the file. HDF5 appends by writing new data past the end of the file, but it
-also rewrites metadata in place (chunk indexes, dataset extents, the superblock), and a
-process killed in the middle leaves a file HDF5 may not open. The rule here: before any byte
-of the file as it was is overwritten, its old content goes to ``X.h5.sync-journal`` and
-that journal is fsync'ed. h5py writes through :class:`JournalFile`, a file object (h5py's
-``fileobj`` driver) that does exactly that. A sync commits by fsyncing the file and
-removing the journal; until then :func:`rollback` puts every saved byte back and cuts the
-file to its old length, which gives the old file byte for byte, whatever moment the crash
-came at (a journal record cut short by the crash was never followed by its write).
+HDF5 appends past the end of the file but rewrites metadata in place, so a killed process
+can leave a file HDF5 cannot open. Rule: before any old byte of ``X.h5`` is overwritten, its
+content goes to ``X.h5.sync-journal`` and the journal is fsync'ed; h5py writes through
+:class:`JournalFile` (``fileobj`` driver), which does this. A sync commits by fsyncing the
+file and removing the journal; until then :func:`rollback` restores the old file byte for
+byte (a record cut short was never followed by its write).
 
-Overwrites of the old bytes are held back in memory (reads see them) and made in one go,
-after one ``fsync`` of the journal records written for them, at the driver's ``flush``, at a
-``truncate``, at the commit, or once they hold :data:`PENDING_MAX` bytes. Reason: HDF5
-rewrites its metadata in dozens of small writes per flush, and an ``fsync`` of the journal
-before each put a disk round trip per write on the sync's critical path.
-The rule holds as before: no old byte is overwritten before its record is durable. Writes
-past the old end go to the file at once (nothing there needs undoing).
+Overwrites are held in memory (reads see them) and made together after one journal
+``fsync``, at ``flush``, ``truncate``, commit, or at :data:`PENDING_MAX` bytes. Reason: HDF5
+flushes metadata in dozens of small writes, and an ``fsync`` each was a disk round trip per
+write. Writes past the old end go straight to the file.
 
-Journal layout: a header line ``h5batch-journal 1 <old size>\\n``, then records of
+Journal layout: a header line ``h5batch-journal 1 <old size>``, then records of
 ``offset (8 bytes LE) | length (8) | crc32 of the bytes (4) | the old bytes``.
 
-The file is flock'ed exclusively while it is open here: a reader (h5py takes a shared lock)
-cannot open it mid-sync, and a sync does not start in place while a reader has it open
-(:func:`readers_present`; the sync then works on a copy).
+The file is flock'ed exclusively while open here, so a reader (shared lock) cannot open it
+mid-sync, and a sync works on a copy when a reader has it open (:func:`readers_present`).
 """
 
 from __future__ import annotations

@@ -1,32 +1,21 @@
 """The writer's side of ``h5batch sync``: extend a finished output, all or nothing.
 
-:class:`SyncWriter` is an :class:`~.output.OutputWriter` that opens the finished output
-instead of creating a partial one, and appends the new and changed samples with the same
-chunk appenders (a padded last chunk is taken back and completed, so the rows stay whole
-chunks). It differs in three ways, each for the same reason, that a sync is one atomic change
-of a file people already use:
+:class:`SyncWriter` is an :class:`~.output.OutputWriter` that opens the finished output and
+appends new and changed samples with the same chunk appenders (a padded last chunk is taken
+back and completed). Because a sync is one atomic change of a file in use, it differs so:
 
-* it never commits part-way: there is no commit record or tail file, because a crash is
-  undone, not resumed (a sync's cost follows the change, so redoing it costs little);
-* in place, every write goes through the undo journal of :mod:`.journal` and the sync
-  commits by dropping the journal; when a reader had the file open, it works on a copy
-  that is renamed over the output at the end (readers keep the old file);
-* at the end it rewrites what describes the whole corpus: the rejects (carried over,
-  plus this discovery's, plus the new decode rejects), ``/class_names`` (old names keep
-  their numbers, new ones follow), a field's attributes where its config changed (category
-  names, appended likewise), the tombstones of removed and changed samples, the
-  inventory, and the root attributes of the corpus (``manifest_hash``, ``num_inputs``,
+* no commit record or tail file: a crash is undone, not resumed (redoing is cheap);
+* in place, every write goes through :mod:`.journal`'s undo journal and the sync commits by
+  dropping it; when a reader has the file open, it works on a copy renamed over the output;
+* at the end it rewrites what describes the whole corpus: rejects (carried, discovery's and
+  decode's), ``/class_names`` (old names keep their numbers), changed field attributes,
+  tombstones, the inventory, and the root attributes (``manifest_hash``, ``num_inputs``,
   ``splits``, ``annotations``, ``synced``).
 
-Two steps of the end are taken early, after the first stored batch, while the driver
-decodes the next ones (the writer spends most of a small sync waiting for them; the end is
-on the sync's critical path): ``/inventory`` is written then (its sidecar is in place before the
-first ``Store`` is sent; ~14 MB for 100,000 inputs), and :class:`_Writeback` flushes what is
-written so far to the disk on a thread (``fdatasync``) after each stored batch, so the
-commit's ``fsync`` finds little left to write. Both are safe at any moment: every overwrite
-of the old file's bytes is journaled (and the journal fsync'ed) before it is made, so the
-kernel may write any page of the file out whenever it likes, and a crash is undone as
-before.
+Two end steps start after the first stored batch, off the critical path: ``/inventory`` is
+written, and :class:`_Writeback` ``fdatasync``s on a thread after each batch so the commit's
+``fsync`` has little left. Both are safe at any moment: every overwrite of old bytes is
+journaled and fsync'ed first.
 """
 
 from __future__ import annotations
