@@ -112,13 +112,14 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
             except BaseException:
                 abort(writer)
                 raise
-            finally:
-                remove_segments(run_id)
         output.check_finished(summary)
         finished = True
         summary.resumed_from = plan.start
         return summary
     finally:
+        # Once the engine is closed: a late copy of a task (Dask may run one twice) cannot
+        # make a segment of this run after this.
+        remove_segments(run_id)
         if not started:  # never got a job: let it go
             writer.stop()
         writer.lifeline.close()

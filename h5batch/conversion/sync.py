@@ -234,6 +234,8 @@ def _sync(job: JobConfig, opts: ConvertOptions, final: str, lock: OutputLock, ru
             writer.stop()
             writer.lifeline.close()
         raise
+    finally:
+        remove_segments(run_id)  # once the engine is closed (see conversion/pipeline.py)
     counts = _live(old, d.tombstones, summary.counts)
     return SyncSummary(final, d.new, d.changed, d.removed, d.unchanged, counts, summary.rejects, 0.0,
                        in_place=in_place, discover_seconds=t_discover, convert_seconds=time.perf_counter() - t1,
@@ -296,8 +298,6 @@ def _write(job, plan, d, found: _Found, final: str, writer, run_id, opts, say, c
         except BaseException:  # abort() returns at once for a writer that ended (too many rejects: undone)
             abort(writer)
             raise
-        finally:
-            remove_segments(run_id)
     finally:
         writer.lifeline.close()
         inventory.remove_sidecar(final)
