@@ -20,7 +20,7 @@ The rest is Dask's own deployment machinery; h5batch only picks it:
 keywords). They are handed to Dask and never printed: errors name the key, not the value.
 
 BEWARE: after a SIGKILL of the driver no clean-up can run; its worker jobs end by themselves
-once they lose the scheduler (2 s in the tests; at most dask-jobqueue's ``death_timeout``, 60 s).
+once they lose the scheduler (at most dask-jobqueue's ``death_timeout``, 60 s).
 Importing dask_jobqueue replaces the SIGINT handler with ``sys.exit()``; we put it back.
 """
 
@@ -193,9 +193,8 @@ def _unknown_kwarg(exc: Exception, file: str = "<job>") -> ConfigError:
 def job_script(cfg: ClusterConfig, file: str = "<job>") -> str:
     """The batch script dask-jobqueue would submit for one worker job of ``cfg``.
 
-    Built from dask-jobqueue's own ``Job`` class, without starting a scheduler or touching
-    the batch system; the scheduler address is a placeholder (the real one is only known
-    once the driver runs). Like dask-jobqueue, this creates ``log_directory`` if set.
+    Built from dask-jobqueue's ``Job`` class without starting a scheduler or touching the
+    batch system; the scheduler address is a placeholder. Creates ``log_directory`` if set.
     """
     if cfg.kind not in JOBQUEUE_KINDS:
         raise ConfigError(file, "cluster.kind",
