@@ -28,10 +28,8 @@ import numpy as np
 
 Encoder = Callable[[np.ndarray], bytes]  # C-contiguous chunk array -> stored chunk bytes
 
-# HDF5's own byte-shuffle filter (h5py.h5z.FILTER_SHUFFLE). Not a codec: a pre-filter that
-# several codecs put in front of their compressor. Its decode side is the final copy into the
-# chunk buffer (:func:`unshuffle_into`), which :class:`~h5batch.codecs.chunks.ChunkDecoder`
-# does itself, so it never costs a separate pass.
+# HDF5's byte-shuffle filter (h5py.h5z.FILTER_SHUFFLE): a pre-filter, not a codec. Its decode
+# is ChunkDecoder's final copy into the chunk buffer (:func:`unshuffle_into`), no extra pass.
 FILTER_SHUFFLE = 2
 
 

@@ -354,11 +354,9 @@ def _dask_settings(job: JobConfig):
     # takes only its running task down with it, not innocent tasks queued behind it.
     settings: dict[str, Any] = {"distributed.scheduler.allowed-failures": job.policy.retries,
                                 "distributed.scheduler.worker-saturation": 1.0}
-    # A cluster this run starts (its nannies hand the settings to the worker processes):
-    # at Dask's defaults the event-loop health tick and each worker's stack sampler, both
-    # run many times a second, are most of what an idle LocalCluster spends CPU on, and a
-    # conversion pays it on cores its decoding needs. The sampler feeds only the
-    # dashboard's profile page: kept when there is a dashboard.
+    # A cluster this run starts: Dask's health tick and stack sampler, many times a second,
+    # take CPU the decoders need; the sampler feeds only the dashboard's profile page, so it
+    # is kept when there is a dashboard.
     settings["distributed.admin.tick.interval"] = "500ms"
     if not job.cluster.dashboard:
         settings["distributed.worker.profile.enabled"] = False
@@ -414,10 +412,9 @@ def connect(cfg: ClusterConfig, wait_timeout: float = 300.0, frozen_seconds: flo
 
 #: Rule: a LocalCluster of a run never retires a nanny whose worker died; the nanny restarts
 #: it. Reason: Dask's SpecCluster closes a nanny for good when no worker of its name is back
-#: ``distributed.deploy.lost-worker-timeout`` (15 s) after the scheduler lost it, and nothing
-#: starts another. On a loaded machine a worker killed by crash isolation takes longer than
-#: that to come back (start-up, imports, and it may die again on the next crashing file):
-#: both nannies closed and the run waited out ``policy.no_worker_timeout`` with no worker.
+#: ``distributed.deploy.lost-worker-timeout`` (15 s) after the scheduler lost it, and a worker
+#: killed by crash isolation can take longer to come back on a loaded machine, leaving the
+#: run with no worker.
 LOST_WORKER_TIMEOUT = "7 days"
 
 

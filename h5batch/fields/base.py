@@ -32,9 +32,8 @@ def default_float_scale(dtype: Any) -> float | None:
 
 #: Metadata flag of a setting added to a shipped config class after outputs existed:
 #: :func:`settings` leaves it out while it has its default, so the job hash and the
-#: ``config`` attribute of jobs that do not use it stay what they were (resume of an
-#: older partial output keeps working, tests/golden/ keeps matching). Every setting added
-#: to a shipped section or kind from now on is declared with :func:`late`.
+#: ``config`` attribute of jobs that do not use it are unchanged (older partial outputs still
+#: resume). Every setting added to a shipped section or kind is declared with :func:`late`.
 LATE = "h5batch_late"
 
 

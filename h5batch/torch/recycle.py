@@ -154,11 +154,9 @@ class SharedBatchPool:
             self._worker = None
             if info is not None and info.num_workers <= MAX_WORKERS:
                 _install_reducer()
-                # The control row: the worker's seed (the loader's random base seed + its
-                # id), not its id alone, so that two loaders running at once (train and
-                # validation share this pool) rarely share rows. A shared row is only
-                # slower (a release overwritten by the other loader's keeps a slot busy),
-                # never wrong: generations are unique per worker process.
+                # The control row comes from the worker's seed, not its id, so two loaders at
+                # once (train and validation share this pool) rarely share rows. A shared row
+                # is only slower, never wrong: generations are unique per worker process.
                 self._worker = _WorkerSlots(self, info.seed % MAX_WORKERS)
         return self._worker
 
