@@ -388,9 +388,8 @@ def connect(cfg: ClusterConfig, wait_timeout: float = 300.0, frozen_seconds: flo
             yield conn
         return
     if cfg.kind == "local":
-        # Errors only from Dask's own logging, through the cluster's close too: LocalCluster
-        # restores the log level when it closes, just as the connections to its stopping
-        # workers report their end with tracebacks at INFO level.
+        # Errors only from Dask's logging, through the cluster's close too: stopping workers
+        # log tracebacks at INFO just as LocalCluster restores the level.
         with _quiet("distributed"):
             yield from _local(cfg)
         return
@@ -428,9 +427,8 @@ def _local(cfg: ClusterConfig) -> Iterator[Connection]:
     with dask.config.set({"distributed.deploy.lost-worker-timeout": LOST_WORKER_TIMEOUT}):
         cluster = LocalCluster(
             n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
-            # Port 0 even without a dashboard: the scheduler's HTTP server starts anyway, on
-            # 8787 by default, and a second run beside the first printed Dask's "Port 8787 is
-            # already in use" on the console.
+            # Port 0 even without a dashboard: the scheduler's HTTP server starts anyway, and
+            # on 8787 a second run beside the first would warn that the port is in use.
             dashboard_address="127.0.0.1:0", scheduler_kwargs={"dashboard": bool(cfg.dashboard)},
             silence_logs=logging.ERROR, security=security,
             protocol="tls://" if security is not None else None,

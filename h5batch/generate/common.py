@@ -51,9 +51,8 @@ MARKER_NAME = ".h5batch-synth.json"
 # corpus on disk is reported as a mismatch instead of silently reused.
 SYNTH_VERSION = 1
 
-# Per-generator tags mixed into the seed so that, e.g., demo sample 3 and
-# paired sample 3 with the same ``seed`` do not share a random stream. All in
-# one place so that no two generators can pick the same one.
+# Per-generator seed tags, so demo and paired sample 3 of one ``seed`` do not share a stream;
+# in one place so no two generators pick the same one.
 TAG_DEMO = 1
 TAG_PAIRED = 2
 TAG_IMAGES = 3
