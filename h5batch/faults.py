@@ -1,11 +1,9 @@
 """The one fault-injection hook, for the failure tests; off unless ``H5BATCH_FAULTS`` is set.
 
-The failure tests must kill a worker in the middle of a batch, hang a decoder or stop the
-writer between two commits, in real processes. Rather than thread a test-only argument
-through every product signature, each process reads the same environment variable
-(Dask workers and the writer process inherit the driver's environment), and the product
-calls :func:`before_decode`, :func:`before_batch` and :func:`pause` at the three places
-where a fault can be injected. With the variable unset each call is one dictionary lookup.
+An environment variable rather than a test-only argument in every signature, because it
+reaches real worker and writer processes (they inherit the driver's environment). The
+product calls :func:`before_decode`, :func:`before_batch` and :func:`pause`; unset, each is
+one dictionary lookup.
 
 ``H5BATCH_FAULTS`` is a comma-separated list of ``mode=value``:
 

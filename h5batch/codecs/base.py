@@ -4,20 +4,16 @@
 Rule: this module names no codec. Everything about one codec (its HDF5 filters, its Python
 encoder, its decode step, its levels) lives in that codec's own module, as a :class:`Codec`
 subclass passed to :func:`register`. Reason: adding a codec is then one new module (plus its
-line in the docs); the job-file check, the writer, the reader and the benchmark take their
-lists from the registry instead of repeating them.
+line in the docs); the job-file check, writer, reader and benchmark take their lists from
+the registry. The registry is here, not in the package ``__init__``, so codec modules import
+a module that is already complete.
 
-The registry lives here rather than in the package ``__init__`` so that the codec modules
-import it from a module that is complete when they run, not from a package still being
-initialised.
-
-Why Python encoders at all: HDF5 runs filters in one thread under its global lock
-(h5py#591), so a writer that lets HDF5 compress is bound to one core. A codec whose
-:meth:`Codec.encoder` produces *exactly the bytes the filter pipeline would store*, with a
-library that releases the GIL, lets the writer compress in a thread pool and store the bytes
-with ``write_direct_chunk``. Every encoder is checked once per process against HDF5 itself
-(:func:`self_check`): a codec whose check fails falls back to HDF5's own pipeline, so a
-library upgrade can slow a run down but never corrupt a file.
+Python encoders because HDF5 runs filters in one thread under its global lock (h5py#591):
+an :meth:`Codec.encoder` producing *exactly the bytes the filter pipeline would store*, with
+a library that releases the GIL, lets the writer compress in a thread pool and store with
+``write_direct_chunk``. Every encoder is checked once per process against HDF5
+(:func:`self_check`); one that fails falls back to HDF5's pipeline, so a library upgrade can
+slow a run but never corrupt a file.
 """
 
 from __future__ import annotations
@@ -32,10 +28,8 @@ import numpy as np
 
 Encoder = Callable[[np.ndarray], bytes]  # C-contiguous chunk array -> stored chunk bytes
 
-# HDF5's own byte-shuffle filter (h5py.h5z.FILTER_SHUFFLE). Not a codec: a pre-filter that
-# several codecs put in front of their compressor. Its decode side is the final copy into the
-# chunk buffer (:func:`unshuffle_into`), which :class:`~h5batch.codecs.chunks.ChunkDecoder`
-# does itself, so it never costs a separate pass.
+# HDF5's byte-shuffle filter (h5py.h5z.FILTER_SHUFFLE): a pre-filter, not a codec. Its decode
+# is ChunkDecoder's final copy into the chunk buffer (:func:`unshuffle_into`), no extra pass.
 FILTER_SHUFFLE = 2
 
 
@@ -59,14 +53,13 @@ def unshuffle_into(src: np.ndarray, dst: np.ndarray, itemsize: int) -> None:
 
 
 class DecodeStep:
-    """Undoes one HDF5 filter in Python: the decode side of a codec, used by
-    :class:`~h5batch.codecs.chunks.ChunkDecoder` (the reader's fast path and the writer's
-    re-chunking of a stored tail).
+    """Undoes one HDF5 filter in Python, for
+    :class:`~h5batch.codecs.chunks.ChunkDecoder`.
 
-    A subclass sets ``filter_id`` (and ``library``, the module its decoder imports) and
-    defines :meth:`decode`; :meth:`available` says whether that library is importable (when
-    not, datasets using the filter are read through HDF5), and :meth:`decode_into` may decompress straight into the chunk buffer when this is
-    the only filter a chunk went through.
+    A subclass sets ``filter_id`` and ``library`` (the module its decoder imports) and
+    defines :meth:`decode`; when :meth:`available` is false the filter is read through HDF5.
+    :meth:`decode_into` may decompress straight into the chunk buffer when this is the
+    chunk's only filter.
     """
 
     filter_id: ClassVar[int]
@@ -102,8 +95,8 @@ class Codec:
     ``default_level``
         the level used when the job gives none (None: the codec has no levels).
     ``levels``
-        the allowed levels, a ``range`` (None: no levels; ``output.level`` is then ignored,
-        as it always was). :meth:`parse_level` checks a level against it.
+        the allowed levels, a ``range`` (None: no levels; ``output.level`` is then ignored).
+        :meth:`parse_level` checks a level against it.
     ``filter_ids``
         the HDF5 filter ids its datasets may carry, in pipeline order (the shuffle filter
         included when the codec uses it).

@@ -28,10 +28,9 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    # OpenBLAS starts a thread pool (and its buffers) when numpy is first imported, for linear
-    # algebra that neither the sync nor its decoders do. One thread unless the user chose
-    # otherwise (the writer and decoders inherit it). numpy is not imported yet here:
-    # h5batch.config, below, is what first imports it.
+    # OpenBLAS starts a thread pool at numpy's first import, for linear algebra nothing here
+    # does: one thread unless the user chose (inherited by writer and decoders). Must run
+    # before h5batch.config, below, imports numpy.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from ..config import load_job
     from ..conversion.options import ConvertOptions

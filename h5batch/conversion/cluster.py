@@ -20,7 +20,7 @@ The rest is Dask's own deployment machinery; h5batch only picks it:
 keywords). They are handed to Dask and never printed: errors name the key, not the value.
 
 BEWARE: after a SIGKILL of the driver no clean-up can run; its worker jobs end by themselves
-once they lose the scheduler (2 s in the tests; at most dask-jobqueue's ``death_timeout``, 60 s).
+once they lose the scheduler (at most dask-jobqueue's ``death_timeout``, 60 s).
 Importing dask_jobqueue replaces the SIGINT handler with ``sys.exit()``; we put it back.
 """
 
@@ -193,9 +193,8 @@ def _unknown_kwarg(exc: Exception, file: str = "<job>") -> ConfigError:
 def job_script(cfg: ClusterConfig, file: str = "<job>") -> str:
     """The batch script dask-jobqueue would submit for one worker job of ``cfg``.
 
-    Built from dask-jobqueue's own ``Job`` class, without starting a scheduler or touching
-    the batch system; the scheduler address is a placeholder (the real one is only known
-    once the driver runs). Like dask-jobqueue, this creates ``log_directory`` if set.
+    Built from dask-jobqueue's ``Job`` class without starting a scheduler or touching the
+    batch system; the scheduler address is a placeholder. Creates ``log_directory`` if set.
     """
     if cfg.kind not in JOBQUEUE_KINDS:
         raise ConfigError(file, "cluster.kind",
@@ -355,11 +354,9 @@ def _dask_settings(job: JobConfig):
     # takes only its running task down with it, not innocent tasks queued behind it.
     settings: dict[str, Any] = {"distributed.scheduler.allowed-failures": job.policy.retries,
                                 "distributed.scheduler.worker-saturation": 1.0}
-    # A cluster this run starts (its nannies hand the settings to the worker processes):
-    # at Dask's defaults the event-loop health tick and each worker's stack sampler, both
-    # run many times a second, are most of what an idle LocalCluster spends CPU on, and a
-    # conversion pays it on cores its decoding needs. The sampler feeds only the
-    # dashboard's profile page: kept when there is a dashboard.
+    # A cluster this run starts: Dask's health tick and stack sampler, many times a second,
+    # take CPU the decoders need; the sampler feeds only the dashboard's profile page, so it
+    # is kept when there is a dashboard.
     settings["distributed.admin.tick.interval"] = "500ms"
     if not job.cluster.dashboard:
         settings["distributed.worker.profile.enabled"] = False
@@ -391,9 +388,8 @@ def connect(cfg: ClusterConfig, wait_timeout: float = 300.0, frozen_seconds: flo
             yield conn
         return
     if cfg.kind == "local":
-        # Errors only from Dask's own logging, through the cluster's close too: LocalCluster
-        # restores the log level when it closes, just as the connections to its stopping
-        # workers report their end with tracebacks at INFO level.
+        # Errors only from Dask's logging, through the cluster's close too: stopping workers
+        # log tracebacks at INFO just as LocalCluster restores the level.
         with _quiet("distributed"):
             yield from _local(cfg)
         return
@@ -415,10 +411,9 @@ def connect(cfg: ClusterConfig, wait_timeout: float = 300.0, frozen_seconds: flo
 
 #: Rule: a LocalCluster of a run never retires a nanny whose worker died; the nanny restarts
 #: it. Reason: Dask's SpecCluster closes a nanny for good when no worker of its name is back
-#: ``distributed.deploy.lost-worker-timeout`` (15 s) after the scheduler lost it, and nothing
-#: starts another. On a loaded machine a worker killed by crash isolation takes longer than
-#: that to come back (start-up, imports, and it may die again on the next crashing file):
-#: both nannies closed and the run waited out ``policy.no_worker_timeout`` with no worker.
+#: ``distributed.deploy.lost-worker-timeout`` (15 s) after the scheduler lost it, and a worker
+#: killed by crash isolation can take longer to come back on a loaded machine, leaving the
+#: run with no worker.
 LOST_WORKER_TIMEOUT = "7 days"
 
 
@@ -432,9 +427,8 @@ def _local(cfg: ClusterConfig) -> Iterator[Connection]:
     with dask.config.set({"distributed.deploy.lost-worker-timeout": LOST_WORKER_TIMEOUT}):
         cluster = LocalCluster(
             n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
-            # Port 0 even without a dashboard: the scheduler's HTTP server starts anyway, on
-            # 8787 by default, and a second run beside the first printed Dask's "Port 8787 is
-            # already in use" on the console.
+            # Port 0 even without a dashboard: the scheduler's HTTP server starts anyway, and
+            # on 8787 a second run beside the first would warn that the port is in use.
             dashboard_address="127.0.0.1:0", scheduler_kwargs={"dashboard": bool(cfg.dashboard)},
             silence_logs=logging.ERROR, security=security,
             protocol="tls://" if security is not None else None,

@@ -246,10 +246,9 @@ class Driver:
         exc: BaseException | None = None
         if fut.status == "finished":
             try:
-                # A worker can die between finishing and handing the result over (the next
-                # file of its queue crashed it): Dask then recomputes the task or raises
-                # KilledWorker, and result() waited forever on it (seen 1 run in 4 of
-                # test_worker_failures). Past the timeout it is a failed part like any other.
+                # A worker can die between finishing and handing the result over; Dask then
+                # recomputes or raises KilledWorker and result() could wait forever. Past the
+                # timeout it is a failed part like any other.
                 res: BatchResult = fut.result(timeout=RESULT_TIMEOUT)
             except Exception as e:  # noqa: BLE001  (TimeoutError, KilledWorker, CommClosedError...)
                 exc = e
@@ -268,10 +267,9 @@ class Driver:
             except Exception as e:  # noqa: BLE001  (TimeoutError, CommClosedError...)
                 exc = e
         if exc is None:
-            # Done when its callback fired, pending or lost by now: the worker holding it died
-            # and Dask recomputes it. Waiting for that took up to a minute per part under
-            # crash isolation (test runs timed out); the part is failed and resubmitted
-            # below instead, and this future is let go.
+            # Done when its callback fired, pending or lost by now: its worker died and Dask
+            # recomputes it, which can take a minute; the part is failed and resubmitted
+            # below instead.
             exc = RuntimeError(f"the task's worker died (status {fut.status!r})")
             fut.cancel()
         for lo_, hi_ in after_failure(slot, pos, fired_as, exc):

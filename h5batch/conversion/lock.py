@@ -14,8 +14,8 @@ How:
 * The writer process is handed the same open file (its descriptor travels when the
   process starts), so a writer still committing after its driver was killed keeps the
   output locked until it is done; a new run waits for it a little, then refuses.
-* The file holds one JSON line: pid, host, run id, start time, and the command's working
-  directory. It is removed when the run ends, whatever the outcome.
+* The file holds one JSON line (pid, host, run id, start time, working directory) and is
+  removed when the run ends.
 
 Shared file systems: on NFS, Linux turns ``flock`` into a POSIX lock the server keeps, which
 works between hosts. Where the file system has no locks at all (``ENOLCK``, ``EOPNOTSUPP``;

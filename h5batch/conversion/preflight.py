@@ -94,9 +94,8 @@ def _version(name: str) -> str:
 def collect_versions(names: Iterable[str] = DECISIVE + DASK_STACK) -> tuple[dict[str, str], dict[str, str]]:
     """``(versions, import errors)`` of ``names`` in this process.
 
-    Worked out once per process (copies returned): what a process has imported does not
-    change while it runs, and hashing the sources and reading package metadata again would
-    be repeated by every conversion, in the driver and in each worker.
+    Cached per process (copies returned): imports do not change while it runs, and hashing
+    sources for every conversion would be wasted work.
     """
     versions, errors = _versions_of(tuple(names))
     return dict(versions), dict(errors)

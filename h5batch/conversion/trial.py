@@ -56,10 +56,8 @@ class Trial:
         decoder takes no driver down."""
         guard = _Deadline(job.policy.decode_timeout)
         out: dict[str, list[np.ndarray]] = {}
-        # Decoded a few at a time, in parallel: the workers wait for this trial, and a photo
-        # takes long enough that a serial trial would show in a small conversion's time.
-        # The arrays kept are exactly those a serial loop would keep; a wave may decode a
-        # few items past TRIAL_BYTES, which are dropped.
+        # Decoded in parallel waves because the workers wait for the trial. The arrays kept
+        # are exactly a serial loop's; items a wave decodes past TRIAL_BYTES are dropped.
         wave = max(1, min(TRIAL_WAVE, os.cpu_count() or 1))
         files, vals = file_fields(job.fields), value_fields(job.fields)
         for name in fields:

@@ -6,17 +6,15 @@ Arrays are ``(frames,)`` (``channels: mono`` or ``first``) or ``(frames, channel
 Rules, and why:
 
 * A plain little-endian 16-bit PCM WAV is read straight from its data chunk
-  (:func:`pcm16_layout`); anything else goes through libsndfile. Reason: for such a file
-  the samples *are* the data chunk's bytes, so the direct read gives exactly what
-  ``soundfile.read(path, dtype="int16")`` gives, without a second open and libsndfile's
-  per-call cost (``tests/test_decode_audio.py`` holds the two paths equal).
+  (:func:`pcm16_layout`); anything else goes through libsndfile. Reason: the samples *are*
+  the chunk's bytes, so this equals ``soundfile.read(path, dtype="int16")`` without a second
+  open (``tests/test_decode_audio.py`` holds the two paths equal).
 * A WAV whose data chunk declares more bytes than the file holds is a reject
   (:func:`wav_header`), not a short sample: libsndfile quietly shortens it.
 * An MP3 or Ogg (Vorbis, Opus) file is judged truncated from its own frames or pages
-  (:mod:`h5batch.fields.truncation`), not from libsndfile's frame count, which for MP3 is
-  an estimate (a valid file can read hundreds of frames fewer) and for Ogg shrinks with a
-  cut file. Other formats keep the rule that reading fewer frames than the header says
-  is truncation (FLAC's STREAMINFO count is exact).
+  (:mod:`h5batch.fields.truncation`), not from libsndfile's frame count, an estimate for MP3
+  that shrinks with a cut Ogg file. Elsewhere fewer frames than the header says is
+  truncation.
 * m4a/AAC, WebM/Matroska, WMA (:data:`h5batch.fields.ffmpeg.EXTENSIONS`) are decoded by
   FFmpeg through PyAV (the ``audio`` extra), by extension; everything after reading
   (channels, rate, resampling, dtype, length) is the same code for both decoders.
@@ -92,9 +90,8 @@ class WavHeader:
 def wav_header(path: str, head: bytes = b"", size: int | None = None) -> WavHeader | None:
     """Walk the RIFF chunks of a WAV file; None when it is not RIFF/WAVE.
 
-    libsndfile quietly shortens a file whose data chunk is cut off, so the declared
-    size has to be checked here to notice truncation. ``head`` (the file's first bytes,
-    with ``size``) saves opening the file again when the chunks lie within it.
+    The declared data size is checked here because libsndfile quietly shortens a cut file.
+    ``head`` (the file's first bytes, with ``size``) saves reopening the file.
     """
     if head and size is not None:
         parsed = _wav_header_in(head, size)
@@ -159,11 +156,7 @@ def pcm16_layout(head: bytes, size: int) -> Pcm16 | None:
     """The layout of a little-endian 16-bit PCM WAV whose ``fmt`` and ``data`` chunk
     headers lie within ``head``, and whose data is all present; None for anything else
     (other codecs, RIFX, truncated or streaming files: libsndfile handles those and
-    their errors).
-
-    For such a file the samples are the data chunk's bytes, so reading them straight into
-    an array gives exactly what ``soundfile.read(path, dtype="int16")`` returns, without
-    a second open and libsndfile's per-call cost.
+    their errors). See the module docstring for why.
     """
     fmt = None
     for cid, pos, clen in _riff_chunks(head, size):

@@ -2,9 +2,8 @@
 
 Rule: code outside :mod:`h5batch.fields` never tests which kind a field is (no
 ``isinstance(fc, AudioField)``, no ``modality == "image"``); it asks the field's
-:class:`FieldKind` through the functions of :mod:`h5batch.fields`. Reason: a kind was
-spread over the config, the decoders, the writer's attributes, the pre-flight and the
-reader, and adding one meant finding every chain of ``if``; now it is one module.
+:class:`FieldKind` through the functions of :mod:`h5batch.fields`. Reason: adding a kind
+is then one module, not a hunt for every chain of ``if``.
 
 Kinds are stateless singletons: every method takes the field's config instance, so one
 object serves every field of that kind in every process (the Dask workers and the
@@ -33,9 +32,8 @@ def default_float_scale(dtype: Any) -> float | None:
 
 #: Metadata flag of a setting added to a shipped config class after outputs existed:
 #: :func:`settings` leaves it out while it has its default, so the job hash and the
-#: ``config`` attribute of jobs that do not use it stay what they were (resume of an
-#: older partial output keeps working, tests/golden/ keeps matching). Every setting added
-#: to a shipped section or kind from now on is declared with :func:`late`.
+#: ``config`` attribute of jobs that do not use it are unchanged (older partial outputs still
+#: resume). Every setting added to a shipped section or kind is declared with :func:`late`.
 LATE = "h5batch_late"
 
 
@@ -136,12 +134,10 @@ class FieldKind(ABC):
         return fc
 
     def resolves_incrementally(self, fc: Any) -> bool:
-        """Whether :meth:`resolve` may be given the values of new samples only, by a sync
-        that rediscovers only the new and changed files (:mod:`h5batch.layouts.incremental`):
-        True where what it learns from them, appended to what the output already has, is
-        what the sync keeps (``h5batch sync`` keeps category names in the output's order and
-        appends new ones, :func:`h5batch.conversion.sync`). Default: True for a kind that
-        resolves nothing (does not override :meth:`resolve`), else False."""
+        """Whether :meth:`resolve` may be given only the new samples' values by an
+        incremental sync (:mod:`h5batch.layouts.incremental`): True where what it learns,
+        appended to what the output has, is what ``h5batch sync`` keeps. Default: True when
+        :meth:`resolve` is not overridden, else False."""
         return type(self).resolve is FieldKind.resolve
 
     def from_value(self, value: Any, fc: Any) -> np.ndarray:

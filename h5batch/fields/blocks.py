@@ -1,22 +1,18 @@
 """Decoding a long audio file block by block, into a buffer the caller provides.
 
-:func:`h5batch.fields.audio.decode_audio` hands a WAV, FLAC or other exactly counted file
-here when its decoded sample is big (:data:`STREAM_MIN_BYTES`), or when the caller
-passes an ``alloc`` (a worker decoding straight into shared memory). The output is
-allocated once, from the header's frame count, and :data:`BLOCK_FRAMES` frames at a
-time are read, checked, mixed, resampled (soxr's ``ResampleStream``), converted and
-cropped into it.
+:func:`h5batch.fields.audio.decode_audio` sends an exactly counted file here when its
+decoded sample is big (:data:`STREAM_MIN_BYTES`) or the caller passes an ``alloc``. The
+output is allocated once from the header's frame count and filled :data:`BLOCK_FRAMES`
+frames at a time.
 
 Rules, and why:
 
-* Every rule of the whole-file path runs per block, in the same order and with the same
-  arithmetic (the channel mean is per frame, the dtype conversions per element, and
-  ``ResampleStream`` fed block by block gives exactly what ``soxr.resample`` gives on the
-  whole signal, length included), so the result is byte-identical to it
-  (``tests/test_long_files.py``). Reason: the output must not depend on a file's length.
+* Every rule of the whole-file path runs per block, in the same order and arithmetic
+  (``ResampleStream`` fed by blocks equals ``soxr.resample`` on the whole signal), so the
+  result is byte-identical (``tests/test_long_files.py``). Reason: the output must not
+  depend on a file's length.
 * Memory is the output plus one block. Reason: a 2-hour 48 kHz stereo recording is
-  2.8 GB as float32; the whole-file path held it two to three times (the read, the mix
-  or dtype conversion, the packing copy).
+  2.8 GB as float32, and the whole-file path holds several copies.
 * The file is read to its end even when ``length`` crops it, and the checks come in the
   whole-file path's order (zero frames, fewer frames than the header says, NaN/Inf):
   the same file gets the same reject with the same reason.

@@ -6,18 +6,16 @@ Rules, and why:
 
 * The stored sample is a 1-D uint8 array, a variable-length field like any other
   (``values`` + ``offsets``, no HDF5 variable-length heap): the source file's bytes, or
-  with ``transcode`` the re-encoded ones (:mod:`h5batch.fields.transcode`). JPEG photos
-  are 5-10x smaller than their pixels; the price is a decode per sample at read time.
+  with ``transcode`` the re-encoded ones (:mod:`h5batch.fields.transcode`): much smaller
+  than the pixels, for a decode per sample at read time.
 * At conversion the file is still decoded once, with the field's settings: a file that
   does not decode is a reject, exactly as with decoded storage, so the reader never meets
   bytes that do not decode.
 * The reader decodes with the kind's own decoder and the field's settings, recorded in the
-  field's ``decode`` attribute (:func:`decode_settings`): the same function on the same
-  bytes, so ``H5Dataset`` returns exactly what ``store: decoded`` would have stored. The
-  decoders take paths and choose some decoders by extension (audio: FFmpeg for m4a), so
-  the bytes are handed over as a short-lived file on tmpfs (``/dev/shm``) whose extension
-  is the one their content calls for (:func:`suffix_for`). The conversion's check decodes
-  the bytes the same way, so whatever the reader meets has decoded once already. BEWARE: a
+  field's ``decode`` attribute (:func:`decode_settings`), so ``H5Dataset`` returns exactly
+  what ``store: decoded`` would have stored. The decoders take paths and pick some decoders
+  by extension, so the bytes go through a short-lived tmpfs file (``/dev/shm``) with the
+  extension their content calls for (:func:`suffix_for`). BEWARE: a
   process killed (SIGKILL) in the middle of a decode leaves that one file
   (``/dev/shm/h5batch-decode-*``) behind.
 * ``transform`` and ``features`` run on decoded arrays at conversion; with ``store:

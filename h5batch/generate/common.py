@@ -1,13 +1,11 @@
 """What every generated corpus shares: the marker file, atomic writes, one random stream per
 sample, argument checks, and the WAV and PNG encoders.
 
-The rule: a generator's output is a function of its arguments only. Randomness comes from
-:func:`sample_rng` (seeded per sample, never one stream shared across samples), nothing reads
-the clock, encoders are called with explicit settings, and every file is written whole under
-a temporary name and renamed. The marker (``.h5batch-synth.json``, its name kept from the
-module this package replaced so corpora already on disk are still recognised) is written
-first as incomplete and last as complete, so an interrupted run is redone, a finished one is
-reused and a directory that is not a generated corpus is never written into.
+Rule: a generator's output is a function of its arguments only: randomness from
+:func:`sample_rng`, no clock, explicit encoder settings, every file written whole and
+renamed. The marker (``.h5batch-synth.json``, a name existing corpora already carry) is
+written first as incomplete and last as complete, so an interrupted run is redone, a
+finished one reused, and a directory that is not a generated corpus is never written into.
 """
 
 from __future__ import annotations
@@ -53,9 +51,8 @@ MARKER_NAME = ".h5batch-synth.json"
 # corpus on disk is reported as a mismatch instead of silently reused.
 SYNTH_VERSION = 1
 
-# Per-generator tags mixed into the seed so that, e.g., demo sample 3 and
-# paired sample 3 with the same ``seed`` do not share a random stream. All in
-# one place so that no two generators can pick the same one.
+# Per-generator seed tags, so demo and paired sample 3 of one ``seed`` do not share a stream;
+# in one place so no two generators pick the same one.
 TAG_DEMO = 1
 TAG_PAIRED = 2
 TAG_IMAGES = 3
@@ -144,15 +141,9 @@ def _marker_bytes(payload: Mapping[str, Any]) -> bytes:
 def begin(root: Path, kind: str, args: dict[str, Any]) -> SynthSummary | None:
     """Check the marker; return a summary if the corpus is already complete.
 
-    Otherwise make sure ``root`` exists and write an "incomplete" marker, so
-    an interrupted run is recognised (and redone) by the next call.
-
-    * same arguments, complete marker  -> return the summary (``skipped=True``);
-    * same arguments, incomplete marker -> an earlier run was interrupted:
-      regenerate, overwriting what is there;
-    * different arguments or generator  -> ``ValueError`` naming the root;
-    * no marker but a non-empty root    -> ``ValueError`` (never mix a generated
-      corpus into somebody else's directory).
+    Otherwise create ``root`` and write an "incomplete" marker, so the next call redoes an
+    interrupted run. Different arguments or generator, or no marker in a non-empty root,
+    raise ``ValueError`` (never write into somebody else's directory).
     """
     marker = root / MARKER_NAME
     if marker.exists():
@@ -229,11 +220,9 @@ def finish(root: Path, kind: str, args: dict[str, Any], tally: Tally) -> SynthSu
 def in_threads(fn: Callable[[int], Any], indices: range) -> list[Any]:
     """``[fn(i) for i in indices]`` on up to 8 threads, results in order.
 
-    Every sample draws from its own generator (:func:`sample_rng`), so the output does not
-    depend on which thread makes it; numpy's array maths, Pillow's drawing and encoding and
-    the file writes release the GIL, so threads shorten the generation of the paired-audio
-    and image corpora on a multi-core machine. Threads, not processes: nothing is
-    re-imported, and callers that hold threads of their own (Dask, pytest) stay safe.
+    Each sample has its own generator (:func:`sample_rng`), so output does not depend on the
+    thread; numpy, Pillow and file writes release the GIL. Threads, not processes: nothing
+    is re-imported and callers' own threads (Dask, pytest) stay safe.
     """
     workers = min(8, os.cpu_count() or 1)
     if workers == 1 or len(indices) < 16:
@@ -278,16 +267,12 @@ def check_name(kind: str, name: str) -> str:
 
 
 def sample_rng(seed: int, tag: int, *key: int) -> np.random.Generator:
-    """Independent generator for one sample.
+    """Independent generator for one sample, so a file depends on (seed, generator, class,
+    index) only, not on generation order or sample count.
 
-    Seeding per sample (rather than drawing from one stream) makes every
-    file a function of (seed, generator, class, index) only, so it does not
-    depend on generation order or on how many other samples are requested.
-
-    ``seed`` goes last and every call site of one ``tag`` passes the same
-    number of ``key`` ints: numpy's SeedSequence treats trailing zero words
-    as absent (``[1, 2] == [1, 2, 0]``), so this fixed-prefix layout is what
-    keeps distinct (tag, key, seed) triples from sharing a stream.
+    ``seed`` goes last and every call site of one ``tag`` passes the same number of ``key``
+    ints: SeedSequence treats trailing zero words as absent (``[1, 2] == [1, 2, 0]``), and
+    the fixed prefix keeps distinct triples from sharing a stream.
     """
     return np.random.default_rng([tag, *key, seed])
 
@@ -328,11 +313,8 @@ def stem_width(n: int) -> int:
 
 
 def pcm16_header(n_frames: int, sample_rate: int) -> bytes:
-    """44-byte canonical RIFF/WAVE header for mono 16-bit PCM.
-
-    Identical to what libsndfile writes for ``subtype="PCM_16"``, so the fast
-    path of :func:`h5batch.generate.make_audio_corpus` produces the same bytes
-    as soundfile.
+    """44-byte canonical RIFF/WAVE header for mono 16-bit PCM, byte-identical to
+    libsndfile's ``subtype="PCM_16"`` so the fast path writes the same files as soundfile.
     """
     data_bytes = 2 * n_frames
     return struct.pack(

@@ -250,9 +250,8 @@ def _fill(job: JobConfig, fields: dict[str, Any], b: Builder, cols: list[dict[st
     b.resolved.update({n: fields[n] for n in fields if fields[n] is not job.fields[n]})
     label_col = job.source.label_column
     if not vnames and not label_col and not any(it.columns or it.values for it in b.items):
-        # Nothing to set or drop: each item is already the one the loop below would build.
-        # Reason: rebuilding them is work per item of the corpus, before the first batch,
-        # for nothing.
+        # Nothing to set or drop: each item is already what the loop below would build, so
+        # skip a pass over the whole corpus.
         return
     kept, kept_cols = [], []
     for it, c, vals in zip(b.items, cols, values):

@@ -216,8 +216,7 @@ class Builder:
         distinct samples, as are hard links (docs/jobs.md says why).
 
         Only items sharing ``(st_dev, st_ino)`` have their paths resolved (inode numbers can be
-        unreliable), and nothing is looked at where no walk met a symlink: grouping every item is
-        costly on a large corpus.
+        unreliable), and only where a walk met a symlink, since grouping every item is costly.
         """
         if not self.symlinks:
             return items

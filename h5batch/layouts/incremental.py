@@ -273,9 +273,8 @@ def _merge(mem: Memory, b: Builder, new: list[Item], at: list[int], replaced: di
            gone: np.ndarray, changed: list[str], removed: list[str], root: Path) -> Rediscovery:
     """The corpus after the change: the merged inventory arrays and the manifest hash.
 
-    ``src`` lists the merged items in manifest order: a stored item by its old position, a
-    new one as ``-(its index in new) - 1``; a changed one keeps its old position and is
-    rebuilt (``replaced``)."""
+    ``src`` lists the merged items in manifest order: a stored or changed (``replaced``) item
+    by its old position, a new one as ``-(its index in new) - 1``."""
     n = len(mem.record_end)
     keep = np.ones(n, dtype=bool)
     keep[gone] = False

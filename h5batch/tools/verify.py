@@ -5,10 +5,8 @@ What is checked (each failure is a :class:`Problem` naming the split, field, sam
 and source file):
 
 * **data**: every sample of every field is re-read and its crc32 compared with
-  ``/<split>/checksum``. Data is read in big chunk-aligned slices (one h5py call per
-  ``read_bytes``), never per sample. A chunk that cannot be read back (for compressed
-  chunks a flipped byte usually makes decompression fail) is reported as a corrupt chunk
-  naming every sample it covers;
+  ``/<split>/checksum``, read in big chunk-aligned slices, never per sample. A chunk that
+  cannot be read back is reported as corrupt, naming every sample it covers;
 * **structure**: offsets start at 0, never decrease and end at ``len(values)``; the
   product of each stored shape equals its offset difference; every per-sample dataset
   of a split has the same length; labels index ``/class_names`` (``-1`` = no label);
@@ -21,10 +19,8 @@ and source file):
   :func:`h5batch.fields.decode_field` and the field settings stored in the file, and must
   match the stored arrays exactly (dtype, shape and bytes).
 
-``h5batch verify`` (:mod:`h5batch.commands.verify`) prints the report this module makes.
-
-Size: one verifier whose checks share its open file, its report and the sources it has
-read; split into modules they would pass all three around.
+``h5batch verify`` (:mod:`h5batch.commands.verify`) prints the report. One module because
+the checks share the open file, the report and the sources read.
 """
 
 from __future__ import annotations

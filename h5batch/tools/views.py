@@ -1,29 +1,18 @@
 """Views: named subsets of a split's rows kept inside the output, without rewriting samples.
 
 A view is ``/<split>/views/<name>``: a 1-D int64 dataset of row numbers of that split,
-sorted ascending, each once, each in ``[0, num_samples)`` (docs/FORMAT.md). A cross-validation
-fold, the clips longer than a second, one class: ``H5Dataset(path, split, view=name)`` then
-reads exactly those rows, and its ``chunk_starts()`` groups them by the file's chunks, so the
-chunk-aware samplers stay chunk-local. A file without views reads as before.
+sorted ascending, each once, each in ``[0, num_samples)`` (docs/FORMAT.md).
+``H5Dataset(path, split, view=name)`` reads exactly those rows, and its ``chunk_starts()``
+groups them by chunk, so the chunk-aware samplers stay chunk-local.
 
-How a view is written, and why: appending to a finished HDF5 file in place (h5py ``"r+"``)
-rewrites metadata blocks of the file (the superblock, the split group's link storage) from
-HDF5's metadata cache in no particular order; a crash or a full disk in the middle can leave
-the whole file unreadable, the samples with it. So the file is never modified in place
-(:mod:`h5batch.tools.replace`, which ``h5batch compact`` uses too):
-
-1. take the output's lock (``OUT.lock``, :mod:`h5batch.conversion.lock`), so a conversion or
-   another view command on the same output refuses instead of racing;
-2. copy the file to ``OUT.views-tmp`` (``os.copy_file_range``: a reflink, i.e. instant, on
-   file systems that have them, else an in-kernel copy; it needs the file's size again in
-   free space), add or remove the view in the copy, close it;
-3. reopen the copy read-only and check every view (:func:`check_rows`) and that the row
-   counts are unchanged;
-4. fsync it, rename it over ``OUT`` (atomic) and fsync the folder.
-
-A crash before step 4 leaves ``OUT`` untouched (a stale ``OUT.views-tmp`` is removed by the
-next run); after it, the new file is complete. Readers that have ``OUT`` open keep reading
-the file they opened (its old inode), as with a re-conversion.
+Rule: the file is never modified in place, because HDF5 in ``"r+"`` rewrites metadata blocks
+in no particular order and a crash or full disk midway can leave the whole file unreadable.
+Instead (:mod:`h5batch.tools.replace`, as ``h5batch compact``): take ``OUT.lock`` so a
+conversion or another view command refuses instead of racing; copy to ``OUT.views-tmp``
+(``os.copy_file_range``: a reflink where supported, else needs the file's size in free
+space) and edit the copy; reopen it read-only and check every view (:func:`check_rows`) and
+the row counts; fsync, rename over ``OUT`` and fsync the folder. A crash before the rename
+leaves ``OUT`` untouched; open readers keep the old inode.
 
 ``verify`` checks every view with :func:`check_rows`; the reader checks the view it opens.
 """

@@ -46,9 +46,8 @@ def to_float_into(dst: np.ndarray, src: np.ndarray) -> None:
     """``dst[...] = src`` as ``H5Dataset(as_float=True)`` delivers it, in one pass: int16 to
     float32 in [-1, 1), uint8 to float32 in [0, 1]; other dtypes are copied as they are.
 
-    Cast first, then scale ``dst`` in place: a row is still in cache for the second step,
-    and two plain loops beat numpy's buffered mixed-type one; the values are the same (the
-    cast is exact)."""
+    Cast, then scale ``dst`` in place: the row is still in cache and two plain loops beat
+    numpy's buffered mixed-type one (the cast is exact, so values are the same)."""
     if src.dtype in (np.int16, np.uint8):
         np.copyto(dst, src, casting="unsafe")
         scale_in_place(dst, src.dtype)
@@ -126,11 +125,9 @@ def copy_all(tasks: Sequence[tuple[np.ndarray, np.ndarray]], copy: Copy | None =
     """``copy(dst, src)`` (default ``np.copyto``) for every ``(dst, src)`` pair, on up to
     ``torch.get_num_threads()`` threads (at most 8, and at least 1 MiB each).
 
-    Filling a batch is bound by memory bandwidth (16 MB of float32 written per batch of
-    64 x 2 x 32,000 samples), which one core does not saturate: two threads fill a batch
-    in about half the time. numpy releases the GIL while
-    it copies and converts. Inside DataLoader workers torch sets one thread, so workers
-    stay single-threaded; in the main process ``torch.set_num_threads`` sets the count.
+    Threads because filling a batch is bound by memory bandwidth, which one core does not
+    saturate, and numpy releases the GIL while copying. DataLoader workers get one torch
+    thread and stay single-threaded; in the main process ``torch.set_num_threads`` decides.
     """
     copy = copy or np.copyto
     total = sum(d.nbytes for d, _ in tasks)
@@ -174,14 +171,10 @@ def empty_columns(specs: Sequence[tuple[Sequence[int], Any]], shared: bool,
                   private: PrivatePool | None = None) -> list[torch.Tensor]:
     """Uninitialised tensors for the columns of one batch, ``specs = [(shape, dtype), ...]``.
 
-    Inside a DataLoader worker every tensor that is not already in shared memory is copied
-    into it before it is sent to the main process; allocating it there in the first place
-    (``shared``) saves that copy. A new shared storage, not ``share_memory_()``: that
-    allocates private memory first and then copies it (uninitialised) into shared memory,
-    which is slower. In shared memory the columns are views of **one**
-    storage (each 64-byte aligned): a worker then sends the main process one file
-    descriptor per batch instead of one per column, and each descriptor costs a
-    round trip. With a ``pool``, a
+    ``shared`` allocates in shared memory, saving the copy a DataLoader worker would make
+    before sending; a new shared storage, because ``share_memory_()`` allocates privately
+    and copies. The columns are views of **one** storage (each 64-byte aligned), so a worker
+    sends one file descriptor per batch, not one round trip per column. With a ``pool``, a
     worker reuses storages the main process has released (:mod:`h5batch.torch.recycle`).
     Not ``shared``, with a ``private`` pool, the columns are views of one private storage
     that is reused once the caller has dropped every tensor on it (:mod:`h5batch.torch.reuse`).

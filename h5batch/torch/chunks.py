@@ -1,20 +1,14 @@
 """Whole-chunk reads with a bounded cache of decoded chunks.
 
-A training batch touches a few chunks of each big dataset. Reading sample by sample through
-h5py costs one HDF5 call per sample, and HDF5 decompresses a whole chunk for every partial
-read that misses its cache. Here the unit of reading is the chunk: each touched chunk is
-fetched once with ``read_direct_chunk`` (one HDF5 call, no filter run under HDF5's global
-lock), decoded in Python by the library that made it (zlib, zstandard, blosc2), and kept in
-a small LRU of decoded chunks whose buffers are recycled, so memory stays flat. With the file
-mapped (``H5Dataset(mmap=True)``, the default), a compressed chunk is decoded straight from
-the mapping into its buffer: its file location comes from one listing of the dataset's
-chunk index per process (:meth:`ChunkStore._chunk_info`), so reading it makes no HDF5 call
-and no copy of the stored bytes (``read_direct_chunk`` copies them into a buffer first,
-which slows a fast codec's decode markedly; what a mapped read still pays is refaulting
-pages after each bulk release, which keeps resident memory flat). Big rows of
-*uncompressed* chunks that are copied as stored are not taken from the mapping at all: the
-gathers read them with ``preadv`` straight into the batch (:mod:`h5batch.torch.preads`), so
-no page is mapped or refaulted.
+Rule: the unit of reading is the chunk. Reason: per-sample h5py reads cost one HDF5 call
+each, and HDF5 decompresses a whole chunk for every partial read that misses its cache. Each
+touched chunk is fetched once with ``read_direct_chunk`` (no filter run under HDF5's global
+lock), decoded in Python by its codec's library, and kept in a small LRU whose buffers are
+recycled, so memory stays flat. With the file mapped (``H5Dataset(mmap=True)``, the
+default), a compressed chunk is decoded straight from the mapping, located by one listing of
+the chunk index per process (:meth:`ChunkStore._chunk_info`): no HDF5 call, no copy of the
+stored bytes. Big rows of *uncompressed* chunks are read with ``preadv`` straight into the
+batch (:mod:`h5batch.torch.preads`), so no page is mapped.
 
 A dataset whose filter pipeline we cannot decode (lzf, szip, fletcher32, ...) or whose
 chunks do not hold whole rows is read through HDF5 instead, still one call per chunk. The
@@ -171,12 +165,10 @@ class ChunkStore:
 
         Rule: the first lookup lists every chunk of the dataset with one ``chunk_iter``
         call into three arrays indexed by block (:attr:`table`), and later ones read them.
-        Reason: HDF5 2.0's ``get_chunk_info_by_coord`` walks the chunk index, so its cost
-        grows with the number of chunks, and looking each chunk up once per process is
-        quadratic: the first epoch of a large field (a 100 GB field has 100,000 chunks at
-        the default 1 MiB) would spend minutes per process on lookups. One ``chunk_iter``
-        listing is linear. Where h5py lacks it (HDF5 before 1.14) or it fails, each chunk
-        is looked up on its own as before."""
+        Reason: HDF5 2.0's ``get_chunk_info_by_coord`` walks the chunk index, so one lookup
+        per chunk is quadratic (minutes per process on a 100,000-chunk field); the listing
+        is linear. Where h5py lacks it (HDF5 before 1.14) or it fails, each chunk is looked
+        up on its own."""
         if not self.listed:
             self.listed = True
             self.table = self._list_chunks()
@@ -214,9 +206,8 @@ class ChunkStore:
         """Forget an evicted mapped block. Resident pages are released in bulk: once the
         blocks evicted since the last release add up to the cache's size, one
         ``madvise(MADV_DONTNEED)`` drops every page of the mapping from this process (they
-        stay in the page cache; blocks still cached fault back in on next use). A fully
-        shuffled batch evicts a block per row, and a system call per block would dominate it;
-        resident memory stays under about twice the cache either way."""
+        stay in the page cache). Bulk, because a shuffled batch evicts a block per row and a
+        system call each would dominate; resident memory stays under about twice the cache."""
         if self.offsets.pop(c, None) is None or self.mapping is None or not hasattr(self.mapping, "madvise"):
             return
         self.evicted += view.nbytes
@@ -311,9 +302,9 @@ def gather_rows(store: ChunkStore, src: np.ndarray, dst_pos: np.ndarray, out: np
 
     One block fetch per distinct block; contiguous source and destination ranges are copied as
     slices, scattered rows one by one (big rows) or with one fancy-index assignment per block
-    (small rows). ``copy(dst, src)`` moves the values (default ``np.copyto``); a converting
-    copy (``int16 -> float32`` scaled, say) thus costs one pass over the batch, not three
-    (fancy-index temporary, cast, scale). ``out`` may be a strided view.
+    (small rows). ``copy(dst, src)`` moves the values (default ``np.copyto``), so a converting
+    copy costs one pass over the batch.
+    ``out`` may be a strided view.
 
     Big-row copies are collected and run together by :func:`copy_all` (on several threads
     in the main process); they are flushed before a block fetch could recycle the cache
@@ -376,10 +367,8 @@ def gather_padded(store: ChunkStore | None, lo: np.ndarray, hi: np.ndarray, orde
     """``out[j] = copy(values[lo[j]:hi[j]])`` zero-padded, for the samples ``j`` of a 1-D
     variable field, visited in ``order`` (ascending ``lo``: file order).
 
-    Like :func:`gather_rows`: the copies convert as they go (one pass per sample instead of
-    a cast and a scaling pass over the whole batch) and run together on :func:`copy_all`'s
-    threads, flushed before a block fetch could recycle the cache buffer of a block still
-    waiting to be copied. ``store`` may be None when every sample is empty. Pieces of at
+    Copies convert, batch and flush as in :func:`gather_rows`. ``store`` may be None when
+    every sample is empty. Pieces of at
     least :data:`~h5batch.torch.preads.SPAN_MIN_BYTES` in plain blocks are read from the file
     straight into ``out`` (:mod:`h5batch.torch.preads`) when the store has a file descriptor.
     """

@@ -11,17 +11,13 @@ chunks' classes. Two mixings:
 
 * ``"stratified"`` (the default): the chunks, rotated by a random offset, are dealt to the
   ``M`` windows in turn (window ``j`` gets chunks ``j, j + M, j + 2M, ...``), so each window
-  is spread evenly over the whole file, like the corpus. (So a chunk shares its window with
-  the same chunks ``M`` apart every epoch, but for the wrap-around of the rotation; which
-  samples of them meet in a batch changes.) Within the window every chunk's samples are
-  spread evenly over the window (a sample of rank
+  is spread evenly over the whole file, like the corpus. Within the window every chunk's
+  samples are spread evenly (a sample of rank
   ``j`` in its chunk of ``m``, ranks random, gets the key ``(j + u) / m``, ``u`` uniform), so
   any run of ``b`` consecutive samples holds about ``b / window`` from each chunk, whatever
-  the batch size. On a class-sorted corpus (10 classes of 300, chunks of 64, batches of 64)
-  this gives 0.03-0.08 bits mean KL divergence of the batch label histogram from the corpus'
-  at ``window=12``, against 0.10 for a full random permutation (which has multinomial noise
-  that the even spreading removes) and 0.8-0.9 for ``"random"`` at ``window=8``.
-* ``"random"`` (the scheme before stratified mixing): windows of ``window`` consecutive
+  the batch size: batch label histograms are closer to the corpus' than under a full random
+  permutation, whose multinomial noise the even spreading removes.
+* ``"random"``: windows of ``window`` consecutive
   chunks of a random chunk permutation, samples uniformly shuffled within a window.
 
 Both put every sample exactly once in an epoch and a chunk's samples in one window.
@@ -79,9 +75,8 @@ def chunk_order(starts: np.ndarray, n: int, window: int, rng: np.random.Generato
 def _sort_within(sizes: np.ndarray, key: np.ndarray) -> np.ndarray:
     """The permutation that sorts ``key`` (in [0, 1)) within consecutive blocks of ``sizes``.
 
-    Blocks stay in place. Many short sorts (one row of a padded matrix per block) are several
-    times faster than one sort of everything; a very
-    uneven block size falls back to the one sort.
+    Blocks stay in place. Many short sorts (one padded-matrix row per block) are faster than
+    one sort of everything; very uneven block sizes fall back to the one sort.
     """
     n, blocks = len(key), len(sizes)
     widest = int(sizes.max())
@@ -100,8 +95,8 @@ def _stratified_windows(groups: int, window: int, rng: np.random.Generator) -> n
 
     With ``M = ceil(groups / window)`` windows, the group at rotated position ``p`` goes to
     window ``p mod M``: each window holds groups ``M`` apart, one from every stretch of ``M``
-    consecutive groups. (Dealing each stretch's groups to windows at random mixed worse:
-    neighbours across a stretch boundary, usually of one class, can share a window.)
+    consecutive groups (not dealt at random: neighbours across a stretch boundary, usually of
+    one class, could then share a window).
     """
     windows = -(-groups // window)
     pos = (np.arange(groups) + rng.integers(groups)) % groups

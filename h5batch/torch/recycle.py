@@ -154,11 +154,9 @@ class SharedBatchPool:
             self._worker = None
             if info is not None and info.num_workers <= MAX_WORKERS:
                 _install_reducer()
-                # The control row: the worker's seed (the loader's random base seed + its
-                # id), not its id alone, so that two loaders running at once (train and
-                # validation share this pool) rarely share rows. A shared row is only
-                # slower (a release overwritten by the other loader's keeps a slot busy),
-                # never wrong: generations are unique per worker process.
+                # The control row comes from the worker's seed, not its id, so two loaders at
+                # once (train and validation share this pool) rarely share rows. A shared row
+                # is only slower, never wrong: generations are unique per worker process.
                 self._worker = _WorkerSlots(self, info.seed % MAX_WORKERS)
         return self._worker
 
@@ -176,9 +174,9 @@ _shared: SharedBatchPool | None = None
 def shared_pool() -> SharedBatchPool:
     """The pool every recycling dataset of this process uses.
 
-    One pool, so one control block and one open file descriptor, however many datasets
-    there are (a ``ConcatDataset`` of thousands of files would otherwise hit the limit on
-    open files). Slots are per worker process and per lease, so datasets can share them.
+    One pool, so one control block and file descriptor however many datasets (a
+    ``ConcatDataset`` of thousands of files would otherwise hit the open-file limit). Slots
+    are per worker and lease, so datasets can share them.
     """
     global _shared
     if _shared is None:
@@ -228,12 +226,10 @@ class _Releases:
     """The leased storages this (main) process has received, one per worker slot.
 
     A storage is *released* to its worker (the lease's generation written to the control
-    block) once nothing but this holds it: every batch tensor on it has died. It stays
-    mapped here afterwards: when the worker sends that slot again, torch's rebuild finds it
-    in its shared-memory cache, so this process neither maps the storage again nor faults
-    its pages in again (one page fault per 4 KiB of every batch a training loop reads). A slot's storage replaced in the worker replaces it here; storages of
-    worker processes that have exited are dropped by a watcher thread within
-    :data:`WATCH_INTERVAL`, so nothing outlives its loader's workers by more than that.
+    block) once every batch tensor on it has died. It stays mapped here so that when the
+    worker sends that slot again torch's rebuild finds it cached and no page faults in
+    again. A slot replaced in the worker is replaced here; storages of exited workers are
+    dropped by a watcher thread within :data:`WATCH_INTERVAL`.
     """
 
     def __init__(self) -> None:

@@ -1,15 +1,12 @@
 """``BatchRow``: the per-sample views of a :class:`~h5batch.torch.batch.Batch` that torch's
 ``default_collate`` stacks back into the batch without copying it.
 
-Why: most training scripts build ``DataLoader(ds, batch_size=64, shuffle=True)`` and keep
-torch's ``default_collate``. The fetcher hands it what ``H5Dataset.__getitems__`` returns, a
-:class:`Batch` whose columns are already the batch; ``default_collate`` sees a sequence of
-sample dicts and ``torch.stack``\\ s every field again: one more copy of the whole batch and,
-inside a DataLoader worker, into a *fresh* shared-memory storage whose every page is faulted
-in and zeroed (the cost :mod:`h5batch.torch.recycle` exists to remove), which made the
-plain path far slower than ``collate_fn=collate``.
+Why: most scripts keep torch's ``default_collate``, which would ``torch.stack`` every field
+of the :class:`Batch` from ``H5Dataset.__getitems__`` again: one more copy of the batch, in a
+worker into *fresh* shared memory whose every page is faulted in (the cost
+:mod:`h5batch.torch.recycle` removes).
 
-The rule: a ``Batch``'s samples are :class:`BatchRow` tensors (a marker subclass; every
+Rule: a ``Batch``'s samples are :class:`BatchRow` tensors (a marker subclass; every
 operation on one behaves as on a plain tensor and returns plain tensors). When torch's own
 ``collate_tensor_fn`` (and nothing else: the caller's code object is checked) calls
 ``torch.stack`` on ``B`` rows that are, in order, the ``B`` equally spaced dense rows of one

@@ -53,10 +53,8 @@ class ChunkAppender:
             self.buf[self.fill: self.fill + len(tail)] = tail
             self.fill += len(tail)
         self.n = ds.shape[0] + self.fill
-        # The dataset's extent, tracked here: asking h5py for ``ds.shape`` and resizing once
-        # per chunk would cost the writer two HDF5 calls per chunk. It grows once per append, to cover the
-        # chunks that append completes; a commit drains them all first, so the extent a
-        # commit records is always exact.
+        # The extent, tracked here to save two HDF5 calls per chunk. It grows once per append;
+        # a commit drains every append first, so the extent it records is exact.
         self.extent = ds.shape[0]
         self.pending: deque[tuple[int, Future]] = deque()
         self.zero_index = (0,) * len(self.row_shape)
