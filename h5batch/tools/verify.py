@@ -19,8 +19,10 @@ and source file):
   :func:`h5batch.fields.decode_field` and the field settings stored in the file, and must
   match the stored arrays exactly (dtype, shape and bytes).
 
-``h5batch verify`` (:mod:`h5batch.commands.verify`) prints the report. One module because
-the checks share the open file, the report and the sources read.
+``h5batch verify`` (:mod:`h5batch.commands.verify`) prints the report.
+
+Size: one verifier whose checks share its open file, its report and the sources it has
+read; split into modules they would pass all three around.
 """
 
 from __future__ import annotations
