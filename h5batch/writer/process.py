@@ -31,6 +31,7 @@ from typing import Any
 from .. import faults
 from ..forking import start_context
 from ..transport.pipe import PipeQueue
+from .commit import remove_commit_files
 from .messages import (
     Abort,
     Aborted,
@@ -55,14 +56,26 @@ _STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EAC
 
 
 def _error_text(e: BaseException, spec: WriterSpec) -> str:
-    """One clear line for storage errors (disk full, read-only, I/O error), else the
-    traceback. HDF5 buries the OS error in its message ("errno = 28")."""
+    """One clear line for storage errors (disk full, read-only, I/O error) and for a resumed
+    partial that HDF5 cannot extend, else the traceback. HDF5 buries the OS error in its
+    message ("errno = 28").
+
+    Rule: a resumed partial whose HDF5 structures fail a write loses its commit record, so
+    the next run of the same command converts afresh instead of failing the same way.
+    Reason: a kill during a flush can leave HDF5's own metadata (its global heap of strings)
+    damaged where the resume check (:mod:`.resume`) does not look; the inputs are all still
+    there, so redoing the work loses nothing."""
     if isinstance(e, OSError):
         m = re.search(r"errno = (\d+)", str(e))
         code = e.errno or (int(m.group(1)) if m else None)
         if code in _STORAGE_ERRNOS:
             return (f"cannot write {spec.partial_path}: {os.strerror(code)}. The last commit is kept; "
                     f"fix the cause and run the same command again to resume.")
+        if spec.resume is not None and spec.sync is None:
+            remove_commit_files(spec.partial_path)
+            return (f"cannot extend the resumed partial output {spec.partial_path} (HDF5: {e}); it was "
+                    f"likely damaged by a kill during a flush. Its commit record is removed: run the same "
+                    f"command again to convert afresh.")
     return traceback.format_exc()
 
 
