@@ -24,9 +24,7 @@ PAIRED = REPO / "jobs" / "paired_audio.yaml"
 
 @pytest.fixture(scope="module")
 def paired(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("cold") / "corpus"
-    # test_worker_failures' corpus: with 24 + 8 pairs, crash isolation on a LocalCluster
-    # waited a minute or more in fut.result() 2 runs in 4, with or without this module
+    root = tmp_path_factory.mktemp("engines") / "corpus"
     generate.make_paired_audio(root, n_train=48, n_test=16, seconds=0.25, seed=5)
     return root
 
