@@ -47,7 +47,7 @@ from .fields import KINDS, FieldConfig
 
 __all__ = ["KIND_ALIASES", "ClusterConfig", "CodecName", "ConfigError", "JobConfig", "LayoutName",
            "OutputConfig", "PolicyConfig", "SourceConfig", "SplitRule", "TableSpec", "job_from_dict",
-           "load_job", "parse_overrides"]
+           "load_job", "parse_overrides", "with_overrides"]
 
 # Kinds of older job files and what they mean now: ``auto`` chose between a thread of the
 # driver and a LocalCluster by a timing probe, ``inprocess`` decoded in the driver.
@@ -243,6 +243,12 @@ def load_job(path: str | os.PathLike[str], overrides: list[str] | None = None,
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "yaml"
         raise ConfigError(file, where, f"not valid YAML: {getattr(e, 'problem', e)}") from e
+    return with_overrides(data, overrides, file, check_paths)
+
+
+def with_overrides(data: Any, overrides: list[str] | None, file: str, check_paths: bool = True) -> JobConfig:
+    """A parsed job mapping (a job file's, or :mod:`h5batch.folder_job`'s) with ``--set``
+    overrides merged in, validated."""
     if overrides:
         data = _merge(data or {}, parse_overrides(overrides))
     return job_from_dict(data, file, check_paths=check_paths)

@@ -104,6 +104,10 @@ class SourceConfig:
     tables: list[TableSpec] = late(factory=list)  # annotation tables joined by key
     label_column: str | None = late()  # the class label from an annotation column
     exclude: list[str] = late(factory=list)  # root-relative globs: not part of the corpus
+    # class_folders: False reads root/<class>/<file> (one split, ``split.default``, unless a
+    # split rule says otherwise); nested accepts files at varying depths below their class.
+    split_folders: bool = late(True)
+    nested: bool = late(False)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ NAMES = [cmd.NAME for cmd in commands.COMMANDS]
 
 
 def test_registry_modules_define_the_command_interface():
-    assert NAMES == ["convert", "sync", "compact", "inspect", "verify", "view", "preview", "export", "cluster-script",
+    assert NAMES == ["init", "convert", "sync", "compact", "inspect", "verify", "view", "preview", "export", "cluster-script",
                      "bench"]
     for cmd in commands.COMMANDS:
         assert isinstance(cmd.NAME, str) and isinstance(cmd.HELP, str) and cmd.HELP, cmd

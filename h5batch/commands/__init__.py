@@ -22,9 +22,21 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import bench, cluster_script, compact, convert, export, inspect, preview, sync, verify, view
+from . import (
+    bench,
+    cluster_script,
+    compact,
+    convert,
+    export,
+    init,
+    inspect,
+    preview,
+    sync,
+    verify,
+    view,
+)
 
-COMMANDS: tuple[ModuleType, ...] = (convert, sync, compact, inspect, verify, view, preview, export, cluster_script,
+COMMANDS: tuple[ModuleType, ...] = (init, convert, sync, compact, inspect, verify, view, preview, export, cluster_script,
                                     bench)
 
 

@@ -1,4 +1,5 @@
-"""``h5batch convert JOB``: run the conversion a job file describes, print its summary.
+"""``h5batch convert JOB|DIR``: run the conversion a job file describes (or the job a folder
+implies, :mod:`h5batch.folder_job`), print its summary.
 
 Command-line flags become job overrides (``--workers`` is ``cluster.workers``, ``--output``
 is ``output.path``, ``--scheduler`` picks ``cluster.kind: address``), so the output records
@@ -13,12 +14,14 @@ import shlex
 import sys
 
 NAME = "convert"
-HELP = "convert a corpus to HDF5 as a job file says"
+HELP = "convert a corpus (a folder, or as a job file says) to HDF5"
 DESCRIPTION = ("Discover the corpus of JOB, decode it in parallel (decoder processes, or Dask workers) and write one HDF5 file. "
+               "JOB is a job file (its keys: docs/jobs.md) or a folder of audio or image files: then the job is "
+               "inferred from the folder (h5batch init DIR prints it) and the output is ./<folder name>.h5. "
                "A matching partial output from an interrupted run is resumed.")
 
 
-def add_job_arguments(p, job_help: str = "job file (YAML), e.g. jobs/demo.yaml") -> None:
+def add_job_arguments(p, job_help: str = "job file (YAML, e.g. jobs/demo.yaml) or a corpus folder") -> None:
     """The job and the flags that stand for job keys (:func:`job_overrides`), plus
     ``--progress`` and ``--json``: shared by every command that runs a job (convert, sync)."""
     p.add_argument("job", help=job_help)
@@ -51,9 +54,7 @@ def job_overrides(args) -> list[str]:
     if scheduler is None and not args.scheduler_file and os.environ.get("DASK_SCHEDULER_ADDRESS"):
         # Dask's standard variable picks the scheduler for jobs that would start a LocalCluster;
         # it must not silently override a job that asks for SLURM or a scheduler of its own.
-        from ..config import load_job
-
-        kind = load_job(args.job, over, check_paths=False).cluster.kind
+        kind = load(args, over, check_paths=False, quiet=True).cluster.kind
         if kind in ("local", "processes"):
             scheduler = os.environ["DASK_SCHEDULER_ADDRESS"]
     if scheduler:
@@ -63,12 +64,26 @@ def job_overrides(args) -> list[str]:
     return over
 
 
+def load(args, overrides: list[str], check_paths: bool = True, quiet: bool = False):
+    """The job of ``args.job``: a job file, or the job a folder implies (said on stderr, as a
+    job file to save and edit)."""
+    from ..config import load_job, with_overrides
+
+    if not os.path.isdir(args.job):
+        return load_job(args.job, overrides, check_paths=check_paths)
+    from ..folder_job import commented_yaml, infer
+
+    data, notes = infer(args.job)
+    if not quiet:
+        print(commented_yaml(data, notes), file=sys.stderr)
+    return with_overrides(data, overrides, args.job, check_paths)
+
+
 def run(args) -> int:
-    from ..config import load_job
     from ..conversion.options import ConvertOptions
     from ..conversion.pipeline import convert
 
-    job = load_job(args.job, job_overrides(args))
+    job = load(args, job_overrides(args))
     opts = ConvertOptions(resume=not args.restart, restart=args.restart, overwrite=args.overwrite,
                           progress=args.progress)
     s = convert(job, opts)

@@ -1,4 +1,4 @@
-"""``h5batch sync JOB``: bring the finished output of JOB up to date with its corpus,
+"""``h5batch sync JOB|DIR``: bring the finished output of JOB up to date with its corpus,
 converting only the files that are new or changed (docs/sync.md).
 
 Takes the same job-override flags as ``convert`` (``--output``, ``--set``, ``--workers``,
@@ -8,7 +8,6 @@ Takes the same job-override flags as ``convert`` (``--output``, ``--set``, ``--w
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 from . import convert as _convert
@@ -21,22 +20,17 @@ DESCRIPTION = ("Discover the corpus of JOB again and compare it with the output'
 
 
 def add_arguments(p) -> None:
-    _convert.add_job_arguments(p, job_help="job file (YAML) that made the output")
+    _convert.add_job_arguments(p, job_help="job file (YAML) that made the output, or the corpus folder it was converted from")
     p.add_argument("--dry-run", "-n", action="store_true",
                    help="say what a sync would do (with --json: the new, changed and removed files) "
                         "and write nothing")
 
 
 def run(args) -> int:
-    # OpenBLAS starts a thread pool at numpy's first import, for linear algebra nothing here
-    # does: one thread unless the user chose (inherited by writer and decoders). Must run
-    # before h5batch.config, below, imports numpy.
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    from ..config import load_job
     from ..conversion.options import ConvertOptions
     from ..conversion.sync import sync
 
-    job = load_job(args.job, _convert.job_overrides(args))
+    job = _convert.load(args, _convert.job_overrides(args), quiet=True)
     s = sync(job, ConvertOptions(progress=args.progress), dry_run=args.dry_run)
     counts = ", ".join(f"{k} {v}" for k, v in s.counts.items())
     if s.dry_run and not s.up_to_date:

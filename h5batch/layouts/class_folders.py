@@ -1,9 +1,18 @@
-"""Layout ``class_folders``: ``root/<split>/<class>/<file>`` (ImageFolder style).
+"""Layout ``class_folders``: ``root/<split>/<class>/<file>`` (ImageFolder style), or
+``root/<class>/<file>`` with ``source.split_folders: false`` (torchvision's ImageFolder,
+Hugging Face's imagefolder/audiofolder): then every sample is in ``split.default``
+(``train``) unless a split rule (``source.split``: hash, lists, column) gives another.
 
 The class folder is the label. With several fields, the files of one stem in one class
 folder form a sample (``train/cat/1.wav`` + ``train/cat/1.png``), so each field needs its
 own extensions (config checks that). Keys are ``<class>/<path inside the class folder
 without suffix>``, so the same file name in two classes stays two samples.
+
+Never a silent wrong reading: media files at varying depths below their class folders (a
+nested corpus whose top folders are datasets, not classes), or more split folders than
+classes, stop discovery with a :class:`ConfigError` saying what was found, unless the job
+says it meant that: ``source.nested: true`` (the label is the first folder under the
+split, whatever lies below it), ``source.splits`` (the split folders, named).
 """
 
 from __future__ import annotations
@@ -11,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..errors import ConfigError
 from ..fields import file_fields
 from ..manifest import Item, Reject
 from .base import Builder, Layout, Walker, ext, not_accepted, register, split_dirs
@@ -23,38 +33,65 @@ class ClassFolders(Layout):
     name = "class_folders"
     incremental = True  # with one field, a file's item depends on its own path (see below)
 
-    def walk(self, root: Path, src: SourceConfig, b: Builder) -> tuple[list[tuple[str, int, int]], list[str]]:
-        splits = split_dirs(root, src, b)
+    def collect(self, root: Path, src: SourceConfig, b: Builder) -> list[str]:
+        files, splits = self.walk(root, src, b)
+        start = len(b.items)
+        order = self.build(root, src, b, files, splits)
+        classes = {it.label for it in b.items[start:]}
+        # Only on a whole walk (a sync's build sees the new files only).
+        if src.split_folders and not src.splits and splits and len(splits) > max(len(classes), 1):
+            raise ConfigError(b.job.file, "source.splits",
+                              f"{len(splits)} split folders ({', '.join(splits[:6])}{', ...' if len(splits) > 6 else ''}) "
+                              f"but {len(classes)} class(es): if the top folders are the classes, set "
+                              "source.split_folders: false; if they are splits, list them in source.splits")
+        return order
+
+    def walk(self, root: Path, src: SourceConfig, b: Builder) -> tuple[list[tuple[str, int, int]], list[str] | None]:
         walker = Walker(root, b.ordered_walk)
+        if not src.split_folders:
+            files = walker.walk()
+            b.walked(walker)
+            return files, None
+        splits = split_dirs(root, src, b)
         files = [f for split in splits for f in walker.walk(split)]
         b.walked(walker)
         return files, splits
 
     def build(self, root: Path, src: SourceConfig, b: Builder, files: list[tuple[str, int, int]],
               splits: list[str] | None) -> list[str]:
+        top = 1 if src.split_folders else 0  # parts before the class folder
+        where = "<split>/<class>/<file>" if top else "<class>/<file>"
         by_split: dict[str, list[tuple[str, int, int]]] = {}
         for f in files:
-            by_split.setdefault(f[0].partition("/")[0], []).append(f)
+            by_split.setdefault(f[0].partition("/")[0] if top else src.split.default, []).append(f)
         start = len(b.items)
+        depths: dict[int, str] = {}  # depth below the class folder -> first file met there
         for split in splits or sorted(by_split):
             by_class: dict[str, list[str]] = {}
             field_of: dict[str, str] = {}
             for rel, size, mtime in by_split.get(split, ()):
                 parts = rel.split("/")
-                if len(parts) < 3:
-                    b.rejects.append(Reject(rel, "discover", "file is not inside a class folder (<split>/<class>/<file>)"))
+                if len(parts) < top + 2:
+                    b.rejects.append(Reject(rel, "discover", f"file is not inside a class folder ({where})"))
                     continue
                 fname = b.ext_to_field.get(ext(rel))
                 if fname is None:
                     b.rejects.append(Reject(rel, "discover", not_accepted(rel, ", ".join(sorted(b.ext_to_field)))))
                     continue
+                depths.setdefault(len(parts) - top - 1, rel)
                 b.stats[rel] = (size, mtime)
                 field_of[rel] = fname
-                by_class.setdefault(parts[1], []).append(rel)
+                by_class.setdefault(parts[top], []).append(rel)
             for cls, group in by_class.items():
                 b.group_by_stem(split, group, cls, "", field_of)
+        if len(depths) > 1 and not src.nested:
+            found = ", ".join(f"{d} folder(s) down: {p}" for d, p in sorted(depths.items()))
+            raise ConfigError(b.job.file, "source.layout",
+                              f"media files sit at varying depths below their class folder ({found}), so the "
+                              "folders are not <class>/<file>; if the first folder is the label, set "
+                              "source.nested: true (--set source.nested=true), else use another layout")
         # Keys: class/stem-within-class, so the same stem in two classes stays distinct.
-        b.items[start:] = [Item("/".join(it.paths[0].split("/")[1:]).rsplit(".", 1)[0], it.split, it.paths, it.label)
+        b.items[start:] = [Item("/".join(it.paths[0].split("/")[top:]).rsplit(".", 1)[0], it.split, it.paths, it.label)
                            for it in b.items[start:]]
         return list(splits or [])
 
