@@ -199,3 +199,13 @@ def test_other_commands_take_the_folder(tmp_path: Path, layout: str) -> None:
     else:
         out = _run("init", "s", cwd=tmp_path).stdout
         assert "split_folders: false" in out and out.startswith("# The job h5batch uses for")
+
+
+def test_a_text_file_named_mp3_is_said_to_be_text(tmp_path: Path) -> None:
+    root = tmp_path / "t"
+    _wav(root / "a" / "ok.wav", 80)
+    (root / "a" / "fake.mp3").write_text("this is not audio\n")
+    _run("convert", "t", "--set", "policy.max_reject_fraction=1.0", "--progress", "none", cwd=tmp_path)
+    with h5py.File(tmp_path / "t.h5", "r") as f:
+        reasons = dict(zip(f["rejects/path"].asstr()[...], f["rejects/reason"].asstr()[...]))
+    assert reasons == {"a/fake.mp3": "not an audio file: its content looks like text"}

@@ -216,6 +216,10 @@ def _audio_open_reason(path: str, err: Exception) -> str:
         return f"corrupt WAV file: {err}"
     if kind in ("FLAC", "Ogg", "MP3"):
         return truncation(path, kind.upper()) or f"corrupt or unsupported {kind} file: {err}"
+    if kind in ("text", "empty", "unknown binary") or "does not exist" in err:
+        # libsndfile's words for bytes no format claims ("File does not exist or is not a
+        # regular file") would contradict the facts: the file exists; its content is wrong.
+        return f"not an audio file: its content looks like {kind}"
     return f"not a readable audio file (content looks like {kind}): {err}"
 
 
