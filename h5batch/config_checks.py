@@ -143,6 +143,8 @@ def _validate_annotations(job: JobConfig) -> None:
         what = uses[0][0] if uses else f"fields.{next(iter(columns_of))}"
         raise ConfigError(f, what, "reads an annotation column, but source.tables lists no table "
                                    f"(and layout {s.layout!r} has no columns of its own)")
+    if s.limit is not None and s.limit < 1:
+        raise ConfigError(f, "source.limit", f"must be >= 1 samples, got {s.limit}")
     for pat in s.exclude:
         if not pat or os.path.isabs(pat):
             raise ConfigError(f, "source.exclude", f"patterns are relative to source.root, got {pat!r}")

@@ -209,3 +209,28 @@ def test_a_text_file_named_mp3_is_said_to_be_text(tmp_path: Path) -> None:
     with h5py.File(tmp_path / "t.h5", "r") as f:
         reasons = dict(zip(f["rejects/path"].asstr()[...], f["rejects/reason"].asstr()[...]))
     assert reasons == {"a/fake.mp3": "not an audio file: its content looks like text"}
+
+
+def test_limit_is_a_spread_trial_and_a_later_full_run_needs_overwrite(tmp_path: Path) -> None:
+    root = tmp_path / "lim"
+    for split in ("train", "test"):
+        for cls in ("a", "b", "c", "d"):
+            for i in range(8 if split == "train" else 3):
+                _png(root / split / cls / f"{i}.png", i)
+    _run("convert", "lim", "--limit", "20", "--progress", "none", cwd=tmp_path)
+    got = _samples(tmp_path / "lim.h5")
+    assert sum(map(len, got.values())) == 20
+    for split in ("train", "test"):
+        assert {lab for lab in got[split].values()} == {"a", "b", "c", "d"}
+    # Evenly spaced within a class, not its first files.
+    assert sorted(p for p, lab in got["train"].items() if lab == "a") != [f"train/a/{i}.png" for i in range(3)]
+    excluded = _excluded(tmp_path / "lim.h5")
+    assert len(excluded) == 4 * 8 + 4 * 3 - 20
+    with h5py.File(tmp_path / "lim.h5", "r") as f:
+        assert json.loads(f.attrs["job"])["source"]["limit"] == 20
+        reasons = set(f["rejects/reason"].asstr()[...])
+    assert reasons == {"left out by --limit 20 (source.limit)"}
+    res = _run("convert", "lim", "--progress", "none", cwd=tmp_path, ok=False)
+    assert res.returncode != 0 and "--overwrite" in res.stderr
+    _run("convert", "lim", "--overwrite", "--progress", "none", cwd=tmp_path)
+    assert sum(map(len, _samples(tmp_path / "lim.h5").values())) == 44

@@ -39,6 +39,8 @@ def add_job_arguments(p, job_help: str = "job file (YAML, e.g. jobs/demo.yaml) o
 
 def add_arguments(p) -> None:
     add_job_arguments(p)
+    p.add_argument("--limit", type=int, metavar="N",
+                   help="a trial: N samples spread over the splits and classes, the rest excluded (source.limit)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     p.add_argument("--restart", action="store_true", help="discard any partial output and start over")
 
@@ -46,6 +48,8 @@ def add_arguments(p) -> None:
 def job_overrides(args) -> list[str]:
     """The ``--set`` list plus the overrides the other flags stand for."""
     over = list(args.overrides)
+    if getattr(args, "limit", None) is not None:
+        over.append(f"source.limit={args.limit}")
     if args.workers is not None:
         over.append(f"cluster.workers={args.workers}")
     if args.output:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from . import class_folders, paired_folders, pattern, table  # noqa: F401
 # isort: on
 from ..manifest import Manifest
-from . import annotate, exclude
+from . import annotate, exclude, limit
 from . import splits as split_rules
 from .base import LAYOUTS, Builder, Layout, get, names, register
 
@@ -43,14 +43,16 @@ def discover(job: JobConfig) -> Manifest:
     """Walk the corpus of ``job`` and return its manifest (items in output order).
 
     Stages: the layout collects items; ``source.exclude`` sets excluded files aside;
-    annotation tables are joined (values, ``label_column``); split rules apply; the builder
-    sorts, drops duplicates and hashes."""
+    annotation tables are joined (values, ``label_column``); split rules apply;
+    ``source.limit`` keeps a spread of the samples; the builder sorts, drops duplicates and
+    hashes."""
     root = Path(job.source.root)
     b = Builder(job)
     splits = get(job.source.layout).collect(root, job.source, b)
     exclude.apply(job.source, b)
     cols = annotate.join(root, job, b)
     splits = split_rules.apply(root, job, b, cols) or splits
+    limit.apply(job.source, b)
     return b.finish(str(root), splits)
 
 

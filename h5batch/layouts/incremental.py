@@ -120,6 +120,8 @@ def why_not_incremental(job: JobConfig) -> str | None:
     why = get(job.source.layout).cannot_sync_incrementally(job)
     if why:
         return why
+    if job.source.limit is not None:
+        return "source.limit spreads its samples over the whole corpus"
     blocker = needs_every_value(job.fields)
     return f"field {blocker!r} takes its names from every sample's value" if blocker else None
 
