@@ -35,6 +35,8 @@ def add_job_arguments(p, job_help: str = "job file (YAML, e.g. jobs/demo.yaml) o
     p.add_argument("--progress", choices=["auto", "bar", "log", "none"], default="auto",
                    help="progress display (default: bar on a terminal, log lines otherwise)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    p.add_argument("--dry-run", "-n", action="store_true",
+                   help="say what the command would do (with --json: as JSON) and write nothing")
 
 
 def add_arguments(p) -> None:
@@ -88,6 +90,14 @@ def run(args) -> int:
     from ..conversion.pipeline import convert
 
     job = load(args, job_overrides(args))
+    if args.dry_run:
+        from ..conversion.dry_run import describe, dry_run
+
+        report = dry_run(job, lambda line: print(line, file=sys.stderr))
+        print("\n".join(describe(report)), file=sys.stderr)
+        if args.json:
+            print(json.dumps(report))
+        return 0
     opts = ConvertOptions(resume=not args.restart, restart=args.restart, overwrite=args.overwrite,
                           progress=args.progress)
     s = convert(job, opts)

@@ -21,9 +21,6 @@ DESCRIPTION = ("Discover the corpus of JOB again and compare it with the output'
 
 def add_arguments(p) -> None:
     _convert.add_job_arguments(p, job_help="job file (YAML) that made the output, or the corpus folder it was converted from")
-    p.add_argument("--dry-run", "-n", action="store_true",
-                   help="say what a sync would do (with --json: the new, changed and removed files) "
-                        "and write nothing")
 
 
 def run(args) -> int:
