@@ -7,11 +7,16 @@ with apt-get when missing and we are root, as tests/cluster/slurm_local.sh insta
 skipped only when that is impossible). Checked: the page loads and its own check finishes,
 no console message and no script error, every ``<img>`` and ``<audio>`` decodes in the
 browser and points at a file inside the folder that decodes in Python (each WAV equal to
-the sample H5Dataset gives), the class counts and rejects shown are the file's.
+the sample H5Dataset gives), the class counts and rejects shown are the file's, and the page
+does not scroll sideways in a 1280 px wide window. A job of 120 classes checks that the
+page stays short (the largest classes by name, one "others" row) and prints float32 values
+at their own precision; a mixed-rate audio output (``sample_rate`` 0) that lengths are then
+in samples, and a per-sample rate column that it is used.
 """
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -34,6 +39,7 @@ from tests.support.run import run_h5batch
 
 BROWSERS = ("chromium", "chromium-browser")
 N = 6  # samples per split on the page
+TOP = 20  # classes the counts table shows one by one (preview_page.TOP_CLASSES)
 
 
 def _find_browser() -> str | None:
@@ -95,11 +101,39 @@ def _image_job(root: Path):
                        "score": {"type": "value", "column": "score", "dtype": "float32"}}}
 
 
+def _many_classes_job(root: Path):
+    """120 classes of tiny PNGs, 1 to 5 samples each, with a float32 value column."""
+    rows = ["file,gain"]
+    for k in range(120):
+        for i in range(1 + (7 * k) % 5):
+            long = "x" * 200 if k == 0 else ""  # a source path too long for the page's width
+            p = root / "train" / f"genre {k:03d} & co" / f"g{k}_{i}{long}.png"
+            p.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(np.full((4, 6, 3), k, dtype=np.uint8)).save(p)
+            rows.append(f"{p.name},{-14.312 + k}")
+    (root / "meta.csv").write_text("\n".join(rows) + "\n")
+    return {"source": {"root": str(root), "layout": "class_folders", "tables": [{"path": "meta.csv"}]},
+            "fields": {"image": {"type": "image", "extensions": [".png"], "mode": "RGB"},
+                       "gain": {"type": "value", "column": "gain", "dtype": "float32"}}}
+
+
+def _mixed_rate_job(root: Path):
+    """WAVs at 8 and 16 kHz converted without ``sample_rate``: the field's attribute is 0."""
+    for cls, sr in (("low", 8000), ("high", 16000)):
+        for i in range(3):
+            p = root / "train" / cls / f"{cls}{i}.wav"
+            p.parent.mkdir(parents=True, exist_ok=True)
+            sf.write(p, (np.sin(np.arange(sr // 4 + 100 * i) * 0.05) * 9000).astype(np.int16), sr)
+    return {"source": {"root": str(root), "layout": "class_folders"},
+            "fields": {"audio": {"type": "audio", "extensions": [".wav"]}}}
+
+
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("preview")
     out = {}
-    for name, make in (("audio", _audio_job), ("image", _image_job)):
+    for name, make in (("audio", _audio_job), ("image", _image_job), ("many", _many_classes_job),
+                       ("mixed", _mixed_rate_job)):
         spec = make(d / name)
         spec.update(output={"path": str(d / f"{name}.h5"), "chunk_bytes": 4096}, cluster={"kind": "inprocess"},
                     policy={"max_reject_fraction": 0.5})
@@ -151,6 +185,7 @@ class Page(HTMLParser):
 def _load(chromium: str, index: Path, tmp: Path) -> tuple[Page, str, str]:
     res = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
                           "--v=0", f"--user-data-dir={tmp / 'profile'}", "--virtual-time-budget=20000",
+                          "--window-size=1280,900",
                           "--dump-dom", index.as_uri()], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     page = Page()
@@ -179,6 +214,7 @@ def test_the_page_loads_in_chromium_and_shows_the_file(kind, outputs, chromium, 
     assert check["images"] == check["images_ok"] > 0 and not check["bad_images"], check
     assert check["audio"] == check["audio_ok"] and not check["bad_audio"] and not check["errors"], check
     assert not [ln for ln in log.splitlines() if ":CONSOLE" in ln or "Uncaught" in ln]
+    assert check["width"] == 1280 and check["scroll_width"] <= 1280, check  # no sideways scroll
     # Every src is a relative path to a file inside the folder that decodes here too.
     assert len(page.media) == check["images"] + check["audio"]
     ds = {s: H5Dataset(out, s, as_float=False) for s in page.counts}
@@ -210,6 +246,56 @@ def test_the_page_loads_in_chromium_and_shows_the_file(kind, outputs, chromium, 
     else:
         assert "<td>0.5</td>" in dom and "Pillow cannot identify it" in dom
     assert "<td>h5py</td>" in dom and "class_folders" in dom  # versions, job
+
+
+def test_many_classes_show_the_largest_by_name_and_one_others_row(outputs, chromium, tmp_path):
+    out, site = outputs["many"], tmp_path / "site"
+    res = run_h5batch("preview", str(out), "--html", str(site), "--n", str(N), timeout=120)
+    assert res.returncode == 0, res.stderr
+    page, dom, _log = _load(chromium, site / "index.html", tmp_path)
+    check = json.loads(page.check)
+    assert check["images"] == check["images_ok"] > 0 and not check["errors"], check
+    assert check["width"] == 1280 and check["scroll_width"] <= 1280, check
+    # The counts: the 20 largest classes by name (ties in label order), then one "others" row.
+    counts = _file_facts(out)[0]["train"]
+    ranked = sorted(counts, key=lambda k: -counts[k])
+    rest = ranked[TOP:]
+    assert len(counts) == 120 and len(page.counts["train"]) == TOP + 1
+    assert page.counts["train"] == {**{k: counts[k] for k in ranked[:TOP]},
+                                    f"others ({len(rest)} classes)": sum(counts[k] for k in rest)}
+    assert all(f"<td>{html.escape(k)}</td>" in dom for k in ranked[:TOP])  # names, as text
+    assert "<summary>others (100 classes)</summary>" in dom
+    # A card shows its label name and its value field, a float32 at its own precision.
+    card = re.search(r'<figure class="card" data-sample="0">(.*?)</figure>', dom, re.S).group(1)
+    assert "genre 000 &amp; co" in card and "gain: -14.312<" in card, card
+    assert "<td>-14.312</td>" in dom and "-14.3120" not in dom
+
+
+def test_unknown_sample_rate_gives_samples_and_a_rate_column_is_used(outputs, tmp_path):
+    from h5batch.tools.preview import build_preview
+
+    out = outputs["mixed"]
+    lengths = [len(x["audio"]) for x in H5Dataset(out, "train")]
+    with h5py.File(out) as f:
+        assert f["train/audio"].attrs["sample_rate"] == 0  # what convert writes for mixed rates
+        rates = np.array([16000 if "high" in str(p) else 8000 for p in f["train/source"].asstr()[...]])
+    text = Path(build_preview(str(out), str(tmp_path / "a"), n=100).index).read_text()
+    assert all(f"{n} int16, {n} samples, sample rate unknown" in text for n in lengths)
+    assert f"audio: {min(lengths)} samples to {max(lengths)} samples (sample rate unknown)" in text
+    assert "<audio" not in text and "no player" in text  # a clip of unknown rate cannot play right
+    # A per-sample rate column, and the true lengths of padded samples, where the file has them.
+    copy = tmp_path / "rates.h5"
+    shutil.copy(out, copy)
+    with h5py.File(copy, "r+") as f:
+        f["train"].create_dataset("audio_sample_rate", data=rates)
+        f["train"].create_dataset("audio_lengths", data=np.array(lengths) - 50)
+    s = build_preview(str(copy), str(tmp_path / "b"), n=100)
+    text = Path(s.index).read_text()
+    assert "sample rate unknown" not in text
+    assert all(f", {(n - 50) / r:.2f} s at {r} Hz" in text for n, r in zip(lengths, rates))
+    for i, (n, r) in enumerate(zip(lengths, rates)):
+        info = sf.info(tmp_path / f"b/preview-files/train/{i:06d}-audio.wav")
+        assert (info.frames, info.samplerate) == (n - 50, r)
 
 
 def test_tombstoned_rows_are_left_out(outputs, tmp_path):

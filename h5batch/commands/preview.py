@@ -8,9 +8,10 @@ import sys
 NAME = "preview"
 HELP = "write a static HTML page of an output: class counts, lengths, decoded samples, rejects"
 DESCRIPTION = ("Write DIR/index.html, a page that opens from the file system (no server): per split "
-               "the samples per class, audio lengths and image sizes, a grid of N decoded samples "
-               "spread over the split (thumbnails; waveform, spectrogram and a WAV player for audio), "
-               "their text, value and metadata fields, then the rejects, the job and the versions. "
+               "the samples per class (the 20 largest by name, then one 'others' row), audio "
+               "lengths and image sizes, a grid of N decoded samples spread over the split "
+               "(thumbnails; waveform, spectrogram and a WAV player for audio) with their label "
+               "name, text, value and metadata fields, then the rejects, the job and the versions. "
                "Everything it shows is written under DIR/preview-files/.")
 
 

@@ -1,8 +1,9 @@
 """``h5batch preview``: a static HTML page of what an output holds, opened from the file system.
 
-Per split: samples per class (a bar chart and a table), audio lengths in seconds and image
-sizes (histograms), a grid of ``n`` decoded samples (image thumbnails; for audio a waveform,
-a spectrogram and an ``<audio>`` player of the sample as a WAV), a table of every shown
+Per split: samples per class (a table with a bar per class name: the 20 largest, then one
+``others`` row), audio lengths and image sizes (histograms), a grid of ``n`` decoded samples
+(image thumbnails; for audio a waveform, a spectrogram and an ``<audio>`` player of the
+sample as a WAV), each card with its label name and every field; a table of every shown
 sample's label name, source path(s), text, value and multilabel fields and media shapes;
 then the rejects with their reasons (``/rejects``, else ``OUT.rejects.jsonl``), the job and
 the versions the file was made with. The page and everything it shows live in one folder
@@ -15,6 +16,11 @@ Rules, and why:
   decoded as training sees them, tombstoned rows skipped; counts and lengths come from the
   index arrays of the live rows (a field stored encoded has no decoded sizes in its index:
   its lengths are those of the shown samples, and the chart says so);
+* durations are true ones: a clip's length is its index entry (``<field>_lengths`` for a
+  padded field), its rate the per-sample ``<field>_sample_rate`` column, else the field's
+  ``sample_rate`` attribute; where that is 0 (a mixed-rate corpus converted without
+  ``sample_rate``) lengths are in samples and a clip has no player, never a guessed rate;
+* values print at their own precision (a float32 as the shortest text of that float32);
 * the ``n`` samples of a split are spread evenly over it (first and last included), so the
   same file gives the same page;
 * ``preview-files/`` is ours: it is emptied before it is written (a marker file says it was
@@ -110,91 +116,115 @@ def _encoded(node: Any) -> bool:
     return str(node.attrs.get("store", "")) == "encoded"
 
 
-def _stored_shapes(node: Any, rows: np.ndarray) -> np.ndarray | None:
-    """``(len(rows), ndim)`` stored sample shapes from the index, or None for an encoded field."""
+def _stored_shapes(g: h5py.Group, name: str, rows: np.ndarray) -> np.ndarray | None:
+    """``(len(rows), ndim)`` sample shapes from the index, or None for an encoded field; a
+    ``<name>_lengths`` column, where the file has one, gives the true first axis of padded samples."""
+    node = g[name]
     if _encoded(node):
         return None
     if isinstance(node, h5py.Dataset):
-        return np.tile(np.asarray(node.shape[1:], dtype=np.int64), (len(rows), 1))
-    if node[fmt.SHAPES].ndim == 2 and node[fmt.SHAPES].shape[1] > 1:
-        return np.asarray(node[fmt.SHAPES][...], dtype=np.int64)[rows]
-    offs = np.asarray(node[fmt.OFFSETS][...], dtype=np.int64)
-    return (offs[1:] - offs[:-1])[rows][:, None]
+        shapes = np.tile(np.asarray(node.shape[1:], dtype=np.int64), (len(rows), 1))
+    elif node[fmt.SHAPES].ndim == 2 and node[fmt.SHAPES].shape[1] > 1:
+        shapes = np.asarray(node[fmt.SHAPES][...], dtype=np.int64)[rows]
+    else:
+        offs = np.asarray(node[fmt.OFFSETS][...], dtype=np.int64)
+        shapes = (offs[1:] - offs[:-1])[rows][:, None]
+    lengths = g.get(f"{name}_lengths")
+    if isinstance(lengths, h5py.Dataset) and shapes.shape[1]:
+        shapes[:, 0] = np.asarray(lengths[...], dtype=np.int64)[rows]
+    return shapes
 
 
-def _seconds_per_frame(node: Any) -> float | None:
-    """Seconds per step of an audio field's first axis (a sample, or a feature frame)."""
-    sr = node.attrs.get("sample_rate")
-    if not sr:
-        return None
-    if "features" in node.attrs:
-        return int(json.loads(node.attrs["features"]).get("hop_length", 1)) / int(sr)
-    return 1.0 / int(sr)
+def _rates(g: h5py.Group, name: str, rows: np.ndarray) -> np.ndarray:
+    """Sample rate of each of ``rows`` of an audio field: the per-sample ``<name>_sample_rate``
+    column where the file has one, else the field's ``sample_rate`` attribute; 0 is unknown (a
+    mixed-rate corpus converted without ``sample_rate``): lengths are then shown in samples."""
+    col = g.get(f"{name}_sample_rate")
+    if isinstance(col, h5py.Dataset):
+        return np.asarray(col[...], dtype=np.int64)[rows]
+    return np.full(len(rows), int(g[name].attrs.get("sample_rate", 0) or 0), dtype=np.int64)
+
+
+def _steps(node: Any, rates: np.ndarray) -> np.ndarray:
+    """Seconds per step of an audio field's first axis (a sample, or a feature frame); 0 where
+    the rate is unknown."""
+    hop = int(json.loads(node.attrs["features"]).get("hop_length", 1)) if "features" in node.attrs else 1
+    return np.divide(hop, rates, out=np.zeros(len(rates)), where=rates > 0)
 
 
 # ------------------------------------------------------------------ one sample
 
 
-def _clip_html(prefix: str, rel: str, value: np.ndarray, node: Any, waves: plots.Waveforms) -> tuple[str, int]:
-    """Waveform, spectrogram and player of one clip (features: their image). Files written."""
-    sr = int(node.attrs.get("sample_rate", 16000))
+def _clip_html(prefix: str, rel: str, value: np.ndarray, node: Any, waves: plots.Waveforms,
+               sr: int) -> tuple[str, int]:
+    """Waveform, spectrogram and player of one clip (features: their image; no player when the
+    sample rate is unknown). Files written."""
     if "features" in node.attrs or str(node.attrs.get("axes", "time")).startswith("frame"):
         plots.image_of(prefix + "-spec.png", np.asarray(value, dtype=np.float64).T[::-1])
         return f'<img class="spec" src="{pg.url(rel + "-spec.png")}" alt="log-mel features">', 1
-    waves.draw(prefix + "-wave.png", value, sr)
+    waves.draw(prefix + "-wave.png", value, max(sr, 1))
     plots.spectrogram(prefix + "-spec.png", value, sr)
+    media = (f'<img class="wave" src="{pg.url(rel + "-wave.png")}" alt="waveform">'
+             f'<img class="spec" src="{pg.url(rel + "-spec.png")}" alt="spectrogram">')
+    if sr <= 0:
+        return media + '<div class="what">sample rate unknown: no player</div>', 2
     plots.write_wav(prefix + ".wav", value, sr)
-    return (f'<img class="wave" src="{pg.url(rel + "-wave.png")}" alt="waveform">'
-            f'<img class="spec" src="{pg.url(rel + "-spec.png")}" alt="spectrogram">'
-            f'<audio controls preload="metadata" src="{pg.url(rel + ".wav")}"></audio>'), 3
+    return media + f'<audio controls preload="metadata" src="{pg.url(rel + ".wav")}"></audio>', 3
+
+
+def _num(x: Any, dtype: str) -> str:
+    """A value at its own precision: a float32 prints as the shortest text that reads back as
+    that float32 (``-14.312``), not as its float64 expansion (``-14.312000274658203``)."""
+    if isinstance(x, float) and np.dtype(dtype).kind == "f":
+        return str(np.dtype(dtype).type(x))
+    return str(x)
 
 
 def _cell(d: dict[str, Any]) -> str:
-    """One field of one sample, for the table."""
+    """One field of one sample, for a card and the table."""
     if "text" in d:
         return pg.esc(d["text"])
     if "on" in d:
         return pg.esc(", ".join(d["on"]) or "(none)")
     if "value" in d:
-        v = d["value"]
-        return pg.esc(", ".join(f"{k}={x}" for k, x in v.items()) if isinstance(v, dict) else v)
+        v, t = d["value"], d["dtype"]
+        if isinstance(v, dict):
+            return pg.esc(", ".join(f"{k}={_num(x, t)}" for k, x in v.items()))
+        return pg.esc(", ".join(_num(x, t) for x in v) if isinstance(v, list) else _num(v, t))
     shape = "×".join(str(s) for s in d["shape"])
-    return pg.esc(f"{shape} {d['dtype']}" + (f", {d['seconds']:.2f} s" if "seconds" in d else ""))
+    if "rate" not in d:
+        return pg.esc(f"{shape} {d['dtype']}")
+    if not d["step"]:
+        return pg.esc(f"{shape} {d['dtype']}, {d['length']} samples, sample rate unknown")
+    return pg.esc(f"{shape} {d['dtype']}, {d['length'] * d['step']:.2f} s at {d['rate']} Hz")
 
 
 # ------------------------------------------------------------------ one split
 
 
-def _charts(split: str, g: h5py.Group, rows: np.ndarray, ds: Any, shown: dict[str, list[np.ndarray]],
+def _charts(split: str, g: h5py.Group, sizes: dict[str, tuple[np.ndarray, np.ndarray | None, str]],
             counts: dict[str, int], assets: str, rel: str) -> tuple[str, int]:
-    """Class counts, then one length/size chart per media field (a line when all are equal)."""
+    """Class counts, then one length/size chart per media field (a line when all are equal).
+    ``sizes``: per media field its sample shapes, seconds per step (audio) and a note."""
     imgs, lines = [], []
-    if counts:
-        plots.bar_chart(os.path.join(assets, "counts.png"), list(counts), list(counts.values()),
-                        f"{split}: samples per class")
-        imgs.append(f"{rel}/counts.png")
-    for name in ds.field_names:
-        node = g[name]
-        modality = str(node.attrs.get("modality", ""))
-        shapes = _stored_shapes(node, rows) if modality in MEDIA else None
-        note = ""
-        if modality in MEDIA and shapes is None:  # encoded: the decoded sizes of the shown samples
-            shapes = np.asarray([a.shape for a in shown[name]], dtype=np.int64).reshape(len(shown[name]), -1)
-            note = f" ({len(shapes)} samples shown)"
-        if shapes is None or not shapes.size:
+    for name, (shapes, step, note) in sizes.items():
+        if not shapes.size:
             continue
         out = os.path.join(assets, f"{_slug(name)}-sizes.png")
-        step = _seconds_per_frame(node) if modality == "audio" else None
-        if modality == "audio" and step is not None:
-            secs = shapes[:, 0] * step
-            if secs.min() == secs.max():
-                lines.append(f"{name}: every sample {secs[0]:.3f} s")
+        if step is not None:
+            known = bool((step > 0).all())
+            v = shapes[:, 0] * step if known else shapes[:, 0]
+            unit = "seconds" if known else "frames" if "features" in g[name].attrs else "samples"
+            form, why = ("{:.3f} s", "") if known else ("{} " + unit, " (sample rate unknown)")
+            if v.min() == v.max():
+                lines.append(f"{name}: every sample {form.format(v[0])}{why}")
                 continue
-            plots.histogram(out, secs, "seconds", f"{split}/{name}: length{note}")
-            total = secs.sum()
-            total_text = f"{total / 3600:.2f} h" if total >= 3600 else f"{total / 60:.1f} min"
-            lines.append(f"{name}: {secs.min():.3f} to {secs.max():.3f} s, {total_text} in all{note}")
-        elif modality == "image" and shapes.shape[1] >= 2:
+            plots.histogram(out, v, unit, f"{split}/{name}: length{note}")
+            total = v.sum()
+            total_text = "" if not known else (f", {total / 3600:.2f} h in all" if total >= 3600
+                                               else f", {total / 60:.1f} min in all")
+            lines.append(f"{name}: {form.format(v.min())} to {form.format(v.max())}{total_text}{note}{why}")
+        elif shapes.shape[1] >= 2:
             if (shapes[:, :2] == shapes[0, :2]).all():
                 lines.append(f"{name}: every image {shapes[0, 1]}×{shapes[0, 0]} px (width × height)")
                 continue
@@ -206,7 +236,7 @@ def _charts(split: str, g: h5py.Group, rows: np.ndarray, ds: Any, shown: dict[st
         imgs.append(f"{rel}/{_slug(name)}-sizes.png")
     tags = "".join(f'<img src="{pg.url(u)}" alt="{pg.esc(os.path.basename(u))}">' for u in imgs)
     facts = "".join(f"<li>{pg.esc(x)}</li>" for x in lines)
-    return (f'<div class="charts">{tags}{pg.counts_table(split, counts) if counts else ""}</div>'
+    return (f'<div class="charts">{pg.counts_table(split, counts) if counts else ""}{tags}</div>'
             + (f'<ul class="facts">{facts}</ul>' if facts else "")), len(imgs)
 
 
@@ -220,9 +250,13 @@ def split_section(path: str, f: h5py.File, split: str, n: int, out_dir: str) -> 
     os.makedirs(assets, exist_ok=True)
     names = ds.field_names
     modality = {k: str(g[k].attrs.get("modality", "")) for k in names}
+    media = [k for k in names if modality[k] in MEDIA]
+    shapes = {k: _stored_shapes(g, k, rows) for k in media}
+    rates = {k: _rates(g, k, rows) for k in media if modality[k] == "audio"}
+    steps = {k: _steps(g[k], r) for k, r in rates.items()}
     picked = spread(len(ds), n)
-    cards, table_rows, shown, files = [], [], {k: [] for k in names}, 0
-    waves = plots.Waveforms() if "audio" in modality.values() else None
+    cards, table_rows, shown, files = [], [], {k: [] for k in media}, 0
+    waves = plots.Waveforms() if rates else None
     for i in picked:
         s = ds[i]
         label = int(s["label"]) if "label" in s else None
@@ -233,7 +267,8 @@ def split_section(path: str, f: h5py.File, split: str, n: int, out_dir: str) -> 
         cells = {k: describe_value(s[k], g[k]) for k in names}
         parts = []
         for k in names:
-            if modality[k] not in MEDIA:
+            if k not in media:
+                parts.append(f'<div class="what">{pg.esc(k)}: {_cell(cells[k])}</div>')
                 continue
             value = s[k].numpy()
             shown[k].append(value)
@@ -241,25 +276,35 @@ def split_section(path: str, f: h5py.File, split: str, n: int, out_dir: str) -> 
             prefix = os.path.join(out_dir, prefix_rel)
             if modality[k] == "image":
                 plots.thumbnail(prefix + ".png", value)
-                media, wrote = (f'<img class="thumb" src="{pg.url(prefix_rel + ".png")}" '
-                                f'alt="{pg.esc(k)} of sample {i}">'), 1
-            else:
-                media, wrote = _clip_html(prefix, prefix_rel, value, g[k], waves)
+                media_html, wrote = (f'<img class="thumb" src="{pg.url(prefix_rel + ".png")}" '
+                                     f'alt="{pg.esc(k)} of sample {i}">'), 1
+            else:  # the true length (a padded sample's `_lengths`), its own rate
+                length = int(shapes[k][i, 0]) if shapes[k] is not None else len(value)
+                value = value[:length]
+                cells[k].update(length=length, rate=int(rates[k][i]), step=float(steps[k][i]))
+                media_html, wrote = _clip_html(prefix, prefix_rel, value, g[k], waves, int(rates[k][i]))
             files += wrote
-            parts.append(f'<div class="what">{pg.esc(k)}: {_cell(cells[k])}</div>{media}')
-        if parts:
+            parts.append(f'<div class="what">{pg.esc(k)}: {_cell(cells[k])}</div>{media_html}')
+        if media:
             cards.append(f'<figure class="card" data-sample="{i}"><div><b>#{i}</b> {pg.esc(label_name)}</div>'
                          f'{"".join(parts)}<figcaption class="src">{pg.esc(" | ".join(srcs))}</figcaption></figure>')
         table_rows.append([str(i), str(int(rows[i])), pg.esc(label_name), "<br>".join(pg.esc(p) for p in srcs),
                            *(_cell(cells[k]) for k in names)])
-    counts = class_counts(g, rows, ds.class_names)
-    charts, nchart = _charts(split, g, rows, ds, shown, counts, assets, rel)
+    sizes = {}
+    for k in media:  # an encoded field has no sizes in its index: those of the shown samples
+        step = steps.get(k)
+        if shapes[k] is None:
+            shape = np.asarray([a.shape for a in shown[k]], dtype=np.int64).reshape(len(picked), -1)
+            sizes[k] = (shape, None if step is None else step[picked], f" ({len(picked)} samples shown)")
+        else:
+            sizes[k] = (shapes[k], step, "")
+    charts, nchart = _charts(split, g, sizes, class_counts(g, rows, ds.class_names), assets, rel)
     head = (f'<h2 id="split-{pg.esc(_slug(split))}">{pg.esc(split)}</h2>'
             f'<p class="meta">{len(ds)} samples'
             + (f" ({len(f[split][fmt.TOMBSTONES])} rows removed by sync are not counted)"
                if fmt.TOMBSTONES in g and len(g[fmt.TOMBSTONES]) else "")
             + f"; {len(picked)} shown, spread evenly over the split.</p>")
-    wide = " audio" if "audio" in modality.values() else ""
+    wide = " audio" if rates else ""
     grids = f'<h3>Samples</h3><div class="grid{wide}">{"".join(cards)}</div>' if cards else ""
     fields_table = pg.table(["#", "file row", "label", "source", *names], table_rows, "samples",
                             f'data-split="{pg.esc(split)}"')

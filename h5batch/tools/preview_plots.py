@@ -1,4 +1,4 @@
-"""The pictures and sounds of ``h5batch preview``: charts, waveforms, spectrograms,
+"""The pictures and sounds of ``h5batch preview``: histograms, waveforms, spectrograms,
 thumbnails (PNG) and clips (WAV), each written to one file.
 
 Rule: matplotlib through its object API (``Figure`` + the Agg canvas, never ``pyplot``), so
@@ -37,27 +37,6 @@ def _figure(size: tuple[float, float]):
 
 def _save(fig, path: str) -> None:
     fig.savefig(path, format="png", pil_kwargs={"compress_level": PNG_LEVEL})
-
-
-def bar_chart(path: str, names: Sequence[str], counts: Sequence[int], title: str) -> None:
-    """Counts per class, one bar each, the count written on the bar."""
-    many = len(names) > 40
-    fig = _figure((max(5.0, min(12.0, 0.25 * len(names))), 2.8))
-    ax = fig.add_subplot()
-    x = np.arange(len(names))
-    bars = ax.bar(x, counts, color=COLOR)
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    if not many:
-        ax.bar_label(bars, fontsize=7)
-        ax.set_xticks(x, [n if len(n) <= 14 else n[:13] + "…" for n in names], rotation=45 if len(names) > 6 else 0,
-                      ha="right" if len(names) > 6 else "center", fontsize=7)
-    else:
-        ax.set_xlabel(f"{len(names)} classes, in label order")
-    ax.set_ylabel("samples", fontsize=8)
-    ax.set_title(title, fontsize=9)
-    ax.tick_params(labelsize=7)
-    fig.tight_layout()
-    _save(fig, path)
 
 
 def histogram(path: str, values: Sequence[float], xlabel: str, title: str) -> None:
