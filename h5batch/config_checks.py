@@ -24,10 +24,23 @@ if TYPE_CHECKING:
     from .config_types import JobConfig
 
 
+def url_scheme(path: str | None) -> str | None:
+    """The scheme of ``path`` when it is a URL (``s3``, ``gs``, ``https``), else None."""
+    m = re.match(r"([A-Za-z][A-Za-z0-9+.-]+)://", path or "")
+    return m.group(1).lower() if m else None
+
+
 def validate(job: JobConfig, check_paths: bool) -> None:
     """Raise :class:`ConfigError` for the first setting of ``job`` that cannot work."""
     f = job.file
     s = job.source
+    # A URL is never taken for a local path (it would make a folder named "s3:").
+    for key, value in (("source.root", s.root), ("source.manifest", s.manifest), ("output.path", job.output.path)):
+        scheme = url_scheme(value)
+        if scheme:
+            raise ConfigError(f, key, f"{value.split('?')[0]!r}: {scheme}:// is not a storage h5batch can "
+                                      f"{'write' if key == 'output.path' else 'read a corpus from'}; "
+                                      "give a local path")
     if s.layout == "pattern":
         if not s.pattern:
             raise ConfigError(f, "source.pattern", "is required for layout 'pattern'")

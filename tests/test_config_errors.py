@@ -70,6 +70,9 @@ CASES = [
     ("reserved field", _set(_drop(BASE, "fields.audio"), "fields.label", {"type": "audio"}), "fields.label", "reserved"),
     ("resample without rate", _set(_set(BASE, "fields.audio.resample", True), "fields.audio.sample_rate", None),
      "fields.audio.resample", "needs sample_rate"),
+    ("output url", _set(BASE, "output.path", "s3://bench/x.h5"), "output.path", "s3:// is not a storage h5batch can write"),
+    ("corpus url", _set(BASE, "source.root", "gs://b/corpus"), "source.root", "gs:// is not a storage h5batch can read"),
+    ("limit", _set(BASE, "source.limit", 0), "source.limit", "must be >= 1"),
 ]
 
 
