@@ -19,10 +19,12 @@ TEST_JOBS ?= 2
 
 .PHONY: venv peers convert test bench lint clean distclean
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt requirements-s3test.txt requirements-s3test-nodeps.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[torch,bench,cluster,audio,features,dev]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[torch,bench,cluster,audio,features,dev,s3]'
+	$(BIN)/python -m pip install -q -c constraints.txt -r requirements-s3test.txt
+	$(BIN)/python -m pip install -q -c constraints.txt --no-deps -r requirements-s3test-nodeps.txt
 	@touch $(STAMP)
 
 # An editable install compiles no Python, and with PYTHONDONTWRITEBYTECODE set (as many

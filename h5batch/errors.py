@@ -30,7 +30,9 @@ __all__ = [
     "CorruptFileError",
     "DecodeError",
     "H5batchError",
+    "ObjectChangedError",
     "PreflightError",
+    "RemoteError",
     "VerifyError",
 ]
 
@@ -114,3 +116,23 @@ class VerifyError(H5batchError):
     """The file cannot be verified at all (missing, not HDF5, not an h5batch file)."""
 
     exit_code = EXIT_BAD_INPUT
+
+
+class RemoteError(H5batchError, OSError):
+    """A request to object storage failed for good (after its retries). ``url`` is the
+    object, ``what`` the request (``GET bytes A-B``, an upload); never a credential."""
+
+    def __init__(self, url: str, what: str):
+        self.url, self.what = url, what
+        super().__init__(f"{url}: {what}")
+
+    def __str__(self) -> str:  # OSError's would print its args as a tuple
+        return f"{self.url}: {self.what}"
+
+    def __reduce__(self):
+        return (type(self), (self.url, self.what))
+
+
+class ObjectChangedError(RemoteError):
+    """The object was replaced while a reader or its node cache held parts of the old one:
+    never mixed, so the reader stops; clear the cache entry or re-open the dataset."""
