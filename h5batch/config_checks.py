@@ -37,6 +37,14 @@ def validate(job: JobConfig, check_paths: bool) -> None:
     # A URL is never taken for a local path (it would make a folder named "s3:").
     for key, value in (("source.root", s.root), ("source.manifest", s.manifest), ("output.path", job.output.path)):
         scheme = url_scheme(value)
+        if scheme == "s3" and key == "output.path":  # built locally, then uploaded (remote/upload.py)
+            from .remote import split_url
+
+            try:
+                split_url(value)
+            except ValueError as e:
+                raise ConfigError(f, key, str(e)) from None
+            continue
         if scheme:
             raise ConfigError(f, key, f"{value.split('?')[0]!r}: {scheme}:// is not a storage h5batch can "
                                       f"{'write' if key == 'output.path' else 'read a corpus from'}; "

@@ -126,6 +126,7 @@ class OutputConfig:
     chunk_bytes: int = 1 << 20
     cache_bytes: int | None = None
     overwrite: bool = False
+    staging: str | None = None  # s3:// outputs: the local folder they are built in (remote/upload.py)
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,7 @@ class JobConfig:
         d["fields"] = {name: content_settings(fc) for name, fc in self.fields.items()}  # transform: + its source
         d.pop("file")
         d.pop("cluster")
-        d["output"] = {k: v for k, v in d["output"].items() if k not in ("path", "overwrite", "cache_bytes")}
+        d["output"] = {k: v for k, v in d["output"].items() if k not in ("path", "overwrite", "cache_bytes", "staging")}
         d.pop("policy")
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 

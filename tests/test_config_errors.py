@@ -70,7 +70,9 @@ CASES = [
     ("reserved field", _set(_drop(BASE, "fields.audio"), "fields.label", {"type": "audio"}), "fields.label", "reserved"),
     ("resample without rate", _set(_set(BASE, "fields.audio.resample", True), "fields.audio.sample_rate", None),
      "fields.audio.resample", "needs sample_rate"),
-    ("output url", _set(BASE, "output.path", "s3://bench/x.h5"), "output.path", "s3:// is not a storage h5batch can write"),
+    ("output url", _set(BASE, "output.path", "gs://bench/x.h5"), "output.path", "gs:// is not a storage h5batch can write"),
+    ("output s3 key", _set(BASE, "output.path", "s3://bench"), "output.path", "expected s3://BUCKET/KEY"),
+    ("corpus s3", _set(BASE, "source.root", "s3://bench/corpus"), "source.root", "s3:// is not a storage h5batch can read"),
     ("corpus url", _set(BASE, "source.root", "gs://b/corpus"), "source.root", "gs:// is not a storage h5batch can read"),
     ("limit", _set(BASE, "source.limit", 0), "source.limit", "must be >= 1"),
 ]

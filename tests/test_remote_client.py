@@ -68,7 +68,7 @@ def test_500_on_every_request_fails_within_the_retry_budget(s3):
 
 def test_failed_upload_leaves_no_object_and_no_parts(s3, tmp_path):
     (tmp_path / "f").write_bytes(os.urandom(40 << 20))
-    proxy = FaultProxy(s3.endpoint, "500-parts")
+    proxy = FaultProxy(s3.endpoint, "500-put")
     try:
         c = ObjectClient("s3://bench/t/failed.h5", _opts(proxy.endpoint, retries=2))
         with pytest.raises(RemoteError, match="s3://bench/t/failed.h5: upload of 41943040 bytes failed"):

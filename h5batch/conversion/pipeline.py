@@ -10,6 +10,7 @@ from .. import inventory
 from ..config import JobConfig
 from ..errors import ConvertError
 from ..layouts import discover, resolved_job
+from ..remote.upload import ObjectOutput
 from ..transport import semaphores
 from ..transport.segments import new_run_id, remove_segments, remove_stale_segments
 from ..writer.messages import Start
@@ -41,6 +42,12 @@ def convert(job: JobConfig, opts: ConvertOptions | None = None) -> ConvertSummar
     def say(text: str) -> None:
         print(text, file=log, flush=True)
 
+    # An s3:// output is built in its local staging folder, then uploaded (remote/upload.py).
+    remote = ObjectOutput.of(job, opts.overwrite, say)
+    if remote is not None:
+        remote.check_not_there()
+        job = remote.local_job
+
     t0 = time.perf_counter()
     with signals.graceful():
         output = OutputFiles(job, opts, say)
@@ -63,8 +70,10 @@ def convert(job: JobConfig, opts: ConvertOptions | None = None) -> ConvertSummar
                 done = output.already_done_incrementally()
                 if done is not None:
                     say(f"{output.final} is already complete for this job and corpus; nothing to do")
-                    return _timed(done, t0)
-                return _timed(_convert(job, opts, output, lock, run_id, say), t0)
+                summary = done if done is not None else _convert(job, opts, output, lock, run_id, say)
+                if remote is not None:  # the last stage: the finished file becomes the object
+                    summary = remote.publish(summary)
+                return _timed(summary, t0)
         finally:
             lock.release()
 

@@ -35,10 +35,16 @@ def split_url(url: str) -> tuple[str, str]:
     return m.group(1), m.group(2)
 
 
+def cache_root() -> str:
+    """``$H5BATCH_CACHE_DIR``, else ``~/.cache/h5batch``: the node cache and the staging
+    folders of ``s3://`` outputs."""
+    return os.path.expanduser(os.environ.get("H5BATCH_CACHE_DIR") or "~/.cache/h5batch")
+
+
 def sibling(url: str, suffix: str) -> str:
     """The URL of ``OUT.<suffix>`` beside ``OUT.h5`` (rejects, warnings)."""
     base = url[:-3] if url.endswith(".h5") else url
     return base + suffix
 
 
-__all__ = ["is_s3", "scheme", "sibling", "split_url"]
+__all__ = ["cache_root", "is_s3", "scheme", "sibling", "split_url"]

@@ -5,7 +5,7 @@ fault proxy in front of it.
 creates a bucket, and stops it (``stop``/``start`` again keep the port: moto restarts
 empty, so a restart test uploads the same bytes again). ``FaultProxy`` forwards every
 request to the server unless told to answer 500 to every request (``mode="500"``), to
-multipart part uploads only (``mode="500-parts"``), or to count requests by method.
+PUTs only (``mode="500-put"``), or to count requests by method.
 No S3 call is mocked: requests go through real sockets to a real server.
 """
 
@@ -85,7 +85,7 @@ class FaultProxy:
     (a thread in the test process would change how an in-process conversion forks).
 
     ``mode``: ``pass`` forwards everything, ``500`` answers 500 to every request,
-    ``500-parts`` to multipart part uploads only. ``counts()`` is the requests it saw by
+    ``500-put`` to PUTs only (uploads, parts). ``counts()`` is the requests it saw by
     method (``GET`` counts the ranged reads of an epoch)."""
 
     def __init__(self, target: str, mode: str = "pass"):
@@ -136,7 +136,7 @@ def _serve(target: str, mode: str, port: int) -> None:
             if self.path == "/__counts__":
                 return self._reply(200, json.dumps(counts).encode())
             counts[self.command] = counts.get(self.command, 0) + 1
-            if mode == "500" or (mode == "500-parts" and "partNumber=" in self.path):
+            if mode == "500" or (mode == "500-put" and self.command == "PUT"):
                 return self._reply(500)
             c = http.client.HTTPConnection(tgt.hostname, tgt.port, timeout=60)
             headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
