@@ -14,7 +14,6 @@ import soundfile as sf
 from PIL import Image
 
 from h5batch import generate
-from h5batch.generate.__main__ import main as generate_main
 from h5batch.generate.common import split_counts
 
 
@@ -267,44 +266,9 @@ def test_argument_validation(tmp_path: Path) -> None:
         generate.make_image_corpus(tmp_path / "e", classes=("a", "a"))
 
 
-# ----------------------------------------------------------------- CLI
-
-
-def test_cli_prints_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    def run(cmd: str) -> int:
-        return generate_main(cmd.format(t=tmp_path).split())
-
-    assert run("audio {t}/cli --n-files 7 --seconds 0.05 --classes 2") == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["kind"] == "audio" and out["n_files"] == 7 and out["root"] == str(tmp_path / "cli")
-    assert out["counts"] == {"all": {"0": 4, "1": 3}} and out["files_per_s"] > 0
-
-    cmd = "images {t}/img --n-per-class 2 --classes x,y --splits train=1,val=1 --min-side 16 --max-side 24"
-    assert run(cmd) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["counts"] == {"train": {"x": 1, "y": 1}, "val": {"x": 1, "y": 1}}
-
-    assert run("paired {t}/p --n-train 1 --n-test 1 --seconds 0.05") == 0
-    assert json.loads(capsys.readouterr().out)["n_files"] == 4
-
-    assert run("demo {t}/d --per-class 1") == 0
-    assert json.loads(capsys.readouterr().out)["n_files"] == 6
-    assert run("demo {t}/d --per-class 2") == 2  # marker mismatch is reported, not raised
-    assert str(tmp_path / "d") in capsys.readouterr().err
-
-
 # ----------------------------------------------------------------- registry
 
 
 def test_corpora_registry_names_what_source_generate_may_ask_for() -> None:
     assert generate.CORPORA == {"demo": generate.make_demo_corpus, "paired_audio": generate.make_paired_audio}
 
-
-def test_python_m_h5batch_generate(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    res = subprocess.run([sys.executable, "-m", "h5batch.generate", "demo", str(tmp_path / "d"), "--per-class", "1"],
-                         capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
-    assert json.loads(res.stdout)["n_files"] == 6

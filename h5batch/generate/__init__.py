@@ -15,8 +15,6 @@ reused at once (:func:`common.begin`).
 ``images``                ``root/<split>/<class>/<class>_<NNNN>.{jpg,png}``
 ``audio``                 ``root/<label>_<speaker>_<index>.wav`` (flat, FSDD-style)
 ========================  ==================================================================
-
-Command line: ``python -m h5batch.generate {demo,paired,images,audio} ROOT [options]``.
 """
 
 from __future__ import annotations

@@ -99,18 +99,6 @@ class SynthSummary:
     n_bytes: int
     skipped: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-serialisable dict (``root`` as a string)."""
-        return {
-            "root": str(self.root),
-            "kind": self.kind,
-            "args": self.args,
-            "counts": self.counts,
-            "n_files": self.n_files,
-            "n_bytes": self.n_bytes,
-            "skipped": self.skipped,
-        }
-
 
 @dataclass
 class Tally:
