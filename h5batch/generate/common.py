@@ -313,40 +313,11 @@ def pcm16_header(n_frames: int, sample_rate: int) -> bytes:
     )  # fmt: skip
 
 
-def _zero_peak_timestamp(wav: bytearray) -> None:
-    """Zero the timestamp of a libsndfile ``PEAK`` chunk, in place.
-
-    libsndfile adds a PEAK chunk to FLOAT/DOUBLE WAVs whose second field is
-    ``time(NULL)``; left alone it makes otherwise identical files differ.
-    """
-    pos = 12  # after "RIFF" <size> "WAVE"
-    while pos + 8 <= len(wav):
-        chunk_id, size = struct.unpack_from("<4sI", wav, pos)
-        if chunk_id == b"PEAK":
-            struct.pack_into("<I", wav, pos + 12, 0)  # fields: version, timestamp, ...
-            return
-        if chunk_id == b"data":
-            return
-        pos += 8 + size + (size & 1)
-
-
-def wav_bytes(samples: np.ndarray, sample_rate: int, subtype: str) -> bytes:
-    """Encode a mono signal as WAV with soundfile, deterministically.
-
-    Parameters
-    ----------
-    samples : ndarray, shape (n,)
-        int16 (written as-is to PCM_16) or float in [-1, 1).
-    sample_rate : int
-        Hz.
-    subtype : str
-        soundfile WAV subtype, e.g. ``"PCM_16"``, ``"PCM_24"``, ``"FLOAT"``.
-    """
+def wav_bytes(samples: np.ndarray, sample_rate: int) -> bytes:
+    """A mono 16-bit PCM WAV of ``samples`` (int16, or float in [-1, 1)), made by soundfile."""
     buf = io.BytesIO()
-    sf.write(buf, samples, sample_rate, subtype=subtype, format="WAV")
-    wav = bytearray(buf.getvalue())
-    _zero_peak_timestamp(wav)
-    return bytes(wav)
+    sf.write(buf, samples, sample_rate, subtype="PCM_16", format="WAV")
+    return buf.getvalue()
 
 
 def png_bytes(img: Image.Image) -> bytes:
