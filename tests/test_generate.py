@@ -12,6 +12,7 @@ import pytest
 import soundfile as sf
 from PIL import Image
 
+from benchmarks.audio_corpus import FSDD_SPEAKERS, make_audio_corpus
 from h5batch import generate
 from h5batch.generate.common import split_counts
 
@@ -142,15 +143,15 @@ def test_image_split_counts_apportion_exactly() -> None:
     assert sum(split_counts(101, [0.7, 0.15, 0.15])) == 101
 
 
-# ----------------------------------------------------------------- flat audio
+# ----------------------------------------------------------------- flat audio (benchmarks/)
 
 
 def test_audio_corpus_names_and_content(tmp_path: Path) -> None:
     root = tmp_path / "fsdd"
-    s = generate.make_audio_corpus(root, n_files=25, seconds=0.1, sample_rate=8000, classes=3, seed=9)
+    s = make_audio_corpus(root, n_files=25, seconds=0.1, sample_rate=8000, classes=3, seed=9)
     names = sorted(p.name for p in root.iterdir() if not p.name.startswith("."))
     assert len(names) == 25 and all(p.is_file() for p in root.iterdir())
-    pat = re.compile(rf"(\d+)_({'|'.join(generate.FSDD_SPEAKERS)})_(\d+)\.wav")
+    pat = re.compile(rf"(\d+)_({'|'.join(FSDD_SPEAKERS)})_(\d+)\.wav")
     parsed = [pat.fullmatch(n) for n in names]
     assert all(parsed)
     assert {m.group(1) for m in parsed} == {"0", "1", "2"}
@@ -166,7 +167,7 @@ def test_audio_corpus_names_and_content(tmp_path: Path) -> None:
         sf.write(again, x, sr, subtype="PCM_16", format="WAV")
         assert again.getvalue() == raw
 
-    generate.make_audio_corpus(
+    make_audio_corpus(
         tmp_path / "again", n_files=25, seconds=0.1, sample_rate=8000, classes=3, seed=9
     )
     assert _tree(root) == _tree(tmp_path / "again")
@@ -216,7 +217,7 @@ def test_incomplete_marker_is_regenerated(tmp_path: Path) -> None:
 def test_refuses_non_empty_directory_without_marker(tmp_path: Path) -> None:
     (tmp_path / "precious.txt").write_text("keep me")
     with pytest.raises(ValueError, match="no .h5batch-synth.json marker"):
-        generate.make_audio_corpus(tmp_path, n_files=3)
+        generate.make_paired_audio(tmp_path, n_train=1, n_test=0)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["precious.txt"]
 
 
@@ -224,7 +225,7 @@ def test_argument_validation(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         generate.make_demo_corpus(tmp_path / "a", test_fraction=1.5)
     with pytest.raises(TypeError):
-        generate.make_audio_corpus(tmp_path / "b", n_files=2.5)
+        generate.make_demo_corpus(tmp_path / "b", per_class=2.5)
     with pytest.raises(ValueError):
         generate.make_image_corpus(tmp_path / "e", classes=("a", "a"))
 

@@ -14,7 +14,6 @@ import io
 import json
 import math
 import os
-import struct
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -36,7 +35,6 @@ __all__ = [
     "finish",
     "in_threads",
     "json_normalise",
-    "pcm16_header",
     "png_bytes",
     "positive_float",
     "sample_rng",
@@ -56,7 +54,7 @@ SYNTH_VERSION = 1
 TAG_DEMO = 1
 TAG_PAIRED = 2
 TAG_IMAGES = 3
-TAG_AUDIO = 4
+TAG_AUDIO = 4  # benchmarks/audio_corpus.py
 
 INT16_FULL_SCALE = 32767.0
 
@@ -298,19 +296,6 @@ def stem_width(n: int) -> int:
 # --------------------------------------------------------------------------
 # WAV and PNG encoding
 # --------------------------------------------------------------------------
-
-
-def pcm16_header(n_frames: int, sample_rate: int) -> bytes:
-    """44-byte canonical RIFF/WAVE header for mono 16-bit PCM, byte-identical to
-    libsndfile's ``subtype="PCM_16"`` so the fast path writes the same files as soundfile.
-    """
-    data_bytes = 2 * n_frames
-    return struct.pack(
-        "<4sI4s4sIHHIIHH4sI",
-        b"RIFF", 36 + data_bytes, b"WAVE",
-        b"fmt ", 16, 1, 1, sample_rate, 2 * sample_rate, 2, 16,
-        b"data", data_bytes,
-    )  # fmt: skip
 
 
 def wav_bytes(samples: np.ndarray, sample_rate: int) -> bytes:
