@@ -16,8 +16,7 @@ import numpy as np
 
 TIMING_ROUNDS = 5  # interleaved rounds of decode and copy timing; the best of each is kept
 TIMING_BYTES = 1 << 20  # trial bytes timed per field: the same share of every trial sample
-TIMING_PIECE = 1 << 20  # bytes per compressed piece in the timing (the default chunk size)
-RATIO_PIECE = 1 << 20  # bytes per compressed piece for the ratio (the default chunk size)
+PIECE = 1 << 20  # bytes per compressed piece, for the ratio and the timing (the default chunk size)
 
 
 def lz4_chunks(flat: np.ndarray, level: int | None, shuffle: bool, piece: int) -> list[bytes]:
@@ -41,7 +40,7 @@ def ratio(flat: np.ndarray, level: int | None, shuffle: bool) -> float:
 
     kwargs = get("blosc2-lz4").dataset_kwargs(5 if level is None else level, shuffle, flat.dtype.itemsize)
     with h5py.File("trial", "w", driver="core", backing_store=False) as f:
-        ds = f.create_dataset("x", data=flat.reshape(-1), chunks=(min(flat.size, max(1, RATIO_PIECE // flat.itemsize)),),
+        ds = f.create_dataset("x", data=flat.reshape(-1), chunks=(min(flat.size, max(1, PIECE // flat.itemsize)),),
                               **kwargs)
         stored = sum(ds.id.get_chunk_info(i).size for i in range(ds.id.get_num_chunks()))
     return flat.nbytes / max(1, stored)
@@ -50,26 +49,23 @@ def ratio(flat: np.ndarray, level: int | None, shuffle: bool) -> float:
 def speeds(arrays: list[np.ndarray], level: int | None, shuffle: bool) -> tuple[float, float]:
     """``(decode GB/s, copy GB/s)`` on up to :data:`TIMING_BYTES` of ``arrays`` (the start of
     each, concatenated: every sample has its share): Blosc2-LZ4 chunks of
-    :data:`TIMING_PIECE` bytes decompressed into a buffer on one thread (the call the reader
+    :data:`PIECE` bytes decompressed into a buffer on one thread (the call the reader
     makes for each stored chunk, ``h5batch/codecs/_blosc2.py``), and ``numpy.copyto`` of the
     same bytes; both timed in :data:`TIMING_ROUNDS` interleaved rounds, the best of each kept.
     Blosc2's global settings are left alone."""
     import blosc2
 
-    def decompress(chunk: bytes, dst: np.ndarray) -> None:
-        blosc2.decompress2(chunk, dst=dst, nthreads=1)
-
     share = max(1, TIMING_BYTES // max(1, len(arrays)) // arrays[0].itemsize)
     flat = np.ascontiguousarray(np.concatenate([a.reshape(-1)[:share] for a in arrays]))
     out = np.empty_like(flat)
     dst = out.view(np.uint8)
-    chunks = lz4_chunks(flat, level, shuffle, TIMING_PIECE)
-    spans = [(pos, min(pos + TIMING_PIECE, dst.size)) for pos in range(0, dst.size, TIMING_PIECE)]
+    chunks = lz4_chunks(flat, level, shuffle, PIECE)
+    spans = [(pos, min(pos + PIECE, dst.size)) for pos in range(0, dst.size, PIECE)]
     best_decode = best_copy = math.inf
     for _ in range(TIMING_ROUNDS):
         t0 = time.perf_counter()
         for (a, b), chunk in zip(spans, chunks):
-            decompress(chunk, dst[a:b])
+            blosc2.decompress2(chunk, dst=dst[a:b], nthreads=1)
         t1 = time.perf_counter()
         np.copyto(out, flat)
         t2 = time.perf_counter()

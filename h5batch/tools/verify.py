@@ -238,15 +238,6 @@ class _Verifier:
         self.report.counts[split] = n - len(self.dead[split])
         return src
 
-    def live(self, split: str, src: np.ndarray) -> np.ndarray:
-        """The rows of ``src`` that are samples (not tombstoned)."""
-        dead = self.dead.get(split)
-        if dead is None or not len(dead):
-            return src
-        keep = np.ones(src.shape[0], dtype=bool)
-        keep[dead] = False
-        return src[keep]
-
     def file_fields(self, split: str, fields: list[str]) -> list[str]:
         """The fields with a source path, as the split's ``source`` attribute lists them
         (fields of annotation values have none; files before them list every field)."""
@@ -470,7 +461,7 @@ def verify_file(path: str, sources: bool = False, root: str | None = None,
                 src = v.check_split(split, fields, n_classes)
                 if src is None:
                     continue
-                all_sources[split] = v.live(split, src)
+                all_sources[split] = np.delete(src, v.dead[split], axis=0)  # tombstoned rows are no samples
                 n = src.shape[0]
                 ds = f[split][fmt.CHECKSUM]
                 sums = ds[...] if ds.shape == (n, len(fields)) else None  # else reported above

@@ -51,7 +51,6 @@ class FieldStore:
         self.shape: tuple[int, ...] | None = None
         self.dtype: np.dtype | None = None
         self.end = 0  # variable: element offset after the last sample
-        self.stats = STATS
         if name in group:
             self._open_existing(tail)
 
@@ -59,22 +58,19 @@ class FieldStore:
     def codec(self) -> CodecSpec:
         return self.spec.codecs[self.name]
 
-    @property
-    def _raw(self) -> bool:
-        return self.codec.name == "none"
-
-    def _encoder(self, dtype: np.dtype):
-        return make_encoder(self.codec, dtype) if self_check(self.codec, dtype.str) else None
+    def _appender(self, ds: h5py.Dataset, tail: np.ndarray | None = None) -> ChunkAppender:
+        encoder = make_encoder(self.codec, ds.dtype) if self_check(self.codec, ds.dtype.str) else None
+        return ChunkAppender(ds, encoder, self.pool, tail=tail, raw=self.codec.name == "none")
 
     def _open_existing(self, tail: np.ndarray | None = None) -> None:
         node = self.group[self.name]
         if self.fixed:
             self.shape, self.dtype = node.shape[1:], node.dtype
-            self.data = ChunkAppender(node, self._encoder(node.dtype), self.pool, tail=tail, raw=self._raw)
+            self.data = self._appender(node, tail)
         else:
             values = node[fmt.VALUES]
             self.dtype = values.dtype
-            self.data = ChunkAppender(values, self._encoder(values.dtype), self.pool, tail=tail, raw=self._raw)
+            self.data = self._appender(values, tail)
             self.offsets = SmallAppender(node[fmt.OFFSETS])
             self.shapes = SmallAppender(node[fmt.SHAPES])
             self.end = int(node[fmt.OFFSETS][-1])
@@ -92,7 +88,7 @@ class FieldStore:
                                            dtype=self.dtype, chunks=(k, *shape), **kw)
             ds.attrs["kind"] = fmt.KIND_FIXED
             ds.attrs.update(attrs)
-            self.data = ChunkAppender(ds, self._encoder(self.dtype), self.pool, raw=self._raw)
+            self.data = self._appender(ds)
         else:
             g = self.group.create_group(self.name)
             g.attrs["kind"] = fmt.KIND_VARIABLE
@@ -103,7 +99,7 @@ class FieldStore:
             offs = small_dataset(g, fmt.OFFSETS, (), np.int64, 8192)
             offs.resize(1, axis=0)
             offs[0] = 0
-            self.data = ChunkAppender(values, self._encoder(self.dtype), self.pool, raw=self._raw)
+            self.data = self._appender(values)
             self.offsets = SmallAppender(offs)
             self.shapes = SmallAppender(small_dataset(g, fmt.SHAPES, (len(shape),), np.int64, 4096))
 
@@ -166,9 +162,9 @@ class FieldStore:
                 app.store_encoded(data)
             if tail:
                 app.append(np.stack(tail))
-            self.stats["worker_chunks_stored"] += len(encoded)
+            STATS["worker_chunks_stored"] += len(encoded)
             return
-        self.stats["worker_chunks_redone"] += len(encoded)
+        STATS["worker_chunks_redone"] += len(encoded)
         decoder = ChunkDecoder.for_dataset(app.ds)
         rows = np.empty((cs.n_chunks * cs.k, *cs.row_shape), dtype=np.dtype(cs.dtype))
         for i, data in enumerate(encoded):
