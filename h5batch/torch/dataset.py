@@ -410,7 +410,7 @@ class H5Dataset(Dataset):
         view = stored_axes(out.numpy(), self._axes(fi))  # e.g. (B, H, W, C) of a (B, C, H, W) batch
         if len(idx):
             # Gathered and converted in one pass per row.
-            gather_rows(self._store(fi), idx[order], order, view, float_copy(fi.dtype, how) if how else None)
+            gather_rows(self._store(fi), idx[order], order, view, float_copy(how) if how else None)
         return out
 
     def _read_variable(self, fi: FieldInfo, idx: np.ndarray, order: np.ndarray,
@@ -423,7 +423,7 @@ class H5Dataset(Dataset):
         stored_view = stored_axes(view, perm)  # (B, *stored axes)
         store = self._store(fi) if len(idx) and int((hi - lo).sum()) else None
         if fi.ndim == 1:  # each sample converted straight into its padded row
-            gather_padded(store, lo, hi, order, view, float_copy(fi.dtype, how) if how else None)
+            gather_padded(store, lo, hi, order, view, float_copy(how) if how else None)
             return Ragged(out, shapes[:, perm])
         view.fill(0)
         for j in order.tolist():
@@ -433,7 +433,7 @@ class H5Dataset(Dataset):
                 gather_span(store, a, e, tmp)
                 stored_view[(j, *(slice(0, int(n)) for n in shapes[j]))] = tmp.reshape(shapes[j])
         if how:
-            divide_in_place(view, fi.dtype, how)
+            divide_in_place(view, how)
         return Ragged(out, shapes[:, perm])
 
     def _read_sources(self, idx: np.ndarray) -> list[Any]:
