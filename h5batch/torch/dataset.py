@@ -29,7 +29,6 @@ from .batch import Batch, Ragged, divide_in_place, empty_columns, float_copy, st
 from .chunks import ChunkStore, gather_padded, gather_rows, gather_span
 from .encoded import decode_columns, encoded_fields
 from .fieldinfo import FieldInfo, field_info
-from .preads import map_file, read_fd
 from .recycle import shared_pool
 from .reuse import PrivatePool
 from .single import read_one
@@ -79,8 +78,8 @@ class H5Dataset(Dataset):
     shared_memory : bool, optional
         Batch tensors in shared memory; default: only inside DataLoader workers.
     mmap : bool
-        Uncompressed chunks read with ``preadv`` or used in place from a read-only mapping
-        (:mod:`h5batch.torch.preads`).
+        Uncompressed chunks used in place from a read-only mapping of the file, compressed
+        ones decoded from it (:mod:`h5batch.torch.chunks`).
     recycle : bool
         Reuse a batch's memory once every tensor on it is dropped (:mod:`h5batch.torch.recycle`,
         :mod:`h5batch.torch.reuse`). Turn off if the main process hands batch tensors to another
@@ -247,7 +246,6 @@ class H5Dataset(Dataset):
         self._stores: dict[str, ChunkStore] = {}
         self._sources: h5py.Dataset | None = None
         self._mapping: mmap.mmap | None = None
-        self._read_fd: int | None = None  # HDF5's descriptor of _file, for preadv (torch/preads.py)
         self._private = PrivatePool() if self._pool is not None else None  # torch/reuse.py
 
     def _ensure_open(self) -> None:
@@ -279,15 +277,15 @@ class H5Dataset(Dataset):
                 capacity += CACHE_SLACK
             else:
                 capacity = max(1, self.cache_bytes // max(fi.chunk_nbytes, 1))
-            store = self._stores[fi.name] = ChunkStore(ds, capacity, self.direct_chunks, self._map(), self._read_fd)
+            store = self._stores[fi.name] = ChunkStore(ds, capacity, self.direct_chunks, self._map())
         return store
 
     def _map(self) -> mmap.mmap | None:
-        """This process's read-only mapping of the file and ``_read_fd`` (torch/preads.py)."""
+        """This process's read-only mapping of the file (the mapping keeps its own descriptor)."""
         if self._mapping is None and self.direct_chunks and self.mmap:
             try:
-                self._mapping = map_file(self.path)
-                self._read_fd = read_fd(self._file)
+                with open(self.path, "rb", buffering=0) as fh:
+                    self._mapping = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
             except (OSError, ValueError):
                 self.mmap = False  # e.g. a file system without mmap: read chunks instead
         return self._mapping
@@ -312,7 +310,7 @@ class H5Dataset(Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_pid=None, _file=None, _stores={}, _sources=None, _index={}, _mapping=None, _read_fd=None)
+        state.update(_pid=None, _file=None, _stores={}, _sources=None, _index={}, _mapping=None)
         return state
 
     def __enter__(self) -> H5Dataset:
