@@ -197,6 +197,13 @@ class Ragged:
     def items(self) -> list[torch.Tensor]:
         return [self.item(j) for j in range(len(self))]
 
+    def strings(self) -> list[str]:
+        """Each sample's bytes decoded as UTF-8: the column of a ``text`` field. Rule: a text
+        field is read like any variable-length uint8 field, then its column becomes this
+        list of ``str`` (``ds[i]["transcript"]`` is a ``str``, a batch column a list: what a
+        tokenizer takes; bytes in a padded tensor are no use to a training script)."""
+        return [bytes(np.ascontiguousarray(t.numpy())).decode("utf-8") for t in self.items()]
+
     def lengths(self) -> torch.Tensor:
         """``(B,)`` first-axis lengths for 1-D samples, else the ``(B, ndim)`` shapes."""
         s = self.shapes[:, 0] if self.shapes.shape[1] == 1 else self.shapes
@@ -236,7 +243,7 @@ class Batch(Sequence):
         if self._rows is None:
             # Every sample's views at once: one unbind per column, not B indexing calls.
             self._rows = {name: variable_rows(col.items()) if isinstance(col, Ragged)
-                          else col if isinstance(col, list) else rows(col)  # a list: text (torch/text.py)
+                          else col if isinstance(col, list) else rows(col)  # a list: text (Ragged.strings)
                           for name, col in self.columns.items()}
             if self.label is not None:
                 self._rows["label"] = rows(self.label)

@@ -32,7 +32,6 @@ from .fieldinfo import FieldInfo, field_info
 from .recycle import shared_pool
 from .reuse import PrivatePool
 from .single import read_one
-from .text import text_fields, to_strings
 
 DEFAULT_WINDOW = 12  # chunk groups the default cache holds: one ChunkShuffleSampler window
 CACHE_SLACK = 2  # extra chunks for samples that straddle a chunk boundary
@@ -147,7 +146,7 @@ class H5Dataset(Dataset):
         self.fields: tuple[FieldInfo, ...] = tuple(field_info(g, n) for n in wanted)
         # store: encoded fields are read as bytes and decoded per sample (torch/encoded.py).
         self.fields, self._encoded = encoded_fields(g, self.fields, self.path)
-        self._text = text_fields(self.fields)  # returned as str (torch/text.py)
+        self._text = tuple(fi.name for fi in self.fields if fi.modality == "text" and not fi.fixed)
         self.labelled = fmt.LABEL in g
         self.class_names: tuple[str, ...] = (
             tuple(f[fmt.CLASS_NAMES].asstr()[...]) if fmt.CLASS_NAMES in f else ())
@@ -351,7 +350,8 @@ class H5Dataset(Dataset):
             else:
                 columns[fi.name] = self._read_variable(fi, idx, order, out, shapes[fi.name])
         decode_columns(self._encoded, columns, idx, self.as_float, self.channels_first, shared, self._pool)
-        to_strings(columns, self._text)
+        for name in self._text:
+            columns[name] = columns[name].strings()
         label = None
         if self.labelled:
             labels = self._index_array(fmt.LABEL)
