@@ -34,7 +34,7 @@ from h5batch.fields import (
 from h5batch.fields.audio import AudioField
 from h5batch.fields.files import check_readable
 from h5batch.fields.image import ImageField
-from h5batch.torch.batch import divide_in_place, float_copy, to_float_into
+from h5batch.torch.batch import divide_in_place, float_copy
 
 # ---------------------------------------------------------------------------
 # A throwaway kind: the whole of it is this class pair (what a new module would hold)
@@ -238,20 +238,19 @@ def test_unregistered_kind_is_gone(tmp_path):
 
 def test_reader_scaling_by_the_kinds_divisor():
     src = np.array([[-32768, 0, 16384]], dtype=np.int16)
-    # the usual divisors keep the exact path: float_copy's specialised copy gives to_float_into's bytes
-    for stored, divisor, values in ((np.int16, 32768.0, src), (np.uint8, 255.0, np.array([[0, 51, 255]], np.uint8))):
-        exact, got = np.empty(values.shape, np.float32), np.empty(values.shape, np.float32)
-        to_float_into(exact, values)
-        float_copy(stored, divisor)(got, values)
-        assert got.tobytes() == exact.tobytes(), stored
+    # the usual divisors give exactly float32 x / divisor (int16: x * 2**-15, exact)
+    for divisor, values in ((32768.0, src), (255.0, np.array([[0, 51, 255]], np.uint8))):
+        got = np.empty(values.shape, np.float32)
+        float_copy(divisor)(got, values)
+        assert got.tobytes() == (values.astype(np.float32) / np.float32(divisor)).tobytes(), divisor
     dst = np.empty(src.shape, dtype=np.float32)
-    float_copy(np.float16, 2.0)(dst, np.array([[1, 3, -8]], dtype=np.float16))
+    float_copy(2.0)(dst, np.array([[1, 3, -8]], dtype=np.float16))
     assert dst.tolist() == [[0.5, 1.5, -4.0]]
     a = src.astype(np.float32)
-    divide_in_place(a, np.int16, 32768.0)
+    divide_in_place(a, 32768.0)
     assert a.tolist() == [[-1.0, 0.0, 0.5]]
     b = np.array([51.0], dtype=np.float32)
-    divide_in_place(b, np.uint8, 255.0)
+    divide_in_place(b, 255.0)
     assert b[0] == np.float32(51) / np.float32(255)
 
 
