@@ -214,7 +214,7 @@ class _StreamRows:
                 end += a.nbytes
             blocks.append(Block(name, dtype, tuple(a.shape for a in samples), start, end - start))
         self.seg.drop_pages(end)  # handed to the writer: its mapping is the one that counts
-        return Packed(tuple(blocks), end, shm_name=self.seg.name, host=hostname())
+        return Packed(tuple(blocks), end, shm_name=self.seg.name)
 
     def free(self) -> None:
         self.seg.mark(FREE)
@@ -234,7 +234,6 @@ def _worker_address() -> str:
 
 def decode_batch(task: BatchTask) -> BatchResult:
     """Decode every item of ``task``; failures become rejects, never exceptions."""
-    t0 = time.perf_counter()
     faults.before_batch(task.index)
     names = [n for n, _ in task.fields]
     outcomes: dict[int, Any] = {}
@@ -263,9 +262,6 @@ def decode_batch(task: BatchTask) -> BatchResult:
         sources=sources,
         checksums=np.asarray(sums, dtype=np.uint32).reshape(len(sums), len(names)),
         rejects=rejects,
-        n_items=len(task.items),
-        decode_seconds=time.perf_counter() - t0,
-        worker=hostname(),
         stuck=stuck,
         worker_address=_worker_address() if stuck else "",
         warnings=warned,
