@@ -24,7 +24,6 @@ from h5batch.conversion.plan import make_tasks
 from h5batch.conversion.preflight import compare_versions, needed_packages
 from h5batch.conversion.worker import decode_batch
 from h5batch.layouts import discover
-from h5batch.transport.packing import discard
 from h5batch.transport.segments import hostname, new_run_id, remove_segments
 from tests.support.cluster_helpers import (
     DaskProcesses,
@@ -155,7 +154,6 @@ def test_auto_transport_follows_the_writer_host(dask_cluster, corpus, tmp_path):
         assert remote.packed.shm_name is None and remote.packed.payload is not None
         assert remote.packed.nbytes == local.packed.nbytes
         assert (remote.checksums == local.checksums).all()
-        discard(local.packed)
     finally:
         remove_segments(run_id)
 

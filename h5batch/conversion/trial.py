@@ -2,7 +2,7 @@
 
 :class:`Trial` decodes :data:`TRIAL_ITEMS` items spread evenly over the manifest
 (:func:`trial_picks`; at most :data:`TRIAL_BYTES` per field), as the batches decode them
-(:func:`~.direct.sample_decoders`), a few at a time on threads that give up on a file past
+(:func:`~h5batch.fields.decode_field`), a few at a time on threads that give up on a file past
 ``policy.decode_timeout``. What the samples decide (the codec, the batch size) is
 :mod:`.auto`'s.
 """
@@ -14,16 +14,16 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from .. import faults
 from ..config import JobConfig
-from ..fields import file_fields, value_array, value_fields
+from ..fields import decode_field, file_fields, value_array, value_fields
 from ..manifest import Manifest
 from .decoder_warnings import silenced
-from .direct import sample_decoders
 
 TRIAL_ITEMS = 32  # items decoded at most, spread over the manifest
 TRIAL_BYTES = 4 << 20  # decoded bytes per field at most
@@ -67,7 +67,7 @@ class Trial:
                 out[name] = [value_array(item.values[j], fc) for item in items]
                 continue
             k = files.index(name)
-            decode = sample_decoders(((name, fc),))[0]  # as the batches decode (direct.py)
+            decode = partial(decode_field, fc=fc)
             arrays: list[np.ndarray] = []
             nbytes = 0
             for start in range(0, len(items), wave):
@@ -93,9 +93,8 @@ class _Deadline:
         self.timeout = timeout
 
     def decode_all(self, paths: list[str], decode: Callable[[str], np.ndarray]) -> list[np.ndarray | None]:
-        """Decode ``paths`` in parallel with ``decode`` (:func:`~.direct.sample_decoders`);
-        None for a file that failed or ran out of time (each has ``timeout`` seconds from
-        the start of the call)."""
+        """Decode ``paths`` in parallel with ``decode``; None for a file that failed or ran
+        out of time (each has ``timeout`` seconds from the start of the call)."""
         boxes: list[list[Any]] = [[] for _ in paths]
 
         def work(path: str, box: list[Any]) -> None:

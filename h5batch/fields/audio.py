@@ -35,7 +35,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ..errors import ConfigError, DecodeError
-from . import blocks, wav_direct
+from . import blocks
 from .base import FieldKind, copy_into, late
 from .blocks import to_int16 as _to_int16
 from .features import LogMel
@@ -375,16 +375,6 @@ class AudioKind(FieldKind):
         a = decode_audio(path, fc, out)  # a plain PCM16 file is read straight into ``out``
         if a is not out:
             copy_into(path, a, out)
-
-    def direct_reader(self, fc: AudioField):
-        """The one-call read of a plain mono 16-bit WAV into a fixed-length row, or None
-        where the field stores anything else (:mod:`.wav_direct`)."""
-        return wav_direct.reader(fc)
-
-    def direct_loader(self, fc: AudioField):
-        """The one-call read of a plain mono 16-bit WAV into a new array for a field of any
-        length, or None where the field stores anything else (:mod:`.wav_direct`)."""
-        return wav_direct.loader(fc)
 
     def transcode(self, path: str, fc: AudioField) -> bytes:
         from .transcode import encode_audio
