@@ -4,9 +4,9 @@
 The trial (:mod:`.trial`) decodes 32 items spread evenly over the manifest (at most 4 MB per
 field) on a worker of the run; spread, because a corpus sorted by class starts with one kind
 of file. Batch size and ratio depend only on those samples and the manifest, never on the
-worker count or timing. The codec also depends on two speeds measured here, so a rerun on a
-busy machine may choose otherwise when the rule is close. A resumed run keeps the codecs of
-the run it resumes (the commit record), so one file never mixes codecs.
+worker count or timing; the codec also on this machine's RAM and the output's file system. A
+resumed run keeps the codecs of the run it resumes (the commit record), so one file never
+mixes codecs.
 
 Codec
 -----

@@ -36,7 +36,7 @@ import numpy as np
 
 from ..errors import ConfigError, DecodeError
 from . import blocks
-from .base import FieldKind, copy_into, late
+from .base import FieldKind, late
 from .blocks import to_int16 as _to_int16
 from .features import LogMel
 from .ffmpeg import EXTENSIONS as FFMPEG_EXTENSIONS
@@ -276,15 +276,12 @@ def _read_with_soundfile(path: str, f, dtype: str) -> tuple[np.ndarray, int]:
     return x, f.samplerate
 
 
-def decode_audio(path: str, fc: AudioField, out: np.ndarray | None = None,
-                 alloc: blocks.Alloc | None = None) -> np.ndarray:
+def decode_audio(path: str, fc: AudioField, alloc: blocks.Alloc | None = None) -> np.ndarray:
     """Read one audio file and apply the field's preprocessing.
 
     Returns ``(frames,)`` or ``(frames, channels)`` of ``fc.dtype``. 16-bit PCM read as
     int16 without resampling or mixing is bit-exact with ``soundfile.read(path, dtype='int16')``.
-    ``out`` (a fixed-length mono field's ``(length,)`` int16 row, e.g. in shared memory)
-    lets a plain PCM16 file be read straight into place; the result is then ``out``.
-    Other files ignore it. ``alloc`` (see :mod:`.blocks`): a file whose frame count is
+    ``alloc`` (see :mod:`.blocks`): a file whose frame count is
     exact is decoded block by block into ``alloc``'s array, and the result is (a view of)
     it; a big file is decoded so without being asked, into a new array.
     """
@@ -302,12 +299,6 @@ def decode_audio(path: str, fc: AudioField, out: np.ndarray | None = None,
             target_sr = fc.sample_rate or sr
             if sr != target_sr and not fc.resample:
                 raise DecodeError(path, f"sample rate {sr} Hz, job expects {target_sr} Hz (set resample: true to convert)")
-            if (out is not None and sr == target_sr and layout.channels == 1 and fc.dtype == "int16"
-                    and fc.length is not None and out.shape == (fc.length,) and out.dtype == np.int16):
-                n = min(layout.frames, fc.length)
-                _readinto(path, fh, layout.data_offset, out[:n])
-                out[n:] = 0  # the field's rule: zero-pad the end
-                return out
             if alloc is not None or blocks.worth(layout.frames, layout.channels, sr, fc):
                 return blocks.from_pcm16(path, fh, layout, fc, alloc or np.empty)
             # Without resampling, frames past the field's length are cropped anyway.
@@ -370,11 +361,6 @@ class AudioKind(FieldKind):
         """Decode into ``alloc``'s array where the format allows (:mod:`.blocks`); the
         result is a new array otherwise (lossy formats: their frame count is an estimate)."""
         return decode_audio(path, fc, alloc=alloc)
-
-    def decode_into(self, path: str, fc: AudioField, out: np.ndarray) -> None:
-        a = decode_audio(path, fc, out)  # a plain PCM16 file is read straight into ``out``
-        if a is not out:
-            copy_into(path, a, out)
 
     def transcode(self, path: str, fc: AudioField) -> bytes:
         from .transcode import encode_audio
