@@ -258,3 +258,28 @@ def test_dry_run_writes_nothing_and_reports_the_plan(tmp_path: Path) -> None:
     res = _run("convert", str(job), "--dry-run", "--json", cwd=tmp_path)
     assert json.loads(res.stdout)["would_generate"]["corpus"] == "demo"
     assert not (tmp_path / "gen").exists() and not list(tmp_path.glob("gen.h5*"))
+
+
+def test_sample_rates_are_never_lost(tmp_path: Path) -> None:
+    # One rate: the output says it (the job, as written, says nothing).
+    root = tmp_path / "one"
+    for i in range(4):
+        _wav(root / "k" / f"{i}.wav", 100, rate=22050)
+    _run("convert", "one", "--progress", "none", cwd=tmp_path)
+    with h5py.File(tmp_path / "one.h5", "r") as f:
+        assert f["train/audio"].attrs["sample_rate"] == 22050
+        assert "sample_rate" not in json.loads(f.attrs["job"])["fields"]["audio"] or \
+            json.loads(f.attrs["job"])["fields"]["audio"]["sample_rate"] is None
+    _run("preview", "one.h5", "--html", "pv", cwd=tmp_path)
+    # Mixed rates: refused before anything is written, naming the key and the way out.
+    mixed = tmp_path / "mixed"
+    for i in range(6):
+        _wav(mixed / "k" / f"{i}.wav", 100, rate=8000 if i % 2 else 44100)
+    res = _run("convert", "mixed", "--progress", "none", cwd=tmp_path, ok=False)
+    assert res.returncode == 2 and "fields.audio.sample_rate" in res.stderr
+    assert "8000 Hz, 44100 Hz" in res.stderr and "resample" in res.stderr
+    assert not list(tmp_path.glob("mixed.h5*"))
+    _run("convert", "mixed", "--set", "fields.audio.sample_rate=16000", "--set", "fields.audio.resample=true",
+         "--progress", "none", cwd=tmp_path)
+    with h5py.File(tmp_path / "mixed.h5", "r") as f:
+        assert f["train/audio"].attrs["sample_rate"] == 16000 and f["train/source"].shape == (6,)

@@ -42,6 +42,7 @@ field (:func:`whole_chunks`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
@@ -50,10 +51,12 @@ import numpy as np
 
 from ..codecs import AUTO_CODEC, CodecSpec, get
 from ..config import JobConfig
+from ..errors import ConfigError
 from ..fields import (
     fixed_sample_shape,
     rows_per_chunk,
 )
+from ..fields.audio import rate_unknown
 from ..manifest import Manifest
 from .trial import TRIAL_BYTES, Trial, TrialRunner, run_here
 
@@ -189,6 +192,16 @@ class AutoSettings:
     batch_size: int
     item_bytes: int  # estimated decoded bytes of one item (all fields)
     field_bytes: dict[str, int] = field(default_factory=dict)  # the same per field (0: not estimated)
+    rates: dict[str, int] = field(default_factory=dict)  # audio fields without sample_rate: the corpus's
+
+    def run_job(self, job: JobConfig) -> JobConfig:
+        """``job`` as the decoders and the writer run it: each audio field without a
+        ``sample_rate`` has the corpus's (so the output says it and a file at another rate is
+        a reject naming both). Its hash and the job stored in the output stay the user's."""
+        if not self.rates:
+            return job
+        return dataclasses.replace(job, fields={n: dataclasses.replace(fc, sample_rate=self.rates[n])
+                                                if n in self.rates else fc for n, fc in job.fields.items()})
 
     def describe(self, job: JobConfig) -> list[str]:
         lines = []
@@ -201,24 +214,41 @@ class AutoSettings:
 
 
 def resolve(job: JobConfig, manifest: Manifest, keep: dict[str, CodecSpec] | None = None,
-            run_trial: TrialRunner | None = None) -> AutoSettings:
-    """The codec of every field and the items per batch (``auto`` or as configured);
-    ``keep``: fields whose codec is fixed already (a sync appends to existing datasets),
-    which get no codec trial; ``run_trial``: runs :meth:`.trial.Trial.run` with the given
-    arguments where the run's decoders are (default: here)."""
+            run_trial: TrialRunner | None = None, known_rates: dict[str, int] | None = None) -> AutoSettings:
+    """The codec of every field, the items per batch (``auto`` or as configured) and the
+    sample rate of audio fields that set none (:meth:`AutoSettings.run_job`); ``keep``:
+    fields whose codec is fixed already (a sync appends to existing datasets), which get no
+    codec trial; ``known_rates``: the rates such a file stores; ``run_trial``: runs
+    :meth:`.trial.Trial.run` with the given arguments where the run's decoders are (default:
+    here). Trial files that differ in rate refuse the job (:class:`ConfigError` naming
+    ``sample_rate``): one array of several rates would lose every clip's own."""
     o = job.output
     keep = keep or {}
+    known_rates = {n: r for n, r in (known_rates or {}).items() if r}
+    unknown = [n for n, fc in job.fields.items() if rate_unknown(fc) and n not in known_rates]
     fixed = {name: fixed_sample_shape(fc) for name, fc in job.fields.items()}
     need = []
     if o.codec == "auto":
         need = [name for name in job.fields if name not in keep]
     if job.cluster.batch_size == "auto":  # variable lengths: the trial estimates a batch's bytes
         need += [name for name, f in fixed.items() if f is None and name not in need]
+    need += [name for name in unknown if name not in need]
     trial = (run_trial or run_here)(job, os.path.abspath(manifest.root), Trial.items(manifest), need) \
         if need else Trial({})
 
     field_bytes = _field_bytes(job, fixed, trial.arrays)
     item_bytes = _item_bytes(field_bytes)
+    rates = dict(known_rates)
+    for name in unknown:
+        seen = sorted(set(trial.rates.get(name, ())))
+        if len(seen) > 1:
+            raise ConfigError(job.file, f"fields.{name}.sample_rate",
+                              f"is not set and the corpus's files differ in sample rate ({', '.join(f'{r} Hz' for r in seen)} "
+                              f"among {len(trial.rates[name])} trial files): set it, with resample: true, to store "
+                              f"them at one rate (e.g. --set fields.{name}.sample_rate={seen[-1]} "
+                              f"--set fields.{name}.resample=true)")
+        if seen:
+            rates[name] = seen[0]
 
     if o.codec != "auto":
         codecs = {name: CodecChoice(name, CodecSpec(o.codec, o.level, o.shuffle)) for name in job.fields}
@@ -238,7 +268,7 @@ def resolve(job: JobConfig, manifest: Manifest, keep: dict[str, CodecSpec] | Non
             codecs[name] = CodecChoice(name, CodecSpec(chosen, o.level if chosen != "none" else None, o.shuffle),
                                        round(ratio, 3), len(arrays), o.prefer, weighed)
 
-    return AutoSettings(codecs, _batch_size(job, manifest, item_bytes, fixed), item_bytes, field_bytes)
+    return AutoSettings(codecs, _batch_size(job, manifest, item_bytes, fixed), item_bytes, field_bytes, rates)
 
 
 def _field_bytes(job: JobConfig, fixed: dict, trial: dict[str, list[np.ndarray]]) -> dict[str, int]:

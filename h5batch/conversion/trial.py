@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -22,6 +22,7 @@ import numpy as np
 from .. import faults
 from ..config import JobConfig
 from ..fields import decode_field, file_fields, value_array, value_fields
+from ..fields.audio import native_rate, rate_unknown
 from ..manifest import Manifest
 from .decoder_warnings import silenced
 
@@ -38,9 +39,11 @@ def trial_picks(n: int) -> list[int]:
 
 @dataclass
 class Trial:
-    """Decoded trial samples per field (only fields that needed decoding)."""
+    """Decoded trial samples per field (only fields that needed decoding), and the native
+    sample rates of the trial files of audio fields that set none (:func:`rate_unknown`)."""
 
     arrays: dict[str, list[np.ndarray]]
+    rates: dict[str, list[int]] = field(default_factory=dict)
 
     @staticmethod
     def items(manifest: Manifest) -> list:
@@ -56,6 +59,7 @@ class Trial:
         decoder takes no driver down."""
         guard = _Deadline(job.policy.decode_timeout)
         out: dict[str, list[np.ndarray]] = {}
+        rates: dict[str, list[int]] = {}
         # Decoded in parallel waves because the workers wait for the trial. The arrays kept
         # are exactly a serial loop's; items a wave decodes past TRIAL_BYTES are dropped.
         wave = max(1, min(TRIAL_WAVE, os.cpu_count() or 1))
@@ -67,6 +71,9 @@ class Trial:
                 out[name] = [value_array(item.values[j], fc) for item in items]
                 continue
             k = files.index(name)
+            if rate_unknown(fc):  # every trial file's header: a rate seldom met must show
+                paths = [os.path.join(root, item.paths[k]) for item in items]
+                rates[name] = [r for r in guard.decode_all(paths, native_rate) if r]
             decode = partial(decode_field, fc=fc)
             arrays: list[np.ndarray] = []
             nbytes = 0
@@ -80,7 +87,7 @@ class Trial:
                     arrays.append(a)
                     nbytes += a.nbytes
             out[name] = arrays
-        return cls(out)
+        return cls(out, rates)
 
 
 class _Deadline:

@@ -339,6 +339,28 @@ def decode_audio(path: str, fc: AudioField, alloc: blocks.Alloc | None = None) -
     return np.ascontiguousarray(x)
 
 
+def rate_unknown(fc: Any) -> bool:
+    """An audio field that sets no ``sample_rate``: each run learns it from the corpus's
+    files (:func:`h5batch.conversion.auto.resolve`), which must share one."""
+    return isinstance(fc, AudioField) and fc.sample_rate is None
+
+
+def native_rate(path: str) -> int | None:
+    """The sample rate a file's header declares (None where neither libsndfile nor PyAV
+    reads it: the decode rejects that file with its reason)."""
+    try:
+        if wants_ffmpeg(path):
+            import av
+
+            with av.open(path) as c:
+                return int(c.streams.audio[0].rate)
+        import soundfile as sf
+
+        return int(sf.info(path).samplerate)
+    except Exception:  # noqa: BLE001 - unreadable: the decode says why
+        return None
+
+
 class AudioKind(FieldKind):
     """``type: audio``: decoded with soundfile, or PyAV for the formats libsndfile lacks
     (and soxr to resample)."""
