@@ -283,3 +283,27 @@ def test_sample_rates_are_never_lost(tmp_path: Path) -> None:
          "--progress", "none", cwd=tmp_path)
     with h5py.File(tmp_path / "mixed.h5", "r") as f:
         assert f["train/audio"].attrs["sample_rate"] == 16000 and f["train/source"].shape == (6,)
+
+
+def test_max_seconds_crops_and_keeps_variable_lengths(tmp_path: Path) -> None:
+    root = tmp_path / "crop"
+    lengths = {"a/short.wav": 3000, "a/long.wav": 20000, "b/exact.wav": 8000, "b/huge.wav": 4_600_000}
+    for rel, n in lengths.items():
+        _wav(root / rel, n)  # 8 kHz; huge.wav (9.2 MB) streams into shared memory
+    (root / "b" / "x.flac").parent.mkdir(exist_ok=True)
+    sf.write(root / "b" / "x.flac", (np.arange(30000) % 200 - 100).astype(np.int16), 8000)
+    lengths["b/x.flac"] = 30000
+    _run("convert", "crop", "--set", "fields.audio.max_seconds=1", "--progress", "none", cwd=tmp_path)
+    with h5py.File(tmp_path / "crop.h5", "r") as f:
+        g = f["train"]
+        src = list(g["source"].asstr()[...])
+        got = dict(zip(src, np.diff(g["audio/offsets"][:]).tolist()))
+        assert "first 1 s" in g["audio"].attrs["length_rule"]
+        values = g["audio/values"]
+        offsets = g["audio/offsets"][:]
+        first = values[offsets[src.index("a/long.wav")]: offsets[src.index("a/long.wav") + 1]]
+    assert got == {rel: min(n, 8000) for rel, n in lengths.items()}
+    np.testing.assert_array_equal(first, (np.arange(8000) % 200 - 100).astype(np.int16))
+    res = _run("convert", "crop", "--set", "fields.audio.max_seconds=1", "--set", "fields.audio.length=100",
+               "--overwrite", cwd=tmp_path, ok=False)
+    assert res.returncode == 2 and "give one of length" in res.stderr
