@@ -307,3 +307,34 @@ def test_max_seconds_crops_and_keeps_variable_lengths(tmp_path: Path) -> None:
     res = _run("convert", "crop", "--set", "fields.audio.max_seconds=1", "--set", "fields.audio.length=100",
                "--overwrite", cwd=tmp_path, ok=False)
     assert res.returncode == 2 and "give one of length" in res.stderr
+
+
+def _storage(path: Path) -> dict[str, int]:
+    out: dict[str, int] = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda n, o: out.__setitem__(n, o.id.get_storage_size()) if isinstance(o, h5py.Dataset) else None)
+    return out
+
+
+def test_no_dead_space_small_columns_and_mostly_rejected_runs(tmp_path: Path) -> None:
+    root = tmp_path / "small"
+    rows = []
+    for i in range(200):
+        _wav(root / f"{i}.wav", 800)
+        rows.append(f"{i}.wav,{i % 7},{i * 0.5},word{i}\n")
+    (root / "metadata.csv").write_text("file_name,speaker,score,text\n" + "".join(rows))
+    _run("convert", "small", "--progress", "none", cwd=tmp_path)
+    sizes = _storage(tmp_path / "small.h5")
+    small = {n: b for n, b in sizes.items() if n.startswith("train/") and n != "train/audio/values"}
+    assert len(small) == 9 and max(small.values()) <= 64 << 10, small
+    assert sizes["train/audio/values"] <= 1.15 * 200 * 1600
+    # ~90 % rejects: the file stays near its data (+ HDF5's and h5batch's own metadata).
+    bad = tmp_path / "bad"
+    for i in range(100):
+        if i % 10 == 0:
+            _wav(bad / "k" / f"{i}.wav", 20000)
+        else:
+            (bad / "k" / f"{i}.wav").write_bytes(b"RIFF" + bytes(40))
+    _run("convert", "bad", "--set", "policy.max_reject_fraction=1.0", "--progress", "none", cwd=tmp_path)
+    data = 10 * 20000 * 2
+    assert (tmp_path / "bad.h5").stat().st_size <= 1.25 * data + (2 << 20)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -83,7 +84,8 @@ def make_plan(job: JobConfig, manifest: Manifest, record: CommitRecord | None, f
         commit_every=job.policy.commit_every, threads=max(2, min(4, n_workers)),
         # a sync keeps the file's own versions
         resume=record, versions=versions() if new_file else {}, batch_size=batch_size,
-        codec_notes=codec_notes, cwd=os.getcwd(), umask=current_umask(), annotations=manifest.annotations,
+        codec_notes=codec_notes, split_rows=dict(Counter(it.split for it in manifest.items)),
+        field_bytes=dict(auto.field_bytes), cwd=os.getcwd(), umask=current_umask(), annotations=manifest.annotations,
     )
     tasks = make_tasks(auto.run_job(job), manifest, run_id, hostname(), batch_size)
     written = {split: p.samples for split, p in record.splits.items()} if record else {}
