@@ -88,6 +88,7 @@ def load(args, overrides: list[str], check_paths: bool = True, quiet: bool = Fal
 def run(args) -> int:
     from ..conversion.options import ConvertOptions
     from ..conversion.pipeline import convert
+    from ..format import rejects_words
 
     job = load(args, job_overrides(args))
     if args.dry_run:
@@ -103,7 +104,7 @@ def run(args) -> int:
     s = convert(job, opts)
     rate = s.samples / s.seconds if s.seconds else 0
     counts = ", ".join(f"{k} {v}" for k, v in s.counts.items())
-    rejected = f"{s.rejects - s.excluded} rejects" + (f" + {s.excluded} excluded" if s.excluded else "")
+    rejected = rejects_words(s.rejects - s.excluded, s.excluded)
     listed = f" (listed in {s.rejects_file})" if s.rejects_file else ""
     if s.extra.get("already_complete"):  # nothing was converted: no rate to give
         print(f"{s.path}: {s.samples} samples ({counts}), {rejected}{listed}; "
@@ -115,7 +116,8 @@ def run(args) -> int:
               f"{s.output_bytes / 1e6:.1f} MB on disk"
               + (f"; resumed after {s.resumed_from} batches" if s.resumed_from else ""), file=sys.stderr)
     if args.json:
-        print(json.dumps({"path": s.path, "counts": s.counts, "rejects": s.rejects, "seconds": s.seconds,
+        print(json.dumps({"path": s.path, "counts": s.counts, "rejects": s.rejects - s.excluded,
+                          "excluded": s.excluded, "seconds": s.seconds,
                           "bytes_decoded": s.bytes_decoded, "output_bytes": s.output_bytes,
                           "resumed_from": s.resumed_from, "already_complete": bool(s.extra.get("already_complete"))}))
     else:

@@ -68,7 +68,8 @@ class VerifyReport:
     path: str
     counts: dict[str, int] = field(default_factory=dict)
     fields: list[str] = field(default_factory=list)
-    rejects: int = 0
+    rejects: int = 0  # every row of /rejects, the excluded ones included
+    excluded: int = 0
     inputs: int = 0
     bytes_checked: int = 0
     sources_compared: int = 0
@@ -85,7 +86,8 @@ class VerifyReport:
 
     def summary(self) -> str:
         counts = ", ".join(f"{k} {v}" for k, v in self.counts.items())
-        text = (f"{self.samples} samples ({counts}) in {len(self.fields)} fields, {self.rejects} rejects, "
+        text = (f"{self.samples} samples ({counts}) in {len(self.fields)} fields, "
+                f"{fmt.rejects_words(self.rejects - self.excluded, self.excluded)}, "
                 f"{self.samples_files + self.rejects} of {self.inputs} inputs accounted for; "
                 f"{self.bytes_checked / 1e6:.1f} MB checksummed")
         if self.sources_compared:
@@ -359,6 +361,7 @@ class _Verifier:
                          + ", ".join(f"{k} {len(v)}" for k, v in cols.items()))
         rejects = list(zip(cols["path"], cols["stage"], cols["reason"], strict=False))
         self.report.rejects = len(cols["path"])
+        self.report.excluded = int(sum(1 for s in cols["stage"] if s == fmt.STAGE_EXCLUDED))
         for p, stage, _ in rejects:
             if stage not in STAGES:
                 self.problem(f"/{fmt.REJECTS}", f"unknown stage {stage!r}", p)
