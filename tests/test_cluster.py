@@ -126,7 +126,7 @@ def test_external_scheduler_gives_the_local_file(how, dask_cluster, corpus, refe
     else:
         env["DASK_SCHEDULER_ADDRESS"] = dask_cluster.address
     res, _ = convert(write_job(tmp_path, corpus, out, **cluster), *extra, env=env)
-    assert f"cluster: scheduler {dask_cluster.address}, 2 workers" in res.stderr
+    assert f"decoding on scheduler {dask_cluster.address}, 2 workers" in res.stderr
     assert "preflight: 2 workers on 1 host(s)" in res.stderr and "transport shm on 2" in res.stderr
     assert_same_h5(reference, out)
 
@@ -185,7 +185,7 @@ def _wait_for(cond, timeout: float, what: str, proc: subprocess.Popen | None = N
 @contextlib.contextmanager
 def _converting(job: Path, address: str) -> Iterator[subprocess.Popen]:
     """A running ``h5batch convert --scheduler address``, killed on the way out if still running."""
-    proc = subprocess.Popen(h5batch_cmd("convert", str(job), "--overwrite", "--progress", "none",
+    proc = subprocess.Popen(h5batch_cmd("convert", str(job), "--overwrite", "--progress", "none", "-v",
                                         "--scheduler", address),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
     try:

@@ -30,6 +30,7 @@ from ..writer.process import current_umask
 from ..writer.versions import versions  # h5batch.bench reads them here too
 from .auto import resolve
 from .cluster import default_workers
+from .options import detail
 from .trial import TrialRunner
 
 
@@ -55,7 +56,7 @@ def make_plan(job: JobConfig, manifest: Manifest, record: CommitRecord | None, f
     decodes; ``known_rates``: the sample rates the file stores already (:func:`.auto.resolve`)."""
     auto = resolve(job, manifest, keep_codecs, run_trial, known_rates)
     for line in auto.describe(job):
-        say(line)
+        detail(say, line)
     codecs = {name: c.codec for name, c in auto.codecs.items()}
     codec_notes = {name: c.why() for name, c in auto.codecs.items()}
     for name, codec in (keep_codecs or {}).items():

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import PreflightError
+from .options import detail
 
 # Packages whose versions decide the decoded bytes (must equal the driver's).
 DECISIVE = ("python", "h5batch", "numpy", "soundfile", "libsndfile", "pillow", "soxr", "librosa", "av")
@@ -310,7 +311,7 @@ def preflight(client, job, manifest, say: Callable[[str], None]) -> None:
     bad |= {addr for addr in probes if any(e.startswith(f"{addr} (") for e in errors)}
     if problems:
         raise PreflightError(problems, len(bad), len(results))
-    say(_summary(probes, versions, len(samples)))
+    detail(say, _summary(probes, versions, len(samples)))
     for w in warnings:
         say(f"preflight warning: {w}")
 
@@ -327,5 +328,5 @@ def check_engine(conn, job, manifest, say: Callable[[str], None]) -> None:
     if errors:
         raise PreflightError([f"driver: cannot import {name}: {why}" for name, why in sorted(errors.items())], 1, 1)
     shown = ", ".join(f"{k} {versions[k]}" for k in ("numpy", "soundfile", "libsndfile", "pillow") if k in versions)
-    say(f"preflight: decoder packages import ({shown})")
+    detail(say, f"preflight: decoder packages import ({shown})")
 
