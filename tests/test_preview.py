@@ -358,3 +358,7 @@ def test_inspect_one_sample(outputs, capsys):
     assert rec["sample"] == 3 and rec["split"] == "val" and rec["label_name"] == "dog"
     assert rec["fields"]["score"] == {"modality": "value", "shape": [], "dtype": "float32", "value": 0.5}
     assert rec["fields"]["image"]["shape"][2] == 3 and rec["source"] == ["val/dog/valdog1.png"]
+    # float32 at its own precision, as the preview's cards print it
+    assert main(["inspect", str(outputs["many"]), "--sample", "0"]) == 0
+    text = capsys.readouterr().out
+    assert "-14.312" in text and "-14.3120" not in text
