@@ -39,12 +39,14 @@ RATE = 8000
 def _convert(root: Path, out: Path, n_files: int, seconds: float, chunk_bytes: int, codec: str,
              workers: int | None = 2) -> Path:
     """Generate and convert a corpus once; ``workers`` None: the job's default."""
-    from h5batch import ConvertOptions, convert, generate
+    from audio_corpus import make_audio_corpus
+
+    from h5batch import ConvertOptions, convert
     from h5batch.config import load_job
 
     if out.exists():
         return out
-    generate.make_audio_corpus(root, n_files=n_files, seconds=seconds, sample_rate=RATE)
+    make_audio_corpus(root, n_files=n_files, seconds=seconds, sample_rate=RATE)
     job_file = Path(__file__).resolve().parents[1] / "jobs" / "fsdd.yaml"
     cluster = [] if workers is None else [f"cluster.workers={workers}"]
     job = load_job(job_file, [f"output.path={out}", f"source.root={root}", *cluster,

@@ -27,7 +27,7 @@ not land in it:
 Shapes:
 
 ``fsdd``             one folder of ``<digit>_<speaker>_<index>.wav`` clips (0.25-0.5 s, 16 kHz:
-                     :func:`h5batch.generate.make_audio_corpus`),
+                     :func:`audio_corpus.make_audio_corpus`),
                      ``jobs/fsdd.yaml`` (the pattern layout, index ranges as splits);
 ``speech_commands``  Speech Commands v0.02's layout: 35 word folders of
                      ``<speaker>_nohash_<n>.wav`` one-second 16 kHz clips from ~2,600 speakers,
@@ -53,8 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-from h5batch.generate.common import pcm16_header
+from audio_corpus import make_audio_corpus, pcm16_header
 
 REPO = Path(__file__).resolve().parents[1]
 HOLD_EVERY = 101  # every 101st generated file is held back: the +1 %
@@ -101,8 +100,6 @@ def _write_all(root: Path, rels: list[str], clips: list[bytes]) -> None:
 
 
 def _fsdd(root: Path, n: int) -> list[str]:
-    from h5batch.generate import make_audio_corpus  # the large run's corpus (docs/benchmarks.md)
-
     make_audio_corpus(root, n, seconds=0.5)
     return sorted(name for name in os.listdir(root) if name.endswith(".wav"))
 

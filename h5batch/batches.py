@@ -58,7 +58,7 @@ class BatchTask:
 @dataclass
 class BatchResult:
     """What a worker returns: the packed samples that decoded, in item order, and the rest
-    as rejects. ``item_ok[i]`` says whether item ``i`` of the task became a sample."""
+    as rejects."""
 
     index: int
     split: str
@@ -68,9 +68,6 @@ class BatchResult:
     sources: list[tuple[str, ...]]
     checksums: np.ndarray  # (n, fields) uint32, crc32 of each sample's stored bytes
     rejects: list[Reject] = field(default_factory=list)
-    n_items: int = 0
-    decode_seconds: float = 0.0
-    worker: str = ""
     final_part: bool = True  # False for all but the last part of a split batch
     stuck: bool = False  # a decode timed out; its thread is still busy in this worker
     worker_address: str = ""

@@ -130,3 +130,9 @@ def write_rejects(path: str, rejects: Any) -> None:
     with open(path, "w") as fh:
         for r in rejects:
             fh.write(json.dumps({"path": r.path, "stage": r.stage, "reason": r.reason}) + "\n")
+
+
+def rejects_words(rejects: int, excluded: int) -> str:
+    """The one way every command counts inputs that are not samples: ``rejects`` (failures,
+    without the excluded) and ``excluded`` (``source.exclude``, unlisted, ``--limit``)."""
+    return f"{rejects} rejects" + (f", {excluded} excluded" if excluded else "")

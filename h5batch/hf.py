@@ -201,12 +201,6 @@ def _fingerprint(reader: SampleReader, split: str, fields: Any, as_float: bool) 
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def _probe(reader: SampleReader, split: str) -> dict[str, Any] | None:
-    for s in reader.samples(split):
-        return s.data
-    return None
-
-
 def to_dataset(path: str | os.PathLike[str], split: str | None = None, *,
                fields: Sequence[str] | None = None, as_float: bool = False,
                cache_dir: str | os.PathLike[str] | None = None, streaming: bool = False) -> Any:
@@ -241,7 +235,7 @@ def to_dataset(path: str | os.PathLike[str], split: str | None = None, *,
     folder = os.fspath(cache_dir) if cache_dir is not None else str(hf.config.HF_DATASETS_CACHE)
     built = {}
     for name in splits:
-        feats = features(reader, name, as_float, _probe(reader, name))
+        feats = features(reader, name, as_float, next((s.data for s in reader.samples(name)), None))
         if streaming:
             kwargs = {"path": path, "split": name, "fields": fields_t, "as_float": as_float}
             built[name] = hf.IterableDataset.from_generator(_generate, features=feats, gen_kwargs=kwargs,

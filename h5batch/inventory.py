@@ -35,7 +35,6 @@ GROUP = "inventory"
 KEY = "key"
 STAMP = "stamp"
 SIDECAR_SUFFIX = ".inventory.npy"
-_OLD_SIDECAR_SUFFIX = ".inventory.npz"  # before: removed too, should a crash have left one
 
 
 def stamp(item: Item, stats: dict) -> int:
@@ -260,11 +259,10 @@ def read_sidecar(path: str) -> tuple[np.ndarray, np.ndarray, dict]:
 
 
 def remove_sidecar(partial: str) -> None:
-    for path in (sidecar(partial), partial + _OLD_SIDECAR_SUFFIX):
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
+    try:
+        os.unlink(sidecar(partial))
+    except FileNotFoundError:
+        pass
 
 
 def store(f, keys: np.ndarray | list[str], stamps: np.ndarray, extra: dict | None = None) -> None:

@@ -72,6 +72,18 @@ class Manifest:
     def __post_init__(self) -> None:
         self._index = {name: i for i, name in enumerate(self.class_names)}
 
+    def found(self) -> str:
+        """What discovery found, in words: the first line of a run."""
+        from .format import STAGE_EXCLUDED, rejects_words
+
+        excluded = sum(r.stage == STAGE_EXCLUDED for r in self.rejects)
+        files = sum(len(it.paths) for it in self.items) + len(self.rejects)
+        splits = ", ".join(f"{s} {n}" for s, n in self.counts().items())
+        n = len(self.class_names)
+        classes = f" in {n} class{'es' if n != 1 else ''}" if n else ""
+        return (f"found {files} files in {self.root}: {len(self.items)} samples{classes} ({splits}); "
+                f"{rejects_words(len(self.rejects) - excluded, excluded)} so far")
+
     def counts(self) -> dict[str, int]:
         """Number of items per split."""
         out = {s: 0 for s in self.splits}

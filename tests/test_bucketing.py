@@ -10,7 +10,8 @@ import pytest
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from h5batch import ConvertOptions, convert, generate
+from benchmarks.audio_corpus import make_audio_corpus
+from h5batch import ConvertOptions, convert
 from h5batch.config import load_job
 from h5batch.torch import BucketingBatchSampler, H5Dataset, collate
 from h5batch.torch.bucketing import field_lengths
@@ -25,7 +26,7 @@ MAX_FRAMES = 16_000
 def speech_h5(tmp_path_factory) -> Path:
     """600 FSDD-style clips of 0.05-0.1 s at 8 kHz (400-800 frames; 300 in train), small chunks."""
     d = tmp_path_factory.mktemp("bucketing")
-    generate.make_audio_corpus(d / "corpus", n_files=600, seconds=0.1, sample_rate=8000)
+    make_audio_corpus(d / "corpus", n_files=600, seconds=0.1, sample_rate=8000)
     job = load_job(REPO / "jobs" / "fsdd.yaml",
                    [f"output.path={d / 'speech.h5'}", f"source.root={d / 'corpus'}", "cluster.workers=1",
                     "output.chunk_bytes=16384"])

@@ -42,6 +42,9 @@ def test_every_command_is_in_the_help_and_has_its_own():
         res = run_h5batch(name, "--help", timeout=60)
         assert res.returncode == 0, (name, res.stderr)
         assert res.stdout.startswith(f"usage: h5batch {name} "), (name, res.stdout)
+        assert "%%" not in res.stdout, (name, res.stdout)  # argparse formats help, not descriptions
+    res = run_h5batch("view", "add", "--help", timeout=60)
+    assert "'index % 5 == 0'" in res.stdout.replace("\n", " ") and "%%" not in res.stdout
 
 
 def test_the_parser_costs_no_heavy_import():

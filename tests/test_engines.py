@@ -65,12 +65,12 @@ def test_processes_and_a_local_cluster_write_the_same_file(demo_root, tmp_path):
     # A named codec: compressed chunks to compare, and no trial figures in the attributes.
     res = convert(DEMO, demo_root, a, "processes", "output.codec=blosc2-lz4", "cluster.workers=2", progress="log")
     assert res.returncode == 0, res.stderr
-    assert "cluster: 2 decoder processes on this machine" in res.stderr
+    assert "decoding on 2 decoder processes on this machine" in res.stderr
     assert "[h5batch] " in res.stderr and "files (100%)" in res.stderr
     assert not Path(str(a).replace(".h5", ".warnings.txt")).exists()
     res = convert(DEMO, demo_root, b, "local", "output.codec=blosc2-lz4", "cluster.workers=2")
     assert res.returncode == 0, res.stderr
-    assert "cluster: LocalCluster, 2 worker processes" in res.stderr
+    assert "decoding on LocalCluster, 2 worker processes" in res.stderr
     assert_same_h5(a, b)
     assert stored_chunks(a) == stored_chunks(b)  # byte for byte, compressed image chunks included
     assert not run.own_stale_segments()

@@ -1,8 +1,6 @@
 """The fast paths, checked on content with a real LocalCluster.
 
-* Fixed-shape batches are decoded straight into shared memory; rejected items leave holes
-  that are closed before the writer sees the batch, and a decode that hangs makes the
-  worker copy its results out of the segment and abandon it.
+* Rejected items and a decode that hangs leave every other sample exact.
 * ``codec: auto`` compresses a field only where a trial shows it pays: here the noise
   field is stored uncompressed (chunks written straight from shared memory) and the
   mostly silent field with Blosc2-LZ4.
@@ -95,7 +93,7 @@ def outputs(corpus, tmp_path_factory):
     return {
         "auto": _convert(root, d / "auto.h5", "auto"),
         "none": _convert(root, d / "none.h5", "none"),
-        # Compressed in the writer (direct rows) and in the workers (no direct rows).
+        # Compressed in the writer and in the workers.
         "lz4-writer": _convert(root, d / "lz4w.h5", "blosc2-lz4", compress_on="writer"),
         "lz4-workers": _convert(root, d / "lz4k.h5", "blosc2-lz4", compress_on="workers"),
     }
@@ -149,9 +147,8 @@ def test_compression_in_writer_or_workers_gives_the_same_file(outputs):
     assert_same_h5(outputs["lz4-writer"][0].path, outputs["lz4-workers"][0].path)
 
 
-def test_hung_decode_with_direct_rows(corpus, tmp_path, monkeypatch):
-    """The hung file's thread may write into the batch's segment later: the worker copies
-    the batch out, abandons the segment, and every other sample is still exact."""
+def test_hung_decode_rejects_its_pair_and_keeps_the_rest(corpus, tmp_path, monkeypatch):
+    """The hung file's pair is rejected and every other sample is still exact."""
     root, expected = corpus
     monkeypatch.setenv("H5BATCH_FAULTS", f"hang_on={HANG}.wav")  # the workers inherit it
     summary, log = _convert(root, tmp_path / "hang.h5", "none")

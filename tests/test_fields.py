@@ -5,6 +5,7 @@ outside its own code; errors name the registered kinds."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -22,7 +23,6 @@ from h5batch.fields import (
     KINDS,
     FieldKind,
     decode_field,
-    decode_field_into,
     field_attrs,
     fixed_sample_shape,
     is_fixed_shape,
@@ -34,7 +34,7 @@ from h5batch.fields import (
 from h5batch.fields.audio import AudioField
 from h5batch.fields.files import check_readable
 from h5batch.fields.image import ImageField
-from h5batch.torch.batch import divide_in_place, float_copy, to_float_into
+from h5batch.torch.batch import divide_in_place, float_copy
 
 # ---------------------------------------------------------------------------
 # A throwaway kind: the whole of it is this class pair (what a new module would hold)
@@ -130,9 +130,8 @@ def test_audio_kind_from_a_real_wav(tmp_path):
     assert not is_fixed_shape(variable) and fixed_sample_shape(variable) is None
     fixed = AudioField(sample_rate=16000, length=6000)
     assert fixed_sample_shape(fixed) == ((6000,), np.dtype(np.int16))
-    row = np.full(6000, 7, dtype=np.int16)
-    decode_field_into(path, fixed, row)
-    assert np.array_equal(row[:5000], x) and not row[5000:].any()
+    row = decode_field(path, fixed)
+    assert row.shape == (6000,) and np.array_equal(row[:5000], x) and not row[5000:].any()
     assert field_attrs(fixed) == {"modality": "audio", "dtype": "int16", "channels": "mono", "sample_rate": 16000,
                                   "length_rule": "keep start; crop or zero-pad the end", "axes": "time"}
     assert list(field_attrs(AudioField(channels="keep"))) == ["modality", "dtype", "channels", "sample_rate",
@@ -153,11 +152,7 @@ def test_image_kind_from_a_real_png(tmp_path):
     assert gray.shape == (12, 20, 1) and gray.dtype == np.uint8
     fixed = ImageField(size=[6, 10])
     assert fixed_sample_shape(fixed) == ((6, 10, 3), np.dtype(np.uint8))
-    row = np.zeros((6, 10, 3), dtype=np.uint8)
-    decode_field_into(path, fixed, row)
-    assert np.array_equal(row, decode_field(path, fixed))
-    with pytest.raises(DecodeError, match=r"decoded to \(6, 10, 3\) uint8, the field stores \(6, 10, 1\)"):
-        decode_field_into(path, fixed, np.zeros((6, 10, 1), dtype=np.uint8))
+    assert decode_field(path, fixed).shape == (6, 10, 3)
     assert field_attrs(ImageField()) == {"modality": "image", "mode": "RGB", "axes": "height,width,channel",
                                          "resize": "native size"}
     assert field_attrs(fixed)["resize"] == "shorter side to fit, centre crop"
@@ -202,10 +197,15 @@ def test_a_registered_kind_is_accepted_and_decoded(text_kind, tmp_path):
     (tmp_path / "a.memo").write_text("héllo")
     want = np.frombuffer("héllo".encode() + b"\0\0", dtype=np.uint8)
     assert np.array_equal(decode_field(str(tmp_path / "a.memo"), fc), want)
-    row = np.empty(8, dtype=np.uint8)
-    decode_field_into(str(tmp_path / "a.memo"), fc, row)  # the base class's decode-then-copy
-    assert np.array_equal(row, want)
     assert fixed_sample_shape(fc) == ((8,), np.dtype(np.uint8)) and is_fixed_shape(fc)
+    # A kind whose decode breaks its own fixed shape: the file's reject, never a cast.
+    short = dataclasses.replace(fc, length=None)
+    text_kind.fixed_shape = lambda _fc: ((8,), np.dtype(np.uint8))
+    try:
+        with pytest.raises(DecodeError, match=r"decoded to \(7,\) uint8, the field stores \(8,\) uint8"):
+            decode_field(str(tmp_path / "a.memo"), short)
+    finally:
+        del text_kind.fixed_shape
     assert field_attrs(fc) == {"modality": "memo", "encoding": "utf-8"}
     assert needed_packages(fc) == set()
     assert reader_hooks("memo", np.uint8, 1) == (None, None)  # the kind says: no scaling
@@ -238,20 +238,19 @@ def test_unregistered_kind_is_gone(tmp_path):
 
 def test_reader_scaling_by_the_kinds_divisor():
     src = np.array([[-32768, 0, 16384]], dtype=np.int16)
-    # the usual divisors keep the exact path: float_copy's specialised copy gives to_float_into's bytes
-    for stored, divisor, values in ((np.int16, 32768.0, src), (np.uint8, 255.0, np.array([[0, 51, 255]], np.uint8))):
-        exact, got = np.empty(values.shape, np.float32), np.empty(values.shape, np.float32)
-        to_float_into(exact, values)
-        float_copy(stored, divisor)(got, values)
-        assert got.tobytes() == exact.tobytes(), stored
+    # the usual divisors give exactly float32 x / divisor (int16: x * 2**-15, exact)
+    for divisor, values in ((32768.0, src), (255.0, np.array([[0, 51, 255]], np.uint8))):
+        got = np.empty(values.shape, np.float32)
+        float_copy(divisor)(got, values)
+        assert got.tobytes() == (values.astype(np.float32) / np.float32(divisor)).tobytes(), divisor
     dst = np.empty(src.shape, dtype=np.float32)
-    float_copy(np.float16, 2.0)(dst, np.array([[1, 3, -8]], dtype=np.float16))
+    float_copy(2.0)(dst, np.array([[1, 3, -8]], dtype=np.float16))
     assert dst.tolist() == [[0.5, 1.5, -4.0]]
     a = src.astype(np.float32)
-    divide_in_place(a, np.int16, 32768.0)
+    divide_in_place(a, 32768.0)
     assert a.tolist() == [[-1.0, 0.0, 0.5]]
     b = np.array([51.0], dtype=np.float32)
-    divide_in_place(b, np.uint8, 255.0)
+    divide_in_place(b, 255.0)
     assert b[0] == np.float32(51) / np.float32(255)
 
 

@@ -258,3 +258,83 @@ def test_dry_run_writes_nothing_and_reports_the_plan(tmp_path: Path) -> None:
     res = _run("convert", str(job), "--dry-run", "--json", cwd=tmp_path)
     assert json.loads(res.stdout)["would_generate"]["corpus"] == "demo"
     assert not (tmp_path / "gen").exists() and not list(tmp_path.glob("gen.h5*"))
+
+
+def test_sample_rates_are_never_lost(tmp_path: Path) -> None:
+    # One rate: the output says it (the job, as written, says nothing).
+    root = tmp_path / "one"
+    for i in range(4):
+        _wav(root / "k" / f"{i}.wav", 100, rate=22050)
+    _run("convert", "one", "--progress", "none", cwd=tmp_path)
+    with h5py.File(tmp_path / "one.h5", "r") as f:
+        assert f["train/audio"].attrs["sample_rate"] == 22050
+        assert "sample_rate" not in json.loads(f.attrs["job"])["fields"]["audio"] or \
+            json.loads(f.attrs["job"])["fields"]["audio"]["sample_rate"] is None
+    _run("preview", "one.h5", "--html", "pv", cwd=tmp_path)
+    # Mixed rates: refused before anything is written, naming the key and the way out.
+    mixed = tmp_path / "mixed"
+    for i in range(6):
+        _wav(mixed / "k" / f"{i}.wav", 100, rate=8000 if i % 2 else 44100)
+    res = _run("convert", "mixed", "--progress", "none", cwd=tmp_path, ok=False)
+    assert res.returncode == 2 and "fields.audio.sample_rate" in res.stderr
+    assert "8000 Hz, 44100 Hz" in res.stderr and "resample" in res.stderr
+    assert not list(tmp_path.glob("mixed.h5*"))
+    _run("convert", "mixed", "--set", "fields.audio.sample_rate=16000", "--set", "fields.audio.resample=true",
+         "--progress", "none", cwd=tmp_path)
+    with h5py.File(tmp_path / "mixed.h5", "r") as f:
+        assert f["train/audio"].attrs["sample_rate"] == 16000 and f["train/source"].shape == (6,)
+
+
+def test_max_seconds_crops_and_keeps_variable_lengths(tmp_path: Path) -> None:
+    root = tmp_path / "crop"
+    lengths = {"a/short.wav": 3000, "a/long.wav": 20000, "b/exact.wav": 8000, "b/huge.wav": 4_600_000}
+    for rel, n in lengths.items():
+        _wav(root / rel, n)  # 8 kHz; huge.wav (9.2 MB) streams into shared memory
+    (root / "b" / "x.flac").parent.mkdir(exist_ok=True)
+    sf.write(root / "b" / "x.flac", (np.arange(30000) % 200 - 100).astype(np.int16), 8000)
+    lengths["b/x.flac"] = 30000
+    _run("convert", "crop", "--set", "fields.audio.max_seconds=1", "--progress", "none", cwd=tmp_path)
+    with h5py.File(tmp_path / "crop.h5", "r") as f:
+        g = f["train"]
+        src = list(g["source"].asstr()[...])
+        got = dict(zip(src, np.diff(g["audio/offsets"][:]).tolist()))
+        assert "first 1 s" in g["audio"].attrs["length_rule"]
+        values = g["audio/values"]
+        offsets = g["audio/offsets"][:]
+        first = values[offsets[src.index("a/long.wav")]: offsets[src.index("a/long.wav") + 1]]
+    assert got == {rel: min(n, 8000) for rel, n in lengths.items()}
+    np.testing.assert_array_equal(first, (np.arange(8000) % 200 - 100).astype(np.int16))
+    res = _run("convert", "crop", "--set", "fields.audio.max_seconds=1", "--set", "fields.audio.length=100",
+               "--overwrite", cwd=tmp_path, ok=False)
+    assert res.returncode == 2 and "give one of length" in res.stderr
+
+
+def _storage(path: Path) -> dict[str, int]:
+    out: dict[str, int] = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda n, o: out.__setitem__(n, o.id.get_storage_size()) if isinstance(o, h5py.Dataset) else None)
+    return out
+
+
+def test_no_dead_space_small_columns_and_mostly_rejected_runs(tmp_path: Path) -> None:
+    root = tmp_path / "small"
+    rows = []
+    for i in range(200):
+        _wav(root / f"{i}.wav", 800)
+        rows.append(f"{i}.wav,{i % 7},{i * 0.5},word{i}\n")
+    (root / "metadata.csv").write_text("file_name,speaker,score,text\n" + "".join(rows))
+    _run("convert", "small", "--progress", "none", cwd=tmp_path)
+    sizes = _storage(tmp_path / "small.h5")
+    small = {n: b for n, b in sizes.items() if n.startswith("train/") and n != "train/audio/values"}
+    assert len(small) == 9 and max(small.values()) <= 64 << 10, small
+    assert sizes["train/audio/values"] <= 1.15 * 200 * 1600
+    # ~90 % rejects: the file stays near its data (+ HDF5's and h5batch's own metadata).
+    bad = tmp_path / "bad"
+    for i in range(100):
+        if i % 10 == 0:
+            _wav(bad / "k" / f"{i}.wav", 20000)
+        else:
+            (bad / "k" / f"{i}.wav").write_bytes(b"RIFF" + bytes(40))
+    _run("convert", "bad", "--set", "policy.max_reject_fraction=1.0", "--progress", "none", cwd=tmp_path)
+    data = 10 * 20000 * 2
+    assert (tmp_path / "bad.h5").stat().st_size <= 1.25 * data + (2 << 20)

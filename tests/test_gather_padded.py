@@ -34,7 +34,7 @@ def test_gather_padded_equals_numpy(tmp_path, compression, capacity, threads):
         with h5py.File(path, "r") as f:
             store = ChunkStore(f["values"], capacity)
             out = np.full((len(pick), int((hi - lo).max())), np.float32(7.0))
-            gather_padded(store, lo, hi, order, out, float_copy(np.int16, 32768.0))
+            gather_padded(store, lo, hi, order, out, float_copy(32768.0))
             raw = np.full(out.shape, np.int16(7))
             gather_padded(store, lo, hi, order, raw)  # no conversion: values as stored
     finally:

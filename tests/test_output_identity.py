@@ -8,7 +8,6 @@ the same commit, with ``python -m tests.support.fingerprint OUT.h5 > tests/golde
 from __future__ import annotations
 
 import json
-import re
 import shutil
 
 import pytest
@@ -44,20 +43,6 @@ def test_shipped_job_output_matches_its_fingerprint(name, tmp_path):
         fp["/"]["attrs"].pop("manifest_hash")
         for ds in ("stamp", "stat", "record"):  # not `name`: the message below names the job
             fp.get(f"inventory/{ds}", {}).pop("sha256", None)
-    for fp in (golden, now):
-        _without_timed_codec_choice(fp)
     diff = differences(golden, now)
     assert not diff, f"{name}: output differs from tests/golden/{name}.json:\n" + "\n".join(diff[:20])
 
-
-def _without_timed_codec_choice(fp: dict) -> None:
-    """Where ``codec: auto`` weighed two speeds measured at run time (the field's
-    ``codec_choice`` says "decoding it costs"), the codec it stored may differ from run to run
-    on a busy machine (``conversion/auto.py``): its codec attributes and filters are left out
-    of the comparison; the values, the trial's ratio and every other attribute still count."""
-    for entry in fp.values():
-        choice = entry.get("attrs", {}).get("codec_choice", "")
-        if "decoding it costs" in choice:
-            entry["attrs"]["codec"] = "(timed)"
-            entry["attrs"]["codec_choice"] = re.search(r"shrank .*? [0-9.]+x", choice)[0]  # the trial's ratio
-            entry["filters"] = "(timed)"

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from h5batch.torch.batch import PARALLEL_MIN_BYTES, copy_all, to_float_into
+from h5batch.torch.batch import PARALLEL_MIN_BYTES, copy_all, float_copy
 from h5batch.torch.chunks import ChunkStore, gather_rows
 
 
@@ -28,7 +28,7 @@ def test_copy_all_on_two_threads_equals_one_thread(two_threads):
     rows = rng.permutation(96)
     got = np.empty((96, 8000), np.float32)
     assert got.nbytes >= 2 * PARALLEL_MIN_BYTES  # enough for two threads
-    copy_all([(got[j], src[i]) for j, i in enumerate(rows)], to_float_into)
+    copy_all([(got[j], src[i]) for j, i in enumerate(rows)], float_copy(32768.0))
     assert np.array_equal(got, src[rows].astype(np.float32) * np.float32(1 / 32768))
     small = np.empty((3, 5), np.int16)
     copy_all([(small[j], src[j, :5]) for j in range(3)])  # below the threshold: one thread
@@ -48,6 +48,6 @@ def test_gather_rows_on_two_threads_with_a_tiny_cache(tmp_path, two_threads, com
         order = np.argsort(idx, kind="stable")
         out = np.empty((300, 2048), np.float32)
         assert out.nbytes >= 2 * PARALLEL_MIN_BYTES  # enough for two threads
-        gather_rows(store, idx[order], order, out, to_float_into)
+        gather_rows(store, idx[order], order, out, float_copy(32768.0))
         assert np.array_equal(out, data[idx].astype(np.float32) * np.float32(1 / 32768))
         assert store.loads == len(np.unique(idx // 4))

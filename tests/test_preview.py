@@ -10,7 +10,7 @@ browser and points at a file inside the folder that decodes in Python (each WAV 
 the sample H5Dataset gives), the class counts and rejects shown are the file's, and the page
 does not scroll sideways in a 1280 px wide window. A job of 120 classes checks that the
 page stays short (the largest classes by name, one "others" row) and prints float32 values
-at their own precision; a mixed-rate audio output (``sample_rate`` 0) that lengths are then
+at their own precision; an older mixed-rate audio output (``sample_rate`` 0) that lengths are then
 in samples, and a per-sample rate column that it is used.
 """
 
@@ -118,12 +118,13 @@ def _many_classes_job(root: Path):
 
 
 def _mixed_rate_job(root: Path):
-    """WAVs at 8 and 16 kHz converted without ``sample_rate``: the field's attribute is 0."""
+    """Clips of two lengths per class; the fixture then sets the field's ``sample_rate`` to 0,
+    what an older h5batch wrote for a corpus of mixed rates (one today is refused)."""
     for cls, sr in (("low", 8000), ("high", 16000)):
         for i in range(3):
             p = root / "train" / cls / f"{cls}{i}.wav"
             p.parent.mkdir(parents=True, exist_ok=True)
-            sf.write(p, (np.sin(np.arange(sr // 4 + 100 * i) * 0.05) * 9000).astype(np.int16), sr)
+            sf.write(p, (np.sin(np.arange(sr // 4 + 100 * i) * 0.05) * 9000).astype(np.int16), 8000)
     return {"source": {"root": str(root), "layout": "class_folders"},
             "fields": {"audio": {"type": "audio", "extensions": [".wav"]}}}
 
@@ -139,6 +140,9 @@ def outputs(tmp_path_factory) -> dict[str, Path]:
                     policy={"max_reject_fraction": 0.5})
         convert(job_from_dict(spec, f"{name}.yaml"), ConvertOptions(progress=False))
         out[name] = d / f"{name}.h5"
+        if name == "mixed":
+            with h5py.File(out[name], "r+") as f:
+                f["train/audio"].attrs["sample_rate"] = 0
     return out
 
 
@@ -277,7 +281,7 @@ def test_unknown_sample_rate_gives_samples_and_a_rate_column_is_used(outputs, tm
     out = outputs["mixed"]
     lengths = [len(x["audio"]) for x in H5Dataset(out, "train")]
     with h5py.File(out) as f:
-        assert f["train/audio"].attrs["sample_rate"] == 0  # what convert writes for mixed rates
+        assert f["train/audio"].attrs["sample_rate"] == 0  # what an older convert wrote for mixed rates
         rates = np.array([16000 if "high" in str(p) else 8000 for p in f["train/source"].asstr()[...]])
     text = Path(build_preview(str(out), str(tmp_path / "a"), n=100).index).read_text()
     assert all(f"{n} int16, {n} samples, sample rate unknown" in text for n in lengths)
@@ -354,3 +358,7 @@ def test_inspect_one_sample(outputs, capsys):
     assert rec["sample"] == 3 and rec["split"] == "val" and rec["label_name"] == "dog"
     assert rec["fields"]["score"] == {"modality": "value", "shape": [], "dtype": "float32", "value": 0.5}
     assert rec["fields"]["image"]["shape"][2] == 3 and rec["source"] == ["val/dog/valdog1.png"]
+    # float32 at its own precision, as the preview's cards print it
+    assert main(["inspect", str(outputs["many"]), "--sample", "0"]) == 0
+    text = capsys.readouterr().out
+    assert "-14.312" in text and "-14.3120" not in text

@@ -1,11 +1,10 @@
-"""The reader at the memory limit: uncompressed big rows read with ``preadv`` straight into
-the batch (h5batch/torch/preads.py) and batch memory reused without workers
+"""The reader at the memory limit: uncompressed chunks used in place from the file mapping
+with bounded resident memory, and batch memory reused without workers
 (h5batch/torch/reuse.py), on real files made by the real converter."""
 
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import h5py
@@ -67,39 +66,21 @@ def test_plain_chunks_read_equal_to_hdf5_in_any_order(storages, dtype, fixed):
                 want = ref[k][i].astype(np.float32) / np.float32(32768) if as_float and dtype == "int16" else ref[k][i]
                 got = out[k][j].numpy() if fixed else out[k][j, : int(out[k + "_lengths"][j])].numpy()
                 assert got.dtype == want.dtype and np.array_equal(got, want), (k, i)
-            store = ds._stores[k]
-            assert store.fd is not None and "mapped" in store.verified
-            # Rows copied as stored are read from the file, never through the mapping's
-            # cache; converted rows (int16 -> float32) are converted from mapped blocks.
-            if fixed:
-                assert (len(store.cache) == 0) == (dtype == "float32" or not as_float), (k, as_float)
+            assert "mapped" in ds._stores[k].verified
         ds.close()
-        assert ds._read_fd is None
+        assert ds._mapping is None
 
 
-def test_mmap_off_reads_the_same_without_a_descriptor(storages):
+def test_mmap_off_reads_the_same_without_a_mapping(storages):
     path = storages["float32", True]
     a = collate(H5Dataset(path, "train").__getitems__(range(48)))
     ds = H5Dataset(path, "train", mmap=False)
     b = collate(ds.__getitems__(range(48)))
     assert all(torch.equal(a[k], b[k]) for k in FIELDS)
-    assert all(s.fd is None and s.mapping is None for s in ds._stores.values())
+    assert all(s.mapping is None for s in ds._stores.values())
 
 
-def test_a_file_cut_short_under_the_reader_raises_naming_it(storages, tmp_path):
-    path = tmp_path / "cut.h5"
-    shutil.copy(storages["float32", True], path)
-    ds = H5Dataset(path, "train")
-    ds.__getitems__(range(48))  # every chunk's location is known now
-    os.truncate(path, os.path.getsize(path) // 2)
-    try:
-        with pytest.raises(OSError, match=rf"{path.name}: read \d+ of \d+ bytes.*shorter"):
-            ds.__getitems__([47])
-    finally:
-        ds.close()
-
-
-def test_workers_read_the_same_through_their_own_descriptors(storages):
+def test_workers_read_the_same_through_their_own_mappings(storages):
     path = storages["float32", False]
     ds = H5Dataset(path, "train")
     want = collate(ds.__getitems__(range(48)))  # opened in the parent before the fork
@@ -179,7 +160,7 @@ def test_strided_destinations_read_the_same(tmp_path):
         a = collate(fast.__getitems__(idx))
         b = collate(H5Dataset(path, "train", mmap=False, **kw).__getitems__(idx))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a if k != "source")
-        assert fast._stores["image"].fd is not None
+        assert fast._stores["image"].mapping is not None
 
 
 def test_held_batches_from_workers_without_shared_memory_stay_intact(storages):
@@ -200,8 +181,8 @@ def _open_fds() -> int:
 
 
 def test_datasets_dropped_without_close_leave_no_descriptor(storages):
-    """The reader's ``preadv`` goes through HDF5's own descriptor: a dataset read and then
-    dropped (no ``close()``) leaves nothing open."""
+    """A dataset read and then dropped (no ``close()``) leaves nothing open: the mapping's
+    descriptor goes with it."""
     import gc
 
     path = storages["float32", True]
@@ -211,7 +192,7 @@ def test_datasets_dropped_without_close_leave_no_descriptor(storages):
     for _ in range(20):
         ds = H5Dataset(path, "train")
         ds.__getitems__(range(48))
-        assert any(s.fd is not None for s in ds._stores.values())  # the preadv path was in use
+        assert any(s.mapping is not None for s in ds._stores.values())  # the mapped path was in use
         del ds
     gc.collect()
     assert _open_fds() - before <= 1

@@ -11,7 +11,8 @@ import pytest
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from h5batch import ConvertOptions, convert, generate
+from benchmarks.audio_corpus import make_audio_corpus
+from h5batch import ConvertOptions, convert
 from h5batch.config import load_job
 from h5batch.torch import ChunkShuffleSampler, GlobalBatchSampler, H5Dataset, collate, sampler_state
 from h5batch.torch.quality import batch_label_kl, chunks_touched, label_batches_kl
@@ -26,7 +27,7 @@ def sorted_h5(tmp_path_factory) -> Path:
     """FSDD-style flat corpus, 10 digits x 300 files, named so that the file is class-sorted;
     the train split holds 270 per class in chunk groups of 64 samples."""
     d = tmp_path_factory.mktemp("sorted")
-    generate.make_audio_corpus(d / "corpus", n_files=3000, seconds=0.05, sample_rate=8000)
+    make_audio_corpus(d / "corpus", n_files=3000, seconds=0.05, sample_rate=8000)
     job = load_job(REPO / "jobs" / "fsdd.yaml",
                    [f"output.path={d / 'f.h5'}", f"source.root={d / 'corpus'}", "cluster.workers=1",
                     "output.chunk_bytes=38400"])

@@ -113,7 +113,7 @@ def test_slurm_gives_the_local_file(slurm, corpus, reference, tmp_path):
     out = tmp_path / "out.h5"
     job, name = slurm_job(tmp_path, corpus, out)
     res, wall = convert(job, env=slurm)
-    assert "cluster: SLURMCluster with 2 worker jobs" in res.stderr
+    assert "decoding on SLURMCluster with 2 worker jobs" in res.stderr
     assert "preflight: 2 workers on 1 host(s)" in res.stderr
     assert_same_h5(ref, out)
     gone = wait_queue_empty(slurm, name)
@@ -139,7 +139,7 @@ def test_scancel_a_worker_job_mid_run(slurm, corpus, reference, tmp_path):
     job, name = slurm_job(tmp_path, corpus, out)
     run = Running(job, env=slurm)
     try:
-        line = run.wait_line("cluster: SLURMCluster")
+        line = run.wait_line("decoding on SLURMCluster")
         scheduler = line.split("scheduler ", 1)[1].split(";", 1)[0]
         run.wait_line("preflight: 2 workers")
         deadline = time.monotonic() + 60

@@ -153,14 +153,14 @@ def test_a_local_cluster_left_without_workers_stops_the_run_instead_of_hanging(c
     (hook / "sitecustomize.py").write_text(SITECUSTOMIZE)
     marker, out = tmp_path / "no-more-workers", tmp_path / "out.h5"
     # 7.wav hangs its worker: the run is surely still decoding when its workers are killed.
-    cmd = run.convert_cmd(JOB, workers=2, output=out, root=corpus,
+    cmd = run.convert_cmd(JOB, "-v", workers=2, output=out, root=corpus,
                           settings=(*SETTINGS, "cluster.kind=local", "policy.decode_timeout=60",
                                     "policy.no_worker_timeout=2"))
     proc = run.start(cmd, {"PYTHONPATH": _pythonpath(hook), "H5BATCH_TEST_NO_WORKER": str(marker),
                            "H5BATCH_FAULTS": "hang_on=7.wav"}, new_session=True)
     try:
         err = ""
-        while "codec auto:" not in err:  # the cluster is up, the plan made, decoding has begun
+        while "codec auto:" not in err:  # (-v) the cluster is up, the plan made, decoding has begun
             line = proc.stderr.readline()
             assert line, f"the run ended before decoding:\n{err}"
             err += line

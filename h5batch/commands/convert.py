@@ -35,6 +35,8 @@ def add_job_arguments(p, job_help: str = "job file (YAML, e.g. jobs/demo.yaml) o
     p.add_argument("--progress", choices=["auto", "bar", "log", "none"], default="auto",
                    help="progress display (default: bar on a terminal, log lines otherwise)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="also say the internals: pre-flight, why each codec, batch size")
     p.add_argument("--dry-run", "-n", action="store_true",
                    help="say what the command would do (with --json: as JSON) and write nothing")
 
@@ -85,9 +87,24 @@ def load(args, overrides: list[str], check_paths: bool = True, quiet: bool = Fal
     return with_overrides(data, overrides, args.job, check_paths)
 
 
+def top_reasons(rejects_file: str, top: int = 5) -> list[tuple[str, int]]:
+    """The most frequent reasons of a run's rejects (not the excluded files), from its
+    rejects list."""
+    from collections import Counter
+
+    from ..format import STAGE_EXCLUDED
+
+    if not rejects_file or not os.path.exists(rejects_file):
+        return []
+    with open(rejects_file) as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    return Counter(r["reason"] for r in rows if r.get("stage") != STAGE_EXCLUDED).most_common(top)
+
+
 def run(args) -> int:
     from ..conversion.options import ConvertOptions
     from ..conversion.pipeline import convert
+    from ..format import rejects_words
 
     job = load(args, job_overrides(args))
     if args.dry_run:
@@ -99,11 +116,11 @@ def run(args) -> int:
             print(json.dumps(report))
         return 0
     opts = ConvertOptions(resume=not args.restart, restart=args.restart, overwrite=args.overwrite,
-                          progress=args.progress)
+                          progress=args.progress, verbose=args.verbose)
     s = convert(job, opts)
     rate = s.samples / s.seconds if s.seconds else 0
     counts = ", ".join(f"{k} {v}" for k, v in s.counts.items())
-    rejected = f"{s.rejects - s.excluded} rejects" + (f" + {s.excluded} excluded" if s.excluded else "")
+    rejected = rejects_words(s.rejects - s.excluded, s.excluded)
     listed = f" (listed in {s.rejects_file})" if s.rejects_file else ""
     if s.extra.get("already_complete"):  # nothing was converted: no rate to give
         print(f"{s.path}: {s.samples} samples ({counts}), {rejected}{listed}; "
@@ -114,8 +131,11 @@ def run(args) -> int:
               f"{s.bytes_decoded / 1e6 / max(s.seconds, 1e-9):.1f} MB/s decoded; "
               f"{s.output_bytes / 1e6:.1f} MB on disk"
               + (f"; resumed after {s.resumed_from} batches" if s.resumed_from else ""), file=sys.stderr)
+    for reason, n in top_reasons(s.rejects_file):
+        print(f"  {n} x {reason}", file=sys.stderr)
     if args.json:
-        print(json.dumps({"path": s.path, "counts": s.counts, "rejects": s.rejects, "seconds": s.seconds,
+        print(json.dumps({"path": s.path, "counts": s.counts, "rejects": s.rejects - s.excluded,
+                          "excluded": s.excluded, "seconds": s.seconds,
                           "bytes_decoded": s.bytes_decoded, "output_bytes": s.output_bytes,
                           "resumed_from": s.resumed_from, "already_complete": bool(s.extra.get("already_complete"))}))
     else:

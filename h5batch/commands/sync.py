@@ -28,7 +28,7 @@ def run(args) -> int:
     from ..conversion.sync import sync
 
     job = _convert.load(args, _convert.job_overrides(args), quiet=True)
-    s = sync(job, ConvertOptions(progress=args.progress), dry_run=args.dry_run)
+    s = sync(job, ConvertOptions(progress=args.progress, verbose=args.verbose), dry_run=args.dry_run)
     counts = ", ".join(f"{k} {v}" for k, v in s.counts.items())
     if s.dry_run and not s.up_to_date:
         print(f"{s.path}: a sync would bring in {s.new} new and {s.changed} changed files and remove "

@@ -34,7 +34,8 @@ def run(args) -> int:
     report = verify_file(args.path, sources=args.sources, root=args.root)
     if args.json:
         print(json.dumps({"path": report.path, "ok": report.ok, "counts": report.counts,
-                          "rejects": report.rejects, "inputs": report.inputs,
+                          "rejects": report.rejects - report.excluded, "excluded": report.excluded,
+                          "inputs": report.inputs,
                           "bytes_checked": report.bytes_checked, "sources_compared": report.sources_compared,
                           "problems": [vars(p) for p in report.problems]}))
     if report.ok:

@@ -15,7 +15,7 @@ HELP = "add, list or remove named row subsets (folds, classes, filters) of a spl
 DESCRIPTION = ("Views are named lists of rows of a split, stored in the output as "
                "/<split>/views/<name> (no sample is rewritten); H5Dataset(path, split, view=name) "
                "reads only those rows. 'add' selects rows with --where EXPR (over index, label, "
-               "numeric scalar fields and <variable field>.length, e.g. 'index %% 5 == 0' or "
+               "numeric scalar fields and <variable field>.length, e.g. 'index % 5 == 0' or "
                "'label == \"cat\"') or --rows FILE (row numbers, text or .npy).")
 
 

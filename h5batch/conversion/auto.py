@@ -4,27 +4,31 @@
 The trial (:mod:`.trial`) decodes 32 items spread evenly over the manifest (at most 4 MB per
 field) on a worker of the run; spread, because a corpus sorted by class starts with one kind
 of file. Batch size and ratio depend only on those samples and the manifest, never on the
-worker count or timing. The codec also depends on two speeds measured here, so a rerun on a
-busy machine may choose otherwise when the rule is close. A resumed run keeps the codecs of
-the run it resumes (the commit record), so one file never mixes codecs.
+worker count or timing; the codec also on this machine's RAM and the output's file system. A
+resumed run keeps the codecs of the run it resumes (the commit record), so one file never
+mixes codecs.
 
 Codec
 -----
-Decoded media compresses little (ratios in ``docs/benchmarks.md``) and training reads the
-same file from the page cache every epoch, where an uncompressed chunk costs a memory copy
-and a compressed one a decode. Per field, with ``r`` the trial's Blosc2-LZ4 ratio:
+Decoded media compresses little (ratios in ``docs/benchmarks.md``). Where reads come from
+decides whether a codec pays: an output that fits in the page cache is read at memory speed
+every epoch after the first, where a memory copy beats any decode; a larger one, or one on a
+network file system, is read from storage every epoch, assumed at most
+:data:`STORAGE_GBPS` (a local NVMe disk; networks and object storage are slower), which
+Blosc2-LZ4 outdecodes on one core, so reading ``1/r`` of the bytes saves time once ``r`` is
+worth it. Per field, with ``r`` the trial's Blosc2-LZ4 ratio:
 
-* ``r`` under :data:`MIN_RATIO`: ``none`` (no timing done);
-* ``output.prefer: speed`` (default): Blosc2-LZ4 only when
-  ``1 / decode_speed < (1 - 1/r) / copy_speed``, both speeds measured on the trial's samples
-  (:func:`h5batch.codecs.lz4_trial.speeds`, one core, best of ``TIMING_ROUNDS`` interleaved
-  rounds). Audio and photos usually end up ``none`` (chunks mapped in place);
-* ``output.prefer: size``: Blosc2-LZ4 wherever ``r`` reaches :data:`MIN_RATIO` (for corpora
-  larger than RAM or slow network storage, where the cache is cold).
+* ``r`` under :data:`MIN_RATIO`: ``none``;
+* ``output.prefer: speed`` (default): Blosc2-LZ4 when ``r >= STORAGE_RATIO`` and the
+  reads come from storage: the estimated output (trial bytes per item x items) is larger
+  than half this machine's RAM, or its folder is on a network file system
+  (:func:`network_fs`); else ``none``;
+* ``output.prefer: size``: Blosc2-LZ4 wherever ``r`` reaches :data:`MIN_RATIO`.
 
-:meth:`CodecChoice.why` (stored as each dataset's ``codec_choice`` attribute) gives only
-figures the samples fix; the measured speeds go to the log only, since a rerun must write the
-same file. ``output.codec`` forces a codec (``gzip`` for tools without hdf5plugin).
+No timing enters the rule, so a rerun on the same machine chooses the same. The reasoning,
+with its assumption, is stored as each dataset's ``codec_choice`` attribute
+(:meth:`CodecChoice.why`). ``output.codec`` forces a codec (``gzip`` for tools without
+hdf5plugin).
 
 Batch size
 ----------
@@ -38,22 +42,29 @@ field (:func:`whole_chunks`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..codecs import AUTO_CODEC, CodecSpec, lz4_trial
+from ..codecs import AUTO_CODEC, CodecSpec, get
 from ..config import JobConfig
+from ..errors import ConfigError
 from ..fields import (
     fixed_sample_shape,
     rows_per_chunk,
 )
+from ..fields.audio import rate_unknown
 from ..manifest import Manifest
 from .trial import TRIAL_BYTES, Trial, TrialRunner, run_here
 
 MIN_RATIO = 1.15  # keep compression when it saves at least ~13 % of the bytes
+STORAGE_RATIO = 1.5  # from here compression pays on reads from storage (module docstring)
+STORAGE_GBPS = 2.0  # assumed read speed of storage: a local NVMe disk (networks are slower)
+NETWORK_FS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "glusterfs", "9p",
+              "afs", "davfs"}
 TARGET_BATCH_BYTES = 16 << 20  # decoded bytes per batch of the local engine
 TARGET_TASK_BYTES = 32 << 20  # decoded bytes per Dask task (each costs the scheduler too)
 MIN_BATCH, MAX_BATCH = 4, 1024  # items per batch
@@ -61,80 +72,109 @@ MIN_BATCHES = 8
 
 
 @dataclass(frozen=True)
+class Reads:
+    """Where an output's reads will come from, as :func:`choose` judges it."""
+
+    output_bytes: int  # estimated (trial bytes per item x items)
+    ram_bytes: int
+    network: str | None = None  # the file system type, where the output's folder is on a network one
+
+    @property
+    def from_storage(self) -> bool:
+        return self.network is not None or self.output_bytes > self.ram_bytes // 2
+
+    def words(self) -> str:
+        if self.network:
+            return f"the output's folder is on a network file system ({self.network})"
+        # Not the RAM's size: the stored text must not differ between two machines that decide alike.
+        size = f"the output (~{_human(self.output_bytes)} estimated)"
+        return f"{size} is larger than half this machine's RAM" if self.from_storage else f"{size} fits in half the RAM"
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000:
+            return f"{n:.0f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+@dataclass(frozen=True)
 class CodecChoice:
-    """The codec of one field, and for ``auto`` what the trial measured."""
+    """The codec of one field, and for ``auto`` what the trial found."""
 
     field: str
     codec: CodecSpec
     ratio: float | None = None  # trial compression ratio (auto only)
     samples: int = 0  # samples in the trial
-    decode_gbps: float | None = None  # AUTO_CODEC's decode speed per core on the trial, GB/s
-    copy_gbps: float | None = None  # memory copy speed on the trial, GB/s
     prefer: str = "speed"
+    reads: Reads | None = None  # None: the ratio alone decided
 
     def why(self) -> str:
-        """For ``auto``: why this codec (stored as the field's ``codec_choice`` attribute).
-
-        Only figures the samples fix (the ratio, and the break-even ``1 / (1 - 1/ratio)``): measured
-        speeds vary between runs and a rerun must write the same file; they go to the log
-        (:meth:`describe`).
-        """
+        """For ``auto``: why this codec (stored as the field's ``codec_choice`` attribute)."""
         if self.ratio is None:
             return ""
         shrank = f"{AUTO_CODEC} shrank {self.samples} trial samples spread over the corpus {self.ratio:.2f}x"
-        if (self.ratio < MIN_RATIO or self.prefer == "size" or self.decode_gbps is None
-                or self.copy_gbps is None):
-            # The ratio alone decided (the rule before output.prefer): the wording of those files.
+        if self.reads is None:  # below MIN_RATIO, or output.prefer: size (the wording of earlier files)
             return f"auto: {shrank}; threshold {MIN_RATIO:.2f}x"
-        pays = (f"it pays where decoding runs at least {break_even(self.ratio):.2f}x as fast as a memory copy, "
-                "page cache hot")
-        if self.codec.name == "none":
-            return (f"auto: none; {shrank}, but decoding it costs more than reading the bytes it saves "
-                    f"({pays}); output.prefer: size keeps it")
-        return f"auto: {self.codec.name}; {shrank}, and decoding it costs less than reading the bytes it saves ({pays})"
-
-    def measured(self) -> str:
-        """The speeds the decision used, for the log ("" when none were measured)."""
-        if self.ratio is None or self.decode_gbps is None or self.copy_gbps is None:
-            return ""
-        return (f"{AUTO_CODEC} decodes at {self.decode_gbps:.2f} GB/s per core "
-                f"({decode_cost(self.decode_gbps):.3g} s/GB) against a {read_saving(self.ratio, self.copy_gbps):.3g} "
-                f"s/GB saving in reading (memory copy {self.copy_gbps:.1f} GB/s)")
+        if self.ratio < STORAGE_RATIO:
+            return (f"auto: none; {shrank}, under the {STORAGE_RATIO:.2f}x from which reading fewer bytes pays; "
+                    "output.prefer: size compresses it")
+        if self.reads.from_storage:
+            return (f"auto: {self.codec.name}; {shrank}, and {self.reads.words()}: reads come from storage, "
+                    f"assumed at most {STORAGE_GBPS:g} GB/s, where decoding costs less than reading the bytes "
+                    "it saves")
+        return (f"auto: none; {shrank}, but {self.reads.words()}: reads come from the page cache, where a "
+                "memory copy beats a decode; output.prefer: size compresses it")
 
     def describe(self) -> str:
-        """One line for the run's log: ``field: codec (why; measured)``."""
-        why = "; measured here: ".join(t for t in (self.why(), self.measured()) if t)
+        """One line for the run's log: ``field: codec (why; the RAM it was judged against)``."""
+        why = self.why() + (f"; RAM here: {_human(self.reads.ram_bytes)}" if self.reads else "")
         return f"{self.field}: {self.codec.label()}" + (f" ({why})" if why else "")
 
 
-def break_even(ratio: float) -> float:
-    """How many times faster than a memory copy decoding must run for a codec that shrinks the
-    samples ``ratio`` times to pay: ``1 / (1 - 1/ratio)`` (infinite at 1x)."""
-    return math.inf if ratio <= 1.0 else 1.0 / (1.0 - 1.0 / ratio)
+def network_fs(path: str) -> str | None:
+    """The type of the network file system holding ``path``'s folder (``/proc/mounts``, the
+    longest mount point above it), or None (a local one, or not Linux)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    best, kind = "", None
+    try:
+        with open("/proc/mounts") as fh:
+            for line in fh:
+                parts = line.split()
+                if len(parts) < 3:
+                    continue
+                mount = parts[1].replace("\\040", " ")
+                if (folder == mount or folder.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
+                    best, kind = mount, parts[2]
+    except OSError:
+        return None
+    if kind and (kind in NETWORK_FS or kind.startswith("fuse.")):
+        return kind
+    return None
 
 
-def decode_cost(decode_gbps: float) -> float:
-    """Seconds per GB of samples spent decoding them."""
-    return 1.0 / max(decode_gbps, 1e-9)
+def lz4_ratio(flat: np.ndarray, level: int | None, shuffle: bool) -> float:
+    """Blosc2-LZ4's ratio on ``flat`` as the output would store it: written through HDF5's own
+    Blosc2 filter into a file in memory, in chunks of the default 1 MiB."""
+    import h5py
+
+    kwargs = get(AUTO_CODEC).dataset_kwargs(5 if level is None else level, shuffle, flat.dtype.itemsize)
+    with h5py.File("trial", "w", driver="core", backing_store=False) as f:
+        ds = f.create_dataset("x", data=flat.reshape(-1), chunks=(min(flat.size, max(1, (1 << 20) // flat.itemsize)),),
+                              **kwargs)
+        stored = sum(ds.id.get_chunk_info(i).size for i in range(ds.id.get_num_chunks()))
+    return flat.nbytes / max(1, stored)
 
 
-def read_saving(ratio: float, copy_gbps: float) -> float:
-    """Seconds per GB of samples that reading ``1/ratio`` of the bytes saves, when reading is a
-    memory copy (page cache hot)."""
-    return (1.0 - 1.0 / max(ratio, 1.0)) / max(copy_gbps, 1e-9)
-
-
-def choose(ratio: float, decode_gbps: float | None, copy_gbps: float | None, prefer: str) -> str:
-    """The codec ``auto`` stores a field with, from the trial's figures (the rule in the module
-    docstring): ``none`` or :data:`AUTO_CODEC`. Speeds of None (not measured) count as a
-    decode too slow to pay."""
+def choose(ratio: float, reads: Reads | None, prefer: str) -> str:
+    """The codec ``auto`` stores a field with (the rule in the module docstring): ``none`` or
+    :data:`AUTO_CODEC`."""
     if ratio < MIN_RATIO:
         return "none"
     if prefer == "size":
         return AUTO_CODEC
-    if decode_gbps is None or copy_gbps is None:
-        return "none"
-    return AUTO_CODEC if decode_cost(decode_gbps) < read_saving(ratio, copy_gbps) else "none"
+    return AUTO_CODEC if ratio >= STORAGE_RATIO and reads is not None and reads.from_storage else "none"
 
 
 def _flat(arrays: list[np.ndarray]) -> np.ndarray:
@@ -142,12 +182,6 @@ def _flat(arrays: list[np.ndarray]) -> np.ndarray:
     a long recording must not be copied whole in the driver (memory is bounded by the largest
     sample, not a multiple of it)."""
     return np.concatenate([a.reshape(-1)[: max(1, TRIAL_BYTES // a.itemsize)] for a in arrays])
-
-
-def measure(arrays: dict[str, list[np.ndarray]], level: int | None, shuffle: bool) -> dict[str, lz4_trial.Figures]:
-    """Ratio and speeds per field that has trial samples (:func:`lz4_trial.measure`)."""
-    fields = {name: (_flat(a), a) for name, a in arrays.items() if a}
-    return lz4_trial.measure(fields, level, shuffle, MIN_RATIO) if fields else {}
 
 
 @dataclass(frozen=True)
@@ -158,6 +192,16 @@ class AutoSettings:
     batch_size: int
     item_bytes: int  # estimated decoded bytes of one item (all fields)
     field_bytes: dict[str, int] = field(default_factory=dict)  # the same per field (0: not estimated)
+    rates: dict[str, int] = field(default_factory=dict)  # audio fields without sample_rate: the corpus's
+
+    def run_job(self, job: JobConfig) -> JobConfig:
+        """``job`` as the decoders and the writer run it: each audio field without a
+        ``sample_rate`` has the corpus's (so the output says it and a file at another rate is
+        a reject naming both). Its hash and the job stored in the output stay the user's."""
+        if not self.rates:
+            return job
+        return dataclasses.replace(job, fields={n: dataclasses.replace(fc, sample_rate=self.rates[n])
+                                                if n in self.rates else fc for n, fc in job.fields.items()})
 
     def describe(self, job: JobConfig) -> list[str]:
         lines = []
@@ -170,40 +214,61 @@ class AutoSettings:
 
 
 def resolve(job: JobConfig, manifest: Manifest, keep: dict[str, CodecSpec] | None = None,
-            run_trial: TrialRunner | None = None) -> AutoSettings:
-    """The codec of every field and the items per batch (``auto`` or as configured);
-    ``keep``: fields whose codec is fixed already (a sync appends to existing datasets),
-    which get no codec trial; ``run_trial``: runs :meth:`.trial.Trial.run` with the given
-    arguments where the run's decoders are (default: here)."""
+            run_trial: TrialRunner | None = None, known_rates: dict[str, int] | None = None) -> AutoSettings:
+    """The codec of every field, the items per batch (``auto`` or as configured) and the
+    sample rate of audio fields that set none (:meth:`AutoSettings.run_job`); ``keep``:
+    fields whose codec is fixed already (a sync appends to existing datasets), which get no
+    codec trial; ``known_rates``: the rates such a file stores; ``run_trial``: runs
+    :meth:`.trial.Trial.run` with the given arguments where the run's decoders are (default:
+    here). Trial files that differ in rate refuse the job (:class:`ConfigError` naming
+    ``sample_rate``): one array of several rates would lose every clip's own."""
     o = job.output
     keep = keep or {}
+    known_rates = {n: r for n, r in (known_rates or {}).items() if r}
+    unknown = [n for n, fc in job.fields.items() if rate_unknown(fc) and n not in known_rates]
     fixed = {name: fixed_sample_shape(fc) for name, fc in job.fields.items()}
     need = []
     if o.codec == "auto":
         need = [name for name in job.fields if name not in keep]
     if job.cluster.batch_size == "auto":  # variable lengths: the trial estimates a batch's bytes
         need += [name for name, f in fixed.items() if f is None and name not in need]
+    need += [name for name in unknown if name not in need]
     trial = (run_trial or run_here)(job, os.path.abspath(manifest.root), Trial.items(manifest), need) \
         if need else Trial({})
 
     field_bytes = _field_bytes(job, fixed, trial.arrays)
     item_bytes = _item_bytes(field_bytes)
+    rates = dict(known_rates)
+    for name in unknown:
+        seen = sorted(set(trial.rates.get(name, ())))
+        if len(seen) > 1:
+            raise ConfigError(job.file, f"fields.{name}.sample_rate",
+                              f"is not set and the corpus's files differ in sample rate ({', '.join(f'{r} Hz' for r in seen)} "
+                              f"among {len(trial.rates[name])} trial files): set it, with resample: true, to store "
+                              f"them at one rate (e.g. --set fields.{name}.sample_rate={seen[-1]} "
+                              f"--set fields.{name}.resample=true)")
+        if seen:
+            rates[name] = seen[0]
 
     if o.codec != "auto":
         codecs = {name: CodecChoice(name, CodecSpec(o.codec, o.level, o.shuffle)) for name in job.fields}
     else:
+        import psutil
+
+        reads = Reads(item_bytes * len(manifest.items), psutil.virtual_memory().total, network_fs(o.path))
         codecs = {}
-        figures = measure({n: a for n, a in trial.arrays.items() if n not in keep}, o.level, o.shuffle)
         for name in job.fields:
             if name in keep:
                 codecs[name] = CodecChoice(name, keep[name])
                 continue
-            ratio, *speeds = figures.get(name, (1.0, None, None))
-            chosen = choose(ratio, *speeds, o.prefer)
+            arrays = trial.arrays.get(name) or []
+            ratio = lz4_ratio(_flat(arrays), o.level, o.shuffle) if arrays else 1.0
+            chosen = choose(ratio, reads, o.prefer)
+            weighed = reads if ratio >= MIN_RATIO and o.prefer == "speed" else None
             codecs[name] = CodecChoice(name, CodecSpec(chosen, o.level if chosen != "none" else None, o.shuffle),
-                                       round(ratio, 3), len(trial.arrays.get(name) or []), *speeds, o.prefer)
+                                       round(ratio, 3), len(arrays), o.prefer, weighed)
 
-    return AutoSettings(codecs, _batch_size(job, manifest, item_bytes, fixed), item_bytes, field_bytes)
+    return AutoSettings(codecs, _batch_size(job, manifest, item_bytes, fixed), item_bytes, field_bytes, rates)
 
 
 def _field_bytes(job: JobConfig, fixed: dict, trial: dict[str, list[np.ndarray]]) -> dict[str, int]:

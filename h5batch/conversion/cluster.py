@@ -64,10 +64,6 @@ _NOT_JOBQUEUE = {"security": "put TLS options in cluster.security", "n_workers":
 PLACEHOLDER_SCHEDULER = "tcp://SCHEDULER-ADDRESS:8786"
 
 
-def _fail(message: str, exit_code: int = 1) -> Exception:
-    return ConvertError(message, exit_code)
-
-
 @dataclass
 class Connection:
     """An open client plus what to tell the user about it."""
@@ -149,7 +145,7 @@ def _jobqueue_module():
     try:
         import dask_jobqueue
     except ImportError as e:
-        raise _fail("cluster.kind slurm/pbs/sge/lsf needs dask-jobqueue: pip install 'h5batch[cluster]'", 2) from e
+        raise ConvertError("cluster.kind slurm/pbs/sge/lsf needs dask-jobqueue: pip install 'h5batch[cluster]'", 2) from e
     finally:
         # BEWARE: importing dask_jobqueue (its runner module) replaces the SIGINT handler
         # with sys.exit(): Ctrl-C would end the run with exit code 0, no commit and no
@@ -219,7 +215,7 @@ def _check_submission(cfg: ClusterConfig, script: str) -> None:
     """Fail early and clearly when the batch system is missing or refuses the job."""
     command = SUBMIT_COMMANDS[cfg.kind]
     if shutil.which(command) is None:
-        raise _fail(f"cluster.kind {cfg.kind!r} submits worker jobs with {command!r}, which is not on PATH: "
+        raise ConvertError(f"cluster.kind {cfg.kind!r} submits worker jobs with {command!r}, which is not on PATH: "
                     f"run h5batch on a login node of the cluster, or start workers yourself and "
                     f"use --scheduler", 2)
     if cfg.kind != "slurm":
@@ -231,7 +227,7 @@ def _check_submission(cfg: ClusterConfig, script: str) -> None:
         proc = subprocess.run(["sbatch", "--test-only", fh.name], capture_output=True, text=True, timeout=60)
     if proc.returncode != 0:
         detail = " ".join(proc.stderr.split())
-        raise _fail(f"SLURM refuses the worker job (sbatch --test-only): {detail}; check "
+        raise ConvertError(f"SLURM refuses the worker job (sbatch --test-only): {detail}; check "
                     f"cluster.jobqueue (queue, walltime, memory, cores); "
                     f"`h5batch cluster-script JOB` prints the script", 2)
 
@@ -308,7 +304,7 @@ def _wait_workers(client, n: int, timeout: float, what: str) -> None:
         client.wait_for_workers(n, timeout=timeout)
     except TimeoutError as e:
         have = len(client.scheduler_info(n_workers=-1)["workers"])
-        raise _fail(f"only {have} of {n} Dask workers arrived within {timeout:.0f}s: {what}") from e
+        raise ConvertError(f"only {have} of {n} Dask workers arrived within {timeout:.0f}s: {what}") from e
 
 
 def _open_client(cfg: ClusterConfig, security) -> tuple[Any, str]:
@@ -316,7 +312,7 @@ def _open_client(cfg: ClusterConfig, security) -> tuple[Any, str]:
 
     where = cfg.address if cfg.kind == "address" else f"the scheduler file {cfg.scheduler_file}"
     if cfg.kind == "scheduler_file" and not os.path.isfile(cfg.scheduler_file or ""):
-        raise _fail(f"scheduler file {cfg.scheduler_file} does not exist (start the scheduler with "
+        raise ConvertError(f"scheduler file {cfg.scheduler_file} does not exist (start the scheduler with "
                     f"`dask scheduler --scheduler-file {cfg.scheduler_file}` first)", 2)
     try:
         if cfg.kind == "address":
@@ -328,7 +324,7 @@ def _open_client(cfg: ClusterConfig, security) -> tuple[Any, str]:
         hint = "; the scheduler speaks TLS: set cluster.security" if isinstance(e, TypeError) or (
             str(cfg.address or "").startswith("tls://") and security is None) else ""
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise _fail(f"cannot reach the Dask scheduler at {where}: {type(e).__name__}: {first}{hint}", 2) from e
+        raise ConvertError(f"cannot reach the Dask scheduler at {where}: {type(e).__name__}: {first}{hint}", 2) from e
     return client, where
 
 

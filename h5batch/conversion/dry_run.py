@@ -48,7 +48,7 @@ def dry_run(job: JobConfig, say) -> dict[str, Any]:
                excluded_reasons=dict(Counter(r.reason for r in excluded).most_common(TOP_REASONS)))
     if manifest.items:
         with open_engine(job) as conn:
-            say(f"cluster: {conn.description}")
+            say(f"decoding on {conn.description}")
             auto = resolve(job, manifest, run_trial=on_engine(conn, say))
         n = len(manifest.items)
         size = 0

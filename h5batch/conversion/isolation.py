@@ -82,4 +82,4 @@ def after_failure(slot: Slot, pos: int, fired_as: str, exc: BaseException) -> li
 def empty_result(task: BatchTask, rejects: list[Reject], nfields: int) -> BatchResult:
     """A batch result of no samples, only ``rejects``."""
     return BatchResult(task.index, task.split, task.start, Packed((), 0), np.zeros(0, np.int64), [],
-                       np.zeros((0, nfields), np.uint32), rejects, len(task.items))
+                       np.zeros((0, nfields), np.uint32), rejects)

@@ -17,6 +17,29 @@ class ConvertOptions:
     # otherwise. Older callers' None and True mean auto, False none.
     progress: str | bool | None = "auto"
     log: Any = None  # file object for messages (default stderr)
+    # Internals (pre-flight, the codec's reasoning, batch size) in the log too; the command
+    # line says them only with -v.
+    verbose: bool = True
+
+
+class Say:
+    """The run's voice: ``say(text)`` for what people read, ``say.detail(text)`` for the
+    internals, said only where ``verbose``."""
+
+    def __init__(self, log: Any, verbose: bool):
+        self.log, self.verbose = log, verbose
+
+    def __call__(self, text: str) -> None:
+        print(text, file=self.log, flush=True)
+
+    def detail(self, text: str) -> None:
+        if self.verbose:
+            self(text)
+
+
+def detail(say, text: str) -> None:
+    """``text`` said as an internal (:meth:`Say.detail`); a plain callable says it."""
+    getattr(say, "detail", say)(text)
 
 
 @dataclass

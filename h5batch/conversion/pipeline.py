@@ -20,7 +20,7 @@ from .cluster import open_engine
 from .driver import Driver, abort
 from .generate import generate_corpus
 from .lock import OutputLock
-from .options import ConvertOptions, ConvertSummary
+from .options import ConvertOptions, ConvertSummary, Say
 from .partial import OutputFiles
 from .plan import make_plan
 from .preflight import check_engine
@@ -37,10 +37,7 @@ def convert(job: JobConfig, opts: ConvertOptions | None = None) -> ConvertSummar
     is stored and raise it with code 130, 143 or 129: the same call resumes.
     """
     opts = opts or ConvertOptions()
-    log = opts.log or sys.stderr
-
-    def say(text: str) -> None:
-        print(text, file=log, flush=True)
+    say = Say(opts.log or sys.stderr, opts.verbose)
 
     # An s3:// output is built in its local staging folder, then uploaded (remote/upload.py).
     remote = ObjectOutput.of(job, opts.overwrite, say)
@@ -82,6 +79,7 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
              say) -> ConvertSummary:
     generate_corpus(job, say)
     manifest = discover(job)
+    say(manifest.found())
     job = output.job = resolved_job(job, manifest)  # category / target names now known
     done = output.already_done(manifest)
     if done is not None:
@@ -96,7 +94,7 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
     started = finished = False
     try:
         with open_engine(job) as conn:
-            say(f"cluster: {conn.description}" + (f"; dashboard {conn.dashboard}" if conn.dashboard else ""))
+            say(f"decoding on {conn.description}" + (f"; dashboard {conn.dashboard}" if conn.dashboard else ""))
             check_engine(conn, job, manifest, say)
             plan = make_plan(job, manifest, record, output.final, output.partial, run_id, say,
                              run_trial=trial.on_engine(conn, say))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -29,6 +30,7 @@ from ..writer.process import current_umask
 from ..writer.versions import versions  # h5batch.bench reads them here too
 from .auto import resolve
 from .cluster import default_workers
+from .options import detail
 from .trial import TrialRunner
 
 
@@ -46,14 +48,15 @@ class Plan:
 
 def make_plan(job: JobConfig, manifest: Manifest, record: CommitRecord | None, final: str, partial: str,
               run_id: str, say: Callable[[str], None], keep_codecs: dict[str, CodecSpec] | None = None,
-              new_file: bool = True, run_trial: TrialRunner | None = None) -> Plan:
+              new_file: bool = True, run_trial: TrialRunner | None = None,
+              known_rates: dict[str, int] | None = None) -> Plan:
     """``keep_codecs``: fields whose datasets exist already (a sync) keep these codecs;
     ``new_file`` False: the writer extends a finished file (a sync), which keeps the
     versions it was made with, so none are read; ``run_trial``: where the ``auto`` trial
-    decodes (:func:`.auto.resolve`)."""
-    auto = resolve(job, manifest, keep_codecs, run_trial)
+    decodes; ``known_rates``: the sample rates the file stores already (:func:`.auto.resolve`)."""
+    auto = resolve(job, manifest, keep_codecs, run_trial, known_rates)
     for line in auto.describe(job):
-        say(line)
+        detail(say, line)
     codecs = {name: c.codec for name, c in auto.codecs.items()}
     codec_notes = {name: c.why() for name, c in auto.codecs.items()}
     for name, codec in (keep_codecs or {}).items():
@@ -75,16 +78,17 @@ def make_plan(job: JobConfig, manifest: Manifest, record: CommitRecord | None, f
     spec = WriterSpec(
         partial_path=partial, final_path=final,
         job_json=json.dumps(job.public_dict(), sort_keys=True), job_hash=job.hash(),
-        manifest_hash=manifest.hash, splits=manifest.splits, fields=tuple(job.fields.items()),
+        manifest_hash=manifest.hash, splits=manifest.splits, fields=tuple(auto.run_job(job).fields.items()),
         class_names=manifest.class_names, labelled=job.labelled, codecs=codecs,
         chunk_bytes=job.output.chunk_bytes, cache_bytes=job.output.cache_bytes,
         discovery_rejects=manifest.rejects, num_inputs=num_inputs,
         commit_every=job.policy.commit_every, threads=max(2, min(4, n_workers)),
         # a sync keeps the file's own versions
         resume=record, versions=versions() if new_file else {}, batch_size=batch_size,
-        codec_notes=codec_notes, cwd=os.getcwd(), umask=current_umask(), annotations=manifest.annotations,
+        codec_notes=codec_notes, split_rows=dict(Counter(it.split for it in manifest.items)),
+        field_bytes=dict(auto.field_bytes), cwd=os.getcwd(), umask=current_umask(), annotations=manifest.annotations,
     )
-    tasks = make_tasks(job, manifest, run_id, hostname(), batch_size)
+    tasks = make_tasks(auto.run_job(job), manifest, run_id, hostname(), batch_size)
     written = {split: p.samples for split, p in record.splits.items()} if record else {}
     return Plan(tasks, spec, record.next_batch if record else 0, written, batch_size * auto.item_bytes, num_inputs)
 

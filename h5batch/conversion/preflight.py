@@ -32,8 +32,8 @@ import importlib
 import os
 import platform
 import secrets
+from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import PreflightError
+from .options import detail
 
 # Packages whose versions decide the decoded bytes (must equal the driver's).
 DECISIVE = ("python", "h5batch", "numpy", "soundfile", "libsndfile", "pillow", "soxr", "librosa", "av")
@@ -155,32 +156,15 @@ def probe(root: str, samples: list[str], run_id: str, transport: str, writer_hos
 # ---------------------------------------------------------------------------
 
 
-@dataclass
-class PreflightReport:
-    """What :func:`preflight` found (the worker probes keyed by address)."""
-
-    workers: dict[str, dict[str, Any]]
-    versions: dict[str, str]
-    warnings: list[str] = field(default_factory=list)
-
-    @property
-    def hosts(self) -> list[str]:
-        return sorted({w["host"] for w in self.workers.values()})
-
-    def modes(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for w in self.workers.values():
-            out[w["mode"]] = out.get(w["mode"], 0) + 1
-        return out
-
-    def summary(self, n_samples: int) -> str:
-        modes = ", ".join(f"{m} on {n}" for m, n in sorted(self.modes().items()))
-        v = self.versions
-        shown = ", ".join(f"{k} {v[k]}" for k in ("h5batch", "numpy", "soundfile", "libsndfile", "pillow", "dask")
-                          if k in v)
-        return (f"preflight: {len(self.workers)} workers on {len(self.hosts)} host(s) "
-                f"({', '.join(self.hosts)}): corpus visible, {n_samples} sample files readable; "
-                f"transport {modes}; versions match the driver ({shown})")
+def _summary(workers: dict[str, dict[str, Any]], versions: dict[str, str], n_samples: int) -> str:
+    """The one line a passed pre-flight prints (``workers``: the probes keyed by address)."""
+    hosts = sorted({w["host"] for w in workers.values()})
+    modes = Counter(w["mode"] for w in workers.values())
+    shown = ", ".join(f"{k} {versions[k]}" for k in ("h5batch", "numpy", "soundfile", "libsndfile", "pillow", "dask")
+                      if k in versions)
+    return (f"preflight: {len(workers)} workers on {len(hosts)} host(s) ({', '.join(hosts)}): corpus visible, "
+            f"{n_samples} sample files readable; transport {', '.join(f'{m} on {n}' for m, n in sorted(modes.items()))}; "
+            f"versions match the driver ({shown})")
 
 
 def needed_packages(job) -> set[str]:
@@ -285,7 +269,7 @@ def _check_segment(addr: str, w: dict[str, Any]) -> str | None:
     return None
 
 
-def preflight(client, job, manifest, say: Callable[[str], None] | None = None) -> PreflightReport:
+def preflight(client, job, manifest, say: Callable[[str], None]) -> None:
     """Check every connected worker can run ``job``; raise :class:`PreflightError` if not.
 
     Parameters
@@ -297,11 +281,7 @@ def preflight(client, job, manifest, say: Callable[[str], None] | None = None) -
     manifest
         The job's :class:`~h5batch.manifest.Manifest` (its root and a few sample paths).
     say
-        Where to print the one-line summary and any warnings (default: nowhere).
-
-    Returns
-    -------
-    PreflightReport
+        Where to print the one-line summary and any warnings.
     """
     from ..transport.segments import hostname, new_run_id, remove_segments
 
@@ -331,12 +311,9 @@ def preflight(client, job, manifest, say: Callable[[str], None] | None = None) -
     bad |= {addr for addr in probes if any(e.startswith(f"{addr} (") for e in errors)}
     if problems:
         raise PreflightError(problems, len(bad), len(results))
-    report = PreflightReport(probes, versions, warnings)
-    if say is not None:
-        say(report.summary(len(samples)))
-        for w in warnings:
-            say(f"preflight warning: {w}")
-    return report
+    detail(say, _summary(probes, versions, len(samples)))
+    for w in warnings:
+        say(f"preflight warning: {w}")
 
 
 def check_engine(conn, job, manifest, say: Callable[[str], None]) -> None:
@@ -351,5 +328,5 @@ def check_engine(conn, job, manifest, say: Callable[[str], None]) -> None:
     if errors:
         raise PreflightError([f"driver: cannot import {name}: {why}" for name, why in sorted(errors.items())], 1, 1)
     shown = ", ".join(f"{k} {versions[k]}" for k in ("numpy", "soundfile", "libsndfile", "pillow") if k in versions)
-    say(f"preflight: decoder packages import ({shown})")
+    detail(say, f"preflight: decoder packages import ({shown})")
 

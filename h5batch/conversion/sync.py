@@ -252,8 +252,9 @@ def _plan(job, found: _Found, old, d, final: str, partial: str, in_place: bool, 
                     class_names=d.class_names, hash=manifest.hash, stats=manifest.stats,
                     annotations=manifest.annotations)
     keep = _codecs(old)
+    rates = {n: int(a.get("sample_rate", 0)) for n, a in old.fields.items()}  # a file keeps its rates
     plan = make_plan(job, work, None, final, partial, run_id, lambda _text: None, keep_codecs=keep,
-                     new_file=False, run_trial=run_trial)
+                     new_file=False, run_trial=run_trial, known_rates=rates)
     spec = plan.spec
     plan.written = dict(old.n_rows)
     spec.discovery_rejects = list(manifest.rejects)

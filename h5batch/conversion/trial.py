@@ -2,7 +2,7 @@
 
 :class:`Trial` decodes :data:`TRIAL_ITEMS` items spread evenly over the manifest
 (:func:`trial_picks`; at most :data:`TRIAL_BYTES` per field), as the batches decode them
-(:func:`~.direct.sample_decoders`), a few at a time on threads that give up on a file past
+(:func:`~h5batch.fields.decode_field`), a few at a time on threads that give up on a file past
 ``policy.decode_timeout``. What the samples decide (the codec, the batch size) is
 :mod:`.auto`'s.
 """
@@ -13,17 +13,18 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from .. import faults
 from ..config import JobConfig
-from ..fields import file_fields, value_array, value_fields
+from ..fields import decode_field, file_fields, value_array, value_fields
+from ..fields.audio import native_rate, rate_unknown
 from ..manifest import Manifest
 from .decoder_warnings import silenced
-from .direct import sample_decoders
 
 TRIAL_ITEMS = 32  # items decoded at most, spread over the manifest
 TRIAL_BYTES = 4 << 20  # decoded bytes per field at most
@@ -38,9 +39,11 @@ def trial_picks(n: int) -> list[int]:
 
 @dataclass
 class Trial:
-    """Decoded trial samples per field (only fields that needed decoding)."""
+    """Decoded trial samples per field (only fields that needed decoding), and the native
+    sample rates of the trial files of audio fields that set none (:func:`rate_unknown`)."""
 
     arrays: dict[str, list[np.ndarray]]
+    rates: dict[str, list[int]] = field(default_factory=dict)
 
     @staticmethod
     def items(manifest: Manifest) -> list:
@@ -56,6 +59,7 @@ class Trial:
         decoder takes no driver down."""
         guard = _Deadline(job.policy.decode_timeout)
         out: dict[str, list[np.ndarray]] = {}
+        rates: dict[str, list[int]] = {}
         # Decoded in parallel waves because the workers wait for the trial. The arrays kept
         # are exactly a serial loop's; items a wave decodes past TRIAL_BYTES are dropped.
         wave = max(1, min(TRIAL_WAVE, os.cpu_count() or 1))
@@ -67,7 +71,10 @@ class Trial:
                 out[name] = [value_array(item.values[j], fc) for item in items]
                 continue
             k = files.index(name)
-            decode = sample_decoders(((name, fc),))[0]  # as the batches decode (direct.py)
+            if rate_unknown(fc):  # every trial file's header: a rate seldom met must show
+                paths = [os.path.join(root, item.paths[k]) for item in items]
+                rates[name] = [r for r in guard.decode_all(paths, native_rate) if r]
+            decode = partial(decode_field, fc=fc)
             arrays: list[np.ndarray] = []
             nbytes = 0
             for start in range(0, len(items), wave):
@@ -80,7 +87,7 @@ class Trial:
                     arrays.append(a)
                     nbytes += a.nbytes
             out[name] = arrays
-        return cls(out)
+        return cls(out, rates)
 
 
 class _Deadline:
@@ -93,9 +100,8 @@ class _Deadline:
         self.timeout = timeout
 
     def decode_all(self, paths: list[str], decode: Callable[[str], np.ndarray]) -> list[np.ndarray | None]:
-        """Decode ``paths`` in parallel with ``decode`` (:func:`~.direct.sample_decoders`);
-        None for a file that failed or ran out of time (each has ``timeout`` seconds from
-        the start of the call)."""
+        """Decode ``paths`` in parallel with ``decode``; None for a file that failed or ran
+        out of time (each has ``timeout`` seconds from the start of the call)."""
         boxes: list[list[Any]] = [[] for _ in paths]
 
         def work(path: str, box: list[Any]) -> None:

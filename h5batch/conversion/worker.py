@@ -2,9 +2,9 @@
 
 :func:`decode_batch` turns a :class:`~h5batch.batches.BatchTask` into a
 :class:`~h5batch.batches.BatchResult`: files that fail become rejects, never exceptions; a
-file that hangs past ``policy.decode_timeout`` is abandoned with its thread; fixed-shape
-samples are decoded straight into shared memory, and so are the long recordings of a
-variable-length field (:class:`_StreamRows`). Nothing here touches HDF5.
+file that hangs past ``policy.decode_timeout`` is abandoned with its thread; the long
+recordings of a field are decoded straight into shared memory (:class:`_StreamRows`).
+Nothing here touches HDF5.
 """
 
 from __future__ import annotations
@@ -24,21 +24,12 @@ except ImportError:  # pragma: no cover
 from .. import faults
 from ..batches import BatchResult, BatchTask
 from ..errors import DecodeError
-from ..fields import (
-    decode_field,
-    decode_field_into,
-    fixed_sample_shape,
-    kind_of,
-    reads_files,
-    value_array,
-)
-from ..fields.base import copy_into
+from ..fields import decode_field, kind_of, reads_files, value_array
 from ..fields.blocks import streams
 from ..manifest import Reject
 from ..transport.packing import Block, Packed, pack
 from ..transport.segments import FREE, abandon_segment, grow_segment, hostname, take_segment
 from . import decoder_warnings, readahead
-from .direct import direct_loaders, direct_readers
 from .worker_compress import compress_chunks
 
 # A batch with a file at least this big (on disk) decodes its streamable field straight
@@ -64,9 +55,9 @@ class _Watched:
     decode, while its bytes are in the core's cache. Reason: taken over the whole batch
     afterwards, they read every byte back from memory, which nearly doubles their CPU."""
 
-    def __init__(self, task: BatchTask, start: int, direct: _DirectRows | _StreamRows | None = None):
-        self.task, self.direct = task, direct
-        self.plan = _ItemPlan(task, direct)
+    def __init__(self, task: BatchTask, start: int, stream: _StreamRows | None = None):
+        self.task, self.stream = task, stream
+        self.plan = _ItemPlan(task)
         self.outcomes: dict[int, Any] = {}  # item index -> list of arrays, or the exception
         self.sums: dict[int, list[int]] = {}  # item index -> crc32 per field (decoded items)
         self.current: tuple[int, float] | None = None  # (item index, start time)
@@ -78,12 +69,10 @@ class _Watched:
         for i in range(start, len(self.task.items)):
             self.current = (i, time.monotonic())
             try:
-                stream = self.direct if isinstance(self.direct, _StreamRows) else None
-                rows = self.direct.rows(i) if self.direct is not None and stream is None else None
-                out: Any = _decode_item(self.task, self.task.items[i], rows, stream, self.plan)
+                out: Any = _decode_item(self.task, self.task.items[i], self.stream, self.plan)
                 sums = [crc32(a.reshape(-1).view(np.uint8)) for a in out]  # while cached (see the class)
-                if stream is not None:
-                    stream.commit(out)
+                if self.stream is not None:
+                    self.stream.commit(out)
             except (DecodeError, MemoryError) as e:
                 out = e
             except Exception as e:  # a decoder's bug: the item's reject, not a silent dead thread
@@ -103,17 +92,11 @@ class _Watched:
 
 class _ItemPlan:
     """What decoding an item of a batch needs per field, worked out once per batch (not
-    per file: the lookups are the same for every item): whether the field reads files, its direct
-    reader where the batch decodes into rows (:func:`direct_readers`), its direct loader
-    where it does not (:func:`direct_loaders`; not for the field a :class:`_StreamRows`
-    decodes into its segment), whether faults are injected, and the corpus root as a prefix."""
+    per file: the lookups are the same for every item): whether the field reads files,
+    whether faults are injected, and the corpus root as a prefix."""
 
-    def __init__(self, task: BatchTask, direct: _DirectRows | _StreamRows | None = None):
+    def __init__(self, task: BatchTask):
         self.files = [reads_files(fc) for _, fc in task.fields]
-        self.fast = direct.fast if isinstance(direct, _DirectRows) else None
-        self.load = direct_loaders(task.fields) if not isinstance(direct, _DirectRows) else None
-        if self.load is not None and isinstance(direct, _StreamRows):
-            self.load[direct.k] = None
         self.inject = bool(faults.active())
         self.root = task.root
         self.prefix = task.root if task.root.endswith("/") else task.root + "/"
@@ -123,100 +106,36 @@ class _ItemPlan:
         return rel if rel.startswith("/") or not self.root else self.prefix + rel
 
 
-def _decode_item(task: BatchTask, item: tuple, rows: list[np.ndarray] | None = None,
-                 stream: _StreamRows | None = None, plan: _ItemPlan | None = None) -> list[np.ndarray]:
-    """The item's array per field; with ``rows``, decoded into those rows and returned;
-    with ``stream``, its field decoded into the stream's segment. A field of files
-    decodes its next path, a field of annotation values its next value (``item`` is
-    ``(paths, label, values)``). ``plan``: the batch's :class:`_ItemPlan`. A file that a
-    field's direct reader takes needs no warning watch (no decoder library runs); one it
-    declines is decoded the ordinary way."""
+def _decode_item(task: BatchTask, item: tuple, stream: _StreamRows | None = None,
+                 plan: _ItemPlan | None = None) -> list[np.ndarray]:
+    """The item's array per field; with ``stream``, its field decoded into the stream's
+    segment. A field of files decodes its next path, a field of annotation values its
+    next value (``item`` is ``(paths, label, values)``). ``plan``: the batch's
+    :class:`_ItemPlan`."""
     plan = plan or _ItemPlan(task)
-    fast = plan.fast if rows is not None else None
     paths, values = item[0], item[2]
     out = []
     files, vals = iter(paths), iter(values)
     for k, (name, fc) in enumerate(task.fields):
         if not plan.files[k]:
             try:
-                a = value_array(next(vals), fc)
+                out.append(value_array(next(vals), fc))
             except DecodeError as e:
                 raise DecodeError(paths[0], f"field {name!r}: {e.reason}") from None
-            if rows is not None:
-                copy_into(paths[0], a, rows[k])
-                a = rows[k]
-            out.append(a)
             continue
         rel = next(files)
         if plan.inject:
             faults.before_decode(rel)
         path = plan.path(rel)
-        if fast is not None and fast[k] is not None and fast[k](path, rows[k]):  # type: ignore[index]
-            out.append(rows[k])  # type: ignore[index]
-            continue
-        if rows is None and plan.load is not None and plan.load[k] is not None:
-            a = plan.load[k](path)
-            if a is not None:
-                out.append(a)
-                continue
         try:
             with decoder_warnings.watch(rel):  # its warnings go to the log, not the console
                 if stream is not None and k == stream.k:
                     out.append(stream.decode(path, fc))
-                elif rows is None:
-                    out.append(decode_field(path, fc))
                 else:
-                    decode_field_into(path, fc, rows[k])
-                    out.append(rows[k])
+                    out.append(decode_field(path, fc))
         except DecodeError as e:
             raise DecodeError(rel, e.reason) from None
     return out
-
-
-class _DirectRows:
-    """A batch decoded straight into shared memory: when every field has a fixed shape,
-    item ``i``'s sample of field ``f`` gets row ``i`` of block ``f`` in a segment before
-    decoding starts, so the decoder writes into it (a PCM16 WAV is read into it by one
-    ``readinto``) and nothing is allocated or copied per sample. Rejected items leave
-    holes that :meth:`packed` closes by moving the later rows down."""
-
-    def __init__(self, task: BatchTask, layouts: list[tuple[tuple[int, ...], np.dtype]]):
-        n = len(task.items)
-        sizes = [n * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize for shape, dtype in layouts]
-        self.names = [name for name, _ in task.fields]
-        self.seg = take_segment(task.run_id, max(1, sum(sizes)))
-        self.offsets = [int(o) for o in np.cumsum([0] + sizes[:-1])]
-        self.views = [self.seg.data[off: off + size].view(dtype).reshape(n, *shape)
-                      for off, size, (shape, dtype) in zip(self.offsets, sizes, layouts)]
-        self.fast = direct_readers(task.fields)
-
-    @classmethod
-    def maybe(cls, task: BatchTask, mode: str) -> _DirectRows | None:
-        if mode != "shm" or task.align or not task.items:
-            return None  # worker-side compression needs the samples before packing
-        layouts = [fixed_sample_shape(fc) for _, fc in task.fields]
-        if any(lay is None for lay in layouts):
-            return None
-        return cls(task, layouts)  # type: ignore[arg-type]
-
-    def rows(self, i: int) -> list[np.ndarray]:
-        return [v[i, ...] for v in self.views]  # a view even for a scalar field's row
-
-    def packed(self, kept: list[int], arrays: dict[str, list[np.ndarray]]) -> Packed:
-        m = len(kept)
-        for v in self.views:
-            for new, old in enumerate(kept):
-                if new != old:
-                    v[new] = v[old]
-        blocks = tuple(Block(name, v.dtype.str, (v.shape[1:],) * m, off, m * v[0].nbytes)
-                       for name, v, off in zip(self.names, self.views, self.offsets))
-        return Packed(blocks, sum(b.nbytes for b in blocks), shm_name=self.seg.name, host=hostname())
-
-    def free(self) -> None:
-        self.seg.mark(FREE)
-
-    def abandon(self) -> None:
-        abandon_segment(self.seg)
 
 
 class _StreamRows:
@@ -277,7 +196,7 @@ class _StreamRows:
         """The item decoded: keep its sample."""
         self.pos += out[self.k].nbytes
 
-    def packed(self, kept: list[int], arrays: dict[str, list[np.ndarray]]) -> Packed:
+    def packed(self, arrays: dict[str, list[np.ndarray]]) -> Packed:
         blocks = []
         end = self.pos
         rest = {name: samples for name, samples in arrays.items() if name != self.name}
@@ -295,7 +214,7 @@ class _StreamRows:
                 end += a.nbytes
             blocks.append(Block(name, dtype, tuple(a.shape for a in samples), start, end - start))
         self.seg.drop_pages(end)  # handed to the writer: its mapping is the one that counts
-        return Packed(tuple(blocks), end, shm_name=self.seg.name, host=hostname())
+        return Packed(tuple(blocks), end, shm_name=self.seg.name)
 
     def free(self) -> None:
         self.seg.mark(FREE)
@@ -315,27 +234,26 @@ def _worker_address() -> str:
 
 def decode_batch(task: BatchTask) -> BatchResult:
     """Decode every item of ``task``; failures become rejects, never exceptions."""
-    t0 = time.perf_counter()
     faults.before_batch(task.index)
     names = [n for n, _ in task.fields]
     outcomes: dict[int, Any] = {}
     mode = choose_mode(task.transport, task.writer_host)
     readahead.hint(task)
-    direct = _DirectRows.maybe(task, mode) or _StreamRows.maybe(task, mode)
+    stream = _StreamRows.maybe(task, mode)
     try:
         with decoder_warnings.batch():
             item_sums: dict[int, list[int]] = {}
-            stuck = _decode_all(task, direct, outcomes, item_sums)
+            stuck = _decode_all(task, stream, outcomes, item_sums)
             warned = decoder_warnings.take(p for item in task.items for p in item[0])
-        arrays, labels, sources, sums, rejects, kept = _collect(task, outcomes, names, item_sums)
-        if direct is not None and not stuck:
-            packed = direct.packed(kept, arrays)
+        arrays, labels, sources, sums, rejects = _collect(task, outcomes, names, item_sums)
+        if stream is not None and not stuck:
+            packed = stream.packed(arrays)
         else:
             chunks = compress_chunks(task, arrays) if task.align else ()
             packed = pack(arrays, mode, task.run_id, chunks)
     except BaseException:
-        if direct is not None:
-            direct.free()
+        if stream is not None:
+            stream.free()
         raise
     return BatchResult(
         index=task.index, split=task.split, start=task.start,
@@ -344,25 +262,23 @@ def decode_batch(task: BatchTask) -> BatchResult:
         sources=sources,
         checksums=np.asarray(sums, dtype=np.uint32).reshape(len(sums), len(names)),
         rejects=rejects,
-        n_items=len(task.items),
-        decode_seconds=time.perf_counter() - t0,
-        worker=hostname(),
         stuck=stuck,
         worker_address=_worker_address() if stuck else "",
         warnings=warned,
     )
 
 
-def _decode_all(task: BatchTask, direct: _DirectRows | _StreamRows | None,
+def _decode_all(task: BatchTask, stream: _StreamRows | None,
                 outcomes: dict[int, Any], sums: dict[int, list[int]]) -> bool:
     """Decode every item into ``outcomes`` (its arrays, or the exception) and ``sums`` (the
-    checksums of each decoded one, :class:`_Watched`). Returns True
-    when a decode hung past its budget: its thread may still write, so the results are
-    copied out of ``direct``'s segment and the segment is abandoned."""
+    checksums of each decoded one, :class:`_Watched`). Returns True when a decode hung past
+    its budget: its thread may still write at the stream's end, so the samples decoded so
+    far are copied out of ``stream``'s segment, the segment is let go and the rest decodes
+    into arrays."""
     stuck = False
     i = 0
     while i < len(task.items):
-        run = _Watched(task, i, direct)
+        run = _Watched(task, i, stream)
         while not run.done.wait(timeout=min(1.0, task.timeout / 4)):
             cur = run.current
             if cur and time.monotonic() - cur[1] > task.timeout * len(task.items[cur[0]][0]):
@@ -378,29 +294,21 @@ def _decode_all(task: BatchTask, direct: _DirectRows | _StreamRows | None,
         outcomes[hung] = TimeoutError()
         stuck = True
         i = hung + 1
-        if isinstance(direct, _StreamRows):
-            # The hung thread may still write at the stream's end: the rest decodes into
-            # arrays, and the segment is let go now.
+        if stream is not None:
             outcomes.update({k: [a.copy() for a in v] for k, v in outcomes.items() if isinstance(v, list)})
-            direct.abandon()
-            direct = None
-    if stuck and direct is not None:
-        for k, out in outcomes.items():
-            if isinstance(out, list):
-                outcomes[k] = [a.copy() for a in out]
-        direct.abandon()
+            stream.abandon()
+            stream = None
     return stuck
 
 
 def _collect(task: BatchTask, outcomes: dict[int, Any], names: list[str], item_sums: dict[int, list[int]]):
     """Sort outcomes into per-field sample lists, labels, sources, checksums (taken from
-    ``item_sums``), rejects and the indices of the items kept."""
+    ``item_sums``) and rejects."""
     arrays: dict[str, list[np.ndarray]] = {n: [] for n in names}
     labels: list[int] = []
     sources: list[tuple[str, ...]] = []
     sums: list[list[int]] = []
     rejects: list[Reject] = []
-    kept: list[int] = []
     for k, (paths, label, _values) in enumerate(task.items):
         out = outcomes[k]
         if isinstance(out, TimeoutError):
@@ -423,5 +331,4 @@ def _collect(task: BatchTask, outcomes: dict[int, Any], names: list[str], item_s
         labels.append(label)
         sources.append(paths)
         sums.append(item_sums[k])
-        kept.append(k)
-    return arrays, labels, sources, sums, rejects, kept
+    return arrays, labels, sources, sums, rejects

@@ -7,7 +7,7 @@ text as ``str``), read in runs of consecutive samples; never from the datasets d
 Reason: the reader is the one place that knows which rows are live (rows ``h5batch sync``
 tombstoned are skipped), how an encoded field decodes and how text is stored, so an export
 holds exactly what a training script would see. The file rows of the live samples come from
-:func:`h5batch.tools.index.live_rows`, the same function the reader uses.
+:func:`h5batch.tools.samples.file_rows`, over the same function the reader uses.
 
 An encoded field (``store: encoded``) is decoded and encoded again, never copied as its
 stored bytes: its ``decode`` settings (a resize, a resample, a length) may make the reader's
@@ -156,12 +156,11 @@ class SampleReader:
 
     def file_rows(self, split: str) -> np.ndarray:
         """File rows of the split's live samples, in order."""
-        from ..tools.index import live_rows, open_file
+        from ..tools.index import open_file
+        from ..tools.samples import file_rows
 
         with open_file(self.path) as f:
-            n = int(f[split].attrs.get(fmt.ATTR_NUM_SAMPLES, 0))
-            live = live_rows(f, self.path, split, n)
-        return np.arange(n, dtype=np.int64) if live is None else live
+            return file_rows(f, self.path, split)
 
     def samples(self, split: str) -> Iterator[Sample]:
         """Every live sample of ``split``, in file order."""

@@ -35,9 +35,10 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import DecodeError
 from . import encoded, features, transform
 from .audio import AudioField, AudioKind
-from .base import FieldKind, copy_into, default_float_scale, settings
+from .base import FieldKind, default_float_scale, settings
 from .encoded import StoredDecoder, is_encoded
 from .image import ImageField, ImageKind
 from .multilabel import MultiLabelField, MultiLabelKind
@@ -136,21 +137,18 @@ def _runs_after_decode(fc: Any) -> bool:
 def decode_field(path: str, fc: Any) -> np.ndarray:
     """The stored sample of one file of the field (raises :class:`~h5batch.errors.DecodeError`):
     the kind's decode, then ``features`` and ``transform`` (:mod:`.transform`); with
-    ``store: encoded`` the file's (or the transcode's) bytes, once the file decoded (:mod:`.encoded`)."""
+    ``store: encoded`` the file's (or the transcode's) bytes, once the file decoded (:mod:`.encoded`).
+    A fixed-shape field's sample of another shape or dtype is the file's fault, never a cast."""
     kind = kind_of(fc)
     if is_encoded(fc):
         return encoded.stored_bytes(kind, path, fc)
-    if not _runs_after_decode(fc):
-        return kind.decode(path, fc)
-    return transform.after_decode(path, fc, kind.decode(path, fc), fixed_sample_shape(fc))
-
-
-def decode_field_into(path: str, fc: Any, out: np.ndarray) -> None:
-    """Decode into ``out``, a row of a fixed-shape field (:func:`fixed_sample_shape`)."""
+    fixed = fixed_sample_shape(fc)
     if _runs_after_decode(fc):
-        copy_into(path, decode_field(path, fc), out)
-    else:
-        kind_of(fc).decode_into(path, fc, out)
+        return transform.after_decode(path, fc, kind.decode(path, fc), fixed)
+    a = kind.decode(path, fc)
+    if fixed is not None and (a.shape != fixed[0] or a.dtype != fixed[1]):
+        raise DecodeError(path, f"decoded to {a.shape} {a.dtype}, the field stores {fixed[0]} {fixed[1]}")
+    return a
 
 
 def fixed_sample_shape(fc: Any) -> tuple[tuple[int, ...], np.dtype] | None:
@@ -242,7 +240,7 @@ def reader_hooks(modality: str, dtype: Any, ndim: int) -> tuple[float | None, tu
 
 __all__ = [
     "KINDS", "AudioField", "FieldConfig", "FieldKind", "ImageField", "MultiLabelField", "TextField",
-    "ValueField", "content_settings", "decode_field", "decode_field_into", "default_float_scale",
+    "ValueField", "content_settings", "decode_field", "default_float_scale",
     "field_attrs", "file_fields", "fixed_sample_shape", "format_version", "stored_decoder", "validate_field", "is_fixed_shape", "kind_by_modality", "kind_of",
     "needed_packages", "reads_files", "reader_hooks", "register", "resolve_field", "rows_per_chunk",
     "unregister", "value_array", "value_fields", "needs_every_value",

@@ -27,6 +27,7 @@ Rules, and why:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import struct
 from dataclasses import dataclass, field
@@ -35,8 +36,8 @@ from typing import Any, Literal
 import numpy as np
 
 from ..errors import ConfigError, DecodeError
-from . import blocks, wav_direct
-from .base import FieldKind, copy_into, late
+from . import blocks
+from .base import FieldKind, late
 from .blocks import to_int16 as _to_int16
 from .features import LogMel
 from .ffmpeg import EXTENSIONS as FFMPEG_EXTENSIONS
@@ -66,6 +67,27 @@ class AudioField:
     transcode: AudioTranscode | None = late()  # with store: encoded, re-encode the decoded audio (flac)
     transform: str | None = late()  # "package.module:function" run on the decoded array
     features: Literal["log_mel"] | LogMel | None = late()  # stored instead of the samples (features.py)
+    # Crop-only limits: a longer file keeps its start, a shorter one its own length (variable).
+    max_length: int | None = late()  # frames after resampling
+    max_seconds: float | None = late()  # at sample_rate (or the corpus's rate)
+
+
+def max_frames(fc: AudioField, rate: int) -> int | None:
+    """The crop-only limit in frames at ``rate`` (None: no limit)."""
+    if fc.max_length is not None:
+        return fc.max_length
+    return max(1, round(fc.max_seconds * rate)) if fc.max_seconds is not None else None
+
+
+def _limited(fc: AudioField, frames: int, sr: int) -> AudioField:
+    """``fc`` with ``length`` at the crop-only limit where this file (``frames`` at ``sr``,
+    exact) is longer than it, so the paths that stop reading at ``length`` stop there; never
+    where it would pad."""
+    target = fc.sample_rate or sr
+    limit = max_frames(fc, target)
+    if limit is None or blocks.out_frames(frames, sr, target, None) - 1 < limit:
+        return fc
+    return dataclasses.replace(fc, length=limit)
 
 
 # WAV format tags libsndfile decodes (wav.c); any other tag is a codec it does not have.
@@ -276,15 +298,12 @@ def _read_with_soundfile(path: str, f, dtype: str) -> tuple[np.ndarray, int]:
     return x, f.samplerate
 
 
-def decode_audio(path: str, fc: AudioField, out: np.ndarray | None = None,
-                 alloc: blocks.Alloc | None = None) -> np.ndarray:
+def decode_audio(path: str, fc: AudioField, alloc: blocks.Alloc | None = None) -> np.ndarray:
     """Read one audio file and apply the field's preprocessing.
 
     Returns ``(frames,)`` or ``(frames, channels)`` of ``fc.dtype``. 16-bit PCM read as
     int16 without resampling or mixing is bit-exact with ``soundfile.read(path, dtype='int16')``.
-    ``out`` (a fixed-length mono field's ``(length,)`` int16 row, e.g. in shared memory)
-    lets a plain PCM16 file be read straight into place; the result is then ``out``.
-    Other files ignore it. ``alloc`` (see :mod:`.blocks`): a file whose frame count is
+    ``alloc`` (see :mod:`.blocks`): a file whose frame count is
     exact is decoded block by block into ``alloc``'s array, and the result is (a view of)
     it; a big file is decoded so without being asked, into a new array.
     """
@@ -302,12 +321,7 @@ def decode_audio(path: str, fc: AudioField, out: np.ndarray | None = None,
             target_sr = fc.sample_rate or sr
             if sr != target_sr and not fc.resample:
                 raise DecodeError(path, f"sample rate {sr} Hz, job expects {target_sr} Hz (set resample: true to convert)")
-            if (out is not None and sr == target_sr and layout.channels == 1 and fc.dtype == "int16"
-                    and fc.length is not None and out.shape == (fc.length,) and out.dtype == np.int16):
-                n = min(layout.frames, fc.length)
-                _readinto(path, fh, layout.data_offset, out[:n])
-                out[n:] = 0  # the field's rule: zero-pad the end
-                return out
+            fc = _limited(fc, layout.frames, sr)
             if alloc is not None or blocks.worth(layout.frames, layout.channels, sr, fc):
                 return blocks.from_pcm16(path, fh, layout, fc, alloc or np.empty)
             # Without resampling, frames past the field's length are cropped anyway.
@@ -315,6 +329,8 @@ def decode_audio(path: str, fc: AudioField, out: np.ndarray | None = None,
         else:
             f, dtype = _open_soundfile(path, fc, head, size)
             with f:
+                if f.format in blocks.EXACT_FORMATS:
+                    fc = _limited(fc, f.frames, f.samplerate)
                 if f.format in blocks.EXACT_FORMATS and (
                         alloc is not None or blocks.worth(f.frames, f.channels, f.samplerate, fc)):
                     return blocks.from_soundfile(path, f, dtype, fc, alloc or np.empty)
@@ -336,6 +352,9 @@ def decode_audio(path: str, fc: AudioField, out: np.ndarray | None = None,
         x = _to_int16(x)
     elif fc.dtype == "float32" and x.dtype == np.int16:
         x = x.astype(np.float32) / 32768.0
+    limit = max_frames(fc, target_sr)
+    if limit is not None and x.shape[0] > limit:
+        x = x[:limit]
     if fc.length is not None:
         # Rule (recorded in the output's field attrs): keep the start, crop or zero-pad the end.
         n = x.shape[0]
@@ -346,6 +365,36 @@ def decode_audio(path: str, fc: AudioField, out: np.ndarray | None = None,
     if fc.channels != "keep":
         x = x[:, 0]
     return np.ascontiguousarray(x)
+
+
+def _variable_rule(fc: AudioField) -> str:
+    if fc.max_length is not None:
+        return f"variable; longer files keep their first {fc.max_length} frames"
+    if fc.max_seconds is not None:
+        return f"variable; longer files keep their first {fc.max_seconds:g} s"
+    return "variable"
+
+
+def rate_unknown(fc: Any) -> bool:
+    """An audio field that sets no ``sample_rate``: each run learns it from the corpus's
+    files (:func:`h5batch.conversion.auto.resolve`), which must share one."""
+    return isinstance(fc, AudioField) and fc.sample_rate is None
+
+
+def native_rate(path: str) -> int | None:
+    """The sample rate a file's header declares (None where neither libsndfile nor PyAV
+    reads it: the decode rejects that file with its reason)."""
+    try:
+        if wants_ffmpeg(path):
+            import av
+
+            with av.open(path) as c:
+                return int(c.streams.audio[0].rate)
+        import soundfile as sf
+
+        return int(sf.info(path).samplerate)
+    except Exception:  # noqa: BLE001 - unreadable: the decode says why
+        return None
 
 
 class AudioKind(FieldKind):
@@ -362,6 +411,13 @@ class AudioKind(FieldKind):
             raise ConfigError(file, f"{key}.resample", "needs sample_rate (the target rate)")
         if fc.length is not None and fc.length <= 0:
             raise ConfigError(file, f"{key}.length", f"must be a positive number of frames, got {fc.length}")
+        for k in ("max_length", "max_seconds"):
+            v = getattr(fc, k)
+            if v is not None and v <= 0:
+                raise ConfigError(file, f"{key}.{k}", f"must be > 0, got {v}")
+            if v is not None and (fc.length is not None or (k == "max_seconds" and fc.max_length is not None)):
+                raise ConfigError(file, f"{key}.{k}", "give one of length (pad and crop), max_length and "
+                                                      "max_seconds (crop only)")
 
     def decode(self, path: str, fc: AudioField) -> np.ndarray:
         return decode_audio(path, fc)
@@ -370,21 +426,6 @@ class AudioKind(FieldKind):
         """Decode into ``alloc``'s array where the format allows (:mod:`.blocks`); the
         result is a new array otherwise (lossy formats: their frame count is an estimate)."""
         return decode_audio(path, fc, alloc=alloc)
-
-    def decode_into(self, path: str, fc: AudioField, out: np.ndarray) -> None:
-        a = decode_audio(path, fc, out)  # a plain PCM16 file is read straight into ``out``
-        if a is not out:
-            copy_into(path, a, out)
-
-    def direct_reader(self, fc: AudioField):
-        """The one-call read of a plain mono 16-bit WAV into a fixed-length row, or None
-        where the field stores anything else (:mod:`.wav_direct`)."""
-        return wav_direct.reader(fc)
-
-    def direct_loader(self, fc: AudioField):
-        """The one-call read of a plain mono 16-bit WAV into a new array for a field of any
-        length, or None where the field stores anything else (:mod:`.wav_direct`)."""
-        return wav_direct.loader(fc)
 
     def transcode(self, path: str, fc: AudioField) -> bytes:
         from .transcode import encode_audio
@@ -404,7 +445,7 @@ class AudioKind(FieldKind):
 
     def attrs(self, fc: AudioField) -> dict[str, Any]:
         return {"dtype": fc.dtype, "channels": fc.channels, "sample_rate": fc.sample_rate or 0,
-                "length_rule": "keep start; crop or zero-pad the end" if fc.length else "variable",
+                "length_rule": "keep start; crop or zero-pad the end" if fc.length else _variable_rule(fc),
                 "axes": "time,channel" if fc.channels == "keep" else "time"}
 
     def packages(self, fc: AudioField) -> set[str]:

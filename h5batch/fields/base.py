@@ -18,8 +18,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..errors import DecodeError
-
 #: What ``H5Dataset(as_float=True)`` divides stored values by, per stored dtype, when no
 #: kind says otherwise (a field whose ``modality`` attribute names no registered kind).
 DEFAULT_FLOAT_SCALE: dict[np.dtype, float] = {np.dtype(np.int16): 32768.0, np.dtype(np.uint8): 255.0}
@@ -68,14 +66,6 @@ def settings(obj: Any) -> Any:
 _PLAIN = (str, int, float, bool, type(None))
 
 
-def copy_into(path: str, a: np.ndarray, out: np.ndarray) -> None:
-    """``out[...] = a`` for a decoded sample and its fixed-shape row; a sample of another
-    shape or dtype is the file's fault (a :class:`DecodeError`), never a silent cast."""
-    if a.shape != out.shape or a.dtype != out.dtype:
-        raise DecodeError(path, f"decoded to {a.shape} {a.dtype}, the field stores {out.shape} {out.dtype}")
-    out[...] = a
-
-
 class FieldKind(ABC):
     """One kind of field (``type:`` in a job file). Subclass it, and register an instance
     in :mod:`h5batch.fields`.
@@ -94,7 +84,7 @@ class FieldKind(ABC):
       with a reason a person can act on for every bad file.
 
     and may override (the defaults are said at each method): :meth:`validate`,
-    :meth:`decode_into`, :meth:`fixed_shape`, :meth:`attrs`, :meth:`packages`, the
+    :meth:`fixed_shape`, :meth:`attrs`, :meth:`packages`, the
     reader's hooks ``modality``, :meth:`float_scale`, :meth:`channels_first_axes`, and for
     ``store: encoded`` (:mod:`h5batch.fields.encoded`) :meth:`transcode` and
     :meth:`decode_stored`. ``transform`` and ``features`` settings, where a config class has
@@ -151,11 +141,6 @@ class FieldKind(ABC):
     @abstractmethod
     def decode(self, path: str, fc: Any) -> np.ndarray:
         """Read one file and apply the field's preprocessing (runs on Dask workers)."""
-
-    def decode_into(self, path: str, fc: Any, out: np.ndarray) -> None:
-        """Decode into ``out``, a row of a fixed-shape field (:meth:`fixed_shape`), e.g. in
-        shared memory. Default: :meth:`decode`, then :func:`copy_into`."""
-        copy_into(path, self.decode(path, fc), out)
 
     def fixed_shape(self, fc: Any) -> tuple[tuple[int, ...], np.dtype] | None:
         """``(shape, dtype)`` every sample of the field has, stored as ``(N, *shape)``; None

@@ -12,18 +12,14 @@ reused at once (:func:`common.begin`).
 ========================  ==================================================================
 ``demo``                  ``root/{train,test}/{circle,square,triangle}/<class>_<NNNN>.{wav,png}``
 ``paired_audio``          ``root/{train,test}/{data,label}/<N>.wav``
-``images``                ``root/<split>/<class>/<class>_<NNNN>.{jpg,png}``
-``audio``                 ``root/<label>_<speaker>_<index>.wav`` (flat, FSDD-style)
+``images``                ``root/<split>/<class>/<class>_<NNNN>.jpg``
 ========================  ==================================================================
-
-Command line: ``python -m h5batch.generate {demo,paired,images,audio} ROOT [options]``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from .audio import FSDD_SPEAKERS, make_audio_corpus
 from .common import MARKER_NAME, SynthSummary
 from .demo import DEMO_CLASSES, DEMO_SAMPLE_RATE, DEMO_SPLITS, make_demo_corpus
 from .images import make_image_corpus
@@ -34,10 +30,8 @@ __all__ = [
     "DEMO_CLASSES",
     "DEMO_SAMPLE_RATE",
     "DEMO_SPLITS",
-    "FSDD_SPEAKERS",
     "MARKER_NAME",
     "SynthSummary",
-    "make_audio_corpus",
     "make_demo_corpus",
     "make_image_corpus",
     "make_paired_audio",

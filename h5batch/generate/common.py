@@ -14,7 +14,6 @@ import io
 import json
 import math
 import os
-import struct
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -36,7 +35,6 @@ __all__ = [
     "finish",
     "in_threads",
     "json_normalise",
-    "pcm16_header",
     "png_bytes",
     "positive_float",
     "sample_rng",
@@ -56,7 +54,7 @@ SYNTH_VERSION = 1
 TAG_DEMO = 1
 TAG_PAIRED = 2
 TAG_IMAGES = 3
-TAG_AUDIO = 4
+TAG_AUDIO = 4  # benchmarks/audio_corpus.py
 
 INT16_FULL_SCALE = 32767.0
 
@@ -98,18 +96,6 @@ class SynthSummary:
     n_files: int
     n_bytes: int
     skipped: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-serialisable dict (``root`` as a string)."""
-        return {
-            "root": str(self.root),
-            "kind": self.kind,
-            "args": self.args,
-            "counts": self.counts,
-            "n_files": self.n_files,
-            "n_bytes": self.n_bytes,
-            "skipped": self.skipped,
-        }
 
 
 @dataclass
@@ -312,53 +298,11 @@ def stem_width(n: int) -> int:
 # --------------------------------------------------------------------------
 
 
-def pcm16_header(n_frames: int, sample_rate: int) -> bytes:
-    """44-byte canonical RIFF/WAVE header for mono 16-bit PCM, byte-identical to
-    libsndfile's ``subtype="PCM_16"`` so the fast path writes the same files as soundfile.
-    """
-    data_bytes = 2 * n_frames
-    return struct.pack(
-        "<4sI4s4sIHHIIHH4sI",
-        b"RIFF", 36 + data_bytes, b"WAVE",
-        b"fmt ", 16, 1, 1, sample_rate, 2 * sample_rate, 2, 16,
-        b"data", data_bytes,
-    )  # fmt: skip
-
-
-def _zero_peak_timestamp(wav: bytearray) -> None:
-    """Zero the timestamp of a libsndfile ``PEAK`` chunk, in place.
-
-    libsndfile adds a PEAK chunk to FLOAT/DOUBLE WAVs whose second field is
-    ``time(NULL)``; left alone it makes otherwise identical files differ.
-    """
-    pos = 12  # after "RIFF" <size> "WAVE"
-    while pos + 8 <= len(wav):
-        chunk_id, size = struct.unpack_from("<4sI", wav, pos)
-        if chunk_id == b"PEAK":
-            struct.pack_into("<I", wav, pos + 12, 0)  # fields: version, timestamp, ...
-            return
-        if chunk_id == b"data":
-            return
-        pos += 8 + size + (size & 1)
-
-
-def wav_bytes(samples: np.ndarray, sample_rate: int, subtype: str) -> bytes:
-    """Encode a mono signal as WAV with soundfile, deterministically.
-
-    Parameters
-    ----------
-    samples : ndarray, shape (n,)
-        int16 (written as-is to PCM_16) or float in [-1, 1).
-    sample_rate : int
-        Hz.
-    subtype : str
-        soundfile WAV subtype, e.g. ``"PCM_16"``, ``"PCM_24"``, ``"FLOAT"``.
-    """
+def wav_bytes(samples: np.ndarray, sample_rate: int) -> bytes:
+    """A mono 16-bit PCM WAV of ``samples`` (int16, or float in [-1, 1)), made by soundfile."""
     buf = io.BytesIO()
-    sf.write(buf, samples, sample_rate, subtype=subtype, format="WAV")
-    wav = bytearray(buf.getvalue())
-    _zero_peak_timestamp(wav)
-    return bytes(wav)
+    sf.write(buf, samples, sample_rate, subtype="PCM_16", format="WAV")
+    return buf.getvalue()
 
 
 def png_bytes(img: Image.Image) -> bytes:

@@ -151,7 +151,7 @@ def make_demo_corpus(
             split = "train" if i < n_train else "test"
             rng = sample_rng(seed, TAG_DEMO, ci, i)
             png = png_bytes(_demo_image(cls, rng))
-            wav = wav_bytes(_demo_waveform(cls, rng), DEMO_SAMPLE_RATE, "PCM_16")
+            wav = wav_bytes(_demo_waveform(cls, rng), DEMO_SAMPLE_RATE)
             stem = root / split / cls / f"{cls}_{i:0{width}d}"
             tally.add(split, cls, atomic_write(stem.with_suffix(".png"), png))
             tally.add(split, cls, atomic_write(stem.with_suffix(".wav"), wav), sample=False)

@@ -1,4 +1,4 @@
-"""The image corpus: an ImageFolder tree of textured JPEG (or PNG) photos-alike.
+"""The image corpus: an ImageFolder tree of textured JPEG photos-alike.
 
 ``h5batch bench`` converts and reads it (resized to a fixed size). The images have
 realistic sizes and entropy (gradients, gratings, shapes and pixel noise), so JPEG decoding
@@ -37,7 +37,6 @@ from .common import (
 
 __all__ = ["make_image_corpus"]
 
-_IMAGE_FORMATS = {"JPEG": ".jpg", "JPG": ".jpg", "PNG": ".png"}
 _SHAPE_KINDS = ("ellipse", "rectangle", "polygon")
 
 
@@ -125,11 +124,9 @@ def make_image_corpus(
     splits: Mapping[str, float] = MappingProxyType({"train": 0.8, "val": 0.2}),
     min_side: int = 160,
     max_side: int = 640,
-    fmt: str = "JPEG",
-    quality: int = 90,
     seed: int = 0,
 ) -> SynthSummary:
-    """ImageFolder corpus ``root/<split>/<class>/<class>_<NNNN>.jpg`` (or ``.png``).
+    """ImageFolder corpus ``root/<split>/<class>/<class>_<NNNN>.jpg``: RGB JPEGs, quality 90.
 
     Parameters
     ----------
@@ -144,10 +141,6 @@ def make_image_corpus(
         consecutive blocks in the mapping's order, sized by largest remainder.
     min_side, max_side : int
         Bounds in px for both width and height.
-    fmt : {"JPEG", "PNG"}
-        Output format; files are RGB (``mode == "RGB"``).
-    quality : int
-        JPEG quality 1..100 (ignored for PNG, but part of the marker).
     seed : int
         Non-negative seed.
 
@@ -160,9 +153,6 @@ def make_image_corpus(
     seed = integer("seed", seed)
     min_side = integer("min_side", min_side, 1)
     max_side = integer("max_side", max_side, min_side)
-    quality = integer("quality", quality, 1)
-    if quality > 100:
-        raise ValueError(f"quality must be <= 100, got {quality}")
     if isinstance(classes, str):
         classes = (classes,)  # a bare string is one class, not a sequence of letters
     classes = [check_name("class", c) for c in classes]
@@ -177,11 +167,6 @@ def make_image_corpus(
         raise ValueError(
             f"splits must map names to non-negative weights with a positive sum, got {dict(splits)!r}"
         )
-    key = str(fmt).upper()
-    if key not in _IMAGE_FORMATS:
-        raise ValueError(f"fmt must be 'JPEG' or 'PNG', got {fmt!r}")
-    ext = _IMAGE_FORMATS[key]
-    pil_format = "PNG" if ext == ".png" else "JPEG"
     root = Path(root)
     args = json_normalise(
         {
@@ -191,8 +176,8 @@ def make_image_corpus(
             "splits": [[k, v] for k, v in split_items],
             "min_side": min_side,
             "max_side": max_side,
-            "fmt": pil_format,
-            "quality": quality,
+            "fmt": "JPEG",  # fixed now; still in the marker, so corpora made before are reused
+            "quality": 90,
             "seed": seed,
         }
     )
@@ -215,19 +200,9 @@ def make_image_corpus(
                 sample_rng(seed, TAG_IMAGES, ci, i), ci, len(classes), min_side, max_side
             )
             buf = io.BytesIO()
-            if pil_format == "JPEG":
-                # Explicit settings: output must not depend on Pillow defaults changing.
-                img.save(
-                    buf,
-                    format="JPEG",
-                    quality=quality,
-                    subsampling=2,
-                    optimize=False,
-                    progressive=False,
-                )
-            else:
-                img.save(buf, format="PNG")
-            path = root / split_of[i] / cls / f"{cls}_{i:0{width}d}{ext}"
+            # Explicit settings: output must not depend on Pillow defaults changing.
+            img.save(buf, format="JPEG", quality=90, subsampling=2, optimize=False, progressive=False)
+            path = root / split_of[i] / cls / f"{cls}_{i:0{width}d}.jpg"
             return atomic_write(path, buf.getvalue())
 
         for i, written in enumerate(in_threads(write_image, range(n_per_class))):

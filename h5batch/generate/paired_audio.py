@@ -11,7 +11,6 @@ import os
 from pathlib import Path
 
 import numpy as np
-import soundfile as sf
 
 from ..argcheck import integer
 from .common import (
@@ -68,7 +67,6 @@ def make_paired_audio(
     seconds: float = 2.0,
     sample_rate: int = 16000,
     seed: int = 0,
-    subtype: str = "PCM_16",
 ) -> SynthSummary:
     """Denoising corpus: ``root/<split>/data/<N>.wav`` (noisy) + ``label/<N>.wav`` (clean).
 
@@ -85,9 +83,6 @@ def make_paired_audio(
         Hz.
     seed : int
         Non-negative seed.
-    subtype : str
-        soundfile WAV subtype: ``"PCM_16"`` (int16), ``"PCM_24"``,
-        ``"FLOAT"``, ...  Peaks stay within 90 % of full scale.
 
     Returns
     -------
@@ -99,11 +94,6 @@ def make_paired_audio(
     seed = integer("seed", seed)
     sample_rate = integer("sample_rate", sample_rate, 1)
     seconds = positive_float("seconds", seconds)
-    subtype = str(subtype).upper()
-    if subtype not in sf.available_subtypes("WAV") or not sf.check_format("WAV", subtype):
-        raise ValueError(
-            f"unsupported WAV subtype {subtype!r}; choose from {sorted(sf.available_subtypes('WAV'))}"
-        )
     n = int(round(seconds * sample_rate))
     if n < 1:
         raise ValueError(f"seconds * sample_rate rounds to {n} frames")
@@ -115,7 +105,7 @@ def make_paired_audio(
             "seconds": seconds,
             "sample_rate": sample_rate,
             "seed": seed,
-            "subtype": subtype,
+            "subtype": "PCM_16",  # every file is 16-bit PCM; corpora made so far say so
         }
     )
     done = begin(root, "paired", args)
@@ -132,8 +122,8 @@ def make_paired_audio(
             clean, noisy = _paired_waveforms(sample_rng(seed, TAG_PAIRED, si, i), n, sample_rate)
             data = root / split / "data" / f"{i}.wav"
             label = root / split / "label" / f"{i}.wav"
-            return (atomic_write(data, wav_bytes(noisy, sample_rate, subtype)),
-                    atomic_write(label, wav_bytes(clean, sample_rate, subtype)))
+            return (atomic_write(data, wav_bytes(noisy, sample_rate)),
+                    atomic_write(label, wav_bytes(clean, sample_rate)))
 
         for n_data, n_label in in_threads(write_pair, range(count)):
             tally.add(split, "data", n_data)

@@ -49,7 +49,7 @@ def discover(job: JobConfig) -> Manifest:
     root = Path(job.source.root)
     b = Builder(job)
     splits = get(job.source.layout).collect(root, job.source, b)
-    exclude.apply(job.source, b)
+    exclude.apply(job.source, b, str(root))
     cols = annotate.join(root, job, b)
     splits = split_rules.apply(root, job, b, cols) or splits
     limit.apply(job.source, b)

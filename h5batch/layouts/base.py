@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, ClassVar
 from ..fields import file_fields, reads_files
 from ..manifest import Item, Manifest, Memo, Reject, natural_key, natural_keys
 from ..walker import Walker
-from . import exclude
 from .records import hash_inputs, hash_rejects, input_stats, item_records
 
 if TYPE_CHECKING:
@@ -352,8 +351,8 @@ def keys_with_extensions(items: list[Item]) -> list[Item]:
 def split_dirs(root: Path, src: SourceConfig, b: Builder) -> list[str]:
     """The split folders to walk (layouts whose corpus is ``root/<split>/...``). Top-level
     broken or escaping symlinks and media files outside any split are rejected; other top-level
-    files are listed as excluded where ``source.exclude`` names them, else, like unlisted
-    folders (with ``source.splits``), they are not part of the corpus.
+    files (listed as excluded where ``source.exclude`` names them, :mod:`.exclude`) and
+    unlisted folders (with ``source.splits``) are not part of the corpus.
     """
     walker = Walker(root)
     found: list[str] = []
@@ -371,8 +370,7 @@ def split_dirs(root: Path, src: SourceConfig, b: Builder) -> list[str]:
             found.append(e.name)
         elif ext(e.name) in b.ext_to_field:
             b.rejects.append(Reject(e.name, "discover", "media file is not inside a split folder (<split>/...)"))
-        elif src.exclude and exclude.matching(e.name, src.exclude):
-            b.rejects.append(Reject(e.name, "discover", "excluded"))  # listed: source.exclude names it
+
     if src.splits:
         for s in src.splits:
             if s not in found and not any(r.path == s for r in b.rejects):

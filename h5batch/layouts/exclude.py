@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import os
 import re
 from typing import TYPE_CHECKING
 
@@ -49,10 +50,16 @@ def _compiled(patterns: tuple[str, ...]) -> tuple[re.Pattern, list[tuple[str, re
     return anyone, each
 
 
-def apply(src: SourceConfig, b: Builder) -> None:
-    """Move the items and rejects of excluded paths to excluded rejects."""
+def apply(src: SourceConfig, b: Builder, root: str | None = None) -> None:
+    """Move the items and rejects of excluded paths to excluded rejects; with ``root`` (a
+    whole discovery), also list the files at its top that the patterns name and the layout
+    did not look at (a ``README`` beside the split folders)."""
     if not src.exclude:
         return
+    seen = {p for it in b.items for p in it.paths} | {r.path for r in b.rejects}
+    for e in sorted(os.scandir(root), key=lambda e: e.name) if root else ():
+        if e.is_file() and not e.name.startswith(".") and e.name not in seen:
+            b.rejects.append(Reject(e.name, "discover", "top-level file"))  # excluded below if a pattern names it
     kept = []
     for it in b.items:
         hits = [(p, matching(p, src.exclude)) for p in it.paths]
@@ -64,8 +71,11 @@ def apply(src: SourceConfig, b: Builder) -> None:
             why = f"excluded by source.exclude {pat!r}" if pat else f"another file of its sample ({first}) is excluded"
             b.rejects.append(Reject(p, STAGE, why))
     b.items = kept
-    for i, r in enumerate(b.rejects):
-        if r.stage != STAGE:
-            pat = matching(r.path, src.exclude)
-            if pat:
-                b.rejects[i] = Reject(r.path, STAGE, f"excluded by source.exclude {pat!r}")
+    rejects = []
+    for r in b.rejects:
+        pat = matching(r.path, src.exclude) if r.stage != STAGE else None
+        if pat:
+            r = Reject(r.path, STAGE, f"excluded by source.exclude {pat!r}")
+        if r.reason != "top-level file":  # one no pattern names: not part of the corpus
+            rejects.append(r)
+    b.rejects = rejects

@@ -167,7 +167,9 @@ def render(d: dict[str, Any], max_rejects: int = 20) -> str:
         lines.append(f"space: {_human(d['dataset_bytes'])} in datasets, {_human(other)} else: metadata, and what "
                      f"syncs replaced (last sync {d['synced']}), which `h5batch compact` gives back")
     n_samples = sum(i["samples"] for i in d["splits"].values())
-    lines.append(f"inputs: {d['inputs']} files discovered; {n_samples} samples; {len(d['rejects'])} rejects")
+    excluded = sum(r["stage"] == fmt.STAGE_EXCLUDED for r in d["rejects"])
+    lines.append(f"inputs: {d['inputs']} files discovered; {n_samples} samples; "
+                 f"{fmt.rejects_words(len(d['rejects']) - excluded, excluded)}")
     for r in d["rejects"][:max_rejects]:
         lines.append(f"  reject [{r['stage']}] {r['path']}: {r['reason']}")
     if len(d["rejects"]) > max_rejects:

@@ -348,10 +348,11 @@ def build_preview(path: str, out_dir: str, splits: list[str] | None = None, n: i
             summary.shown[split] = shown
             summary.files += files
         nav = "".join(f'<a href="#split-{pg.esc(_slug(s))}">{pg.esc(s)}</a>' for s in chosen)
+        excluded = sum(r["stage"] == fmt.STAGE_EXCLUDED for r in rejects)
         header = (f"<h1>{pg.esc(os.path.basename(path))}</h1><p class=\"meta\">job "
                   f"<b>{pg.esc(job.get('name', '?'))}</b>, format v{int(a.get(fmt.ATTR_FORMAT, 0))}, "
                   f"created {pg.esc(a.get(fmt.ATTR_CREATED, ''))}, {int(a.get(fmt.ATTR_INPUTS, 0))} inputs, "
-                  f"{len(rejects)} rejects · {pg.esc(os.path.abspath(path))}</p>"
+                  f"{fmt.rejects_words(len(rejects) - excluded, excluded)} · {pg.esc(os.path.abspath(path))}</p>"
                   f'<nav>{nav}<a href="#rejects-h">rejects</a><a href="#job-h">job</a>'
                   f'<a href="#versions-h">versions</a></nav>')
     sections += ['<h2 id="rejects-h">Rejects</h2>' + pg.rejects_table(rejects, where),

@@ -20,7 +20,7 @@ import os
 import secrets
 from collections.abc import Callable, Iterator
 
-__all__ = ["replaced", "fsync_path", "fsync_dir"]
+__all__ = ["replaced"]
 
 
 @contextlib.contextmanager
@@ -31,6 +31,7 @@ def replaced(path: str, suffix: str, owner: str, say: Callable[[str], None] = la
     a copy still there is removed and the lock released."""
     from ..conversion.lock import OutputLock
     from ..conversion.sync import recover
+    from ..writer.journal import fsync_folder, fsync_path
 
     lock = OutputLock.acquire(path, f"{owner}-{secrets.token_hex(4)}", say)
     tmp = path + suffix
@@ -42,23 +43,12 @@ def replaced(path: str, suffix: str, owner: str, say: Callable[[str], None] = la
         yield tmp
         fsync_path(tmp)
         os.replace(tmp, path)
-        fsync_dir(os.path.dirname(os.path.abspath(path)))
+        try:
+            fsync_folder(path)
+        except OSError:
+            pass  # some file systems cannot fsync a folder
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
         lock.release()
 
-
-def fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_dir(folder: str) -> None:
-    try:
-        fsync_path(folder)
-    except OSError:
-        pass  # some file systems cannot fsync a folder

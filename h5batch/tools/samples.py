@@ -88,6 +88,12 @@ def _names(node: Any, key: str) -> list[str]:
     return [str(v) for v in np.atleast_1d(node.attrs[key])] if key in node.attrs else []
 
 
+def _plain(v: Any) -> Any:
+    """A numpy scalar as a Python number printed at its own precision: a float32 as its
+    shortest repr (-14.312, not -14.312000274658203)."""
+    return float(str(v)) if isinstance(v, np.floating) and v.dtype.itemsize < 8 else v.item()
+
+
 def describe_value(value: Any, node: Any) -> dict[str, Any]:
     """What one field of one sample holds, JSON-able: ``text`` for a string, ``value`` (with
     category or column names) for value fields, ``on`` for multilabel, else ``shape``,
@@ -103,14 +109,14 @@ def describe_value(value: Any, node: Any) -> dict[str, Any]:
         return out
     if modality == "value":
         cats, names = _names(node, "categories"), _names(node, "names")
-        flat = a.reshape(-1).tolist()
+        flat = [_plain(v) for v in a.reshape(-1)]
         if cats:
             flat = [cats[int(c)] if 0 <= int(c) < len(cats) else int(c) for c in flat]
         out["value"] = dict(zip(names, flat)) if names and len(names) == len(flat) else (
             flat[0] if a.ndim == 0 else flat)
         return out
     if a.size:
-        out["min"], out["max"] = a.min().item(), a.max().item()
+        out["min"], out["max"] = _plain(a.min()), _plain(a.max())
     sr = node.attrs.get("sample_rate")
     if modality == "audio" and sr and str(node.attrs.get("axes", "time")).startswith("time"):
         out["seconds"] = round(a.shape[0] / int(sr), 4)

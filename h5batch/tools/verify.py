@@ -68,7 +68,8 @@ class VerifyReport:
     path: str
     counts: dict[str, int] = field(default_factory=dict)
     fields: list[str] = field(default_factory=list)
-    rejects: int = 0
+    rejects: int = 0  # every row of /rejects, the excluded ones included
+    excluded: int = 0
     inputs: int = 0
     bytes_checked: int = 0
     sources_compared: int = 0
@@ -85,7 +86,8 @@ class VerifyReport:
 
     def summary(self) -> str:
         counts = ", ".join(f"{k} {v}" for k, v in self.counts.items())
-        text = (f"{self.samples} samples ({counts}) in {len(self.fields)} fields, {self.rejects} rejects, "
+        text = (f"{self.samples} samples ({counts}) in {len(self.fields)} fields, "
+                f"{fmt.rejects_words(self.rejects - self.excluded, self.excluded)}, "
                 f"{self.samples_files + self.rejects} of {self.inputs} inputs accounted for; "
                 f"{self.bytes_checked / 1e6:.1f} MB checksummed")
         if self.sources_compared:
@@ -238,15 +240,6 @@ class _Verifier:
         self.report.counts[split] = n - len(self.dead[split])
         return src
 
-    def live(self, split: str, src: np.ndarray) -> np.ndarray:
-        """The rows of ``src`` that are samples (not tombstoned)."""
-        dead = self.dead.get(split)
-        if dead is None or not len(dead):
-            return src
-        keep = np.ones(src.shape[0], dtype=bool)
-        keep[dead] = False
-        return src[keep]
-
     def file_fields(self, split: str, fields: list[str]) -> list[str]:
         """The fields with a source path, as the split's ``source`` attribute lists them
         (fields of annotation values have none; files before them list every field)."""
@@ -368,6 +361,7 @@ class _Verifier:
                          + ", ".join(f"{k} {len(v)}" for k, v in cols.items()))
         rejects = list(zip(cols["path"], cols["stage"], cols["reason"], strict=False))
         self.report.rejects = len(cols["path"])
+        self.report.excluded = int(sum(1 for s in cols["stage"] if s == fmt.STAGE_EXCLUDED))
         for p, stage, _ in rejects:
             if stage not in STAGES:
                 self.problem(f"/{fmt.REJECTS}", f"unknown stage {stage!r}", p)
@@ -470,7 +464,7 @@ def verify_file(path: str, sources: bool = False, root: str | None = None,
                 src = v.check_split(split, fields, n_classes)
                 if src is None:
                     continue
-                all_sources[split] = v.live(split, src)
+                all_sources[split] = np.delete(src, v.dead[split], axis=0)  # tombstoned rows are no samples
                 n = src.shape[0]
                 ds = f[split][fmt.CHECKSUM]
                 sums = ds[...] if ds.shape == (n, len(fields)) else None  # else reported above

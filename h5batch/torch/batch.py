@@ -38,68 +38,40 @@ def torch_dtype(dtype: Any) -> torch.dtype:
         raise TypeError(f"no torch dtype for numpy dtype {np.dtype(dtype)}") from None
 
 
-INT16_SCALE = np.float32(1.0 / 32768.0)  # x * 2**-15 is exact in float32
-UINT8_DIV = np.float32(255.0)  # x / 255 correctly rounded by numpy's float32 ufunc
+def numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    """The numpy dtype of a torch dtype."""
+    return torch.empty(0, dtype=dtype).numpy().dtype
 
 
-def to_float_into(dst: np.ndarray, src: np.ndarray) -> None:
-    """``dst[...] = src`` as ``H5Dataset(as_float=True)`` delivers it, in one pass: int16 to
-    float32 in [-1, 1), uint8 to float32 in [0, 1]; other dtypes are copied as they are.
+def _scaling(divisor: float) -> tuple[np.ufunc, np.float32]:
+    """``(ufunc, factor)`` that scale by ``1 / divisor``: a power-of-two divisor (int16's
+    32768) multiplies by its reciprocal, which is exact in float32 (the same values as the
+    division, faster); any other (uint8's 255) divides, correctly rounded by numpy."""
+    if math.frexp(divisor)[0] == 0.5:
+        return np.multiply, np.float32(1.0 / divisor)
+    return np.divide, np.float32(divisor)
+
+
+def _cast_scale(dst: np.ndarray, src: np.ndarray, op: np.ufunc, factor: np.float32) -> None:
+    np.copyto(dst, src, casting="unsafe")
+    op(dst, factor, out=dst)
+
+
+def float_copy(divisor: float) -> Copy:
+    """The converting copy ``dst[...] = src / divisor`` (``divisor`` a field kind's
+    ``float_scale``: int16 audio to float32 in [-1, 1), uint8 pixels to [0, 1]).
 
     Cast, then scale ``dst`` in place: the row is still in cache and two plain loops beat
-    numpy's buffered mixed-type one (the cast is exact, so values are the same)."""
-    if src.dtype in (np.int16, np.uint8):
-        np.copyto(dst, src, casting="unsafe")
-        scale_in_place(dst, src.dtype)
-    else:
-        dst[...] = src
+    numpy's buffered mixed-type one (the cast is exact, so values are the same). The scaling
+    is chosen once here, not per row (a batch calls the copy once per row)."""
+    op, factor = _scaling(divisor)
+    return functools.partial(_cast_scale, op=op, factor=factor)
 
 
-def scale_in_place(a: np.ndarray, stored: Any) -> None:
-    """Scale float32 ``a``, already cast from ``stored`` int16 / uint8 values, to
-    [-1, 1) / [0, 1] (other dtypes: nothing to do)."""
-    if stored == np.int16:
-        np.multiply(a, INT16_SCALE, out=a)
-    elif stored == np.uint8:
-        np.divide(a, UINT8_DIV, out=a)
-
-
-def _usual_scale(stored: Any, divisor: float) -> bool:
-    """True for the divisors :func:`to_float_into` applies itself (int16 32768, uint8 255)."""
-    return (stored == np.int16 and divisor == 32768.0) or (stored == np.uint8 and divisor == 255.0)
-
-
-def _cast_divide(dst: np.ndarray, src: np.ndarray, divisor: np.float32) -> None:
-    np.copyto(dst, src, casting="unsafe")
-    np.divide(dst, divisor, out=dst)
-
-
-def _int16_to_float(dst: np.ndarray, src: np.ndarray) -> None:
-    np.copyto(dst, src, casting="unsafe")
-    np.multiply(dst, INT16_SCALE, out=dst)
-
-
-def _uint8_to_float(dst: np.ndarray, src: np.ndarray) -> None:
-    np.copyto(dst, src, casting="unsafe")
-    np.divide(dst, UINT8_DIV, out=dst)
-
-
-def float_copy(stored: Any, divisor: float) -> Copy:
-    """The converting copy for ``stored`` values divided by ``divisor`` (a field kind's
-    ``float_scale``): for the usual int16 / uint8 divisors :func:`to_float_into`'s exact,
-    cache-friendly two passes, specialised (no dtype test per row: a batch calls it once per
-    row, 128 times for two int16 fields), else cast then divide."""
-    if _usual_scale(stored, divisor):
-        return _int16_to_float if stored == np.int16 else _uint8_to_float
-    return functools.partial(_cast_divide, divisor=np.float32(divisor))
-
-
-def divide_in_place(a: np.ndarray, stored: Any, divisor: float) -> None:
-    """Scale float32 ``a``, already cast from ``stored`` values, as :func:`float_copy` does."""
-    if _usual_scale(stored, divisor):
-        scale_in_place(a, stored)
-    else:
-        np.divide(a, np.float32(divisor), out=a)
+def divide_in_place(a: np.ndarray, divisor: float) -> None:
+    """Scale float32 ``a``, already cast from stored values, as :func:`float_copy` does."""
+    op, factor = _scaling(divisor)
+    op(a, factor, out=a)
 
 
 Copy = Callable[[np.ndarray, np.ndarray], None]
@@ -225,6 +197,13 @@ class Ragged:
     def items(self) -> list[torch.Tensor]:
         return [self.item(j) for j in range(len(self))]
 
+    def strings(self) -> list[str]:
+        """Each sample's bytes decoded as UTF-8: the column of a ``text`` field. Rule: a text
+        field is read like any variable-length uint8 field, then its column becomes this
+        list of ``str`` (``ds[i]["transcript"]`` is a ``str``, a batch column a list: what a
+        tokenizer takes; bytes in a padded tensor are no use to a training script)."""
+        return [bytes(np.ascontiguousarray(t.numpy())).decode("utf-8") for t in self.items()]
+
     def lengths(self) -> torch.Tensor:
         """``(B,)`` first-axis lengths for 1-D samples, else the ``(B, ndim)`` shapes."""
         s = self.shapes[:, 0] if self.shapes.shape[1] == 1 else self.shapes
@@ -264,7 +243,7 @@ class Batch(Sequence):
         if self._rows is None:
             # Every sample's views at once: one unbind per column, not B indexing calls.
             self._rows = {name: variable_rows(col.items()) if isinstance(col, Ragged)
-                          else col if isinstance(col, list) else rows(col)  # a list: text (torch/text.py)
+                          else col if isinstance(col, list) else rows(col)  # a list: text (Ragged.strings)
                           for name, col in self.columns.items()}
             if self.label is not None:
                 self._rows["label"] = rows(self.label)

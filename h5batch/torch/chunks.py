@@ -7,8 +7,7 @@ lock), decoded in Python by its codec's library, and kept in a small LRU whose b
 recycled, so memory stays flat. With the file mapped (``H5Dataset(mmap=True)``, the
 default), a compressed chunk is decoded straight from the mapping, located by one listing of
 the chunk index per process (:meth:`ChunkStore._chunk_info`): no HDF5 call, no copy of the
-stored bytes. Big rows of *uncompressed* chunks are read with ``preadv`` straight into the
-batch (:mod:`h5batch.torch.preads`), so no page is mapped.
+stored bytes.
 
 A dataset whose filter pipeline we cannot decode (lzf, szip, fletcher32, ...) or whose
 chunks do not hold whole rows is read through HDF5 instead, still one call per chunk. The
@@ -22,7 +21,6 @@ from __future__ import annotations
 import mmap
 import warnings
 from collections import OrderedDict
-from typing import Any
 
 import h5py
 import numpy as np
@@ -30,7 +28,6 @@ import numpy as np
 from .. import format as fmt
 from ..codecs import ChunkDecoder
 from .batch import Copy, copy_all
-from .preads import SPAN_MIN_BYTES, FileSpan, mover
 
 
 class ChunkStore:
@@ -54,14 +51,10 @@ class ChunkStore:
         view of the mapping: no read, no copy, like a ``numpy.memmap``); evicted blocks'
         pages are dropped from this process in bulk (``MADV_DONTNEED``; they stay in the
         page cache), so resident memory stays under about twice ``capacity`` blocks.
-    fd : int, optional
-        The file opened read-only, with ``mapping``: the batch gathers read big rows of
-        uncompressed chunks with ``preadv`` from it (:meth:`plain_offset`), which maps no
-        page and uses no cache.
     """
 
     def __init__(self, ds: h5py.Dataset, capacity: int, direct: bool = True,
-                 mapping: mmap.mmap | None = None, fd: int | None = None):
+                 mapping: mmap.mmap | None = None):
         self.ds = ds
         self.dtype = ds.dtype  # h5py's property costs a few us per access
         self.n = ds.shape[0]
@@ -91,8 +84,6 @@ class ChunkStore:
         self.offsets: dict[int, int] = {}  # file offset of each mapped block in the cache
         self.addresses: dict[int, int] = {}  # every block looked up: file offset, -1 = not plain
         self.evicted = 0  # bytes of mapped blocks evicted since their pages were last dropped
-        self.fd = fd if self.mapping is not None else None  # plain blocks: preadv into the batch
-        self.path = ds.file.filename if self.fd is not None else ""
 
     @property
     def direct(self) -> bool:
@@ -134,20 +125,6 @@ class ChunkStore:
                 return None
         self.cache[c] = view
         return view
-
-    def plain_offset(self, c: int) -> int:
-        """File offset of block ``c`` when its rows are stored there as they are (an
-        uncompressed, fully written chunk of a mapped file, checked against HDF5 once per
-        dataset), else -1. Such a block is read with ``preadv`` straight into the batch
-        (:mod:`h5batch.torch.preads`), never through the mapping nor the cache."""
-        if self.mapping is None or self.fd is None:
-            return -1
-        offset = self._address(c)
-        if offset >= 0 and "mapped" not in self.verified:
-            self.loads += 1
-            if not self._verify_mapped(c, self._view(offset)):
-                return -1
-        return offset
 
     def _address(self, c: int) -> int:
         offset = self.addresses.get(c)
@@ -219,7 +196,6 @@ class ChunkStore:
         warnings.warn(f"{self.ds.file.filename}:{self.ds.name}: {why}; reading chunks instead",
                       RuntimeWarning, stacklevel=4)
         self.mapping = None
-        self.fd = None
         self.cache.clear()
         self.offsets.clear()
 
@@ -308,11 +284,8 @@ def gather_rows(store: ChunkStore, src: np.ndarray, dst_pos: np.ndarray, out: np
 
     Big-row copies are collected and run together by :func:`copy_all` (on several threads
     in the main process); they are flushed before a block fetch could recycle the cache
-    buffer of a block still waiting to be copied (mapped blocks are never recycled). Big
-    rows of plain (uncompressed) blocks are read from the file straight into ``out``
-    (:mod:`h5batch.torch.preads`) when the store has a file descriptor.
+    buffer of a block still waiting to be copied (mapped blocks are never recycled).
     """
-    move = mover(copy)
     copy = copy or np.copyto
     k = store.k
     big_rows = out[0].nbytes >= 4096 if len(out) else False
@@ -320,13 +293,11 @@ def gather_rows(store: ChunkStore, src: np.ndarray, dst_pos: np.ndarray, out: np
     cut = np.flatnonzero(blocks[1:] != blocks[:-1]) + 1
     starts = [0, *cut.tolist()]
     ends = [*cut.tolist(), len(src)]
-    tasks: list[tuple[np.ndarray, Any]] = []
+    tasks: list[tuple[np.ndarray, np.ndarray]] = []
     pending = 0  # cache buffers (not mapped views) that tasks still read
-    spans = store.fd is not None and big_rows and copy is np.copyto
-    rb = store.row_bytes
     for s, e in zip(starts, ends, strict=True):
         if pending and pending >= store.capacity - 1:
-            copy_all(tasks, move)
+            copy_all(tasks, copy)
             tasks, pending = [], 0
         c = int(blocks[s])
         r = src[s:e] - c * k
@@ -334,15 +305,6 @@ def gather_rows(store: ChunkStore, src: np.ndarray, dst_pos: np.ndarray, out: np
         n = e - s
         r0, d0 = int(r[0]), int(d[0])
         run = int(r[-1]) - r0 == n - 1 and int(d[-1]) - d0 == n - 1 and _strictly_consecutive(r, d)
-        base = store.plain_offset(c) if spans else -1
-        if base >= 0:  # rows of a plain chunk: read from the file straight into the batch
-            dt, where = store.dtype, store.path
-            if run:
-                tasks.append((out[d0: d0 + n], FileSpan(store.fd, base + r0 * rb, dt, where)))
-            else:
-                tasks.extend((out[di], FileSpan(store.fd, base + ri * rb, dt, where))
-                             for ri, di in zip(r.tolist(), d.tolist()))
-            continue
         chunk = store.get(c)
         if run:
             tasks.append((out[d0: d0 + n], chunk[r0: r0 + n]))
@@ -354,7 +316,7 @@ def gather_rows(store: ChunkStore, src: np.ndarray, dst_pos: np.ndarray, out: np
             out[d] = tmp
             continue
         pending += bool(chunk.flags.writeable)
-    copy_all(tasks, move)
+    copy_all(tasks, copy)
 
 
 def _strictly_consecutive(r: np.ndarray, d: np.ndarray) -> bool:
@@ -368,12 +330,10 @@ def gather_padded(store: ChunkStore | None, lo: np.ndarray, hi: np.ndarray, orde
     variable field, visited in ``order`` (ascending ``lo``: file order).
 
     Copies convert, batch and flush as in :func:`gather_rows`. ``store`` may be None when
-    every sample is empty. Pieces of at
-    least :data:`~h5batch.torch.preads.SPAN_MIN_BYTES` in plain blocks are read from the file
-    straight into ``out`` (:mod:`h5batch.torch.preads`) when the store has a file descriptor.
+    every sample is empty.
     """
-    move = mover(copy)
-    tasks: list[tuple[np.ndarray, Any]] = []
+    copy = copy or np.copyto
+    tasks: list[tuple[np.ndarray, np.ndarray]] = []
     width = out.shape[1]
     n = hi - lo
     for j in np.flatnonzero(n < width).tolist():  # the padding (none when all lengths agree)
@@ -381,11 +341,9 @@ def gather_padded(store: ChunkStore | None, lo: np.ndarray, hi: np.ndarray, orde
     if store is None:
         return
     k = store.k
-    spans = store.fd is not None and copy is None
-    size = store.dtype.itemsize
-    pending, last, block, base = 0, -1, None, -1  # cache buffers (not mapped views) tasks still read
-    # Per sample in file order; the block (and its file offset) is looked up once per run of
-    # samples in it, not per piece: the loop is Python, run for every sample of a batch.
+    pending, last, block = 0, -1, None  # cache buffers (not mapped views) tasks still read
+    # Per sample in file order; the block is fetched once per run of samples in it, not per
+    # piece: the loop is Python, run for every sample of a batch.
     for j, a, b in zip(order.tolist(), lo[order].tolist(), hi[order].tolist()):
         if b <= a:
             continue
@@ -395,23 +353,17 @@ def gather_padded(store: ChunkStore | None, lo: np.ndarray, hi: np.ndarray, orde
         while a < b:
             s1 = min(b, (c + 1) * k)
             if c != last:
-                base = store.plain_offset(c) if spans else -1
-                block = None
-            if base >= 0 and (s1 - a) * size >= SPAN_MIN_BYTES:
-                tasks.append((dst[p: p + s1 - a], FileSpan(store.fd, base + (a - c * k) * size, store.dtype, store.path)))
-            else:
-                if block is None:
-                    if pending and pending >= store.capacity - 1:
-                        copy_all(tasks, move)
-                        tasks, pending = [], 0
-                    block = store.get(c)
-                    pending += bool(block.flags.writeable)
-                tasks.append((dst[p: p + s1 - a], block[a - c * k: s1 - c * k]))
+                if pending and pending >= store.capacity - 1:
+                    copy_all(tasks, copy)
+                    tasks, pending = [], 0
+                block = store.get(c)
+                pending += bool(block.flags.writeable)
+            tasks.append((dst[p: p + s1 - a], block[a - c * k: s1 - c * k]))
             last = c
             p += s1 - a
             a = s1
             c += 1
-    copy_all(tasks, move)
+    copy_all(tasks, copy)
 
 
 def gather_span(store: ChunkStore, a: int, b: int, out: np.ndarray) -> None:

@@ -17,11 +17,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import default_collate, get_worker_info
 
-from .batch import Batch, Ragged, empty
+from .batch import Batch, Ragged, empty, numpy_dtype
 
 
 class Collate:
@@ -87,7 +86,7 @@ class Collate:
                 out[key] = values
             elif isinstance(first, torch.Tensor) and all(isinstance(v, torch.Tensor) for v in values):
                 if all(v.shape == first.shape for v in values):
-                    dst = empty((len(values), *first.shape), _np_dtype(first.dtype), self._shared())
+                    dst = empty((len(values), *first.shape), numpy_dtype(first.dtype), self._shared())
                     out[key] = torch.stack(values, out=dst)
                 else:
                     lengths = torch.tensor([list(v.shape) for v in values], dtype=torch.int64)
@@ -112,10 +111,6 @@ def _refill(col: Ragged, value: float) -> torch.Tensor:
     return col.padded
 
 
-def _np_dtype(dtype: torch.dtype) -> np.dtype:
-    return torch.empty(0, dtype=dtype).numpy().dtype
-
-
 def pad(items: Sequence[torch.Tensor], value: float = 0.0, shared: bool = False) -> torch.Tensor:
     """Stack tensors of equal rank into ``(B, *max_shape)``, filling the rest with ``value``."""
     if not items:
@@ -125,7 +120,7 @@ def pad(items: Sequence[torch.Tensor], value: float = 0.0, shared: bool = False)
         raise ValueError("cannot pad tensors of different ranks: "
                          f"{sorted({t.dim() for t in items})}")
     shape = [max(t.shape[d] for t in items) for d in range(ndim)]
-    out = empty((len(items), *shape), _np_dtype(items[0].dtype), shared)
+    out = empty((len(items), *shape), numpy_dtype(items[0].dtype), shared)
     if ndim == 1:
         for j, t in enumerate(items):
             n = t.shape[0]

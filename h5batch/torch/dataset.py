@@ -29,11 +29,9 @@ from .batch import Batch, Ragged, divide_in_place, empty_columns, float_copy, st
 from .chunks import ChunkStore, gather_padded, gather_rows, gather_span
 from .encoded import decode_columns, encoded_fields
 from .fieldinfo import FieldInfo, field_info
-from .preads import map_file, read_fd
 from .recycle import shared_pool
 from .reuse import PrivatePool
 from .single import read_one
-from .text import text_fields, to_strings
 
 DEFAULT_WINDOW = 12  # chunk groups the default cache holds: one ChunkShuffleSampler window
 CACHE_SLACK = 2  # extra chunks for samples that straddle a chunk boundary
@@ -79,8 +77,8 @@ class H5Dataset(Dataset):
     shared_memory : bool, optional
         Batch tensors in shared memory; default: only inside DataLoader workers.
     mmap : bool
-        Uncompressed chunks read with ``preadv`` or used in place from a read-only mapping
-        (:mod:`h5batch.torch.preads`).
+        Uncompressed chunks used in place from a read-only mapping of the file, compressed
+        ones decoded from it (:mod:`h5batch.torch.chunks`).
     recycle : bool
         Reuse a batch's memory once every tensor on it is dropped (:mod:`h5batch.torch.recycle`,
         :mod:`h5batch.torch.reuse`). Turn off if the main process hands batch tensors to another
@@ -148,7 +146,7 @@ class H5Dataset(Dataset):
         self.fields: tuple[FieldInfo, ...] = tuple(field_info(g, n) for n in wanted)
         # store: encoded fields are read as bytes and decoded per sample (torch/encoded.py).
         self.fields, self._encoded = encoded_fields(g, self.fields, self.path)
-        self._text = text_fields(self.fields)  # returned as str (torch/text.py)
+        self._text = tuple(fi.name for fi in self.fields if fi.modality == "text" and not fi.fixed)
         self.labelled = fmt.LABEL in g
         self.class_names: tuple[str, ...] = (
             tuple(f[fmt.CLASS_NAMES].asstr()[...]) if fmt.CLASS_NAMES in f else ())
@@ -247,7 +245,6 @@ class H5Dataset(Dataset):
         self._stores: dict[str, ChunkStore] = {}
         self._sources: h5py.Dataset | None = None
         self._mapping: mmap.mmap | None = None
-        self._read_fd: int | None = None  # HDF5's descriptor of _file, for preadv (torch/preads.py)
         self._private = PrivatePool() if self._pool is not None else None  # torch/reuse.py
 
     def _ensure_open(self) -> None:
@@ -279,15 +276,15 @@ class H5Dataset(Dataset):
                 capacity += CACHE_SLACK
             else:
                 capacity = max(1, self.cache_bytes // max(fi.chunk_nbytes, 1))
-            store = self._stores[fi.name] = ChunkStore(ds, capacity, self.direct_chunks, self._map(), self._read_fd)
+            store = self._stores[fi.name] = ChunkStore(ds, capacity, self.direct_chunks, self._map())
         return store
 
     def _map(self) -> mmap.mmap | None:
-        """This process's read-only mapping of the file and ``_read_fd`` (torch/preads.py)."""
+        """This process's read-only mapping of the file (the mapping keeps its own descriptor)."""
         if self._mapping is None and self.direct_chunks and self.mmap:
             try:
-                self._mapping = map_file(self.path)
-                self._read_fd = read_fd(self._file)
+                with open(self.path, "rb", buffering=0) as fh:
+                    self._mapping = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
             except (OSError, ValueError):
                 self.mmap = False  # e.g. a file system without mmap: read chunks instead
         return self._mapping
@@ -312,7 +309,7 @@ class H5Dataset(Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_pid=None, _file=None, _stores={}, _sources=None, _index={}, _mapping=None, _read_fd=None)
+        state.update(_pid=None, _file=None, _stores={}, _sources=None, _index={}, _mapping=None)
         return state
 
     def __enter__(self) -> H5Dataset:
@@ -353,7 +350,8 @@ class H5Dataset(Dataset):
             else:
                 columns[fi.name] = self._read_variable(fi, idx, order, out, shapes[fi.name])
         decode_columns(self._encoded, columns, idx, self.as_float, self.channels_first, shared, self._pool)
-        to_strings(columns, self._text)
+        for name in self._text:
+            columns[name] = columns[name].strings()
         label = None
         if self.labelled:
             labels = self._index_array(fmt.LABEL)
@@ -410,7 +408,7 @@ class H5Dataset(Dataset):
         view = stored_axes(out.numpy(), self._axes(fi))  # e.g. (B, H, W, C) of a (B, C, H, W) batch
         if len(idx):
             # Gathered and converted in one pass per row.
-            gather_rows(self._store(fi), idx[order], order, view, float_copy(fi.dtype, how) if how else None)
+            gather_rows(self._store(fi), idx[order], order, view, float_copy(how) if how else None)
         return out
 
     def _read_variable(self, fi: FieldInfo, idx: np.ndarray, order: np.ndarray,
@@ -423,7 +421,7 @@ class H5Dataset(Dataset):
         stored_view = stored_axes(view, perm)  # (B, *stored axes)
         store = self._store(fi) if len(idx) and int((hi - lo).sum()) else None
         if fi.ndim == 1:  # each sample converted straight into its padded row
-            gather_padded(store, lo, hi, order, view, float_copy(fi.dtype, how) if how else None)
+            gather_padded(store, lo, hi, order, view, float_copy(how) if how else None)
             return Ragged(out, shapes[:, perm])
         view.fill(0)
         for j in order.tolist():
@@ -433,7 +431,7 @@ class H5Dataset(Dataset):
                 gather_span(store, a, e, tmp)
                 stored_view[(j, *(slice(0, int(n)) for n in shapes[j]))] = tmp.reshape(shapes[j])
         if how:
-            divide_in_place(view, fi.dtype, how)
+            divide_in_place(view, how)
         return Ragged(out, shapes[:, perm])
 
     def _read_sources(self, idx: np.ndarray) -> list[Any]:

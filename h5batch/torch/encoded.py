@@ -64,7 +64,7 @@ class EncodedColumn:
         view = out.numpy()
         if not fixed:
             view.fill(0)
-        copy = float_copy(dtype, scale) if scale else np.copyto
+        copy = float_copy(scale) if scale else np.copyto
         for j, a in enumerate(samples):
             if a.dtype != dtype or a.ndim != self.ndim:
                 raise CorruptFileError(self.path, self.where, f"decoded to {a.dtype} {a.shape}, other samples "

@@ -33,7 +33,7 @@ import torch
 from torch.utils.data import Dataset, Sampler, get_worker_info
 
 from ..argcheck import integer
-from .batch import Batch, Ragged, empty_columns
+from .batch import Batch, Ragged, empty_columns, numpy_dtype
 from .recycle import shared_pool
 from .sampler import ChunkShuffleSampler
 from .state import EpochState
@@ -66,13 +66,6 @@ class MixedDataset(Dataset):
         self.lengths = np.array([len(d) for d in self.datasets], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int64)
         self._pool = shared_pool()
-
-    @classmethod
-    def from_paths(cls, paths: Sequence[str], split: str = "train", **kwargs: Any) -> MixedDataset:
-        """One :class:`~h5batch.torch.H5Dataset` per path, same ``split`` and keywords."""
-        from .dataset import H5Dataset
-
-        return cls([H5Dataset(p, split, **kwargs) for p in paths])
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
@@ -135,9 +128,9 @@ class MixedDataset(Dataset):
         for name, col in first.columns.items():
             if isinstance(col, Ragged):
                 top = np.max(np.stack([p.columns[name].shapes.max(axis=0) for _, p in parts]), axis=0)
-                specs.append(((b, *top.tolist()), _np(col.padded.dtype)))
+                specs.append(((b, *top.tolist()), numpy_dtype(col.padded.dtype)))
             else:
-                specs.append(((b, *col.shape[1:]), _np(col.dtype)))
+                specs.append(((b, *col.shape[1:]), numpy_dtype(col.dtype)))
         if first.label is not None:
             specs.append(((b,), np.int64))
         outs = empty_columns(specs, get_worker_info() is not None, self._pool)
@@ -167,10 +160,6 @@ class MixedDataset(Dataset):
                 for j, s in zip(pos.tolist(), p.source, strict=True):
                     source[j] = s
         return Batch(columns, label, source, b)
-
-
-def _np(dtype: torch.dtype) -> np.dtype:
-    return torch.empty(0, dtype=dtype).numpy().dtype
 
 
 def _check_compatible(datasets: Sequence[Any]) -> None:

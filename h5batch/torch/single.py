@@ -67,7 +67,7 @@ def read_one(ds: Any, i: Any) -> dict[str, Any] | None:
 
 def _copy_of(ds: Any, fi: Any) -> tuple[Any, Any]:
     dtype, how = ds._convert(fi)
-    return dtype, (float_copy(fi.dtype, how) if how else np.copyto)
+    return dtype, (float_copy(how) if how else np.copyto)
 
 
 __all__ = ["read_one"]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .segments import FREE, Segment, hostname, take_segment
+from .segments import FREE, Segment, take_segment
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,6 @@ class Packed:
     nbytes: int
     shm_name: str | None = None
     payload: np.ndarray | None = field(default=None, repr=False)
-    host: str = ""
     chunks: tuple[ChunkSet, ...] = ()
 
 
@@ -105,7 +104,7 @@ def pack(arrays: dict[str, list[np.ndarray]], mode: str, run_id: str,
     if mode == "network":
         payload = np.empty(total, dtype=np.uint8)
         _fill(payload, arrays, blocks)
-        return Packed(blocks, total, payload=payload, host=hostname(), chunks=chunks)
+        return Packed(blocks, total, payload=payload, chunks=chunks)
     seg = take_segment(run_id, total)
     try:
         _fill(seg.data, arrays, blocks)
@@ -113,7 +112,7 @@ def pack(arrays: dict[str, list[np.ndarray]], mode: str, run_id: str,
         seg.mark(FREE)
         raise
     seg.drop_pages(total)  # a big batch: the writer's mapping is the one that counts now
-    return Packed(blocks, total, shm_name=seg.name, host=hostname(), chunks=chunks)
+    return Packed(blocks, total, shm_name=seg.name, chunks=chunks)
 
 
 def extent(packed: Packed) -> int:
@@ -128,7 +127,7 @@ def to_shm(packed: Packed, run_id: str) -> Packed:
     assert packed.payload is not None
     seg = take_segment(run_id, packed.nbytes)
     seg.data[: packed.nbytes] = packed.payload
-    return Packed(packed.blocks, packed.nbytes, shm_name=seg.name, host=packed.host, chunks=packed.chunks)
+    return Packed(packed.blocks, packed.nbytes, shm_name=seg.name, chunks=packed.chunks)
 
 
 class Attached:
@@ -176,11 +175,3 @@ class Attached:
         self.seg = None
         self.flat = np.zeros(0, np.uint8)
 
-
-def discard(packed: Packed) -> None:
-    """Free the segment of a result that will never be written."""
-    if packed.shm_name:
-        try:
-            Segment(packed.shm_name).mark(FREE)
-        except FileNotFoundError:
-            pass

@@ -19,12 +19,14 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
 from ..codecs import CodecSpec
+from .journal import fsync_folder
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,9 @@ class CommitRecord:
 
     def write(self, partial_path: str) -> None:
         """Replace the partial's commit record by this one, atomically and durably."""
-        _write_json_atomic(commit_path(partial_path), self.to_dict())
+        path = commit_path(partial_path)
+        _write_durably(path, "w", lambda fh: json.dump(self.to_dict(), fh, sort_keys=True, indent=1))
+        fsync_folder(path)
 
     @classmethod
     def read(cls, partial_path: str) -> CommitRecord | None:
@@ -106,7 +110,7 @@ def tail_name(partial_path: str, number: int) -> str:
 def save_tails(partial_path: str, number: int, tails: dict[str, np.ndarray]) -> str:
     """Write commit ``number``'s tail file durably; return its name."""
     name = tail_name(partial_path, number)
-    _write_npz_atomic(os.path.join(os.path.dirname(partial_path), name), tails)
+    _write_durably(os.path.join(os.path.dirname(partial_path), name), "wb", lambda fh: np.savez(fh, **tails))
     return name
 
 
@@ -123,10 +127,11 @@ def commit_path(partial_path: str) -> str:
     return partial_path + ".commit.json"
 
 
-def _write_npz_atomic(path: str, arrays: dict[str, np.ndarray]) -> None:
+def _write_durably(path: str, mode: str, write: Callable[[IO[Any]], None]) -> None:
+    """``write`` the content of ``path`` into a temporary file, fsync it, rename it over."""
     tmp = path + ".tmp"
-    with open(tmp, "wb") as fh:
-        np.savez(fh, **arrays)
+    with open(tmp, mode) as fh:
+        write(fh)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
@@ -149,16 +154,3 @@ def remove_tail_files(partial_path: str, keep: str | None = None) -> None:
             except FileNotFoundError:
                 pass
 
-
-def _write_json_atomic(path: str, obj: Any) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(obj, fh, sort_keys=True, indent=1)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)

@@ -56,12 +56,18 @@ def readers_present(path: str) -> bool:
     return False
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(os.path.dirname(os.path.abspath(path)) or ".", os.O_RDONLY)
+def fsync_path(path: str) -> None:
+    """``fsync`` the file or folder at ``path``."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_folder(path: str) -> None:
+    """``fsync`` the folder holding ``path``: what makes a rename or a new name in it durable."""
+    fsync_path(os.path.dirname(os.path.abspath(path)))
 
 
 class JournalFile:
@@ -86,7 +92,7 @@ class JournalFile:
         self.jfd = os.open(jp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.write(self.jfd, _MAGIC + str(self.old_size).encode() + b"\n")
         os.fsync(self.jfd)
-        _fsync_dir(jp)
+        fsync_folder(jp)
         self.closed = False
 
     # -- the file-object protocol h5py's fileobj driver uses --------------------------------
@@ -212,7 +218,7 @@ class JournalFile:
         os.fsync(self.fd)
         os.close(self.jfd)
         os.unlink(journal_path(self.path))
-        _fsync_dir(self.path)
+        fsync_folder(self.path)
         self.close()
 
     def close(self) -> None:
@@ -264,5 +270,5 @@ def rollback(path: str) -> bool:
     finally:
         os.close(fd)
     os.unlink(jp)
-    _fsync_dir(path)
+    fsync_folder(path)
     return True

@@ -49,6 +49,10 @@ class WriterSpec:
     threads: int = 2
     batch_size: int = 0  # items per batch; recorded so a resume cuts the same batches
     codec_notes: dict[str, str] = field(default_factory=dict)  # why auto chose each codec
+    # Samples each split will hold (the manifest's) and the trial's decoded bytes per sample
+    # of each field: chunks are sized to the data (store.py), never a 1 MB chunk for 200 rows.
+    split_rows: dict[str, int] = field(default_factory=dict)
+    field_bytes: dict[str, int] = field(default_factory=dict)
     annotations: tuple[str, ...] = ()  # annotation files read by discovery (root-relative)
     resume: CommitRecord | None = None  # a commit record to continue from
     versions: dict[str, str] = field(default_factory=dict)  # root attribute of a new file (versions.py)

@@ -31,6 +31,7 @@ from .commit import (
     remove_tail_files,
     save_tails,
 )
+from .journal import fsync_path
 from .messages import FinalSummary, WriterSpec
 from .store import STATS, STR, FieldStore, SplitStore
 
@@ -164,11 +165,7 @@ class OutputWriter:
         is the protocol of :mod:`.commit`)."""
         points = {name: s.checkpoint() for name, s in self.splits.items()}
         self.f.flush()
-        fd = os.open(self.spec.partial_path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(self.spec.partial_path)
         self.commits += 1
         tails = {f"{split}/{fname}": t for split, p in points.items() for fname, (_, t) in p.items() if t is not None}
         tail_file = save_tails(self.spec.partial_path, self.commits, tails)
@@ -188,26 +185,15 @@ class OutputWriter:
         """Write the tail chunks, discovery rejects and final attributes; close; rename to
         the final path unless more than ``max_reject_fraction`` of the inputs were rejected
         (then the file stays partial and resumable)."""
-        for s in self.spec.splits:
-            if s not in self.splits:
-                self.splits[s] = SplitStore(self.f, s, self.spec, self.pool)
-        self.add_rejects(self.spec.discovery_rejects)
-        # Files set aside by source.exclude (or an unlisted: exclude table) are listed with
-        # the rejects but are not failures: the bound counts the others.
-        excluded = sum(1 for r in self.spec.discovery_rejects if r.stage == fmt.STAGE_EXCLUDED)
-        failed = self.rej_ds["path"].n - excluded
-        rename = failed <= max_reject_fraction * max(1, self.spec.num_inputs - excluded)
+        rejects, rename = self.last_rejects(max_reject_fraction)
         for s in self.splits.values():
             s.finish()
-        counts = {name: s.n for name, s in self.splits.items()}
         self.store_inventory()
         self.f.attrs[fmt.ATTR_COMPLETE] = bool(rename)
         self.f.flush()
         faults.pause("finalize", self.spec.partial_path)
-        rejects = self.read_rejects()
         self.close()
-        rejects_file = fmt.rejects_file(self.spec.final_path)
-        fmt.write_rejects(rejects_file, rejects)
+        fmt.write_rejects(fmt.rejects_file(self.spec.final_path), rejects)
         if rename:
             # Renaming over an existing file makes ext4 write the new file's data out
             # first (auto_da_alloc); removing the old output (the job said overwrite)
@@ -219,9 +205,26 @@ class OutputWriter:
             os.replace(self.spec.partial_path, self.spec.final_path)
             remove_commit_files(self.spec.partial_path)
             inventory.remove_sidecar(self.spec.partial_path)
-        return FinalSummary(path=self.spec.final_path if rename else self.spec.partial_path, counts=counts,
-                            rejects=len(rejects), bytes_decoded=self.bytes_written, rejects_file=rejects_file,
-                            ok=rename, stats=dict(STATS))
+        return self.summary(self.spec.final_path if rename else self.spec.partial_path, rejects, rename)
+
+    def last_rejects(self, max_reject_fraction: float) -> tuple[list[Reject], bool]:
+        """Finalize's first step: every split of the job present and discovery's rejects
+        added. Returns all the rejects, and whether the failed ones are at most
+        ``max_reject_fraction`` of the inputs. Files set aside by ``source.exclude`` (or an
+        unlisted ``exclude`` table) are listed with the rejects but are not failures: the
+        bound counts the others."""
+        for s in self.spec.splits:
+            if s not in self.splits:
+                self.splits[s] = SplitStore(self.f, s, self.spec, self.pool)
+        self.add_rejects(self.spec.discovery_rejects)
+        rejects = self.read_rejects()
+        excluded = sum(1 for r in rejects if r.stage == fmt.STAGE_EXCLUDED)
+        return rejects, len(rejects) - excluded <= max_reject_fraction * max(1, self.spec.num_inputs - excluded)
+
+    def summary(self, path: str, rejects: list[Reject], ok: bool) -> FinalSummary:
+        return FinalSummary(path=path, counts={name: s.n for name, s in self.splits.items()}, rejects=len(rejects),
+                            bytes_decoded=self.bytes_written, rejects_file=fmt.rejects_file(self.spec.final_path),
+                            ok=ok, stats=dict(STATS))
 
     def store_inventory(self) -> None:
         """``/inventory`` from the driver's sidecar (h5batch.inventory), when it wrote one."""

@@ -37,13 +37,20 @@ def _field_attrs(fc: FieldConfig, codec: CodecSpec) -> dict[str, Any]:
 STATS: Counter = Counter()
 
 
+def small_rows(default: int, rows: int) -> int:
+    """Chunk rows of a per-sample dataset: ``default``, or fewer where the split holds fewer
+    samples (0: unknown), at least 64 so that a sync's rows do not each cost a chunk."""
+    return max(64, min(default, rows)) if rows else default
+
+
 class FieldStore:
     """Storage of one field in one split: fixed ``(N, *shape)`` or variable
     (``values`` flat + ``offsets`` (N+1,) + ``shapes`` (N, ndim))."""
 
     def __init__(self, group: h5py.Group, name: str, fc: FieldConfig, spec: WriterSpec, pool: ThreadPoolExecutor,
-                 tail: np.ndarray | None = None):
+                 tail: np.ndarray | None = None, rows: int = 0):
         self.group, self.name, self.fc, self.spec, self.pool = group, name, fc, spec, pool
+        self.rows = rows  # samples the split will hold (0: unknown); chunks are no bigger than they need
         self.fixed = is_fixed_shape(fc)
         self.data: ChunkAppender | None = None
         self.offsets: SmallAppender | None = None
@@ -51,7 +58,6 @@ class FieldStore:
         self.shape: tuple[int, ...] | None = None
         self.dtype: np.dtype | None = None
         self.end = 0  # variable: element offset after the last sample
-        self.stats = STATS
         if name in group:
             self._open_existing(tail)
 
@@ -59,22 +65,19 @@ class FieldStore:
     def codec(self) -> CodecSpec:
         return self.spec.codecs[self.name]
 
-    @property
-    def _raw(self) -> bool:
-        return self.codec.name == "none"
-
-    def _encoder(self, dtype: np.dtype):
-        return make_encoder(self.codec, dtype) if self_check(self.codec, dtype.str) else None
+    def _appender(self, ds: h5py.Dataset, tail: np.ndarray | None = None) -> ChunkAppender:
+        encoder = make_encoder(self.codec, ds.dtype) if self_check(self.codec, ds.dtype.str) else None
+        return ChunkAppender(ds, encoder, self.pool, tail=tail, raw=self.codec.name == "none")
 
     def _open_existing(self, tail: np.ndarray | None = None) -> None:
         node = self.group[self.name]
         if self.fixed:
             self.shape, self.dtype = node.shape[1:], node.dtype
-            self.data = ChunkAppender(node, self._encoder(node.dtype), self.pool, tail=tail, raw=self._raw)
+            self.data = self._appender(node, tail)
         else:
             values = node[fmt.VALUES]
             self.dtype = values.dtype
-            self.data = ChunkAppender(values, self._encoder(values.dtype), self.pool, tail=tail, raw=self._raw)
+            self.data = self._appender(values, tail)
             self.offsets = SmallAppender(node[fmt.OFFSETS])
             self.shapes = SmallAppender(node[fmt.SHAPES])
             self.end = int(node[fmt.OFFSETS][-1])
@@ -88,24 +91,28 @@ class FieldStore:
         if self.fixed:
             self.shape = shape
             k = rows_per_chunk(shape, self.dtype, self.spec.chunk_bytes)
+            k = min(k, self.rows) if self.rows else k
             ds = self.group.create_dataset(self.name, shape=(0, *shape), maxshape=(None, *shape),
                                            dtype=self.dtype, chunks=(k, *shape), **kw)
             ds.attrs["kind"] = fmt.KIND_FIXED
             ds.attrs.update(attrs)
-            self.data = ChunkAppender(ds, self._encoder(self.dtype), self.pool, raw=self._raw)
+            self.data = self._appender(ds)
         else:
             g = self.group.create_group(self.name)
             g.attrs["kind"] = fmt.KIND_VARIABLE
             g.attrs["ndim"] = len(shape)
             g.attrs.update(attrs)
             k = max(1024, self.spec.chunk_bytes // self.dtype.itemsize)
+            need = self.rows * self.spec.field_bytes.get(self.name, 0) // self.dtype.itemsize
+            if need:  # the trial's estimate of the split's elements, + 1/8 for its error
+                k = min(k, max(1024, -(-(need + need // 8) // 1024) * 1024))
             values = g.create_dataset(fmt.VALUES, shape=(0,), maxshape=(None,), dtype=self.dtype, chunks=(k,), **kw)
-            offs = small_dataset(g, fmt.OFFSETS, (), np.int64, 8192)
+            offs = small_dataset(g, fmt.OFFSETS, (), np.int64, small_rows(8192, self.rows + 1))
             offs.resize(1, axis=0)
             offs[0] = 0
-            self.data = ChunkAppender(values, self._encoder(self.dtype), self.pool, raw=self._raw)
+            self.data = self._appender(values)
             self.offsets = SmallAppender(offs)
-            self.shapes = SmallAppender(small_dataset(g, fmt.SHAPES, (len(shape),), np.int64, 4096))
+            self.shapes = SmallAppender(small_dataset(g, fmt.SHAPES, (len(shape),), np.int64, small_rows(4096, self.rows)))
 
     def check(self, sample: np.ndarray) -> str | None:
         """Why ``sample`` cannot be stored in this field (None when it can)."""
@@ -166,9 +173,9 @@ class FieldStore:
                 app.store_encoded(data)
             if tail:
                 app.append(np.stack(tail))
-            self.stats["worker_chunks_stored"] += len(encoded)
+            STATS["worker_chunks_stored"] += len(encoded)
             return
-        self.stats["worker_chunks_redone"] += len(encoded)
+        STATS["worker_chunks_redone"] += len(encoded)
         decoder = ChunkDecoder.for_dataset(app.ds)
         rows = np.empty((cs.n_chunks * cs.k, *cs.row_shape), dtype=np.dtype(cs.dtype))
         for i, data in enumerate(encoded):
@@ -210,18 +217,21 @@ class SplitStore:
         self.group = f.require_group(split)
         self.names = [n for n, _ in spec.fields]
         tails = tails or {}
-        self.fields = {n: FieldStore(self.group, n, fc, spec, pool, tails.get(f"{split}/{n}"))
+        rows = spec.split_rows.get(split, 0)
+        self.fields = {n: FieldStore(self.group, n, fc, spec, pool, tails.get(f"{split}/{n}"), rows)
                        for n, fc in spec.fields}
         # One source path per field of files; fields of annotation values have none.
         files = file_fields(dict(spec.fields))
         nf, ns = len(spec.fields), len(files)
         # Buffered: written once per commit and at the end (SmallAppender says why).
-        self.source = SmallAppender(small_dataset(self.group, fmt.SOURCE, (ns,) if ns > 1 else (), STR, 1024), True)
-        self.checksum = SmallAppender(small_dataset(self.group, fmt.CHECKSUM, (nf,), np.uint32, 8192), True)
+        self.source = SmallAppender(small_dataset(self.group, fmt.SOURCE, (ns,) if ns > 1 else (), STR,
+                                                  small_rows(1024, rows)), True)
+        self.checksum = SmallAppender(small_dataset(self.group, fmt.CHECKSUM, (nf,), np.uint32, small_rows(8192, rows)),
+                                      True)
         self.source.ds.attrs["fields"] = fmt.dumps(files)
         self.checksum.ds.attrs["fields"] = fmt.dumps(self.names)
         self.checksum.ds.attrs["algorithm"] = "crc32"
-        self.label = (SmallAppender(small_dataset(self.group, fmt.LABEL, (), np.int64, 8192), True)
+        self.label = (SmallAppender(small_dataset(self.group, fmt.LABEL, (), np.int64, small_rows(8192, rows)), True)
                       if spec.labelled else None)
         self.n = self.source.n
 

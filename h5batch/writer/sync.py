@@ -32,10 +32,10 @@ from .. import faults
 from .. import format as fmt
 from ..fields import field_attrs
 from ..fields.base import settings
-from .journal import JournalFile, rollback
+from .journal import JournalFile, fsync_path, rollback
 from .messages import FinalSummary, WriterSpec
 from .output import OutputWriter
-from .store import STATS, STR, SplitStore
+from .store import STR
 
 ATTR_SYNCED = "synced"
 
@@ -98,39 +98,24 @@ class SyncWriter(OutputWriter):
 
     def finalize(self, max_reject_fraction: float = 1.0) -> FinalSummary:
         spec = self.spec
-        for s in spec.splits:
-            if s not in self.splits:
-                self.splits[s] = SplitStore(self.f, s, spec, self.pool)
-        self.add_rejects(spec.discovery_rejects)
-        excluded = sum(1 for r in self.read_rejects() if r.stage == fmt.STAGE_EXCLUDED)
-        failed = self.rej_ds["path"].n - excluded
-        ok = failed <= max_reject_fraction * max(1, spec.num_inputs - excluded)
-        counts = {name: s.n for name, s in self.splits.items()}
-        rejects = self.read_rejects()
+        rejects, ok = self.last_rejects(max_reject_fraction)
         if not ok:
+            summary = self.summary(spec.final_path, rejects, False)
             self.abort()
-            return FinalSummary(path=spec.final_path, counts=counts, rejects=len(rejects),
-                                bytes_decoded=self.bytes_written, rejects_file=fmt.rejects_file(spec.final_path),
-                                ok=False, stats=dict(STATS))
+            return summary
         for s in self.splits.values():
             s.finish()
         self._corpus_datasets()
         self.f.flush()
         faults.pause("finalize", spec.partial_path)
         self.close()
-        rejects_file = fmt.rejects_file(spec.final_path)
-        fmt.write_rejects(rejects_file, rejects)
+        fmt.write_rejects(fmt.rejects_file(spec.final_path), rejects)
         if self.journal is not None:
             self.journal.commit()
         else:
-            fd = os.open(spec.partial_path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_path(spec.partial_path)
             os.replace(spec.partial_path, spec.final_path)
-        return FinalSummary(path=spec.final_path, counts=counts, rejects=len(rejects),
-                            bytes_decoded=self.bytes_written, rejects_file=rejects_file, ok=True, stats=dict(STATS))
+        return self.summary(spec.final_path, rejects, True)
 
     def _corpus_datasets(self) -> None:
         """What describes the corpus as a whole, rewritten for the corpus as it is now."""

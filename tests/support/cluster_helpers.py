@@ -58,8 +58,8 @@ def write_job(directory: Path, root: Path | str, out: Path, name: str = "job", *
 
 def convert(job: Path, *extra: str, env: dict[str, str] | None = None, cwd: Path | None = None,
             check: bool = True) -> tuple[subprocess.CompletedProcess, float]:
-    """``h5batch convert JOB --overwrite --progress none ...``; (process, seconds)."""
-    res = _convert(job, *extra, overwrite=True, env=env, cwd=cwd, check=check)
+    """``h5batch convert JOB --overwrite --progress none -v ...``; (process, seconds)."""
+    res = _convert(job, "-v", *extra, overwrite=True, env=env, cwd=cwd, check=check)
     return res, res.seconds
 
 
@@ -272,7 +272,7 @@ class Running:
     def __init__(self, job: Path, *extra: str, env: dict[str, str] | None = None):
         import threading
 
-        self.proc = start(convert_cmd(job, *extra, overwrite=True), env=env)
+        self.proc = start(convert_cmd(job, "-v", *extra, overwrite=True), env=env)
         self.lines: list[str] = []
         self.stdout = ""
         self._reader = threading.Thread(target=self._read, daemon=True)

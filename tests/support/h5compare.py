@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import h5py
@@ -39,38 +38,12 @@ def h5_contents(path) -> tuple[dict[str, np.ndarray], dict[str, dict[str, Any]]]
     return data, attrs
 
 
-# The trial's figure that depends on the samples alone (codec_choice, conversion/auto.py).
-_TRIAL_RATIO = re.compile(r"shrank (\d+) trial samples .*? ([\d.]+)x")
-MEASURED = ("codec", "codec_choice", "__compression__")  # what codec: auto decides by a measured speed
-
-
-def _measured_choices(aa: dict[str, dict[str, Any]], ab: dict[str, dict[str, Any]]) -> None:
-    """Drop, in place, the attributes ``codec: auto`` decides by a measured speed, for the
-    fields where the two files' choices differ (and their datasets), once their trial
-    ratios are found equal. Reason: auto weighs a decode speed measured at run time against
-    a memory copy; two runs of one job on a loaded machine can fall on either side of its
-    line (a CI failure: blosc2-lz4 in one run of the demo, none in the other). What the
-    samples decide, the trial's ratio, must still be the same."""
-    for name in [n for n in aa if n in ab]:
-        x, y = aa[name].get("codec_choice", ""), ab[name].get("codec_choice", "")
-        if not (x.startswith("auto:") and y.startswith("auto:")) or aa[name].get("codec") == ab[name].get("codec"):
-            continue
-        rx, ry = _TRIAL_RATIO.search(x), _TRIAL_RATIO.search(y)
-        assert rx and ry and rx.groups() == ry.groups(), f"{name}: trial figures differ: {x!r} vs {y!r}"
-        for obj in [n for n in aa if n == name or n.startswith(name + "/")]:
-            for key in MEASURED:
-                aa[obj].pop(key, None)
-                ab.get(obj, {}).pop(key, None)
-
-
 def assert_same_h5(a, b) -> None:
     """Two h5batch outputs hold the same datasets (names, dtypes, shapes, chunks, values)
     and the same attributes on every group and dataset, except the root's ``created``,
-    ``versions`` and ``job``, and the codec ``auto`` chose by a measured speed where the two
-    runs measured differently (:func:`_measured_choices`)."""
+    ``versions`` and ``job``."""
     da, aa = h5_contents(a)
     db, ab = h5_contents(b)
-    _measured_choices(aa, ab)
     assert sorted(da) == sorted(db), f"datasets differ: only in one: {sorted(set(da) ^ set(db))}"
     for name in da:
         x, y = da[name], db[name]

@@ -1,4 +1,5 @@
-"""The flat audio corpus: one huge folder of FSDD-style ``<label>_<speaker>_<index>.wav``.
+"""The flat audio corpus of ``sync.py`` and ``sampling.py``: one huge folder of FSDD-style
+``<label>_<speaker>_<index>.wav`` (the tests borrow it as ``benchmarks.audio_corpus``).
 
 It is made for scale (100,000 files and more): discovery of a flat directory and the
 per-file cost of decoding many short recordings are what it exercises. Each file is derived
@@ -9,12 +10,13 @@ hand-made 16-bit PCM header, byte-identical to what soundfile writes.
 from __future__ import annotations
 
 import os
+import struct
 from pathlib import Path
 
 import numpy as np
 
-from ..argcheck import integer
-from .common import (
+from h5batch.argcheck import integer
+from h5batch.generate.common import (
     INT16_FULL_SCALE,
     TAG_AUDIO,
     SynthSummary,
@@ -23,15 +25,27 @@ from .common import (
     begin,
     finish,
     json_normalise,
-    pcm16_header,
     positive_float,
     sample_rng,
 )
 
-__all__ = ["FSDD_SPEAKERS", "make_audio_corpus"]
+__all__ = ["FSDD_SPEAKERS", "make_audio_corpus", "pcm16_header"]
 
 # Speaker names of the Free Spoken Digit Dataset, so file names look the same.
 FSDD_SPEAKERS: tuple[str, ...] = ("george", "jackson", "lucas", "nicolas", "theo", "yweweler")
+
+
+def pcm16_header(n_frames: int, sample_rate: int) -> bytes:
+    """44-byte canonical RIFF/WAVE header for mono 16-bit PCM, byte-identical to
+    libsndfile's ``subtype="PCM_16"``, so these files are the ones soundfile would write.
+    """
+    data_bytes = 2 * n_frames
+    return struct.pack(
+        "<4sI4s4sIHHIIHH4sI",
+        b"RIFF", 36 + data_bytes, b"WAVE",
+        b"fmt ", 16, 1, 1, sample_rate, 2 * sample_rate, 2, 16,
+        b"data", data_bytes,
+    )  # fmt: skip
 
 
 def _utterance(
