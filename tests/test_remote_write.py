@@ -3,7 +3,6 @@ real moto server on loopback; the key is the commit."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import h5py
@@ -73,7 +72,7 @@ def test_failed_upload_leaves_no_object_and_a_rerun_uploads(s3, paired_root, tmp
         proxy.close()
     assert r.returncode == 1
     # the rejects file goes first, the .h5 last: the first PUT fails, naming its URL
-    assert "s3://bench/out/failed.rejects.jsonl: PUT of" in r.stderr and "failed after 6 tries" in r.stderr
+    assert "s3://bench/out/failed.rejects.jsonl: PUT of" in r.stderr and "failed after 10 tries" in r.stderr
     assert "testing-secret" not in r.stderr
     assert "out/failed.h5" not in s3.keys() and s3.uploads() == []
     again = _convert(s3, paired_root, tmp_path / "cache", tmp_path, url=url)  # the local build is kept

@@ -13,8 +13,9 @@ obstore finds them), overridden by ``storage_options`` with the keys fsspec's s3
 it. Credentials are never part of an error message, a log line or a stored job.
 
 Retries: obstore retries 5xx, 429, connection errors and timeouts with exponential backoff
-and jitter (0.2 s doubling to at most 4 s, ``retries`` attempts, default 6: about 12 s in
-all); after the last, :class:`~h5batch.errors.RemoteError` names the URL and the byte range.
+and full jitter (up to 0.25 s doubling to at most 4 s, ``retries`` attempts, default 10:
+about 12 s in all, enough for a server restart); after the last,
+:class:`~h5batch.errors.RemoteError` names the URL and the byte range.
 """
 
 from __future__ import annotations
@@ -27,9 +28,13 @@ from typing import Any
 from ..errors import ObjectChangedError, RemoteError
 from . import split_url
 
-DEFAULT_RETRIES = 6
+DEFAULT_RETRIES = 10
 PART_BYTES = 16 << 20  # multipart part size: 16 MiB (S3 allows 10,000 parts: 160 GB)
 UPLOAD_THREADS = 8
+# BEWARE: obstore's runtime (tokio) does not survive fork(): a process forked after obstore
+# was used here hangs or crashes on its first request. Such a child gets an error saying so;
+# readers start DataLoader workers with the fork server instead (h5batch/torch/loader.py).
+_USED_IN: int | None = None
 _S3FS_KEYS = {"key", "secret", "token", "endpoint_url", "client_kwargs", "retries"}
 
 
@@ -61,32 +66,47 @@ class ObjectClient:
         if unknown:
             raise TypeError(f"unknown storage_options {unknown} (known: {sorted(_S3FS_KEYS)})")
         self.retries = int(self.storage_options.get("retries", DEFAULT_RETRIES))
+        self._resolved = self._settings()  # never printed: it may hold credentials
         self._store: Any = None
         self._pid = -1
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_store": None, "_pid": -1}
 
     # The store (an HTTP connection pool) is made per process: a forked worker must not
     # share its parent's connections.
     @property
     def store(self) -> Any:
         if self._store is None or self._pid != os.getpid():
+            global _USED_IN
+            if _USED_IN is not None and _USED_IN != os.getpid():
+                raise RuntimeError(f"{self.url}: this process was forked from one that had used object storage, "
+                                   "which cannot go on after fork(); start DataLoader workers with "
+                                   "multiprocessing_context='forkserver' or 'spawn' (H5Dataset.loader() does)")
+            _USED_IN = os.getpid()
             self._store = self._make_store(self.key)
             self._pid = os.getpid()
         return self._store
 
+    def _settings(self) -> dict[str, Any]:
+        """Endpoint, region and static credentials, from ``storage_options`` else the AWS
+        environment of the process that made this client: resolved once, so a worker started
+        from a fork server made before the environment was set still gets them."""
+        so = self.storage_options
+        env = os.environ
+        ck = dict(so.get("client_kwargs") or {})
+        kw = {"endpoint": so.get("endpoint_url") or ck.get("endpoint_url") or env.get("AWS_ENDPOINT_URL"),
+              "region": ck.get("region_name") or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
+              "access_key_id": so.get("key") or env.get("AWS_ACCESS_KEY_ID"),
+              "secret_access_key": so.get("secret") or env.get("AWS_SECRET_ACCESS_KEY"),
+              "session_token": so.get("token") or env.get("AWS_SESSION_TOKEN")}
+        return {k: v for k, v in kw.items() if v}
+
     def _make_store(self, key: str) -> Any:
         ob = _obstore()
-        so = self.storage_options
-        kw: dict[str, Any] = {}
-        client_kwargs = dict(so.get("client_kwargs") or {})
-        endpoint = so.get("endpoint_url") or client_kwargs.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL")
-        if endpoint:
-            kw["endpoint"] = endpoint
-        region = client_kwargs.get("region_name") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-        kw["region"] = region or "us-east-1"
-        for ours, theirs in (("key", "access_key_id"), ("secret", "secret_access_key"), ("token", "session_token")):
-            if so.get(ours):
-                kw[theirs] = so[ours]
-        backoff = {"init_backoff": timedelta(seconds=0.2), "max_backoff": timedelta(seconds=4), "base": 2}
+        kw = self._resolved
+        endpoint = kw.get("endpoint")
+        backoff = {"init_backoff": timedelta(seconds=0.25), "max_backoff": timedelta(seconds=4), "base": 2}
         retry = {"max_retries": max(0, self.retries - 1), "backoff": backoff,
                  "retry_timeout": timedelta(seconds=60)}
         options = {"allow_http": bool(endpoint and endpoint.startswith("http://")),

@@ -27,6 +27,7 @@ import numpy as np
 
 from .. import format as fmt
 from ..codecs import ChunkDecoder
+from ..errors import RemoteError
 from .batch import Copy, copy_all
 
 
@@ -203,6 +204,8 @@ class ChunkStore:
         if self.decoder is not None:
             try:
                 kind = self._load_direct(c, buf)
+            except RemoteError:  # object storage failed for good: not a codec problem
+                raise
             except Exception as e:  # noqa: BLE001 -- any codec library error: let HDF5 decode
                 self._give_up_direct(f"direct read of chunk {c} failed ({type(e).__name__}: {e})")
             else:

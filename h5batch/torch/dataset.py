@@ -4,6 +4,8 @@ The file is opened lazily, once per process (keyed on ``os.getpid()``), read-onl
 object pickles without any HDF5 handle, so DataLoader workers (fork or spawn) each open
 their own. A whole batch is read by :meth:`H5Dataset.__getitems__` (torch >= 2.0 fetchers
 call it with the batch's indices) chunk by chunk, straight into the output tensors.
+
+Size: one split's layout, per-process state and batch reads are one object (~450 lines).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from .. import format as fmt
+from ..remote.rfile import node_object, open_h5
 from ..tools.index import check_complete, live_rows, offsets_key, open_file, read_index, shapes_key
 from ..tools.views import read_view
 from .batch import Batch, Ragged, divide_in_place, empty_columns, float_copy, stored_axes
@@ -86,6 +89,8 @@ class H5Dataset(Dataset):
     view : str, optional
         Read only the rows of the split's view ``name`` (``/<split>/views/<name>``): ``len`` is
         the view's size, index ``i`` its ``i``-th row, :meth:`chunk_starts` groups them by chunk.
+    storage_options, cache_dir, cache_dir_bytes
+        ``s3://bucket/key.h5`` paths: s3fs-style keys, node chunk cache and its bound (docs/cloud.md).
 
     Notes
     -----
@@ -102,8 +107,10 @@ class H5Dataset(Dataset):
                  cache_bytes: int | None = None, *, channels_first: bool = False,
                  locking: bool | None = None, direct_chunks: bool = True,
                  shared_memory: bool | None = None, mmap: bool = True, recycle: bool = True,
-                 view: str | None = None):
+                 view: str | None = None, storage_options: dict[str, Any] | None = None,
+                 cache_dir: str | os.PathLike[str] | None = None, cache_dir_bytes: int | None = None):
         self.path = os.fspath(path)
+        self._object = node_object(self.path, storage_options, cache_dir, cache_dir_bytes)  # s3:// only
         self.split = split
         self.transform = transform
         self.as_float = bool(as_float)
@@ -237,7 +244,7 @@ class H5Dataset(Dataset):
         kw: dict[str, Any] = {} if metadata_only else dict(self._h5_cache)
         if self.locking is not None:
             kw["locking"] = self.locking
-        return open_file(self.path, **kw)
+        return open_file(self.path, **kw) if self._object is None else open_h5(self._object, **kw)
 
     def _clear_process_state(self) -> None:
         self._pid: int | None = None

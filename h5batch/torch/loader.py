@@ -16,6 +16,8 @@ The rules:
   ``shuffle=True`` of a plain DataLoader (the sampler rolls on by itself, and its
   ``state_dict()`` resumes it: :mod:`h5batch.torch.state`); ``loader.set_epoch(e)`` makes the
   next one epoch ``e``. The order of epoch ``e`` is a pure function of ``(seed, e)``.
+* An ``s3://`` dataset's workers start from the fork server (``multiprocessing_context``):
+  its object-storage client cannot run in a forked copy of a process that used it.
 * ``collate_fn`` defaults to :data:`h5batch.torch.collate`; ``persistent_workers`` to
   ``num_workers > 0``.
 * ``pin_memory=None`` pins where torch has an accelerator. Where it has none (CPU builds),
@@ -52,6 +54,36 @@ class H5DataLoader(DataLoader):
     :meth:`H5Dataset.loader <h5batch.torch.H5Dataset.loader>`.
     """
 
+    def __iter__(self) -> Any:
+        prefetch = self._remote_prefetch()
+        if prefetch is None:
+            return super().__iter__()
+        return self._counted(super().__iter__(), prefetch)
+
+    def _remote_prefetch(self) -> Any:
+        """An ``s3://`` dataset read in a known order: its chunks fetched ahead of the
+        workers (:mod:`h5batch.remote.prefetch`)."""
+        cache = getattr(self.dataset, "_object", None)
+        sampler = self.sampler if self.batch_sampler is None else getattr(self.batch_sampler, "sampler", None)
+        if cache is None:
+            return None
+        from ..remote.prefetch import Prefetcher, upcoming_epoch
+
+        plan = upcoming_epoch(sampler)
+        if plan is None:
+            return None
+        if getattr(self, "_prefetcher", None) is None:
+            self._prefetcher = Prefetcher(cache)
+        epoch, start = plan
+        self._prefetcher.start_epoch(self.dataset, sampler.indices(epoch)[start:], sampler.indices(epoch + 1))
+        return self._prefetcher
+
+    @staticmethod
+    def _counted(it: Any, prefetch: Any) -> Any:
+        for batch in it:
+            prefetch.delivered(len(batch[next(iter(batch))]) if isinstance(batch, dict) else len(batch))
+            yield batch
+
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter()`` yield epoch ``epoch`` from its start (as
         ``DistributedSampler.set_epoch``)."""
@@ -76,6 +108,9 @@ def make_loader(dataset: Any, batch_size: int = 64, shuffle: bool = True, num_wo
                                       world_size=world_size, drop_last=drop_last)
     elif world_size != 1 or rank != 0:
         raise ValueError("rank/world_size split the shuffled order: pass shuffle=True, or your own sampler")
+    if getattr(dataset, "_object", None) is not None and num_workers > 0:
+        # s3://: obstore does not survive fork() (h5batch/remote/client.py)
+        kwargs.setdefault("multiprocessing_context", "forkserver")
     if pin_memory is None:
         pin_memory = accelerator_available()
     if persistent_workers is None:

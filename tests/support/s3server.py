@@ -85,11 +85,12 @@ class FaultProxy:
     (a thread in the test process would change how an in-process conversion forks).
 
     ``mode``: ``pass`` forwards everything, ``500`` answers 500 to every request,
-    ``500-put`` to PUTs only (uploads, parts). ``counts()`` is the requests it saw by
+    ``500-put`` to PUTs only (uploads, parts), ``slow`` answers GETs after 3 s. ``counts()`` is the requests it saw by
     method (``GET`` counts the ranged reads of an epoch)."""
 
-    def __init__(self, target: str, mode: str = "pass"):
-        port = free_port()
+    def __init__(self, target: str, mode: str = "pass", port: int | None = None):
+        port = port or free_port()
+        self.target, self.mode, self.port = target, mode, port
         self.endpoint = f"http://127.0.0.1:{port}"
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.support.s3server", target, mode, str(port)],
                                      cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -108,8 +109,10 @@ class FaultProxy:
         return json.loads(c.getresponse().read())
 
     def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+            self.proc = None
 
 
 def _serve(target: str, mode: str, port: int) -> None:
@@ -136,6 +139,8 @@ def _serve(target: str, mode: str, port: int) -> None:
             if self.path == "/__counts__":
                 return self._reply(200, json.dumps(counts).encode())
             counts[self.command] = counts.get(self.command, 0) + 1
+            if mode == "slow" and self.command == "GET":
+                time.sleep(3)
             if mode == "500" or (mode == "500-put" and self.command == "PUT"):
                 return self._reply(500)
             c = http.client.HTTPConnection(tgt.hostname, tgt.port, timeout=60)
