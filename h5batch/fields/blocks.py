@@ -146,7 +146,7 @@ class BlockSink:
 
 
 def from_pcm16(path: str, fh, layout: Any, fc: Any, alloc: Alloc) -> np.ndarray:
-    """A plain 16-bit PCM WAV (:func:`h5batch.fields.audio.pcm16_layout`), block by block."""
+    """A plain 16-bit PCM WAV (:func:`h5batch.fields.wav.pcm16_layout`), block by block."""
     sr, ch = layout.sample_rate, layout.channels
     target_sr = fc.sample_rate or sr
     # Without resampling, frames past the field's length are cropped anyway.
