@@ -338,3 +338,16 @@ def test_no_dead_space_small_columns_and_mostly_rejected_runs(tmp_path: Path) ->
     _run("convert", "bad", "--set", "policy.max_reject_fraction=1.0", "--progress", "none", cwd=tmp_path)
     data = 10 * 20000 * 2
     assert (tmp_path / "bad.h5").stat().st_size <= 1.25 * data + (2 << 20)
+
+
+def test_files_without_class_folders_have_no_labels(tmp_path: Path) -> None:
+    flat = tmp_path / "flat"
+    for i in range(3):
+        _wav(flat / f"{i}_x.wav", 50 + i)
+    _run("convert", "flat", "--progress", "none", cwd=tmp_path)
+    assert _samples(tmp_path / "flat.h5") == {"train": {f"{i}_x.wav": None for i in range(3)}}
+    split = tmp_path / "split"
+    for s in ("train", "test"):
+        _wav(split / s / f"{s}.wav", 60)
+    _run("convert", "split", "--progress", "none", cwd=tmp_path)
+    assert _samples(tmp_path / "split.h5") == {"test": {"test/test.wav": None}, "train": {"train/train.wav": None}}
