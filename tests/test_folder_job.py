@@ -351,3 +351,24 @@ def test_files_without_class_folders_have_no_labels(tmp_path: Path) -> None:
         _wav(split / s / f"{s}.wav", 60)
     _run("convert", "split", "--progress", "none", cwd=tmp_path)
     assert _samples(tmp_path / "split.h5") == {"test": {"test/test.wav": None}, "train": {"train/train.wav": None}}
+
+
+def test_length_pads_and_keeps_the_true_lengths(tmp_path: Path) -> None:
+    from h5batch.torch import H5Dataset
+
+    root = tmp_path / "pad"
+    frames = {"a/short.wav": 3000, "a/long.wav": 12000, "b/huge.wav": 4_600_000}  # huge streams
+    for rel, n in frames.items():
+        _wav(root / rel, n)
+    sf.write(root / "b" / "x.flac", (np.arange(7000) % 200 - 100).astype(np.int16), 8000)
+    frames["b/x.flac"] = 7000
+    _run("convert", "pad", "--set", "fields.audio.length=8000", "--progress", "none", cwd=tmp_path)
+    want = {rel: min(n, 8000) for rel, n in frames.items()}
+    with h5py.File(tmp_path / "pad.h5", "r") as f:
+        got = dict(zip(f["train/source"].asstr()[...], f["train/audio_lengths"][...].tolist()))
+        assert f["train/audio"].shape == (4, 8000) and "audio_lengths" not in json.loads(f.attrs["job"])["fields"]
+    assert got == want
+    ds = H5Dataset(tmp_path / "pad.h5", "train", with_source=True)
+    batch = next(iter(ds.loader(batch_size=4)))
+    assert dict(zip(batch["source"], batch["audio_lengths"].tolist())) == want
+    _run("verify", "pad.h5", "--sources", cwd=tmp_path)

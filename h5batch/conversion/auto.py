@@ -56,7 +56,7 @@ from ..fields import (
     fixed_sample_shape,
     rows_per_chunk,
 )
-from ..fields.audio import rate_unknown
+from ..fields.audio import rate_unknown, with_true_lengths
 from ..manifest import Manifest
 from .trial import TRIAL_BYTES, Trial, TrialRunner, run_here
 
@@ -197,11 +197,12 @@ class AutoSettings:
     def run_job(self, job: JobConfig) -> JobConfig:
         """``job`` as the decoders and the writer run it: each audio field without a
         ``sample_rate`` has the corpus's (so the output says it and a file at another rate is
-        a reject naming both). Its hash and the job stored in the output stay the user's."""
-        if not self.rates:
-            return job
-        return dataclasses.replace(job, fields={n: dataclasses.replace(fc, sample_rate=self.rates[n])
-                                                if n in self.rates else fc for n, fc in job.fields.items()})
+        a reject naming both), and each padded one is followed by its true lengths
+        (:class:`~h5batch.fields.audio.TrueLength`). Its hash and the job stored in the
+        output stay the user's."""
+        fields = {n: dataclasses.replace(fc, sample_rate=self.rates[n]) if n in self.rates else fc
+                  for n, fc in job.fields.items()}
+        return dataclasses.replace(job, fields=with_true_lengths(fields))
 
     def describe(self, job: JobConfig) -> list[str]:
         lines = []

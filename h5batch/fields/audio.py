@@ -44,6 +44,7 @@ from .ffmpeg import read_with_ffmpeg, wants_ffmpeg
 from .files import open_checked, read_head, sniff
 from .transcode import AudioTranscode
 from .truncation import truncation
+from .value import ValueField
 from .wav import SNDFILE_WAV_TAGS, WAV_TAG_NAMES, pcm16_layout, read_pcm16, wav_header
 
 
@@ -164,14 +165,16 @@ def _read_with_soundfile(path: str, f, dtype: str) -> tuple[np.ndarray, int]:
     return x, f.samplerate
 
 
-def decode_audio(path: str, fc: AudioField, alloc: blocks.Alloc | None = None) -> np.ndarray:
+def decode_audio(path: str, fc: AudioField, alloc: blocks.Alloc | None = None,
+                 facts: dict | None = None) -> np.ndarray:
     """Read one audio file and apply the field's preprocessing.
 
     Returns ``(frames,)`` or ``(frames, channels)`` of ``fc.dtype``. 16-bit PCM read as
     int16 without resampling or mixing is bit-exact with ``soundfile.read(path, dtype='int16')``.
     ``alloc`` (see :mod:`.blocks`): a file whose frame count is
     exact is decoded block by block into ``alloc``'s array, and the result is (a view of)
-    it; a big file is decoded so without being asked, into a new array.
+    it; a big file is decoded so without being asked, into a new array. ``facts`` (a dict)
+    gets ``length``: the frames of the sample before zero-padding to ``length``.
     """
     with open_checked(path) as fh:
         head, size = read_head(path, fh, 4096)
@@ -189,7 +192,7 @@ def decode_audio(path: str, fc: AudioField, alloc: blocks.Alloc | None = None) -
                 raise DecodeError(path, f"sample rate {sr} Hz, job expects {target_sr} Hz (set resample: true to convert)")
             fc = _limited(fc, layout.frames, sr)
             if alloc is not None or blocks.worth(layout.frames, layout.channels, sr, fc):
-                return blocks.from_pcm16(path, fh, layout, fc, alloc or np.empty)
+                return blocks.from_pcm16(path, fh, layout, fc, alloc or np.empty, facts)
             # Without resampling, frames past the field's length are cropped anyway.
             x = read_pcm16(path, fh, layout, fc.length if sr == target_sr else None)
         else:
@@ -199,7 +202,7 @@ def decode_audio(path: str, fc: AudioField, alloc: blocks.Alloc | None = None) -
                     fc = _limited(fc, f.frames, f.samplerate)
                 if f.format in blocks.EXACT_FORMATS and (
                         alloc is not None or blocks.worth(f.frames, f.channels, f.samplerate, fc)):
-                    return blocks.from_soundfile(path, f, dtype, fc, alloc or np.empty)
+                    return blocks.from_soundfile(path, f, dtype, fc, alloc or np.empty, facts)
                 x, sr = _read_with_soundfile(path, f, dtype)
             target_sr = fc.sample_rate or sr
     if x.dtype == np.float32 and not np.isfinite(x).all():
@@ -221,6 +224,8 @@ def decode_audio(path: str, fc: AudioField, alloc: blocks.Alloc | None = None) -
     limit = max_frames(fc, target_sr)
     if limit is not None and x.shape[0] > limit:
         x = x[:limit]
+    if facts is not None:
+        facts["length"] = min(x.shape[0], fc.length or x.shape[0])
     if fc.length is not None:
         # Rule (recorded in the output's field attrs): keep the start, crop or zero-pad the end.
         n = x.shape[0]
@@ -239,6 +244,27 @@ def _variable_rule(fc: AudioField) -> str:
     if fc.max_seconds is not None:
         return f"variable; longer files keep their first {fc.max_seconds:g} s"
     return "variable"
+
+
+@dataclass(frozen=True)
+class TrueLength(ValueField):
+    """The column ``<field>_lengths`` a run adds after each audio field padded to ``length``:
+    every sample's frames before zero-padding (at most ``length``), which the worker takes
+    from the decode of field ``of``. Never in a job file; stored and read as an int64 value
+    field, so the reader yields ``<field>_lengths`` as it does for variable fields."""
+
+    of: str = ""
+
+
+def with_true_lengths(fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` with a :class:`TrueLength` after each audio field that pads its samples
+    (``length``, decoded samples, no transform or features)."""
+    out: dict[str, Any] = {}
+    for name, fc in fields.items():
+        out[name] = fc
+        if isinstance(fc, AudioField) and fc.length is not None and blocks.streams(fc):
+            out[f"{name}_lengths"] = TrueLength(column=name, dtype="int64", of=name)
+    return out
 
 
 def rate_unknown(fc: Any) -> bool:
@@ -288,10 +314,12 @@ class AudioKind(FieldKind):
     def decode(self, path: str, fc: AudioField) -> np.ndarray:
         return decode_audio(path, fc)
 
-    def decode_to(self, path: str, fc: AudioField, alloc: blocks.Alloc) -> np.ndarray:
+    def decode_to(self, path: str, fc: AudioField, alloc: blocks.Alloc | None = None,
+                  facts: dict | None = None) -> np.ndarray:
         """Decode into ``alloc``'s array where the format allows (:mod:`.blocks`); the
-        result is a new array otherwise (lossy formats: their frame count is an estimate)."""
-        return decode_audio(path, fc, alloc=alloc)
+        result is a new array otherwise (lossy formats: their frame count is an estimate).
+        ``facts`` gets the sample's true length (:func:`decode_audio`)."""
+        return decode_audio(path, fc, alloc=alloc, facts=facts)
 
     def transcode(self, path: str, fc: AudioField) -> bytes:
         from .transcode import encode_audio
