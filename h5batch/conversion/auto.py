@@ -231,8 +231,10 @@ def resolve(job: JobConfig, manifest: Manifest, keep: dict[str, CodecSpec] | Non
     need = []
     if o.codec == "auto":
         need = [name for name in job.fields if name not in keep]
-    if job.cluster.batch_size == "auto":  # variable lengths: the trial estimates a batch's bytes
-        need += [name for name, f in fixed.items() if f is None and name not in need]
+    # Variable fields always: the trial's bytes per sample size a batch (batch_size auto) and
+    # the chunks of a small split (writer/store.py), so the file's layout never depends on
+    # whether a codec or a batch size was given.
+    need += [name for name, f in fixed.items() if f is None and name not in need and name not in keep]
     need += [name for name in unknown if name not in need]
     trial = (run_trial or run_here)(job, os.path.abspath(manifest.root), Trial.items(manifest), need) \
         if need else Trial({})
