@@ -372,3 +372,6 @@ def test_length_pads_and_keeps_the_true_lengths(tmp_path: Path) -> None:
     batch = next(iter(ds.loader(batch_size=4)))
     assert dict(zip(batch["source"], batch["audio_lengths"].tolist())) == want
     _run("verify", "pad.h5", "--sources", cwd=tmp_path)
+    i = list(got).index("a/short.wav")  # the file's row order
+    shown = _run("inspect", "pad.h5", "--sample", str(i), cwd=tmp_path).stdout
+    assert "shape (8000,) int16" in shown and "0.375 s at 8000 Hz" in shown  # 3000 true frames
