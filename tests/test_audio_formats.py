@@ -26,7 +26,7 @@ import soxr
 
 from h5batch import ConvertOptions, convert
 from h5batch.config import job_from_dict
-from h5batch.errors import DecodeError
+from h5batch.errors import ConfigError, DecodeError
 from h5batch.fields import needed_packages
 from h5batch.fields.audio import AudioField, decode_audio
 
@@ -264,19 +264,23 @@ def test_convert_keeps_valid_files_rejects_truncated_and_keeps_extensions_in_cla
     d = root / "train" / "music"
     for name in ("lame.mp3", "noxing.mp3", "vorbis.ogg", "aac.m4a"):
         (d / name).write_bytes(files[name].read_bytes())
-    sf.write(d / "lame.flac", _tone(16000, 0.5, 1), 16000)  # the same stem as lame.mp3: two samples
+    sf.write(d / "lame.flac", _tone(44100, 0.5, 1), 44100)  # the same stem as lame.mp3: two samples
     (d / "cut.mp3").write_bytes(files["lame.mp3"].read_bytes()[:int(files["lame.mp3"].stat().st_size * 0.6)])
     (d / "cut.ogg").write_bytes(files["opus.ogg"].read_bytes()[:_ogg_last_page(files["opus.ogg"].read_bytes())])
     (d / "cut.m4a").write_bytes(files["aac.m4a"].read_bytes()[:20000])
     out = tmp_path / "out.h5"
-    job = job_from_dict({
+    spec = {
         "source": {"root": str(root), "layout": "class_folders"},
         "fields": {"audio": {"type": "audio", "channels": "keep", "dtype": "float32",
                              "extensions": [".mp3", ".ogg", ".m4a", ".flac"]}},
         "output": {"path": str(out), "codec": "none"},
         "cluster": {"kind": "local", "workers": 1, "dashboard": False},
-        "policy": {"max_reject_fraction": 1.0}}, "formats.yaml")
-    s = convert(job, ConvertOptions(progress=False, log=io.StringIO()))
+        "policy": {"max_reject_fraction": 1.0}}
+    # cut.ogg is 48 kHz: without sample_rate, one array of two rates is refused, naming the key
+    with pytest.raises(ConfigError, match=r"fields\.audio\.sample_rate: .*44100 Hz, 48000 Hz"):
+        convert(job_from_dict(spec, "formats.yaml"), ConvertOptions(progress=False, log=io.StringIO()))
+    spec["fields"]["audio"]["sample_rate"] = 44100  # cut.ogg's truncation is found before its rate
+    s = convert(job_from_dict(spec, "formats.yaml"), ConvertOptions(progress=False, log=io.StringIO()))
     assert s.ok
     with h5py.File(out, "r") as f:
         g = f["train"]

@@ -15,7 +15,8 @@ import pytest
 import soundfile as sf
 
 from h5batch.errors import DecodeError
-from h5batch.fields.audio import AudioField, decode_audio, pcm16_layout
+from h5batch.fields.audio import AudioField, decode_audio
+from h5batch.fields.wav import pcm16_layout
 
 
 def _signal(frames: int, channels: int, seed: int = 0) -> np.ndarray:

@@ -249,7 +249,7 @@ def test_removed_input_file_mid_run_becomes_a_reject(corpus, reference, tmp_path
     r = Run(start(cmd(root, out, "policy.decode_timeout=3"), {"H5BATCH_FAULTS": "hang_on=30.wav"},
                   new_session=True), out)
     deadline = time.monotonic() + 60
-    while "cluster:" not in r.stderr:  # discovery is done, decoding starts
+    while "decoding on " not in r.stderr:  # discovery is done, decoding starts
         line = r.proc.stderr.readline()
         assert line or r.proc.poll() is None, r.stderr
         r.stderr += line

@@ -202,7 +202,7 @@ def test_a_registered_kind_is_accepted_and_decoded(text_kind, tmp_path):
     short = dataclasses.replace(fc, length=None)
     text_kind.fixed_shape = lambda _fc: ((8,), np.dtype(np.uint8))
     try:
-        with pytest.raises(DecodeError, match=r"decoded to \(7,\) uint8, the field stores \(8,\) uint8"):
+        with pytest.raises(DecodeError, match=r"decoded to \(6,\) uint8, the field stores \(8,\) uint8"):
             decode_field(str(tmp_path / "a.memo"), short)
     finally:
         del text_kind.fixed_shape

@@ -338,3 +338,40 @@ def test_no_dead_space_small_columns_and_mostly_rejected_runs(tmp_path: Path) ->
     _run("convert", "bad", "--set", "policy.max_reject_fraction=1.0", "--progress", "none", cwd=tmp_path)
     data = 10 * 20000 * 2
     assert (tmp_path / "bad.h5").stat().st_size <= 1.25 * data + (2 << 20)
+
+
+def test_files_without_class_folders_have_no_labels(tmp_path: Path) -> None:
+    flat = tmp_path / "flat"
+    for i in range(3):
+        _wav(flat / f"{i}_x.wav", 50 + i)
+    _run("convert", "flat", "--progress", "none", cwd=tmp_path)
+    assert _samples(tmp_path / "flat.h5") == {"train": {f"{i}_x.wav": None for i in range(3)}}
+    split = tmp_path / "split"
+    for s in ("train", "test"):
+        _wav(split / s / f"{s}.wav", 60)
+    _run("convert", "split", "--progress", "none", cwd=tmp_path)
+    assert _samples(tmp_path / "split.h5") == {"test": {"test/test.wav": None}, "train": {"train/train.wav": None}}
+
+
+def test_length_pads_and_keeps_the_true_lengths(tmp_path: Path) -> None:
+    from h5batch.torch import H5Dataset
+
+    root = tmp_path / "pad"
+    frames = {"a/short.wav": 3000, "a/long.wav": 12000, "b/huge.wav": 4_600_000}  # huge streams
+    for rel, n in frames.items():
+        _wav(root / rel, n)
+    sf.write(root / "b" / "x.flac", (np.arange(7000) % 200 - 100).astype(np.int16), 8000)
+    frames["b/x.flac"] = 7000
+    _run("convert", "pad", "--set", "fields.audio.length=8000", "--progress", "none", cwd=tmp_path)
+    want = {rel: min(n, 8000) for rel, n in frames.items()}
+    with h5py.File(tmp_path / "pad.h5", "r") as f:
+        got = dict(zip(f["train/source"].asstr()[...], f["train/audio_lengths"][...].tolist()))
+        assert f["train/audio"].shape == (4, 8000) and "audio_lengths" not in json.loads(f.attrs["job"])["fields"]
+    assert got == want
+    ds = H5Dataset(tmp_path / "pad.h5", "train", with_source=True)
+    batch = next(iter(ds.loader(batch_size=4)))
+    assert dict(zip(batch["source"], batch["audio_lengths"].tolist())) == want
+    _run("verify", "pad.h5", "--sources", cwd=tmp_path)
+    i = list(got).index("a/short.wav")  # the file's row order
+    shown = _run("inspect", "pad.h5", "--sample", str(i), cwd=tmp_path).stdout
+    assert "shape (8000,) int16" in shown and "0.375 s at 8000 Hz" in shown  # 3000 true frames

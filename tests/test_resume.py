@@ -198,7 +198,7 @@ def test_resume_keeps_the_recorded_codecs_when_a_new_trial_disagrees(tmp_path):
             sf.write(root / "train" / folder / f"{i}.wav", x, 16000, subtype="PCM_16")
 
     def args(out: Path, *extra: str, workers: int | None = 2) -> list[str]:
-        return cmd(root, out, "--set", "policy.decode_timeout=1", "--set", "output.prefer=size", *extra,
+        return cmd(root, out, "-v", "--set", "policy.decode_timeout=1", "--set", "output.prefer=size", *extra,
                    workers=workers)
 
     ref = tmp_path / "ref.h5"

@@ -168,6 +168,7 @@ def test_interrupted_driver_cancels_its_jobs(slurm, corpus, tmp_path, sig):
     try:
         run.wait_line("preflight: 2 workers")
         assert len(squeue(slurm, name)) == 2
+        run.wait_line("plan: ")  # (-v) the trial is done: the next step is the writer's Start
         run.proc.send_signal(sig)
         assert run.wait(timeout=120) == 128 + sig, run.stderr  # 130, 143, 129 (docs/faults.md)
     finally:

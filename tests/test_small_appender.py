@@ -62,7 +62,7 @@ def test_a_commit_writes_the_buffered_rows(tmp_path):
         assert n >= 32, "two commits, each after a whole batch of 16"
         assert g["source"].shape[0] == g["checksum"].shape[0] == n
         assert [s.decode() for s in g["source"][:n, 0]] == [f"train/data/{i}.wav" for i in range(n)]
-        assert np.count_nonzero(g["checksum"][:n]) == 2 * n
+        assert np.count_nonzero(g["checksum"][:n]) == 4 * n  # data, data_lengths, target, target_lengths
     # The same command resumes from there (and removes the killed run's shared memory).
     res = run(args)
     assert res.returncode == 0, res.stderr
@@ -70,4 +70,4 @@ def test_a_commit_writes_the_buffered_rows(tmp_path):
     with h5py.File(out, "r") as f:
         g = f["train"]
         assert [s.decode() for s in g["source"][:, 0]] == [f"train/data/{i}.wav" for i in range(96)]
-        assert g["checksum"].shape == (96, 2) and np.count_nonzero(g["checksum"][...]) == 192
+        assert g["checksum"].shape == (96, 4) and np.count_nonzero(g["checksum"][...]) == 384

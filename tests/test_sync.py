@@ -393,7 +393,7 @@ def test_removed_only_sync_needs_no_workers(tmp_path):
     res = _sync(job, "--json")
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["removed"] == 1
-    assert "cluster:" not in res.stderr  # nothing to decode: no cluster started
+    assert "decoding on" not in res.stderr  # nothing to decode: no engine started
     assert len(H5Dataset(str(out), "test")) == 23
     res = run_h5batch("inspect", str(out))
     assert "[test] 23 samples (+ 1 rows removed by sync" in res.stdout + res.stderr

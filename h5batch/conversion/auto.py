@@ -56,7 +56,7 @@ from ..fields import (
     fixed_sample_shape,
     rows_per_chunk,
 )
-from ..fields.audio import rate_unknown
+from ..fields.audio import rate_unknown, with_true_lengths
 from ..manifest import Manifest
 from .trial import TRIAL_BYTES, Trial, TrialRunner, run_here
 
@@ -197,11 +197,12 @@ class AutoSettings:
     def run_job(self, job: JobConfig) -> JobConfig:
         """``job`` as the decoders and the writer run it: each audio field without a
         ``sample_rate`` has the corpus's (so the output says it and a file at another rate is
-        a reject naming both). Its hash and the job stored in the output stay the user's."""
-        if not self.rates:
-            return job
-        return dataclasses.replace(job, fields={n: dataclasses.replace(fc, sample_rate=self.rates[n])
-                                                if n in self.rates else fc for n, fc in job.fields.items()})
+        a reject naming both), and each padded one is followed by its true lengths
+        (:class:`~h5batch.fields.audio.TrueLength`). Its hash and the job stored in the
+        output stay the user's."""
+        fields = {n: dataclasses.replace(fc, sample_rate=self.rates[n]) if n in self.rates else fc
+                  for n, fc in job.fields.items()}
+        return dataclasses.replace(job, fields=with_true_lengths(fields))
 
     def describe(self, job: JobConfig) -> list[str]:
         lines = []
@@ -230,8 +231,10 @@ def resolve(job: JobConfig, manifest: Manifest, keep: dict[str, CodecSpec] | Non
     need = []
     if o.codec == "auto":
         need = [name for name in job.fields if name not in keep]
-    if job.cluster.batch_size == "auto":  # variable lengths: the trial estimates a batch's bytes
-        need += [name for name, f in fixed.items() if f is None and name not in need]
+    # Variable fields always: the trial's bytes per sample size a batch (batch_size auto) and
+    # the chunks of a small split (writer/store.py), so the file's layout never depends on
+    # whether a codec or a batch size was given.
+    need += [name for name, f in fixed.items() if f is None and name not in need and name not in keep]
     need += [name for name in unknown if name not in need]
     trial = (run_trial or run_here)(job, os.path.abspath(manifest.root), Trial.items(manifest), need) \
         if need else Trial({})

@@ -99,6 +99,7 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
             plan = make_plan(job, manifest, record, output.final, output.partial, run_id, say,
                              run_trial=trial.on_engine(conn, say))
             plan.spec.inventory = inventory.sidecar(output.partial)
+            say.detail(f"plan: {len(plan.tasks)} batches of up to {plan.tasks.batch_size} items")
             try:
                 writer.send(Start(plan.spec))
             except WriterGone as e:

@@ -57,8 +57,10 @@ def make_plan(job: JobConfig, manifest: Manifest, record: CommitRecord | None, f
     auto = resolve(job, manifest, keep_codecs, run_trial, known_rates)
     for line in auto.describe(job):
         detail(say, line)
-    codecs = {name: c.codec for name, c in auto.codecs.items()}
-    codec_notes = {name: c.why() for name, c in auto.codecs.items()}
+    run = auto.run_job(job)
+    # The fields the run adds (true lengths) are small integers: stored as they are.
+    codecs = {name: auto.codecs[name].codec if name in auto.codecs else CodecSpec("none") for name in run.fields}
+    codec_notes = {name: auto.codecs[name].why() if name in auto.codecs else "" for name in run.fields}
     for name, codec in (keep_codecs or {}).items():
         codecs[name], codec_notes[name] = codec, ""
     batch_size = auto.batch_size
@@ -68,7 +70,7 @@ def make_plan(job: JobConfig, manifest: Manifest, record: CommitRecord | None, f
         if record.codecs != codecs:
             say("resuming with the interrupted run's codecs: "
                 + ", ".join(f"{n} {c.label()}" for n, c in record.codecs.items()))
-        codecs, codec_notes = dict(record.codecs), dict(record.codec_notes)
+        codecs, codec_notes = {**codecs, **record.codecs}, {**codec_notes, **record.codec_notes}
         if record.batch_size and record.batch_size != batch_size:
             # Progress is recorded in batches: the rest must be cut the same way.
             say(f"resuming with the interrupted run's batch size ({record.batch_size} items, not {batch_size})")
@@ -78,7 +80,7 @@ def make_plan(job: JobConfig, manifest: Manifest, record: CommitRecord | None, f
     spec = WriterSpec(
         partial_path=partial, final_path=final,
         job_json=json.dumps(job.public_dict(), sort_keys=True), job_hash=job.hash(),
-        manifest_hash=manifest.hash, splits=manifest.splits, fields=tuple(auto.run_job(job).fields.items()),
+        manifest_hash=manifest.hash, splits=manifest.splits, fields=tuple(run.fields.items()),
         class_names=manifest.class_names, labelled=job.labelled, codecs=codecs,
         chunk_bytes=job.output.chunk_bytes, cache_bytes=job.output.cache_bytes,
         discovery_rejects=manifest.rejects, num_inputs=num_inputs,
@@ -88,7 +90,7 @@ def make_plan(job: JobConfig, manifest: Manifest, record: CommitRecord | None, f
         codec_notes=codec_notes, split_rows=dict(Counter(it.split for it in manifest.items)),
         field_bytes=dict(auto.field_bytes), cwd=os.getcwd(), umask=current_umask(), annotations=manifest.annotations,
     )
-    tasks = make_tasks(auto.run_job(job), manifest, run_id, hostname(), batch_size)
+    tasks = make_tasks(run, manifest, run_id, hostname(), batch_size)
     written = {split: p.samples for split, p in record.splits.items()} if record else {}
     return Plan(tasks, spec, record.next_batch if record else 0, written, batch_size * auto.item_bytes, num_inputs)
 

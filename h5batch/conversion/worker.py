@@ -25,6 +25,7 @@ from .. import faults
 from ..batches import BatchResult, BatchTask
 from ..errors import DecodeError
 from ..fields import decode_field, kind_of, reads_files, value_array
+from ..fields.audio import TrueLength
 from ..fields.blocks import streams
 from ..manifest import Reject
 from ..transport.packing import Block, Packed, pack
@@ -97,6 +98,10 @@ class _ItemPlan:
 
     def __init__(self, task: BatchTask):
         self.files = [reads_files(fc) for _, fc in task.fields]
+        # A padded audio field's true lengths (TrueLength): index of the field -> its audio field's.
+        names = [n for n, _ in task.fields]
+        self.length_of = {k: names.index(fc.of) for k, (_, fc) in enumerate(task.fields) if isinstance(fc, TrueLength)}
+        self.counted = set(self.length_of.values())
         self.inject = bool(faults.active())
         self.root = task.root
         self.prefix = task.root if task.root.endswith("/") else task.root + "/"
@@ -116,7 +121,11 @@ def _decode_item(task: BatchTask, item: tuple, stream: _StreamRows | None = None
     paths, values = item[0], item[2]
     out = []
     files, vals = iter(paths), iter(values)
+    lengths: dict[int, int] = {}
     for k, (name, fc) in enumerate(task.fields):
+        if k in plan.length_of:
+            out.append(np.asarray(lengths[plan.length_of[k]], dtype=np.int64))
+            continue
         if not plan.files[k]:
             try:
                 out.append(value_array(next(vals), fc))
@@ -129,10 +138,15 @@ def _decode_item(task: BatchTask, item: tuple, stream: _StreamRows | None = None
         path = plan.path(rel)
         try:
             with decoder_warnings.watch(rel):  # its warnings go to the log, not the console
+                facts: dict | None = {} if k in plan.counted else None
                 if stream is not None and k == stream.k:
-                    out.append(stream.decode(path, fc))
+                    out.append(stream.decode(path, fc, facts))
+                elif facts is not None:
+                    out.append(kind_of(fc).decode_to(path, fc, facts=facts))
                 else:
                     out.append(decode_field(path, fc))
+                if facts is not None:
+                    lengths[k] = facts["length"]
         except DecodeError as e:
             raise DecodeError(rel, e.reason) from None
     return out
@@ -182,10 +196,10 @@ class _StreamRows:
         self.slot = self.seg.data[self.pos: self.pos + nbytes].view(dtype).reshape(shape)
         return self.slot
 
-    def decode(self, path: str, fc: Any) -> np.ndarray:
+    def decode(self, path: str, fc: Any, facts: dict | None = None) -> np.ndarray:
         """The file's sample, lying in the segment at the end of the kept ones."""
         self.slot = None
-        a = kind_of(fc).decode_to(path, fc, self._alloc)
+        a = kind_of(fc).decode_to(path, fc, self._alloc, facts)
         placed = self.slot is not None and a.size and a.ctypes.data == self.slot.ctypes.data
         if not placed:
             self._alloc(a.shape, a.dtype)[...] = a  # not streamed (or empty): copied in

@@ -28,8 +28,6 @@ Rules, and why:
 from __future__ import annotations
 
 import dataclasses
-import os
-import struct
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -46,6 +44,8 @@ from .ffmpeg import read_with_ffmpeg, wants_ffmpeg
 from .files import open_checked, read_head, sniff
 from .transcode import AudioTranscode
 from .truncation import truncation
+from .value import ValueField
+from .wav import SNDFILE_WAV_TAGS, WAV_TAG_NAMES, pcm16_layout, read_pcm16, wav_header
 
 
 @dataclass(frozen=True)
@@ -90,139 +90,6 @@ def _limited(fc: AudioField, frames: int, sr: int) -> AudioField:
     return dataclasses.replace(fc, length=limit)
 
 
-# WAV format tags libsndfile decodes (wav.c); any other tag is a codec it does not have.
-_SNDFILE_WAV_TAGS = {0x0001, 0x0002, 0x0003, 0x0006, 0x0007, 0x0011, 0x0031, 0x0040, 0x0055, 0xFFFE}
-_WAV_TAG_NAMES = {
-    0x0050: "MPEG-1 Layer I/II", 0x0092: "Dolby AC-3 SPDIF", 0x00FF: "AAC", 0x0160: "WMA v1",
-    0x0161: "WMA v2", 0x0162: "WMA Pro", 0x0163: "WMA Lossless", 0x1610: "HE-AAC",
-    0x2000: "Dolby AC-3", 0x2001: "DTS", 0x0022: "DSP Group TrueSpeech", 0x0270: "Sony ATRAC3",
-}
-
-
-@dataclass(frozen=True)
-class WavHeader:
-    """What the RIFF chunks of a WAV file say (``None`` fields: chunk not found)."""
-
-    format_tag: int | None
-    data_offset: int | None
-    data_size: int | None
-    file_size: int
-
-
-def wav_header(path: str, head: bytes = b"", size: int | None = None) -> WavHeader | None:
-    """Walk the RIFF chunks of a WAV file; None when it is not RIFF/WAVE.
-
-    The declared data size is checked here because libsndfile quietly shortens a cut file.
-    ``head`` (the file's first bytes, with ``size``) saves reopening the file.
-    """
-    if head and size is not None:
-        parsed = _wav_header_in(head, size)
-        if parsed is not None:
-            return parsed
-        if head[:4] != b"RIFF" or head[8:12] != b"WAVE":
-            return None
-    size = os.path.getsize(path)
-    tag = data_offset = data_size = None
-    with open(path, "rb") as fh:
-        head = fh.read(12)
-        if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
-            return None
-        pos = 12
-        while pos + 8 <= size and data_offset is None:
-            fh.seek(pos)
-            cid, clen = struct.unpack("<4sI", fh.read(8))
-            if cid == b"fmt ":
-                body = fh.read(2)
-                tag = struct.unpack("<H", body)[0] if len(body) == 2 else None
-            elif cid == b"data":
-                data_offset, data_size = pos + 8, clen
-            pos += 8 + clen + (clen & 1)
-    return WavHeader(tag, data_offset, data_size, size)
-
-
-def _riff_chunks(head: bytes, size: int):
-    """``(chunk id, header position, declared length)`` of the RIFF/WAVE chunks whose
-    8-byte header lies within ``head`` (the first bytes of a file of ``size`` bytes)."""
-    if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
-        return
-    pos = 12
-    while pos + 8 <= min(size, len(head)):
-        cid, clen = struct.unpack_from("<4sI", head, pos)
-        yield cid, pos, clen
-        pos += 8 + clen + (clen & 1)
-
-
-def _wav_header_in(head: bytes, size: int) -> WavHeader | None:
-    """Like :func:`wav_header` from the first bytes only; None unless the data chunk
-    header lies within them."""
-    tag = None
-    for cid, pos, clen in _riff_chunks(head, size):
-        if cid == b"fmt " and pos + 10 <= len(head):
-            tag = struct.unpack_from("<H", head, pos + 8)[0]
-        elif cid == b"data":
-            return WavHeader(tag, pos + 8, clen, size)
-    return None
-
-
-@dataclass(frozen=True)
-class Pcm16:
-    """Where the samples of a plain 16-bit PCM WAV lie (all parsed from its first bytes)."""
-
-    channels: int
-    sample_rate: int
-    data_offset: int
-    frames: int
-
-
-def pcm16_layout(head: bytes, size: int) -> Pcm16 | None:
-    """The layout of a little-endian 16-bit PCM WAV whose ``fmt`` and ``data`` chunk
-    headers lie within ``head``, and whose data is all present; None for anything else
-    (other codecs, RIFX, truncated or streaming files: libsndfile handles those and
-    their errors). See the module docstring for why.
-    """
-    fmt = None
-    for cid, pos, clen in _riff_chunks(head, size):
-        if cid == b"fmt ":
-            if pos + 8 + min(clen, 26) > len(head) or clen < 16:
-                return None
-            tag, channels, rate, _, align, bits = struct.unpack_from("<HHIIHH", head, pos + 8)
-            if tag == 0xFFFE:  # WAVE_FORMAT_EXTENSIBLE: the sub-format GUID starts with the tag
-                if clen < 26:
-                    return None
-                tag = struct.unpack_from("<H", head, pos + 8 + 24)[0]
-            fmt = (tag, channels, rate, align, bits)
-        elif cid == b"data":
-            if fmt is None:
-                return None
-            tag, channels, rate, align, bits = fmt
-            if tag != 1 or bits != 16 or channels < 1 or rate < 1 or align != 2 * channels:
-                return None
-            if clen in (0, 0xFFFFFFFF) or pos + 8 + clen > size:
-                return None
-            frames = clen // align
-            return Pcm16(channels, rate, pos + 8, frames) if frames else None
-    return None
-
-
-def _readinto(path: str, fh, offset: int, out: np.ndarray) -> None:
-    """Fill the C-contiguous ``out`` with the file's bytes from ``offset`` on."""
-    try:
-        fh.seek(offset)
-        got = fh.readinto(memoryview(out).cast("B"))
-    except OSError as e:
-        raise DecodeError(path, f"cannot read file: {e.strerror or e}") from e
-    if got != out.nbytes:
-        raise DecodeError(path, f"truncated audio: expected {out.nbytes} data bytes, read {got}")
-
-
-def _read_pcm16(path: str, fh, layout: Pcm16, max_frames: int | None) -> np.ndarray:
-    """``(frames, channels)`` int16 read straight from the data chunk of an open file."""
-    frames = layout.frames if max_frames is None else min(layout.frames, max_frames)
-    x = np.empty((frames, layout.channels), dtype=np.int16)
-    _readinto(path, fh, layout.data_offset, x)
-    return x
-
-
 def _audio_open_reason(path: str, err: Exception) -> str:
     """Why libsndfile could not open ``path``, as specifically as the bytes allow."""
     kind = sniff(path)
@@ -231,8 +98,8 @@ def _audio_open_reason(path: str, err: Exception) -> str:
         h = wav_header(path)
         if h is None or h.format_tag is None or h.data_offset is None:
             return f"truncated or malformed WAV header (no complete fmt/data chunk): {err}"
-        if h.format_tag not in _SNDFILE_WAV_TAGS:
-            name = _WAV_TAG_NAMES.get(h.format_tag, "unknown codec")
+        if h.format_tag not in SNDFILE_WAV_TAGS:
+            name = WAV_TAG_NAMES.get(h.format_tag, "unknown codec")
             return (f"unsupported audio codec: WAV format tag 0x{h.format_tag:04X} ({name}), "
                     f"which libsndfile cannot decode")
         return f"corrupt WAV file: {err}"
@@ -298,14 +165,16 @@ def _read_with_soundfile(path: str, f, dtype: str) -> tuple[np.ndarray, int]:
     return x, f.samplerate
 
 
-def decode_audio(path: str, fc: AudioField, alloc: blocks.Alloc | None = None) -> np.ndarray:
+def decode_audio(path: str, fc: AudioField, alloc: blocks.Alloc | None = None,
+                 facts: dict | None = None) -> np.ndarray:
     """Read one audio file and apply the field's preprocessing.
 
     Returns ``(frames,)`` or ``(frames, channels)`` of ``fc.dtype``. 16-bit PCM read as
     int16 without resampling or mixing is bit-exact with ``soundfile.read(path, dtype='int16')``.
     ``alloc`` (see :mod:`.blocks`): a file whose frame count is
     exact is decoded block by block into ``alloc``'s array, and the result is (a view of)
-    it; a big file is decoded so without being asked, into a new array.
+    it; a big file is decoded so without being asked, into a new array. ``facts`` (a dict)
+    gets ``length``: the frames of the sample before zero-padding to ``length``.
     """
     with open_checked(path) as fh:
         head, size = read_head(path, fh, 4096)
@@ -323,9 +192,9 @@ def decode_audio(path: str, fc: AudioField, alloc: blocks.Alloc | None = None) -
                 raise DecodeError(path, f"sample rate {sr} Hz, job expects {target_sr} Hz (set resample: true to convert)")
             fc = _limited(fc, layout.frames, sr)
             if alloc is not None or blocks.worth(layout.frames, layout.channels, sr, fc):
-                return blocks.from_pcm16(path, fh, layout, fc, alloc or np.empty)
+                return blocks.from_pcm16(path, fh, layout, fc, alloc or np.empty, facts)
             # Without resampling, frames past the field's length are cropped anyway.
-            x = _read_pcm16(path, fh, layout, fc.length if sr == target_sr else None)
+            x = read_pcm16(path, fh, layout, fc.length if sr == target_sr else None)
         else:
             f, dtype = _open_soundfile(path, fc, head, size)
             with f:
@@ -333,7 +202,7 @@ def decode_audio(path: str, fc: AudioField, alloc: blocks.Alloc | None = None) -
                     fc = _limited(fc, f.frames, f.samplerate)
                 if f.format in blocks.EXACT_FORMATS and (
                         alloc is not None or blocks.worth(f.frames, f.channels, f.samplerate, fc)):
-                    return blocks.from_soundfile(path, f, dtype, fc, alloc or np.empty)
+                    return blocks.from_soundfile(path, f, dtype, fc, alloc or np.empty, facts)
                 x, sr = _read_with_soundfile(path, f, dtype)
             target_sr = fc.sample_rate or sr
     if x.dtype == np.float32 and not np.isfinite(x).all():
@@ -355,6 +224,8 @@ def decode_audio(path: str, fc: AudioField, alloc: blocks.Alloc | None = None) -
     limit = max_frames(fc, target_sr)
     if limit is not None and x.shape[0] > limit:
         x = x[:limit]
+    if facts is not None:
+        facts["length"] = min(x.shape[0], fc.length or x.shape[0])
     if fc.length is not None:
         # Rule (recorded in the output's field attrs): keep the start, crop or zero-pad the end.
         n = x.shape[0]
@@ -373,6 +244,27 @@ def _variable_rule(fc: AudioField) -> str:
     if fc.max_seconds is not None:
         return f"variable; longer files keep their first {fc.max_seconds:g} s"
     return "variable"
+
+
+@dataclass(frozen=True)
+class TrueLength(ValueField):
+    """The column ``<field>_lengths`` a run adds after each audio field padded to ``length``:
+    every sample's frames before zero-padding (at most ``length``), which the worker takes
+    from the decode of field ``of``. Never in a job file; stored and read as an int64 value
+    field, so the reader yields ``<field>_lengths`` as it does for variable fields."""
+
+    of: str = ""
+
+
+def with_true_lengths(fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` with a :class:`TrueLength` after each audio field that pads its samples
+    (``length``, decoded samples, no transform or features)."""
+    out: dict[str, Any] = {}
+    for name, fc in fields.items():
+        out[name] = fc
+        if isinstance(fc, AudioField) and fc.length is not None and blocks.streams(fc):
+            out[f"{name}_lengths"] = TrueLength(column=name, dtype="int64", of=name)
+    return out
 
 
 def rate_unknown(fc: Any) -> bool:
@@ -422,10 +314,12 @@ class AudioKind(FieldKind):
     def decode(self, path: str, fc: AudioField) -> np.ndarray:
         return decode_audio(path, fc)
 
-    def decode_to(self, path: str, fc: AudioField, alloc: blocks.Alloc) -> np.ndarray:
+    def decode_to(self, path: str, fc: AudioField, alloc: blocks.Alloc | None = None,
+                  facts: dict | None = None) -> np.ndarray:
         """Decode into ``alloc``'s array where the format allows (:mod:`.blocks`); the
-        result is a new array otherwise (lossy formats: their frame count is an estimate)."""
-        return decode_audio(path, fc, alloc=alloc)
+        result is a new array otherwise (lossy formats: their frame count is an estimate).
+        ``facts`` gets the sample's true length (:func:`decode_audio`)."""
+        return decode_audio(path, fc, alloc=alloc, facts=facts)
 
     def transcode(self, path: str, fc: AudioField) -> bytes:
         from .transcode import encode_audio

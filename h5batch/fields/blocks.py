@@ -132,21 +132,23 @@ class BlockSink:
         self.rows[self.pos: self.pos + m] = x
         self.pos += m
 
-    def finish(self, path: str) -> np.ndarray:
+    def finish(self, path: str, facts: dict | None = None) -> np.ndarray:
         """The output: resampler flushed, the end zero-padded to ``length`` or cut to
-        the frames made."""
+        the frames made; ``facts["length"]``: the frames before the padding."""
         if self.nonfinite:
             raise DecodeError(path, "audio contains NaN or Inf samples")
         if self.stream is not None:
             self._put(self.stream.resample_chunk(np.zeros((0, self.rows.shape[1]), np.float32), last=True))
+        if facts is not None:
+            facts["length"] = self.pos
         if self.fc.length is not None:
             self.rows[self.pos:] = 0  # the field's rule: zero-pad the end
             return self.out
         return self.out[: self.pos]
 
 
-def from_pcm16(path: str, fh, layout: Any, fc: Any, alloc: Alloc) -> np.ndarray:
-    """A plain 16-bit PCM WAV (:func:`h5batch.fields.audio.pcm16_layout`), block by block."""
+def from_pcm16(path: str, fh, layout: Any, fc: Any, alloc: Alloc, facts: dict | None = None) -> np.ndarray:
+    """A plain 16-bit PCM WAV (:func:`h5batch.fields.wav.pcm16_layout`), block by block."""
     sr, ch = layout.sample_rate, layout.channels
     target_sr = fc.sample_rate or sr
     # Without resampling, frames past the field's length are cropped anyway.
@@ -169,10 +171,11 @@ def from_pcm16(path: str, fh, layout: Any, fc: Any, alloc: Alloc) -> np.ndarray:
         if got != buf.nbytes:
             raise DecodeError(path, f"truncated audio: expected {total} data bytes, read {pos * ch * 2 + got}")
         sink.feed(buf, in_place=rows is not None)
-    return sink.finish(path)
+    return sink.finish(path, facts)
 
 
-def from_soundfile(path: str, f: Any, read_dtype: str, fc: Any, alloc: Alloc) -> np.ndarray:
+def from_soundfile(path: str, f: Any, read_dtype: str, fc: Any, alloc: Alloc,
+                   facts: dict | None = None) -> np.ndarray:
     """An open ``soundfile.SoundFile`` (checked by the caller), read to its end block by block."""
     frames, ch = f.frames, f.channels
     sink = BlockSink(fc, f.samplerate, ch, frames, np.dtype(read_dtype), alloc)
@@ -193,4 +196,4 @@ def from_soundfile(path: str, f: Any, read_dtype: str, fc: Any, alloc: Alloc) ->
         raise DecodeError(path, "audio has zero frames")
     if done < frames:
         raise DecodeError(path, f"truncated audio: header says {frames} frames, read {done}")
-    return sink.finish(path)
+    return sink.finish(path, facts)

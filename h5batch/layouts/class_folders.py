@@ -17,6 +17,7 @@ split, whatever lies below it), ``source.splits`` (the split folders, named).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -78,7 +79,7 @@ class ClassFolders(Layout):
                 if fname is None:
                     b.rejects.append(Reject(rel, "discover", not_accepted(rel, ", ".join(sorted(b.ext_to_field)))))
                     continue
-                depths.setdefault(len(parts) - top - 1, rel)
+                depths.setdefault(_depth(root, rel, top) if b.symlinks else len(parts) - top - 1, rel)
                 b.stats[rel] = (size, mtime)
                 field_of[rel] = fname
                 by_class.setdefault(parts[top], []).append(rel)
@@ -99,6 +100,14 @@ class ClassFolders(Layout):
         if len(file_fields(job.fields)) != 1:
             return "class_folders with several fields pairs files by stem"
         return None
+
+
+def _depth(root: Path, rel: str, top: int) -> int:
+    """How far below its class folder a file met through a symlink really is: an alias reached
+    through a folder link (``train/a/root -> ../..``) is one sample at its own depth, not a
+    deeper one."""
+    real = os.path.relpath(os.path.realpath(root / rel), os.path.realpath(root))
+    return max(len(real.split(os.sep)), top + 2) - top - 1 if not real.startswith(os.pardir) else 1
 
 
 register(ClassFolders())

@@ -162,10 +162,13 @@ def render(d: dict[str, Any], max_rejects: int = 20) -> str:
     ratio = d["compression_ratio"]
     lines.append(f"total: {_human(d['raw_bytes'])} of samples stored in {_human(d['stored_bytes'])}"
                  + (f" (compression ratio {ratio:.2f}x)" if ratio else ""))
-    if d.get("synced"):  # a sync leaves what it replaced as unused space (h5batch.tools.compact)
-        other = d["file_bytes"] - d["dataset_bytes"]
-        lines.append(f"space: {_human(d['dataset_bytes'])} in datasets, {_human(other)} else: metadata, and what "
-                     f"syncs replaced (last sync {d['synced']}), which `h5batch compact` gives back")
+    # Space beyond the datasets: HDF5's own metadata (small), or what a sync or an older
+    # h5batch left unused; compact is worth suggesting only for the latter.
+    other = d["file_bytes"] - d["dataset_bytes"]
+    if d.get("synced") or other > max(1 << 20, d["dataset_bytes"] // 20):
+        why = f"what syncs replaced (last sync {d['synced']})" if d.get("synced") else "unused space"
+        lines.append(f"space: {_human(d['dataset_bytes'])} in datasets, {_human(other)} else: metadata and "
+                     f"{why}, which `h5batch compact` gives back")
     n_samples = sum(i["samples"] for i in d["splits"].values())
     excluded = sum(r["stage"] == fmt.STAGE_EXCLUDED for r in d["rejects"])
     lines.append(f"inputs: {d['inputs']} files discovered; {n_samples} samples; "

@@ -151,6 +151,10 @@ def sample_record(path: str, split: str, i: int) -> dict[str, Any]:
                                for k, v in enumerate(vals)}
             rec["checksum_algorithm"] = str(ck.attrs.get("algorithm", "crc32"))
         rec["fields"] = {name: describe_value(s[name], g[name]) for name in ds.field_names}
+        for name, d in rec["fields"].items():  # a padded clip lasts its true length (<field>_lengths)
+            true = rec["fields"].get(f"{name}_lengths", {}).get("value")
+            if "seconds" in d and true is not None:
+                d["seconds"] = round(int(true) / d["sample_rate"], 4)
     return rec
 
 

@@ -17,9 +17,11 @@ from ..fields import (
     FieldConfig,
     field_attrs,
     file_fields,
+    fixed_sample_shape,
     is_fixed_shape,
     rows_per_chunk,
 )
+from ..fields.audio import TrueLength
 from ..fields.base import settings
 from .append import ChunkAppender, SmallAppender, small_dataset
 from .messages import WriterSpec
@@ -90,7 +92,11 @@ class FieldStore:
             attrs["codec_choice"] = self.spec.codec_notes[self.name]
         if self.fixed:
             self.shape = shape
-            k = rows_per_chunk(shape, self.dtype, self.spec.chunk_bytes)
+            if isinstance(self.fc, TrueLength):  # chunked as its audio field: samplers group rows by chunk
+                shape_of, dtype_of = fixed_sample_shape(dict(self.spec.fields)[self.fc.of])
+                k = rows_per_chunk(shape_of, dtype_of, self.spec.chunk_bytes)
+            else:
+                k = rows_per_chunk(shape, self.dtype, self.spec.chunk_bytes)
             k = min(k, self.rows) if self.rows else k
             ds = self.group.create_dataset(self.name, shape=(0, *shape), maxshape=(None, *shape),
                                            dtype=self.dtype, chunks=(k, *shape), **kw)

@@ -1,0 +1,146 @@
+"""The RIFF/WAVE container as h5batch reads it: its chunks, the format tag and data chunk
+(``wav_header``, for precise reject reasons and the truncation check), and the layout of a
+plain 16-bit PCM file (``pcm16_layout``), read straight from its data chunk without a
+decoder library (:mod:`.audio`, :mod:`.blocks`)."""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import DecodeError
+
+# WAV format tags libsndfile decodes (wav.c); any other tag is a codec it does not have.
+SNDFILE_WAV_TAGS = {0x0001, 0x0002, 0x0003, 0x0006, 0x0007, 0x0011, 0x0031, 0x0040, 0x0055, 0xFFFE}
+WAV_TAG_NAMES = {
+    0x0050: "MPEG-1 Layer I/II", 0x0092: "Dolby AC-3 SPDIF", 0x00FF: "AAC", 0x0160: "WMA v1",
+    0x0161: "WMA v2", 0x0162: "WMA Pro", 0x0163: "WMA Lossless", 0x1610: "HE-AAC",
+    0x2000: "Dolby AC-3", 0x2001: "DTS", 0x0022: "DSP Group TrueSpeech", 0x0270: "Sony ATRAC3",
+}
+
+
+@dataclass(frozen=True)
+class WavHeader:
+    """What the RIFF chunks of a WAV file say (``None`` fields: chunk not found)."""
+
+    format_tag: int | None
+    data_offset: int | None
+    data_size: int | None
+    file_size: int
+
+
+def wav_header(path: str, head: bytes = b"", size: int | None = None) -> WavHeader | None:
+    """Walk the RIFF chunks of a WAV file; None when it is not RIFF/WAVE.
+
+    The declared data size is checked here because libsndfile quietly shortens a cut file.
+    ``head`` (the file's first bytes, with ``size``) saves reopening the file.
+    """
+    if head and size is not None:
+        parsed = _wav_header_in(head, size)
+        if parsed is not None:
+            return parsed
+        if head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+            return None
+    size = os.path.getsize(path)
+    tag = data_offset = data_size = None
+    with open(path, "rb") as fh:
+        head = fh.read(12)
+        if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+            return None
+        pos = 12
+        while pos + 8 <= size and data_offset is None:
+            fh.seek(pos)
+            cid, clen = struct.unpack("<4sI", fh.read(8))
+            if cid == b"fmt ":
+                body = fh.read(2)
+                tag = struct.unpack("<H", body)[0] if len(body) == 2 else None
+            elif cid == b"data":
+                data_offset, data_size = pos + 8, clen
+            pos += 8 + clen + (clen & 1)
+    return WavHeader(tag, data_offset, data_size, size)
+
+
+def _riff_chunks(head: bytes, size: int):
+    """``(chunk id, header position, declared length)`` of the RIFF/WAVE chunks whose
+    8-byte header lies within ``head`` (the first bytes of a file of ``size`` bytes)."""
+    if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+        return
+    pos = 12
+    while pos + 8 <= min(size, len(head)):
+        cid, clen = struct.unpack_from("<4sI", head, pos)
+        yield cid, pos, clen
+        pos += 8 + clen + (clen & 1)
+
+
+def _wav_header_in(head: bytes, size: int) -> WavHeader | None:
+    """Like :func:`wav_header` from the first bytes only; None unless the data chunk
+    header lies within them."""
+    tag = None
+    for cid, pos, clen in _riff_chunks(head, size):
+        if cid == b"fmt " and pos + 10 <= len(head):
+            tag = struct.unpack_from("<H", head, pos + 8)[0]
+        elif cid == b"data":
+            return WavHeader(tag, pos + 8, clen, size)
+    return None
+
+
+@dataclass(frozen=True)
+class Pcm16:
+    """Where the samples of a plain 16-bit PCM WAV lie (all parsed from its first bytes)."""
+
+    channels: int
+    sample_rate: int
+    data_offset: int
+    frames: int
+
+
+def pcm16_layout(head: bytes, size: int) -> Pcm16 | None:
+    """The layout of a little-endian 16-bit PCM WAV whose ``fmt`` and ``data`` chunk
+    headers lie within ``head``, and whose data is all present; None for anything else
+    (other codecs, RIFX, truncated or streaming files: libsndfile handles those and
+    their errors). See the module docstring for why.
+    """
+    fmt = None
+    for cid, pos, clen in _riff_chunks(head, size):
+        if cid == b"fmt ":
+            if pos + 8 + min(clen, 26) > len(head) or clen < 16:
+                return None
+            tag, channels, rate, _, align, bits = struct.unpack_from("<HHIIHH", head, pos + 8)
+            if tag == 0xFFFE:  # WAVE_FORMAT_EXTENSIBLE: the sub-format GUID starts with the tag
+                if clen < 26:
+                    return None
+                tag = struct.unpack_from("<H", head, pos + 8 + 24)[0]
+            fmt = (tag, channels, rate, align, bits)
+        elif cid == b"data":
+            if fmt is None:
+                return None
+            tag, channels, rate, align, bits = fmt
+            if tag != 1 or bits != 16 or channels < 1 or rate < 1 or align != 2 * channels:
+                return None
+            if clen in (0, 0xFFFFFFFF) or pos + 8 + clen > size:
+                return None
+            frames = clen // align
+            return Pcm16(channels, rate, pos + 8, frames) if frames else None
+    return None
+
+
+def _readinto(path: str, fh, offset: int, out: np.ndarray) -> None:
+    """Fill the C-contiguous ``out`` with the file's bytes from ``offset`` on."""
+    try:
+        fh.seek(offset)
+        got = fh.readinto(memoryview(out).cast("B"))
+    except OSError as e:
+        raise DecodeError(path, f"cannot read file: {e.strerror or e}") from e
+    if got != out.nbytes:
+        raise DecodeError(path, f"truncated audio: expected {out.nbytes} data bytes, read {got}")
+
+
+def read_pcm16(path: str, fh, layout: Pcm16, max_frames: int | None) -> np.ndarray:
+    """``(frames, channels)`` int16 read straight from the data chunk of an open file."""
+    frames = layout.frames if max_frames is None else min(layout.frames, max_frames)
+    x = np.empty((frames, layout.channels), dtype=np.int16)
+    _readinto(path, fh, layout.data_offset, x)
+    return x
