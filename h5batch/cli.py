@@ -21,7 +21,7 @@ import argparse
 import sys
 
 from .commands import COMMANDS
-from .errors import EXIT_INTERRUPTED, ConfigError, H5batchError
+from .errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, ConfigError, H5batchError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,6 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     try:
+        if "://" in str(getattr(args, "path", "")):  # an s3:// output: read a local copy, or refuse
+            from .remote.local import for_command
+
+            refused = for_command(args.command, args)
+            if refused:
+                print(refused, file=sys.stderr)
+                return EXIT_BAD_INPUT
         return args.handler(args)
     except ConfigError as e:
         print(f"h5batch: config error: {e}", file=sys.stderr)

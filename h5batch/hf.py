@@ -226,6 +226,10 @@ def to_dataset(path: str | os.PathLike[str], split: str | None = None, *,
     --------
     >>> ds = to_dataset("out/demo.h5", "train", cache_dir="/tmp/hf")  # doctest: +SKIP
     """
+    if "://" in os.fspath(path):  # s3://: a whole local copy in the node cache (remote/local.py)
+        from .remote.local import local_copy
+
+        path = local_copy(os.fspath(path))
     import datasets as hf
 
     reader = SampleReader(path, fields)

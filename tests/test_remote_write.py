@@ -13,7 +13,7 @@ pytest.importorskip("obstore")
 pytest.importorskip("moto")
 
 from tests.conftest import REPO  # noqa: E402
-from tests.support.run import convert_cmd, run  # noqa: E402
+from tests.support.run import convert_cmd, h5batch_cmd, run  # noqa: E402
 from tests.support.s3server import FaultProxy, server_fixture  # noqa: E402
 
 s3 = pytest.fixture(scope="module")(server_fixture)
@@ -79,3 +79,21 @@ def test_failed_upload_leaves_no_object_and_a_rerun_uploads(s3, paired_root, tmp
     assert again.returncode == 0, again.stderr
     assert "already complete" in again.stderr and "uploading" in again.stderr
     assert "out/failed.h5" in s3.keys()
+
+
+def test_tools_read_an_object_and_refuse_to_change_it(s3, paired_root, tmp_path):
+    url = "s3://bench/out/tools.h5"
+    cache = tmp_path / "cache"
+    assert _convert(s3, paired_root, cache, tmp_path, url=url).returncode == 0
+    env = {**s3.env(), "H5BATCH_CACHE_DIR": str(cache)}
+    v = run(h5batch_cmd("verify", url), env=env, cwd=tmp_path)
+    assert v.returncode == 0 and ": OK: " in v.stderr, v.stderr
+    i = run(h5batch_cmd("inspect", url, "--json"), env=env, cwd=tmp_path)
+    assert i.returncode == 0 and '"train"' in i.stdout
+    copies = list((cache / "objects").glob("*/whole.h5"))
+    assert len(copies) == 1  # one download per node and version
+    for args in (["compact", url], ["view", "add", url, "odd", "--split", "train", "--rows", "1"]):
+        r = run(h5batch_cmd(*args), env=env, cwd=tmp_path)
+        assert r.returncode == 2 and "cannot change an object in place" in r.stderr, (args, r.stderr)
+    s = run(h5batch_cmd("sync", str(JOB), "--set", f"source.root={paired_root}", "--output", url), env=env, cwd=tmp_path)
+    assert s.returncode == 2 and "cannot change an object in place" in s.stderr

@@ -28,6 +28,10 @@ def run(args) -> int:
     from ..conversion.sync import sync
 
     job = _convert.load(args, _convert.job_overrides(args), quiet=True)
+    if "://" in job.output.path:  # s3://: a file changed in place cannot be an object
+        print(f"h5batch sync: {job.output.path}: cannot change an object in place; sync a local output "
+              "and convert it to the object again (--overwrite)", file=sys.stderr)
+        return 2
     s = sync(job, ConvertOptions(progress=args.progress, verbose=args.verbose), dry_run=args.dry_run)
     counts = ", ".join(f"{k} {v}" for k, v in s.counts.items())
     if s.dry_run and not s.up_to_date:
