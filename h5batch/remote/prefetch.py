@@ -4,8 +4,8 @@ Who fetches what: at each epoch :class:`~h5batch.torch.loader.H5DataLoader` asks
 sampler for the epoch's order (only :class:`~h5batch.torch.ChunkShuffleSampler`, whose order
 is a pure function of ``(seed, epoch)``; any other sampler leaves the cache to LRU and the
 workers to fetch on a miss), turns it into the chunks it reads, in order of first use, and a
-thread here fetches them into the node cache ahead of the workers: at most :data:`AHEAD`
-chunks past the batches delivered so far (fewer when the cache bound is small), runs of
+thread here fetches them into the node cache ahead of the workers: at most :data:`AHEAD_BYTES`
+of chunks past the batches delivered so far (a quarter of a cache bound at most), runs of
 file neighbours in one GET, :data:`THREADS` GETs at a time. A worker that needs a chunk not
 yet there fetches it itself (waiting on the prefetcher's lock if that is fetching it). The
 chunks still to read this epoch and all of the next are written as the cache's order file,
@@ -24,7 +24,8 @@ import numpy as np
 from ..errors import ObjectChangedError
 from .cache import ObjectCache, _runs
 
-AHEAD = 48  # chunks fetched ahead of the batches delivered
+AHEAD_BYTES = 256 << 20  # fetched ahead of the batches delivered (a quarter of a bounded cache at most)
+FIRST_BYTES = 16 << 20  # fetched before the first batch is asked for
 THREADS = 4  # GETs in flight
 
 
@@ -82,13 +83,14 @@ class Prefetcher:
             self.generation += 1
             self.samples = 0
             self.error = None
-        ahead = AHEAD
-        if self.cache.max_bytes is not None and chunks:
-            mean = sum(n for _, n in chunks) / len(chunks)
-            ahead = max(2, min(AHEAD, int(self.cache.max_bytes / mean) // 4))
+        # Many chunks ahead, so that file neighbours meet in one GET: a server's cost is per
+        # request as much as per byte (moto's: ~0.1 s a GET of a 130 MB object, any range).
+        mean = sum(n for _, n in chunks) / len(chunks) if chunks else 1
+        budget = AHEAD_BYTES if self.cache.max_bytes is None else min(AHEAD_BYTES, self.cache.max_bytes // 4)
+        ahead = max(2, int(budget / mean))
         self.cache.write_order(np.concatenate([offs, nxt]))
         # The first chunks before the first batch is asked for: the workers then find them.
-        first_group = [c for c in chunks[:ahead] if not self.cache.has(*c)]
+        first_group = [c for c in chunks[:max(1, int(FIRST_BYTES / mean))] if not self.cache.has(*c)]
         for f in [self.pool.submit(self._fetch, run) for run in _runs(sorted(first_group))]:
             f.result()
         self.thread = threading.Thread(target=self._run, args=(self.generation, chunks, first_sample, offs, per, nxt, ahead),

@@ -86,7 +86,7 @@ class FaultProxy:
 
     ``mode``: ``pass`` forwards everything, ``500`` answers 500 to every request,
     ``500-put`` to PUTs only (uploads, parts), ``slow`` answers GETs after 3 s. ``counts()`` is the requests it saw by
-    method (``GET`` counts the ranged reads of an epoch)."""
+    method (``GET`` counts the ranged reads of an epoch) and ``GET_bytes`` the bytes they returned."""
 
     def __init__(self, target: str, mode: str = "pass", port: int | None = None):
         port = port or free_port()
@@ -156,6 +156,8 @@ def _serve(target: str, mode: str, port: int) -> None:
                         self.send_header(k, v)
                 self.end_headers()
             else:
+                if self.command == "GET":
+                    counts["GET_bytes"] = counts.get("GET_bytes", 0) + len(data)
                 self._reply(r.status, data, r.getheaders())
             c.close()
 
