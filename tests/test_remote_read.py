@@ -182,3 +182,12 @@ def test_500_on_every_request_is_a_clear_error(served, tmp_path):
         assert time.monotonic() - t < 10
     finally:
         bad.close()
+
+
+def test_forked_workers_get_an_error_saying_to_use_the_fork_server(served, tmp_path):
+    from torch.utils.data import DataLoader
+
+    ds = H5Dataset(URL, split="train", cache_dir=tmp_path / "cache", cache_dir_bytes=1)
+    loader = DataLoader(ds, batch_size=8, num_workers=1, collate_fn=collate, multiprocessing_context="fork")
+    with pytest.raises(RuntimeError, match="multiprocessing_context='forkserver'"):
+        next(iter(loader))
