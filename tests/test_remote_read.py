@@ -191,3 +191,16 @@ def test_forked_workers_get_an_error_saying_to_use_the_fork_server(served, tmp_p
     loader = DataLoader(ds, batch_size=8, num_workers=1, collate_fn=collate, multiprocessing_context="fork")
     with pytest.raises(RuntimeError, match="multiprocessing_context='forkserver'"):
         next(iter(loader))
+
+
+def test_batch_samplers_orders_are_prefetched(served, local_file, tmp_path):
+    from h5batch.torch import BucketingBatchSampler, GlobalBatchSampler
+    from h5batch.torch.loader import make_loader
+
+    ds = H5Dataset(URL, split="train", cache_dir=tmp_path / "cache")
+    local = H5Dataset(local_file, split="train")
+    for make in (lambda d: GlobalBatchSampler(d, 16, seed=2), lambda d: BucketingBatchSampler(d, max_frames=16 * 16000, seed=2)):
+        got = [b["data"].numpy().copy() for b in make_loader(ds, shuffle=False, batch_sampler=make(ds))]
+        want = [b["data"].numpy().copy() for b in make_loader(local, shuffle=False, batch_sampler=make(local))]
+        assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
+    assert os.path.exists(os.path.join(ds._object.dir, "order.npy"))  # the prefetcher knew the order

@@ -1,8 +1,9 @@
 """Prefetch of a remote dataset's chunks in the sampler's order, in the loader's main process.
 
 Who fetches what: at each epoch :class:`~h5batch.torch.loader.H5DataLoader` asks the
-sampler for the epoch's order (only :class:`~h5batch.torch.ChunkShuffleSampler`, whose order
-is a pure function of ``(seed, epoch)``; any other sampler leaves the cache to LRU and the
+sampler for the epoch's order (:class:`~h5batch.torch.ChunkShuffleSampler`,
+:class:`~h5batch.torch.GlobalBatchSampler`, :class:`~h5batch.torch.BucketingBatchSampler`:
+pure functions of ``(seed, epoch)``; any other sampler leaves the cache to LRU and the
 workers to fetch on a miss), turns it into the chunks it reads, in order of first use, and a
 thread here fetches them into the node cache ahead of the workers: at most :data:`AHEAD_BYTES`
 of chunks past the batches delivered so far (a quarter of a cache bound at most), runs of
@@ -146,7 +147,7 @@ def _consumed(first_sample: list[int], samples: int) -> int:
 def upcoming_epoch(sampler: Any) -> tuple[int, int] | None:
     """``(epoch, start)`` the next ``iter(sampler)`` will yield (h5batch.torch.state rules),
     None for a sampler whose order is not known here."""
-    if not hasattr(sampler, "indices") or not hasattr(sampler, "_units"):
+    if not (hasattr(sampler, "indices") or hasattr(sampler, "local_batches")) or not hasattr(sampler, "_units"):
         return None
     pos = getattr(sampler, "_position", 0)
     if getattr(sampler, "_resume", False):
@@ -156,4 +157,14 @@ def upcoming_epoch(sampler: Any) -> tuple[int, int] | None:
     return sampler.epoch, 0
 
 
-__all__ = ["Prefetcher", "chunk_sequence", "upcoming_epoch"]
+def epoch_indices(sampler: Any, epoch: int, start: int = 0) -> np.ndarray:
+    """The samples this rank reads in ``epoch`` from unit ``start`` on: a per-sample
+    sampler's indices, or a batch sampler's (GlobalBatchSampler, BucketingBatchSampler)
+    batches flattened."""
+    if hasattr(sampler, "local_batches"):
+        batches = list(sampler.local_batches(epoch))[start:]
+        return np.concatenate([np.asarray(b, dtype=np.int64) for b in batches]) if batches else np.zeros(0, np.int64)
+    return np.asarray(sampler.indices(epoch))[start:]
+
+
+__all__ = ["Prefetcher", "chunk_sequence", "epoch_indices", "upcoming_epoch"]

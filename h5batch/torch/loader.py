@@ -64,18 +64,19 @@ class H5DataLoader(DataLoader):
         """An ``s3://`` dataset read in a known order: its chunks fetched ahead of the
         workers (:mod:`h5batch.remote.prefetch`)."""
         cache = getattr(self.dataset, "_object", None)
-        sampler = self.sampler if self.batch_sampler is None else getattr(self.batch_sampler, "sampler", None)
         if cache is None:
             return None
-        from ..remote.prefetch import Prefetcher, upcoming_epoch
+        from ..remote.prefetch import Prefetcher, epoch_indices, upcoming_epoch
 
+        sampler = self.batch_sampler if hasattr(self.batch_sampler, "local_batches") else (
+            self.sampler if self.batch_sampler is None else getattr(self.batch_sampler, "sampler", None))
         plan = upcoming_epoch(sampler)
         if plan is None:
             return None
         if getattr(self, "_prefetcher", None) is None:
             self._prefetcher = Prefetcher(cache)
         epoch, start = plan
-        self._prefetcher.start_epoch(self.dataset, sampler.indices(epoch)[start:], sampler.indices(epoch + 1))
+        self._prefetcher.start_epoch(self.dataset, epoch_indices(sampler, epoch, start), epoch_indices(sampler, epoch + 1))
         return self._prefetcher
 
     @staticmethod
