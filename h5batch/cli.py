@@ -18,6 +18,7 @@ the exit code, for callers in a Python process (tests, notebooks).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .commands import COMMANDS
@@ -61,11 +62,24 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("h5batch: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `h5batch inspect OUT.h5 | head`: the reader has all it wanted
+        _quiet_stdout()
+        return 0
+
+
+def _quiet_stdout() -> None:
+    """stdout pointed at /dev/null, so the flush at exit raises no second BrokenPipeError."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def entry() -> None:
     """The ``h5batch`` console command."""
-    sys.exit(main())
+    code = main()
+    try:
+        sys.stdout.flush()  # here, not at exit: a reader that stopped early is not an error
+    except BrokenPipeError:
+        _quiet_stdout()
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -168,3 +168,25 @@ def test_a_bad_line_gets_the_usage_and_the_commands():
     assert all(name in res.stderr for name in NAMES)
     res = run_h5batch("--help", timeout=60)
     assert all(name in res.stdout for name in NAMES)
+
+
+def test_a_reader_that_stops_early_is_not_an_error(tmp_path):
+    """``h5batch init DIR | head -1``: the pipe's reader is gone before the output is flushed;
+    that is no traceback and exit 0."""
+    import subprocess
+
+    import numpy as np
+    from PIL import Image
+
+    from tests.support.run import h5batch_cmd
+
+    (tmp_path / "c" / "k").mkdir(parents=True)
+    Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(tmp_path / "c" / "k" / "a.png")
+    r, w = os.pipe()
+    os.close(r)  # the reader has stopped: every write to the pipe fails
+    try:
+        res = subprocess.run(h5batch_cmd("init", str(tmp_path / "c")), stdout=w, stderr=subprocess.PIPE, text=True,
+                             timeout=60)
+    finally:
+        os.close(w)
+    assert res.returncode == 0 and "Traceback" not in res.stderr and "BrokenPipe" not in res.stderr, res.stderr
