@@ -170,7 +170,7 @@ def test_pyav_path_mixes_converts_and_resamples_like_the_soundfile_path(files):
                                      length=40000))
     want = soxr.resample(x[:, :1], 44100, 16000, quality="HQ")[:, 0]
     assert res.shape == (40000,) and np.array_equal(res[:len(want)], want[:40000]) and not res[len(want):].any()
-    assert "sample rate 44100 Hz, job expects 16000 Hz" in _reject(p, AudioField(sample_rate=16000))
+    assert "sample rate 44100 Hz, the field stores 16000 Hz" in _reject(p, AudioField(sample_rate=16000))
 
 
 # ----------------------------------------------------------------------------- truncated files

@@ -83,7 +83,7 @@ def test_corpus_has_every_kind(torture) -> None:
     reasons = " | ".join(torture.bad.values())
     for kind in ("truncated audio", "corrupt JPEG", "truncated image data", "empty file", "content looks like JPEG",
                  "content looks like text", "unsupported audio codec", "unsupported JPEG", "decompression bomb",
-                 "zero frames", "NaN or Inf", "job expects 16000 Hz", "paired sample incomplete", "broken symlink",
+                 "zero frames", "NaN or Inf", "the field stores 16000 Hz", "paired sample incomplete", "broken symlink",
                  "symlink points outside", "points outside the corpus root", "file does not exist", "duplicate"):
         assert kind in reasons, kind
     if os.geteuid() == 0:

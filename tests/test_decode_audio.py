@@ -111,5 +111,5 @@ def test_truncated_pcm16_is_rejected(tmp_path):
 
 def test_sample_rate_mismatch_named(tmp_path):
     wav, _ = _pair(tmp_path, _signal(100, 1), 8000)
-    with pytest.raises(DecodeError, match="sample rate 8000 Hz, job expects 16000 Hz"):
+    with pytest.raises(DecodeError, match="sample rate 8000 Hz, the field stores 16000 Hz"):
         decode_audio(wav, AudioField(sample_rate=16000))

@@ -72,6 +72,12 @@ class AudioField:
     max_seconds: float | None = late()  # at sample_rate (or the corpus's rate)
 
 
+def _rate_reason(sr: int, target_sr: int) -> str:
+    """Why a file at another rate is a reject; the field's rate may be the job's or the corpus's
+    (learned by the trial), so the words name the field, and both settings that convert it."""
+    return f"sample rate {sr} Hz, the field stores {target_sr} Hz (set sample_rate and resample: true to convert)"
+
+
 def max_frames(fc: AudioField, rate: int) -> int | None:
     """The crop-only limit in frames at ``rate`` (None: no limit)."""
     if fc.max_length is not None:
@@ -142,7 +148,7 @@ def _open_soundfile(path: str, fc: AudioField, head: bytes, size: int):
             raise DecodeError(path, "audio has zero frames")
         target_sr = fc.sample_rate or sr
         if sr != target_sr and not fc.resample:
-            raise DecodeError(path, f"sample rate {sr} Hz, job expects {target_sr} Hz (set resample: true to convert)")
+            raise DecodeError(path, _rate_reason(sr, target_sr))
     except BaseException:
         f.close()
         raise
@@ -184,12 +190,12 @@ def decode_audio(path: str, fc: AudioField, alloc: blocks.Alloc | None = None,
             x, sr = read_with_ffmpeg(path, want_int16=fc.dtype == "int16")
             target_sr = fc.sample_rate or sr
             if sr != target_sr and not fc.resample:
-                raise DecodeError(path, f"sample rate {sr} Hz, job expects {target_sr} Hz (set resample: true to convert)")
+                raise DecodeError(path, _rate_reason(sr, target_sr))
         elif layout is not None:
             sr = layout.sample_rate
             target_sr = fc.sample_rate or sr
             if sr != target_sr and not fc.resample:
-                raise DecodeError(path, f"sample rate {sr} Hz, job expects {target_sr} Hz (set resample: true to convert)")
+                raise DecodeError(path, _rate_reason(sr, target_sr))
             fc = _limited(fc, layout.frames, sr)
             if alloc is not None or blocks.worth(layout.frames, layout.channels, sr, fc):
                 return blocks.from_pcm16(path, fh, layout, fc, alloc or np.empty, facts)

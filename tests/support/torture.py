@@ -189,7 +189,7 @@ def _audio(m: _Maker) -> None:
     inf = _tone(m.rng, 1000)
     inf[10] = np.inf
     m.write(c, "test/cat/inf.wav", _wav(inf, subtype="FLOAT"), "NaN or Inf")
-    m.write(c, "test/dog/cd.wav", _wav(_tone(m.rng, 2205), sr=22050), "sample rate 22050 Hz, job expects 16000 Hz")
+    m.write(c, "test/dog/cd.wav", _wav(_tone(m.rng, 2205), sr=22050), "sample rate 22050 Hz, the field stores 16000 Hz")
     m.write(c, "train/dog/readme.md", b"# notes\n", "extension '.md' is not accepted")
     # Same stem twice in a one-field job: two files, two samples (keys dog/dup.flac, dog/dup.wav).
     m.write(c, "train/dog/dup.flac", _wav(_tone(m.rng, 1200), fmt="FLAC"))
