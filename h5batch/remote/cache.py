@@ -31,6 +31,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from ..transport.segments import pid_alive
 from .client import ObjectClient
 
 GAP = 64 << 10  # ranges this close are fetched in one GET (the gap is read and dropped)
@@ -126,7 +127,7 @@ class ObjectCache:
             name = e.name
             if ".tmp." in name:
                 pid = name.rsplit(".", 1)[-1]
-                if pid.isdigit() and not _alive(int(pid)):
+                if pid.isdigit() and not pid_alive(int(pid)):
                     _unlink(e.path)  # a download killed midway: never served
                 continue
             if "-" not in name or name.endswith(".lock"):
@@ -180,16 +181,6 @@ def _runs(ranges: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
                 continue
         runs.append([(off, n)])
     return runs
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _unlink(path: str) -> None:
