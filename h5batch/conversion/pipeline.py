@@ -99,7 +99,6 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
             plan = make_plan(job, manifest, record, output.final, output.partial, run_id, say,
                              run_trial=trial.on_engine(conn, say))
             plan.spec.inventory = inventory.sidecar(output.partial)
-            say.detail(f"plan: {len(plan.tasks)} batches of up to {plan.tasks.batch_size} items")
             try:
                 writer.send(Start(plan.spec))
             except WriterGone as e:
@@ -108,6 +107,8 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
             if plan.start:
                 say(f"resuming {output.partial}: {plan.start} of {len(plan.tasks)} batches already committed")
             try:
+                # Said here, inside: a stop from now on is a committed one (the message below).
+                say.detail(f"plan: {len(plan.tasks)} batches of up to {plan.tasks.batch_size} items")
                 # In place (written whole, then renamed) before the first Store; the writer
                 # folds it into the file at Finish.
                 inventory.write_sidecar(output.partial, manifest)
