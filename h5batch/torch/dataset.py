@@ -4,8 +4,6 @@ The file is opened lazily, once per process (keyed on ``os.getpid()``), read-onl
 object pickles without any HDF5 handle, so DataLoader workers (fork or spawn) each open
 their own. A whole batch is read by :meth:`H5Dataset.__getitems__` (torch >= 2.0 fetchers
 call it with the batch's indices) chunk by chunk, straight into the output tensors.
-
-Size: one split's layout, per-process state and batch reads are one object (~450 lines).
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ from ..tools.index import check_complete, live_rows, offsets_key, open_file, rea
 from ..tools.views import read_view
 from .batch import Batch, Ragged, divide_in_place, empty_columns, float_copy, stored_axes
 from .chunks import ChunkStore, gather_padded, gather_rows, gather_span
-from .encoded import decode_columns, encoded_fields
+from .encoded import encoded_fields
 from .fieldinfo import FieldInfo, field_info
 from .recycle import shared_pool
 from .reuse import PrivatePool
@@ -352,7 +350,8 @@ class H5Dataset(Dataset):
                 columns[fi.name] = self._read_fixed(fi, idx, order, out)
             else:
                 columns[fi.name] = self._read_variable(fi, idx, order, out, shapes[fi.name])
-        decode_columns(self._encoded, columns, idx, self.as_float, self.channels_first, shared, self._pool)
+        for name, enc in self._encoded.items():  # stored bytes -> decoded column (torch/encoded.py)
+            columns[name] = enc.column(columns[name], idx, self.as_float, self.channels_first, shared, self._pool)
         for name in self._text:
             columns[name] = columns[name].strings()
         label = None

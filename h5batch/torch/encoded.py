@@ -3,7 +3,7 @@ column decoded storage would have given, decoded per sample in the process that 
 (each DataLoader worker, or the main process with ``num_workers=0``).
 
 Rule: :class:`H5Dataset` reads an encoded field like any variable-length uint8 field (as
-stored: no ``as_float``, no axes moved), then :func:`decode_columns` replaces its column.
+stored: no ``as_float``, no axes moved), then :meth:`EncodedColumn.column` replaces its column.
 The decoded column follows the same rules as a stored one: a fixed shape (an image field
 with ``size``, audio with ``length``) gives a ``(B, *shape)`` tensor, anything else a
 zero-padded :class:`~h5batch.torch.batch.Ragged`; ``as_float`` and ``channels_first`` are
@@ -89,10 +89,3 @@ def encoded_fields(g: Any, fields: Sequence[Any], path: str) -> tuple[tuple[Any,
         ndim = len(dec.fixed[0]) if dec.fixed else len(str(node.attrs.get("axes", "x")).split(","))
         decoders[fi.name] = EncodedColumn(path, node.name, dec, ndim)
     return tuple(out), decoders
-
-
-def decode_columns(decoders: dict[str, EncodedColumn], columns: dict[str, Any], idx: np.ndarray,
-                   as_float: bool, channels_first: bool, shared: bool, pool: Any) -> None:
-    """Replace each encoded field's column of bytes by its decoded column, in place."""
-    for name, col in decoders.items():
-        columns[name] = col.column(columns[name], idx, as_float, channels_first, shared, pool)

@@ -266,11 +266,6 @@ class _Releases:
                     self.watcher = None
                     return
 
-    def clear(self) -> None:
-        """Drop every held storage (tests; a process that wants its memory back now)."""
-        with self.lock:
-            self.held.clear()
-
     def after_fork_in_child(self) -> None:
         # A forked child (the next epoch's DataLoader workers) would otherwise keep the
         # previous workers' storages mapped for its whole life; and the lock may have been

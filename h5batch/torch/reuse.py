@@ -1,13 +1,11 @@
 """Private batch memory that the main process reuses once nothing holds it (``num_workers=0``).
 
-Why: without workers the batch is built in the main process, into a fresh allocation per
-batch. A batch of 64 pairs of 2 s float32 clips is 16 MB; whether the C library hands
-back the pages of the last one or maps fresh ones (each 4 KiB page then faulted in and
-zeroed by the kernel as the batch is filled) depends on its heap's history, so the same
-loop ran at twice the speed in one process as in the next (the slow one faulting in every
-page of every batch). Reusing the storage of a batch the caller has
-dropped removes that cost and that variance. The workers' counterpart, for shared memory,
-is :mod:`h5batch.torch.recycle`.
+Why: without workers each batch is a fresh allocation in the main process. Whether the C
+library hands back the pages of the last one or maps fresh ones (each 4 KiB page then
+faulted in and zeroed by the kernel as the batch is filled) depends on its heap's history,
+so the same loop's speed varied from one process to the next. Reusing the storage of a
+batch the caller has dropped removes that cost and that variance. The workers'
+counterpart, for shared memory, is :mod:`h5batch.torch.recycle`.
 
 The rule: a storage is reused only when this pool holds the only reference to it (torch's
 use count of the storage is 1: no tensor, view or numpy array of the caller's is left on
