@@ -158,7 +158,7 @@ def test_a_codec_registered_from_outside_is_accepted_without_editing_other_modul
     assert job.output.codec == deflate1 and deflate1 in codecs.choices()
     with pytest.raises(ConfigError, match=r"test-deflate levels are 1\.\.1, got 3"):
         _job({"codec": deflate1, "level": 3})
-    from h5batch.bench.cli import _codecs
+    from h5batch.commands.bench import _codecs
 
     assert _codecs(f"auto,{deflate1}") == ("auto", deflate1)
     spec = CodecSpec(deflate1)

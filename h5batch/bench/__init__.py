@@ -4,8 +4,7 @@ Modules: :mod:`corpus` (what is converted and the decoded reference), :mod:`writ
 conversion rows: the job file of ``h5batch convert``, the naive recipe, WebDataset, LitData),
 :mod:`loaders` (the read rows: h5batch, the naive file, raw files, the memmap limit, the
 peers), :mod:`measure` (a row in a process of its own, timed from outside), :mod:`suite`
-(the run), :mod:`report` (targets, ``results.md``, ``results.json``, plots), :mod:`cli` (the
-arguments of ``h5batch bench``, whose command is :mod:`h5batch.commands.bench`). Studies and
-probes that are not part of the suite live in the repository's ``benchmarks/`` folder. See
+(the run), :mod:`report` (targets, ``results.md``, ``results.json``, plots); the command
+and its arguments are :mod:`h5batch.commands.bench`. Studies and probes that are not part of the suite live in the repository's ``benchmarks/`` folder. See
 docs/benchmarks.md.
 """
