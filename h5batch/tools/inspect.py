@@ -33,10 +33,8 @@ def _codec_of(filters: list[int]) -> str:
 
 def describe(path: str) -> dict[str, Any]:
     """A JSON-able description of an h5batch file."""
-    try:
-        import hdf5plugin  # noqa: F401  (registers plugin filters for reading)
-    except ImportError:
-        pass
+    import hdf5plugin  # noqa: F401  (registers plugin filters for reading)
+
     out: dict[str, Any] = {"path": path, "file_bytes": os.path.getsize(path)}
     with h5py.File(path, "r") as f:
         a = f.attrs

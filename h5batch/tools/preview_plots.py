@@ -39,6 +39,16 @@ def _save(fig, path: str) -> None:
     fig.savefig(path, format="png", pil_kwargs={"compress_level": PNG_LEVEL})
 
 
+def _save_chart(fig, ax, path: str, xlabel: str, title: str) -> None:
+    """Label a histogram's axes, title it and write it."""
+    ax.set_xlabel(xlabel, fontsize=8)
+    ax.set_ylabel("samples", fontsize=8)
+    ax.set_title(title, fontsize=9)
+    ax.tick_params(labelsize=7)
+    fig.subplots_adjust(**MARGINS)
+    _save(fig, path)
+
+
 def histogram(path: str, values: Sequence[float], xlabel: str, title: str) -> None:
     """A histogram of ``values`` (at most 40 bins)."""
     v = np.asarray(values, dtype=np.float64)
@@ -48,12 +58,7 @@ def histogram(path: str, values: Sequence[float], xlabel: str, title: str) -> No
         bins = max(1, min(40, len(np.unique(v))))
         ax.hist(v, bins=bins, color=COLOR, edgecolor="white", linewidth=0.5)
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel(xlabel, fontsize=8)
-    ax.set_ylabel("samples", fontsize=8)
-    ax.set_title(title, fontsize=9)
-    ax.tick_params(labelsize=7)
-    fig.subplots_adjust(**MARGINS)
-    _save(fig, path)
+    _save_chart(fig, ax, path, xlabel, title)
 
 
 def size_histogram(path: str, widths: Sequence[int], heights: Sequence[int], title: str) -> None:
@@ -66,12 +71,7 @@ def size_histogram(path: str, widths: Sequence[int], heights: Sequence[int], tit
         ax.hist([w, h], bins=bins, color=[COLOR, "#d08c3a"], label=["width", "height"])
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(fontsize=7)
-    ax.set_xlabel("pixels", fontsize=8)
-    ax.set_ylabel("samples", fontsize=8)
-    ax.set_title(title, fontsize=9)
-    ax.tick_params(labelsize=7)
-    fig.subplots_adjust(**MARGINS)
-    _save(fig, path)
+    _save_chart(fig, ax, path, "pixels", title)
 
 
 def mono(x: np.ndarray) -> np.ndarray:
@@ -109,9 +109,8 @@ class Waveforms:
         _save(self.fig, path)
 
 
-def spectrogram(path: str, x: np.ndarray, sample_rate: int) -> tuple[int, int]:
-    """Log-magnitude STFT (dB, 60 dB range) as an image, low frequencies at the bottom.
-    Returns (frames, bins)."""
+def spectrogram(path: str, x: np.ndarray, sample_rate: int) -> None:
+    """Log-magnitude STFT (dB, 60 dB range) as an image, low frequencies at the bottom."""
     y = mono(x)
     n_fft = 256 if sample_rate <= 16000 else 512
     hop = max(1, n_fft // 4)
@@ -122,23 +121,22 @@ def spectrogram(path: str, x: np.ndarray, sample_rate: int) -> tuple[int, int]:
     spec = np.abs(np.fft.rfft(y[idx] * np.hanning(n_fft), axis=1)) ** 2
     db = 10 * np.log10(np.maximum(spec, 1e-12))
     db = np.clip(db, db.max() - 60, None)
-    return image_of(path, db.T[::-1])
+    image_of(path, db.T[::-1])
 
 
-def image_of(path: str, m: np.ndarray) -> tuple[int, int]:
-    """A 2-D array as a colour-mapped PNG (rows top to bottom). Returns (width, height)."""
+def image_of(path: str, m: np.ndarray) -> None:
+    """A 2-D array as a colour-mapped PNG (rows top to bottom)."""
     from matplotlib.image import imsave
 
     m = np.asarray(m, dtype=np.float64)
     lo, hi = (float(m.min()), float(m.max())) if m.size else (0.0, 1.0)
     imsave(path, m if m.size else np.zeros((1, 1)), cmap="magma", vmin=lo, vmax=hi if hi > lo else lo + 1,
            format="png", pil_kwargs={"compress_level": PNG_LEVEL})
-    return (m.shape[1], m.shape[0]) if m.ndim == 2 else (1, 1)
 
 
-def thumbnail(path: str, img: np.ndarray) -> tuple[int, int]:
+def thumbnail(path: str, img: np.ndarray) -> None:
     """An ``(H, W, C)`` (C 1, 3 or 4) or ``(H, W)`` image as a PNG of at most THUMB_MAX px
-    a side. uint8 is kept as it is; other dtypes are stretched to 0..255. Returns (w, h)."""
+    a side. uint8 is kept as it is; other dtypes are stretched to 0..255."""
     from PIL import Image
 
     a = np.asarray(img)
@@ -153,22 +151,14 @@ def thumbnail(path: str, img: np.ndarray) -> tuple[int, int]:
     im = Image.fromarray(np.ascontiguousarray(a))
     im.thumbnail((THUMB_MAX, THUMB_MAX))
     im.save(path, format="PNG", compress_level=PNG_LEVEL)
-    return im.size
 
 
-def to_pcm16(x: np.ndarray) -> np.ndarray:
-    """A clip as int16 PCM: int16 as it is; float (in [-1, 1], as h5batch stores it) times
-    32768, rounded and clipped (the inverse of ``as_float``)."""
-    a = np.asarray(x)
-    if a.dtype == np.int16:
-        return a
-    return np.clip(np.round(a.astype(np.float64) * 32768.0), -32768, 32767).astype(np.int16)
-
-
-def write_wav(path: str, x: np.ndarray, sample_rate: int) -> int:
-    """A 16-bit PCM WAV of the clip (``(T,)`` or ``(T, C)``). Returns its frames."""
+def write_wav(path: str, x: np.ndarray, sample_rate: int) -> None:
+    """A 16-bit PCM WAV of the clip (``(T,)`` or ``(T, C)``): int16 as it is; float (in
+    [-1, 1], as h5batch stores it) times 32768, rounded and clipped (the inverse of ``as_float``)."""
     import soundfile as sf
 
-    pcm = to_pcm16(x)
-    sf.write(path, pcm, int(sample_rate), subtype="PCM_16", format="WAV")
-    return int(pcm.shape[0])
+    a = np.asarray(x)
+    if a.dtype != np.int16:
+        a = np.clip(np.round(a.astype(np.float64) * 32768.0), -32768, 32767).astype(np.int16)
+    sf.write(path, a, int(sample_rate), subtype="PCM_16", format="WAV")

@@ -435,10 +435,8 @@ def verify_file(path: str, sources: bool = False, root: str | None = None,
 
     Raises :class:`VerifyError` when the file is missing or not an h5batch file.
     """
-    try:
-        import hdf5plugin  # noqa: F401  (plugin filters for reading)
-    except ImportError:
-        pass
+    import hdf5plugin  # noqa: F401  (plugin filters for reading)
+
     if not os.path.isfile(path):
         raise VerifyError(f"{path}: no such file")
     try:
