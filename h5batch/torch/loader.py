@@ -47,12 +47,8 @@ def accelerator_available() -> bool:
 
 
 class H5DataLoader(DataLoader):
-    """A ``DataLoader`` with :meth:`set_epoch` (forwarded to its sampler and batch sampler).
-
-    The h5batch samplers move on to the next epoch by themselves when one is fully drawn
-    (:mod:`h5batch.torch.state`), so a loop over epochs needs no call; build it with
-    :meth:`H5Dataset.loader <h5batch.torch.H5Dataset.loader>`.
-    """
+    """A ``DataLoader`` with :meth:`set_epoch` (forwarded to its sampler and batch sampler);
+    build it with :meth:`H5Dataset.loader <h5batch.torch.H5Dataset.loader>` (see the module docstring)."""
 
     def __iter__(self) -> Any:
         prefetch = self._remote_prefetch()

@@ -31,6 +31,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -52,13 +53,11 @@ _SLOT_OF_PTR: dict[int, tuple[_WorkerSlots, int]] = {}
 _reducer_pid: int | None = None
 
 
+@dataclass(slots=True)
 class _Slot:
-    __slots__ = ("storage", "capacity", "issued")
-
-    def __init__(self, storage: torch.UntypedStorage, capacity: int):
-        self.storage = storage
-        self.capacity = capacity
-        self.issued: int | None = None  # generation of the last lease sent, None if never sent
+    storage: torch.UntypedStorage
+    capacity: int
+    issued: int | None = None  # generation of the last lease sent, None if never sent
 
 
 class _WorkerSlots:
@@ -209,17 +208,15 @@ def _reduce_leased(tensor: torch.Tensor) -> tuple[Callable[..., Any], tuple[Any,
 WATCH_INTERVAL = 1.0
 
 
+@dataclass(slots=True)
 class _Held:
     """One worker slot's storage as mapped in this process."""
 
-    __slots__ = ("storage", "control", "row", "gen", "released")
-
-    def __init__(self, storage: torch.UntypedStorage, control: Any, row: int):
-        self.storage = storage
-        self.control = control  # the pool's (MAX_WORKERS, MAX_SLOTS) numpy view
-        self.row = row  # the worker's row in it
-        self.gen = -1
-        self.released = True
+    storage: torch.UntypedStorage
+    control: Any  # the pool's (MAX_WORKERS, MAX_SLOTS) numpy view
+    row: int  # the worker's row in it
+    gen: int = -1
+    released: bool = True
 
 
 class _Releases:

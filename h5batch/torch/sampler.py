@@ -7,16 +7,10 @@ whose chunk cache holds ``window`` chunks (``H5Dataset``'s default) then decodes
 once per epoch.
 
 The trade-off is shuffle quality: two samples of one chunk are never more than a window
-apart, and a batch draws from at most ``window`` chunks instead of the whole split. Samples
-are stored in manifest order (for class-folder corpora, class by class), so the default
-``mixing="stratified"`` fills each window with chunks from all over the file and spreads each
-chunk's samples evenly over its window: with ``window=12`` a batch of 64 on a class-sorted
-corpus of 10 classes is as close to the corpus' label histogram as a full random permutation
-(``docs/reader.md`` has the figures). A larger window mixes better and costs ``window``
-decoded chunks of cache per field per worker.
-
-Its state (:mod:`h5batch.torch.state`) is ``(seed, epoch, position)``: resumable in O(1), and
-an exhausted epoch rolls on to the next by itself.
+apart, and a batch draws from at most ``window`` chunks instead of the whole split; the
+default ``mixing="stratified"`` (:mod:`h5batch.torch.order`) makes up for the class-sorted
+order of most corpora (``docs/reader.md`` has the figures). A larger window mixes better and
+costs ``window`` decoded chunks of cache per field per worker.
 """
 
 from __future__ import annotations
@@ -79,7 +73,7 @@ class ChunkShuffleSampler(EpochState, Sampler[int]):
     -----
     Each ``iter()`` after a fully drawn epoch yields the next epoch; :meth:`set_epoch` chooses
     one explicitly. ``state_dict()`` / ``load_state_dict()`` hold ``(seed, epoch, position)``
-    (torchdata's ``StatefulDataLoader`` calls them).
+    (:mod:`h5batch.torch.state`; torchdata's ``StatefulDataLoader`` calls them): resumable in O(1).
 
     Ranks get *contiguous* slices of the order (not round robin), so each touches about
     ``1 / world_size`` of the chunks. A state loads only into the same world size; for one that
