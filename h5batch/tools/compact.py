@@ -7,17 +7,12 @@ reused; each sync leaves the old inventory, rejects, class names and tombstones 
 (~1 % of a 100,000-file output, docs/sync.md). Tombstoned samples are kept so no row changes
 its number; ``convert --overwrite`` drops them.
 
-Steps, crash-safe as in :mod:`h5batch.tools.replace`:
-
-1. take the output's lock (:mod:`h5batch.conversion.lock`); undo an interrupted sync first;
-2. copy every root object with ``Group.copy`` (``H5Ocopy``: chunks copied as stored) and the
-   root attributes into ``OUT.compact-tmp``, created with the writer's file settings;
-3. check the copy: same objects, shapes, dtypes, chunks, filters, attributes and stored
-   bytes, and (unless ``verify=False``) what ``h5batch verify`` checks;
-4. fsync it, rename it over ``OUT`` and fsync the folder.
-
-A crash before the rename leaves ``OUT`` as it was (the stale copy is removed next run).
-Open readers keep the old inode. Needs the output's size again in free space.
+The copy replaces the output all or nothing, under its lock (:mod:`h5batch.tools.replace`):
+every root object is copied with ``Group.copy`` (``H5Ocopy``: chunks copied as stored) and
+the root attributes into ``OUT.compact-tmp``, created with the writer's file settings; the
+copy must have the same objects, shapes, dtypes, chunks, filters, attributes and stored
+bytes, and (unless ``verify=False``) pass what ``h5batch verify`` checks. Needs the output's
+size again in free space.
 """
 
 from __future__ import annotations

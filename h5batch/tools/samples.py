@@ -67,10 +67,9 @@ def open_split(path: str, split: str) -> Any:
 def file_rows(f: h5py.File, path: str, split: str) -> np.ndarray:
     """File row of every sample the reader yields (tombstoned rows left out), int64."""
     from .index import live_rows
+    from .views import num_samples
 
-    g = f[split]
-    n = int(g.attrs[fmt.ATTR_NUM_SAMPLES]) if fmt.ATTR_NUM_SAMPLES in g.attrs else (
-        int(g[fmt.SOURCE].shape[0]) if fmt.SOURCE in g else 0)
+    n = num_samples(f[split])
     live = live_rows(f, path, split, n)
     return np.arange(n, dtype=np.int64) if live is None else live
 

@@ -5,14 +5,11 @@ sorted ascending, each once, each in ``[0, num_samples)`` (docs/FORMAT.md).
 ``H5Dataset(path, split, view=name)`` reads exactly those rows, and its ``chunk_starts()``
 groups them by chunk, so the chunk-aware samplers stay chunk-local.
 
-Rule: the file is never modified in place, because HDF5 in ``"r+"`` rewrites metadata blocks
-in no particular order and a crash or full disk midway can leave the whole file unreadable.
-Instead (:mod:`h5batch.tools.replace`, as ``h5batch compact``): take ``OUT.lock`` so a
-conversion or another view command refuses instead of racing; copy to ``OUT.views-tmp``
-(``os.copy_file_range``: a reflink where supported, else needs the file's size in free
-space) and edit the copy; reopen it read-only and check every view (:func:`check_rows`) and
-the row counts; fsync, rename over ``OUT`` and fsync the folder. A crash before the rename
-leaves ``OUT`` untouched; open readers keep the old inode.
+Rule: the file is never modified in place; it is replaced whole by a checked copy, under
+its lock (:mod:`h5batch.tools.replace` says why and how, as for ``h5batch compact``). The
+copy is ``OUT.views-tmp`` (``os.copy_file_range``: a reflink where supported, else needs the
+file's size in free space); after the edit it is reopened read-only and every view
+(:func:`check_rows`) and the row counts are checked before it replaces ``OUT``.
 
 ``verify`` checks every view with :func:`check_rows`; the reader checks the view it opens.
 """
