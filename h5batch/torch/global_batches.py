@@ -32,8 +32,8 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from ..argcheck import integer, rank_of
-from .order import check_mixing, chunk_order, epoch_rng
-from .sampler import DEFAULT_WINDOW, chunk_groups
+from .order import check_mixing
+from .sampler import DEFAULT_WINDOW, ChunkShuffleSampler, chunk_groups
 from .state import EpochState
 
 SPLITS = ("by_chunk", "interleaved")
@@ -87,10 +87,7 @@ class GlobalBatchSampler(EpochState, Sampler[list[int]]):
     def __len__(self) -> int:
         return self.num_batches
 
-    def epoch_order(self, epoch: int | None = None) -> np.ndarray:
-        """The epoch's sample order (the same as ``ChunkShuffleSampler`` with these arguments)."""
-        e = self.epoch if epoch is None else integer("epoch", epoch, 0)
-        return chunk_order(self.chunk_starts, self.n, self.window, epoch_rng(self.seed, e), self.mixing)
+    epoch_order = ChunkShuffleSampler.epoch_order  # the same order as ChunkShuffleSampler with these arguments
 
     def global_batches(self, epoch: int | None = None) -> np.ndarray:
         """``(num_batches, global_batch_size)`` int64: every global batch of the epoch."""
