@@ -119,12 +119,6 @@ class BucketingBatchSampler(EpochState, Sampler[list[int]]):
                 batches = batches + [batches[i % len(batches)] for i in range(extra)]
         return batches[self.rank::w]
 
-    def __len__(self) -> int:
-        return len(self.local_batches())
-
-    def __iter__(self) -> Iterator[list[int]]:
-        return self._iterate()
-
     # ------------------------------------------------------------ planning
 
     def _make_batches(self, epoch: int) -> list[list[int]]:
@@ -167,7 +161,7 @@ class BucketingBatchSampler(EpochState, Sampler[list[int]]):
     # ------------------------------------------------------------ EpochState
 
     def _units(self) -> int:
-        return len(self)
+        return len(self.local_batches())
 
     def _state_checks(self) -> dict[str, Any]:
         return {"samples": self.n, "max_frames": self.max_frames, "num_buckets": self.num_buckets,

@@ -84,9 +84,6 @@ class GlobalBatchSampler(EpochState, Sampler[list[int]]):
         self.num_batches = self.n // g if self.drop_last else -(-self.n // g)
         self._init_state()
 
-    def __len__(self) -> int:
-        return self.num_batches
-
     epoch_order = ChunkShuffleSampler.epoch_order  # the same order as ChunkShuffleSampler with these arguments
 
     def global_batches(self, epoch: int | None = None) -> np.ndarray:
@@ -104,9 +101,6 @@ class GlobalBatchSampler(EpochState, Sampler[list[int]]):
         if self.split == "interleaved":
             return batches[:, r::w]
         return np.sort(batches, axis=1)[:, r * b:(r + 1) * b]
-
-    def __iter__(self) -> Iterator[list[int]]:
-        return self._iterate()
 
     # EpochState
     def _units(self) -> int:

@@ -249,9 +249,6 @@ class MixingSampler(EpochState, Sampler):
             return self.num_samples // bs if self.drop_last else -(-self.num_samples // bs)
         return int((self.lengths // bs if self.drop_last else -(-self.lengths // bs)).sum())
 
-    def __len__(self) -> int:
-        return self._units()
-
     def _state_checks(self) -> dict[str, Any]:
         return {"lengths": self.lengths.tolist(), "weights": None if self.weights is None else self.weights.round(12).tolist(),
                 "in_turn": self.in_turn, "batch_size": self.batch_size, "num_samples": self.num_samples,
@@ -300,9 +297,6 @@ class MixingSampler(EpochState, Sampler):
 
     def _units_of(self, epoch: int, start: int) -> Iterator[Any]:
         return iter(self.epoch_units(epoch)[start:])
-
-    def __iter__(self) -> Iterator[Any]:
-        return self._iterate()
 
     def __repr__(self) -> str:
         how = "in turn" if self.in_turn else ("every sample once" if self.weights is None

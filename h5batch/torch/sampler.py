@@ -97,9 +97,6 @@ class ChunkShuffleSampler(EpochState, Sampler[int]):
             self.num_samples = -(-self.n // self.world_size)
         self._init_state()
 
-    def __len__(self) -> int:
-        return self.num_samples
-
     def epoch_order(self, epoch: int | None = None) -> np.ndarray:
         """The whole order of ``epoch`` (default: the current one), all ranks, int64."""
         e = self.epoch if epoch is None else integer("epoch", epoch, 0)
@@ -116,9 +113,6 @@ class ChunkShuffleSampler(EpochState, Sampler[int]):
             order = order[:total]
         lo = self.rank * self.num_samples
         return order[lo: lo + self.num_samples]
-
-    def __iter__(self) -> Iterator[int]:
-        return self._iterate()
 
     # EpochState
     def _units(self) -> int:

@@ -40,7 +40,7 @@ class EpochState:
     A subclass sets ``self.seed`` and calls :meth:`_init_state`; defines ``_units()`` (units
     in one epoch), ``_state_checks()`` (values a state must match, e.g. the number of
     samples) and ``_units_of(epoch, start)`` (an iterator over the epoch's units from
-    ``start``); its ``__iter__`` is ``return self._iterate()``.
+    ``start``). ``__iter__`` and ``__len__`` (the current epoch's units) come from here.
     """
 
     seed: int
@@ -123,6 +123,12 @@ class EpochState:
         self._position, self._resume = position, True
 
     # --------------------------------------------------------------- iterate
+
+    def __len__(self) -> int:
+        return self._units()
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._iterate()
 
     def _begin(self) -> tuple[int, int]:
         """``(epoch, start)`` of a new iterator, by the rules of the module docstring."""
