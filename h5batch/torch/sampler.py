@@ -30,11 +30,7 @@ DEFAULT_WINDOW = 12  # chunk groups per window; H5Dataset's default cache holds 
 
 def chunk_groups(data: Any, chunk_size: int | None) -> tuple[int, np.ndarray, int]:
     """``(n, starts, chunk_size)``: sample count and chunk groups of ``data`` (see the samplers)."""
-    if isinstance(data, Sized):
-        n = len(data)
-    else:
-        n = integer("data", data, 0)
-    n = int(n)
+    n = len(data) if isinstance(data, Sized) else integer("data", data, 0)
     starts = None
     if chunk_size is None and callable(getattr(data, "chunk_starts", None)):
         starts = np.asarray(data.chunk_starts(), dtype=np.int64)
@@ -91,10 +87,8 @@ class ChunkShuffleSampler(EpochState, Sampler[int]):
         self.rank, self.world_size = rank_of(rank, world_size)
         self.drop_last = bool(drop_last)
         self.mixing = check_mixing(mixing)
-        if self.drop_last:
-            self.num_samples = self.n // self.world_size
-        else:
-            self.num_samples = -(-self.n // self.world_size)
+        w = self.world_size
+        self.num_samples = self.n // w if self.drop_last else -(-self.n // w)
         self._init_state()
 
     def epoch_order(self, epoch: int | None = None) -> np.ndarray:
