@@ -443,9 +443,6 @@ class H5Dataset(Dataset):
         cut = np.flatnonzero(np.diff(u) != 1) + 1
         parts = [self._sources[int(r[0]): int(r[-1]) + 1] for r in np.split(u, cut) if len(r)]
         rows = np.concatenate(parts) if parts else np.empty((0,), dtype=object)
-        if self._source_tuple:
-            texts = [tuple(x.decode() for x in row) for row in rows]
-        else:
-            texts = [x.decode() for x in rows]
+        texts = [tuple(x.decode() for x in row) if self._source_tuple else row.decode() for row in rows]
         return [texts[k] for k in inv.tolist()]
 
