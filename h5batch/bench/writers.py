@@ -108,10 +108,6 @@ def _wds_write(pattern: str, items: Items, start: int, fields: Fields, maxcount:
     return nbytes
 
 
-def _wds_part(args: tuple) -> int:
-    return _wds_write(*args)
-
-
 def wds_convert(items: Items, fields: Fields, out_dir: str, processes: int = 2,
                 maxcount: int = 256) -> dict[str, Any]:
     """``items`` as WebDataset shards, each of ``processes`` forked processes writing its own."""
@@ -127,10 +123,10 @@ def wds_convert(items: Items, fields: Fields, out_dir: str, processes: int = 2,
     parts = [(os.path.join(out_dir, f"shard-p{r:02d}-%06d.tar"), items[bounds[r]:bounds[r + 1]], bounds[r],
               tuple(fields), maxcount) for r in range(processes)]
     if processes <= 1:
-        nbytes = _wds_part(parts[0])
+        nbytes = _wds_write(*parts[0])
     else:
         with mp.get_context("fork").Pool(processes) as pool:
-            nbytes = sum(pool.map(_wds_part, parts, chunksize=1))
+            nbytes = sum(pool.starmap(_wds_write, parts, chunksize=1))
     return {"samples": n, "bytes_decoded": nbytes, "seconds": time.perf_counter() - t0}
 
 
