@@ -171,6 +171,40 @@ def test_killed_download_leaves_nothing_a_later_read_serves(served, local_file, 
     assert not os.path.exists(stale)
 
 
+def test_a_dataloader_worker_killed_mid_download_leaves_no_chunk_served(served, local_file, tmp_path):
+    srv, _ = served
+    cache = tmp_path / "cache"
+    obj = H5Dataset(URL, split="train", cache_dir=cache)._object  # metadata cached: the worker GETs chunks
+
+    def published() -> set[str]:
+        return {e for e in os.listdir(obj.dir) if e[0].isdigit() and ".tmp." not in e and not e.endswith(".lock")}
+
+    before = published()
+    slow = FaultProxy(srv.endpoint, "slow")  # GETs answered after 3 s
+    code = ("import sys\nfrom h5batch.torch import H5Dataset\n"
+            "if __name__ == '__main__':\n"
+            f"    ds = H5Dataset({URL!r}, split='train', cache_dir={str(cache)!r})\n"
+            "    it = iter(ds.loader(batch_size=8, shuffle=False, num_workers=1))\n"
+            "    print(it._workers[0].pid, flush=True)\n"
+            "    next(it)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "AWS_ENDPOINT_URL": slow.endpoint},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    worker = int(p.stdout.readline())
+    deadline = time.monotonic() + 30
+    while slow.counts().get("GET", 0) == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the worker's first chunk GET is in flight
+    os.kill(worker, signal.SIGKILL)
+    _, err = p.communicate(timeout=60)
+    slow.close()
+    assert p.returncode != 0 and f"DataLoader worker (pid(s) {worker}) exited unexpectedly" in err, err
+    assert published() == before  # the killed download published nothing
+    ds = H5Dataset(URL, split="train", cache_dir=cache)
+    local = H5Dataset(local_file, split="train")
+    for a, b in zip(_epoch(ds, ds.loader(batch_size=8, shuffle=False)), _epoch(local, local.loader(batch_size=8, shuffle=False)),
+                    strict=True):
+        assert np.array_equal(a, b)
+
+
 def test_500_on_every_request_is_a_clear_error(served, tmp_path):
     srv, _ = served
     bad = FaultProxy(srv.endpoint, "500")
