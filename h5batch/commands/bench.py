@@ -45,6 +45,7 @@ def run(args) -> int:
     cfg = quick_config(**over) if args.quick else full_config(**over)
     if args.peers:
         cfg.peers = True
+    cfg.s3 = args.s3
     if args.no_peers:
         cfg.peers = False
     if args.no_real:
