@@ -41,6 +41,31 @@ def test_environment_gives_endpoint_and_credentials(s3, monkeypatch):
     assert ObjectClient("s3://bench/t/env").get(2, 5) == b"234"
 
 
+def test_the_aws_cli_files_give_credentials_region_and_endpoint(s3, tmp_path, monkeypatch):
+    s3.client().put_object(Bucket="bench", Key="t/files", Body=b"0123456789")
+    proxy = FaultProxy(s3.endpoint)
+    try:
+        for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
+                  "AWS_REGION", "AWS_DEFAULT_REGION"):
+            monkeypatch.delenv(k, raising=False)
+        (tmp_path / "credentials").write_text("[default]\naws_access_key_id = WRONG\naws_secret_access_key = x\n"
+                                              "[train]\naws_access_key_id = FROMFILE\naws_secret_access_key = s3cr3t\n")
+        (tmp_path / "config").write_text(f"[profile train]\nregion = eu-west-1\nendpoint_url = {proxy.endpoint}\n")
+        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+        monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+        monkeypatch.setenv("AWS_PROFILE", "train")
+        assert ObjectClient("s3://bench/t/files").get(2, 5) == b"234"
+        counts = proxy.counts()
+        assert counts.get("key FROMFILE") == 1 and "key WRONG" not in counts
+        # The environment's keys come first, whole: the file's secret is not mixed in.
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "FROMENV")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "other")
+        assert ObjectClient("s3://bench/t/files").get(0, 1) == b"0"
+        assert proxy.counts().get("key FROMENV") == 1
+    finally:
+        proxy.close()
+
+
 def test_replaced_object_is_an_error_naming_the_url(s3):
     s3.client().put_object(Bucket="bench", Key="t/r", Body=b"a" * 100)
     c = ObjectClient("s3://bench/t/r", _opts(s3.endpoint))

@@ -12,6 +12,7 @@ import json
 import os
 from typing import Any
 
+from . import s3
 from .suite import DEFAULT_CODEC, LOADER, PLAIN
 
 MB = 1e6
@@ -96,6 +97,9 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     if peers:
         best = _best(results, "convert", c, ("webdataset", "litdata"))
         out.append(judged("conversion >= 2x the best peer writer", h, best, 2.0, f" ({best['method']})" if best else ""))
+    s3_first = {m: find(results, phase="s3", corpus=c, method=m, variant="first epoch") for m in ("h5batch", "litdata")}
+    if s3_first["h5batch"]:
+        out.append(judged("s3:// first epoch >= 1.5x LitData", s3_first["h5batch"], s3_first["litdata"], 1.5))
     if "fsdd" in results["corpora"]:
         out.append(judged("FSDD conversion >= 3x naive", conv("fsdd", "h5batch"), conv("fsdd", "naive"), 3.0))
     return out
@@ -198,6 +202,9 @@ def markdown(results: dict[str, Any]) -> str:
             lines += [f"### Read (DataLoader, batch {cfg['batch_size']}, shuffle on; {ep['epochs']} epochs of "
                       f"{ep['samples_per_epoch']} samples timed after an untimed one; MB/s of decoded samples, "
                       f"delivered as float32{'; every batch summed' if cfg.get('consume') else ''})", ""] + read + [""]
+    if s3.table(results):
+        lines += ["## Object storage (`--s3`: moto's server on loopback; batch 64, 2 workers; GETs and bytes counted "
+                  "by a proxy; moto copies the whole object per GET)", ""] + s3.table(results) + [""]
     checks = results.get("checks") or []
     if checks:
         bad = [c for c in checks if not c["ok"]]

@@ -58,6 +58,7 @@ class BenchConfig:
     batch_size: int = 64
     processes: int = 2  # processes of the peers' writers
     peers: bool = False
+    s3: bool = False  # object-storage rows (h5batch.bench.s3): moto's server on loopback
     real: bool = False  # include ../shared/corpora
     shared: str = os.path.join("..", "shared", "corpora")
     cache: str = os.path.join("data", "bench")
@@ -161,6 +162,8 @@ class Bench:
             self._check_phase(spec)
         for spec in specs:
             self._read_phase(spec)
+        if self.cfg.s3:
+            self._s3_phase(specs[0])
         load["end"] = os.getloadavg()
         results = {"meta": self._meta(time.perf_counter() - t0, load), "config": asdict(self.cfg),
                    "corpora": self.corpora, "main_corpus": specs[0]["corpus"].name,
@@ -189,6 +192,18 @@ class Bench:
                             "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
                             "platform": platform.platform(), "python": platform.python_version()},
                 "versions": versions, "note": "warm page cache: every input and output file is read from memory"}
+
+    def _s3_phase(self, spec: dict[str, Any]) -> None:
+        from . import s3
+
+        ok, why = s3.available()
+        h5 = self.path("h5", f"{spec['corpus'].name}-{DEFAULT_CODEC}.h5")
+        if not ok or not os.path.exists(h5):
+            self.skipped.append(f"s3 rows: {why or 'no h5batch output of the main corpus'}")
+            return
+        lit = self.path("litdata", spec["corpus"].name, "x")
+        self.say("s3: reads from moto's server on loopback")
+        s3.measure_rows(self, spec["corpus"].name, h5, lit if self.peer_ok.get("litdata") else None, self.cfg.reps)
 
     # ---------------------------------------------------------------- corpora
 

@@ -65,6 +65,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="the default: 4096 pairs (x4: 16384 for scaling), 400 images, 3 repetitions, every codec, "
                            "peers, real corpora")
     p.add_argument("--peers", action="store_true", help="also WebDataset and LitData (always on in full mode)")
+    p.add_argument("--s3", action="store_true",
+                   help="also read from object storage: h5batch's s3:// reader beside LitData's, one S3 server on "
+                        "loopback (moto; the s3 extra)")
     p.add_argument("--no-peers", action="store_true", help="skip the peers even in full mode")
     p.add_argument("--no-real", action="store_true", help="skip ../shared/corpora even in full mode")
     p.add_argument("--pairs", type=_positive, help="paired-audio samples of the x1 corpus")
@@ -100,6 +103,7 @@ def run(args) -> int:
     cfg = quick_config(**over) if args.quick else full_config(**over)
     if args.peers:
         cfg.peers = True
+    cfg.s3 = args.s3
     if args.no_peers:
         cfg.peers = False
     if args.no_real:

@@ -12,8 +12,14 @@ Rules:
   file, written to ``<name>.tmp.<pid>`` and published with ``os.replace``. A reader sees a
   whole range or none; a process killed mid-download leaves only its ``.tmp`` file, which
   nothing serves and the next bound check removes.
-* Neighbours coalesced: :meth:`ObjectCache.fetch` takes many ranges, and ranges adjacent in
-  the file (gaps up to :data:`GAP`) go in one GET of up to :data:`MAX_GET` bytes.
+* Neighbours coalesced: :meth:`ObjectCache.fetch` takes many ranges, and ranges near each
+  other in the file (gaps up to :data:`GAP`) go in one GET of up to :data:`MAX_GET` bytes.
+  Every chunk of the file's chunk map (``chunks.npy``, :mod:`h5batch.remote.rfile`) that lies
+  whole in a gap is published too: an epoch reads every chunk, so no fetched byte is wasted.
+  Why a gap this wide: a GET costs a round trip and the server's per-request work (tens of
+  milliseconds on S3, about the time to stream a few MB), and a store bills per request.
+  A bounded cache takes gaps up to :data:`BOUNDED_GAP` only: a chunk fetched because it lay in
+  a gap could push out one read sooner, and be evicted itself before its turn.
 * Bounded by ``max_bytes`` (None: unbounded). Past it, entries are evicted by the order file
   ``order.npy`` (the offsets the sampler will read next, written by the prefetcher of
   :mod:`h5batch.remote.prefetch`): first those not read again, least recently used first,
@@ -34,8 +40,9 @@ import numpy as np
 from ..transport.segments import pid_alive
 from .client import ObjectClient
 
-GAP = 64 << 10  # ranges this close are fetched in one GET (the gap is read and dropped)
-MAX_GET = 16 << 20  # bytes per coalesced GET
+GAP = 4 << 20  # ranges this close are fetched in one GET (the chunks in the gap published too)
+BOUNDED_GAP = 64 << 10  # the same, in a cache bounded by max_bytes
+MAX_GET = 32 << 20  # bytes per coalesced GET
 META_BLOCK = 256 << 10  # the file's metadata is read in aligned blocks of this size
 
 
@@ -50,6 +57,8 @@ class ObjectCache:
         with open(os.path.join(self.dir, "object.json"), "w") as f:  # for people looking in the folder
             f.write(ident)
         self.max_bytes = max_bytes
+        self.gap = GAP if max_bytes is None else BOUNDED_GAP
+        self._map: np.ndarray | None = None  # the chunk map (offsets, sizes), once rfile listed it
         self.gets = 0  # GETs made by this process (tests, the bench)
         self.fetched = 0  # bytes they returned
 
@@ -97,7 +106,7 @@ class ObjectCache:
                 if not self.has(off, n):  # published while we waited
                     got.append((off, n))
             out = {}
-            for run in _runs(got):
+            for run in self._uncached_runs(got):
                 lo, hi = run[0][0], run[-1][0] + run[-1][1]
                 data = self.client.get(lo, hi, self.etag)
                 self.gets += 1
@@ -105,12 +114,53 @@ class ObjectCache:
                 for off, n in run:
                     out[(off, n)] = data[off - lo: off - lo + n]
                     self._publish(off, n, out[(off, n)])
+                for off, n in self._within(lo, hi):  # the gaps' chunks, unless there already
+                    if (off, n) not in out and not self.has(off, n):
+                        self._publish(off, n, data[off - lo: off - lo + n])
         finally:
             for fd in locks:
                 os.close(fd)  # releases the flock
         if out and self.max_bytes is not None:
             self.bound(keep={self.path(*r) for r in out})
         return out
+
+    def runs(self, ranges: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+        """Sorted ``ranges`` grouped into GETs: neighbours within :attr:`gap`, up to :data:`MAX_GET`."""
+        runs: list[list[tuple[int, int]]] = []
+        for off, n in ranges:
+            if runs:
+                lo = runs[-1][0][0]
+                end = runs[-1][-1][0] + runs[-1][-1][1]
+                if off - end <= self.gap and off + n - lo <= MAX_GET:
+                    runs[-1].append((off, n))
+                    continue
+            runs.append([(off, n)])
+        return runs
+
+    def _uncached_runs(self, ranges: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+        """:meth:`runs` of ``ranges``, cut where a gap holds a chunk already cached (not
+        fetched twice)."""
+        out = []
+        for run in self.runs(ranges):
+            part = [run[0]]
+            for prev, cur in zip(run, run[1:]):
+                if any(self.has(*c) for c in self._within(prev[0] + prev[1], cur[0])):
+                    out.append(part)
+                    part = []
+                part.append(cur)
+            out.append(part)
+        return out
+
+    def _within(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        """The chunks of the map that lie whole in ``[lo, hi)``."""
+        if self._map is None:
+            try:
+                self._map = np.load(os.path.join(self.dir, "chunks.npy"))
+            except (OSError, ValueError):
+                return []
+        offs, sizes = self._map
+        i, j = np.searchsorted(offs, lo), np.searchsorted(offs + sizes, hi, side="right")
+        return list(zip(offs[i:j].tolist(), sizes[i:j].tolist()))
 
     def _publish(self, offset: int, size: int, data: bytes) -> None:
         p = self.path(offset, size)
@@ -167,20 +217,6 @@ class ObjectCache:
         tmp = os.path.join(self.dir, f"order.tmp.{os.getpid()}.npy")
         np.save(tmp, np.asarray(offsets, dtype=np.int64))
         os.replace(tmp, os.path.join(self.dir, "order.npy"))
-
-
-def _runs(ranges: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
-    """Sorted ranges grouped into GETs: neighbours within :data:`GAP`, up to :data:`MAX_GET`."""
-    runs: list[list[tuple[int, int]]] = []
-    for off, n in ranges:
-        if runs:
-            lo = runs[-1][0][0]
-            end = runs[-1][-1][0] + runs[-1][-1][1]
-            if off - end <= GAP and off + n - lo <= MAX_GET:
-                runs[-1].append((off, n))
-                continue
-        runs.append([(off, n)])
-    return runs
 
 
 def _unlink(path: str) -> None:

@@ -6,8 +6,11 @@ s3fs need botocore, whose ``python-dateutil<3`` conflicts with the pinned 4.0), 
 
 Where the endpoint and credentials come from: the standard AWS environment
 (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``,
-``AWS_DEFAULT_REGION``/``AWS_REGION``; web identity, ECS and instance metadata credentials as
-obstore finds them), overridden by ``storage_options`` with the keys fsspec's s3fs uses:
+``AWS_DEFAULT_REGION``/``AWS_REGION``), else the shared files of the AWS CLI
+(``~/.aws/credentials`` and ``~/.aws/config``, or ``AWS_SHARED_CREDENTIALS_FILE`` /
+``AWS_CONFIG_FILE``; profile ``AWS_PROFILE``, else ``default``: its keys, ``region`` and
+``endpoint_url``), else web identity, ECS and instance metadata credentials as obstore
+finds them; all of it overridden by ``storage_options`` with the keys fsspec's s3fs uses:
 ``key``, ``secret``, ``token``, ``endpoint_url``, ``client_kwargs`` (``endpoint_url``,
 ``region_name``), ``retries`` (attempts per request). Any other key is a ``TypeError`` naming
 it. Credentials are never part of an error message, a log line or a stored job.
@@ -20,6 +23,7 @@ about 12 s in all, enough for a server restart); after the last,
 
 from __future__ import annotations
 
+import configparser
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -45,6 +49,23 @@ def _obstore() -> Any:
     except ImportError as e:  # pragma: no cover - depends on the install
         raise ImportError("s3:// paths need the s3 extra: pip install 'h5batch[s3]'") from e
     return obstore
+
+
+def _profile() -> dict[str, str]:
+    """The AWS CLI's shared files, for profile ``AWS_PROFILE`` (else ``default``): the
+    credentials file's keys, then the config file's ``region`` and ``endpoint_url``."""
+    name = os.environ.get("AWS_PROFILE") or "default"
+    out: dict[str, str] = {}
+    for var, default, section in (("AWS_CONFIG_FILE", "~/.aws/config", name if name == "default" else f"profile {name}"),
+                                  ("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials", name)):
+        p = configparser.ConfigParser(interpolation=None)
+        try:
+            p.read(os.path.expanduser(os.environ.get(var) or default))
+        except configparser.Error:
+            continue  # a file the AWS CLI could not read either: the other sources apply
+        if p.has_section(section):
+            out.update(p[section])
+    return out
 
 
 class ObjectClient:
@@ -95,11 +116,17 @@ class ObjectClient:
         so = self.storage_options
         env = os.environ
         ck = dict(so.get("client_kwargs") or {})
-        kw = {"endpoint": so.get("endpoint_url") or ck.get("endpoint_url") or env.get("AWS_ENDPOINT_URL"),
-              "region": ck.get("region_name") or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
-              "access_key_id": so.get("key") or env.get("AWS_ACCESS_KEY_ID"),
-              "secret_access_key": so.get("secret") or env.get("AWS_SECRET_ACCESS_KEY"),
-              "session_token": so.get("token") or env.get("AWS_SESSION_TOKEN")}
+        files = _profile()
+        # Keys come as a set: a key id from one source and a secret from another never mix.
+        keys = next((dict(zip(("access_key_id", "secret_access_key", "session_token"), (src.get(n) for n in names)))
+                     for src, names in ((so, ("key", "secret", "token")),
+                                        (env, ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")),
+                                        (files, ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")))
+                     if src.get(names[0])), {})
+        kw = {"endpoint": so.get("endpoint_url") or ck.get("endpoint_url") or env.get("AWS_ENDPOINT_URL")
+              or files.get("endpoint_url"),
+              "region": ck.get("region_name") or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+              or files.get("region") or "us-east-1", **keys}
         return {k: v for k, v in kw.items() if v}
 
     def _make_store(self, key: str) -> Any:

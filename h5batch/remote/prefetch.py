@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ObjectChangedError
-from .cache import ObjectCache, _runs
+from .cache import ObjectCache
 
 AHEAD_BYTES = 256 << 20  # fetched ahead of the batches delivered (a quarter of a bounded cache at most)
 FIRST_BYTES = 16 << 20  # fetched before the first batch is asked for
@@ -90,11 +90,12 @@ class Prefetcher:
         budget = AHEAD_BYTES if self.cache.max_bytes is None else min(AHEAD_BYTES, self.cache.max_bytes // 4)
         ahead = max(2, int(budget / mean))
         self.cache.write_order(np.concatenate([offs, nxt]))
-        # The first chunks before the first batch is asked for: the workers then find them.
-        first_group = [c for c in chunks[:max(1, int(FIRST_BYTES / mean))] if not self.cache.has(*c)]
-        for f in [self.pool.submit(self._fetch, run) for run in _runs(sorted(first_group))]:
-            f.result()
-        self.thread = threading.Thread(target=self._run, args=(self.generation, chunks, first_sample, offs, per, nxt, ahead),
+        # The first chunks at once, while the workers start: a worker that needs one of them
+        # waits on its lock rather than fetching it again.
+        k = max(1, int(FIRST_BYTES / mean))
+        first_group = [c for c in chunks[:k] if not self.cache.has(*c)]
+        first = [self.pool.submit(self._fetch, run) for run in self.cache.runs(sorted(first_group))]
+        self.thread = threading.Thread(target=self._run, args=(self.generation, chunks, first_sample, offs, per, nxt, ahead, k, first),
                                        daemon=True, name="h5batch-prefetch-plan")
         self.thread.start()
 
@@ -104,9 +105,9 @@ class Prefetcher:
             self.cond.notify_all()
 
     def _run(self, gen: int, chunks: list[tuple[int, int]], first_sample: list[int], offs: np.ndarray,
-             per: int, nxt: np.ndarray, ahead: int) -> None:
-        i = 0
-        pending: list[Any] = []
+             per: int, nxt: np.ndarray, ahead: int, i: int, pending: list[Any]) -> None:
+        for f in pending:  # the first chunks, before planning runs whose gaps may hold them
+            f.result()
         while i < len(chunks):
             with self.cond:
                 while gen == self.generation and i > 0 and _consumed(first_sample, self.samples) + ahead <= i:
@@ -119,7 +120,7 @@ class Prefetcher:
             self.cache.write_order(np.concatenate([offs[min(len(offs), self.samples * per):], nxt]))
             pending = [f for f in pending if not f.done()]
             try:
-                pending += [self.pool.submit(self._fetch, run) for run in _runs(sorted(group))]
+                pending += [self.pool.submit(self._fetch, run) for run in self.cache.runs(sorted(group))]
             except RuntimeError:  # the pool was shut down (closed, or the interpreter exits)
                 return
             i = j

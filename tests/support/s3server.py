@@ -14,6 +14,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -86,7 +87,8 @@ class FaultProxy:
 
     ``mode``: ``pass`` forwards everything, ``500`` answers 500 to every request,
     ``500-put`` to PUTs only (uploads, parts), ``slow`` answers GETs after 3 s. ``counts()`` is the requests it saw by
-    method (``GET`` counts the ranged reads of an epoch) and ``GET_bytes`` the bytes they returned."""
+    method (``GET`` counts the ranged reads of an epoch), ``GET_bytes`` the bytes they returned and
+    ``key <id>`` the requests signed with that access key id."""
 
     def __init__(self, target: str, mode: str = "pass", port: int | None = None):
         port = port or free_port()
@@ -139,6 +141,9 @@ def _serve(target: str, mode: str, port: int) -> None:
             if self.path == "/__counts__":
                 return self._reply(200, json.dumps(counts).encode())
             counts[self.command] = counts.get(self.command, 0) + 1
+            akid = re.search(r"Credential=([^/]+)/", self.headers.get("Authorization") or "")
+            if akid:  # the key id a request was signed with
+                counts[f"key {akid.group(1)}"] = counts.get(f"key {akid.group(1)}", 0) + 1
             if mode == "slow" and self.command == "GET":
                 time.sleep(3)
             if mode == "500" or (mode == "500-put" and self.command == "PUT"):
