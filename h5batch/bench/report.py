@@ -203,8 +203,8 @@ def markdown(results: dict[str, Any]) -> str:
                       f"{ep['samples_per_epoch']} samples timed after an untimed one; MB/s of decoded samples, "
                       f"delivered as float32{'; every batch summed' if cfg.get('consume') else ''})", ""] + read + [""]
     if s3.table(results):
-        lines += ["## Object storage (`--s3`: moto's server on loopback; batch 64, 2 workers; GETs and bytes counted "
-                  "by a proxy; moto copies the whole object per GET)", ""] + s3.table(results) + [""]
+        lines += ["## Object storage (`--s3`: moto's server on loopback; batch 64, 2 workers; GETs and bytes from "
+                  "moto's request recorder; moto copies the whole object per GET)", ""] + s3.table(results) + [""]
     checks = results.get("checks") or []
     if checks:
         bad = [c for c in checks if not c["ok"]]

@@ -196,10 +196,10 @@ class Bench:
     def _s3_phase(self, spec: dict[str, Any]) -> None:
         from . import s3
 
-        ok, why = s3.available()
+        missing = [why for ok, why in map(writers.available, ("moto", "obstore")) if not ok]
         h5 = self.path("h5", f"{spec['corpus'].name}-{DEFAULT_CODEC}.h5")
-        if not ok or not os.path.exists(h5):
-            self.skipped.append(f"s3 rows: {why or 'no h5batch output of the main corpus'}")
+        if missing or not os.path.exists(h5):
+            self.skipped.append(f"s3 rows: {'; '.join(missing) or 'no h5batch output of the main corpus'}")
             return
         lit = self.path("litdata", spec["corpus"].name, "x")
         self.say("s3: reads from moto's server on loopback")
