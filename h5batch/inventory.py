@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .manifest import Item, Manifest, plain_items
+from .manifest import Item, Manifest
 
 GROUP = "inventory"
 KEY = "key"
@@ -49,30 +49,8 @@ def stamps(m: Manifest) -> list[int]:
     """The stamp of every item of ``m``, in item order (worked out once per manifest)."""
     cached = getattr(m, "_stamps", None)
     if cached is None or len(cached) != len(m.items):
-        cached = m._stamps = stamps_of(m.items, m.stats)  # type: ignore[attr-defined]
+        cached = m._stamps = [stamp(it, m.stats) for it in m.items]  # type: ignore[attr-defined]
     return cached
-
-
-def stamps_of(items: list[Item], stats: dict) -> list[int]:
-    """:func:`stamp` of each item. Rule: where :func:`~h5batch.manifest.plain_items` holds for
-    both quotes (so ``repr`` of each string is the string in single quotes), the texts are
-    put together in one comprehension; anything else goes item by item. Reason: this runs
-    once per sample of the corpus before the first batch, and the comprehension costs less
-    per item (``tests/test_sync.py`` compares the two)."""
-    if not plain_items(items, "'\""):
-        return [stamp(it, stats) for it in items]
-    get, q = stats.get, "'"
-    if all(len(it.paths) == 1 for it in items):
-        texts = [f"(('{it.paths[0]}',), ({get(it.paths[0])!r},), {'None' if it.label is None else q + it.label + q}, ())"
-                 for it in items]
-    else:
-        def paths(it: Item) -> str:
-            if len(it.paths) == 1:
-                return f"('{it.paths[0]}',), ({get(it.paths[0])!r},)"
-            return "('" + "', '".join(it.paths) + "'), (" + ", ".join([repr(get(p)) for p in it.paths]) + ")"
-        texts = [f"({paths(it)}, {'None' if it.label is None else q + it.label + q}, ())" for it in items]
-    blake2b, from_bytes = hashlib.blake2b, int.from_bytes
-    return [from_bytes(blake2b(t.encode(), digest_size=8).digest(), "little") >> 1 for t in texts]
 
 
 VERSION = 3
