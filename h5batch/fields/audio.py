@@ -45,7 +45,7 @@ from .files import open_checked, read_head, sniff
 from .transcode import AudioTranscode
 from .truncation import truncation
 from .value import ValueField
-from .wav import SNDFILE_WAV_TAGS, WAV_TAG_NAMES, pcm16_layout, read_pcm16, wav_header
+from .wav import SNDFILE_WAV_TAGS, WAV_TAG_NAMES, pcm16_layout, wav_header
 
 
 @dataclass(frozen=True)
@@ -177,9 +177,8 @@ def decode_audio(path: str, fc: AudioField, alloc: blocks.Alloc | None = None,
 
     Returns ``(frames,)`` or ``(frames, channels)`` of ``fc.dtype``. 16-bit PCM read as
     int16 without resampling or mixing is bit-exact with ``soundfile.read(path, dtype='int16')``.
-    ``alloc`` (see :mod:`.blocks`): a file whose frame count is
-    exact is decoded block by block into ``alloc``'s array, and the result is (a view of)
-    it; a big file is decoded so without being asked, into a new array. ``facts`` (a dict)
+    A file whose frame count is exact is decoded block by block (:mod:`.blocks`) into
+    ``alloc``'s array (default: a new one), and the result is (a view of) it. ``facts`` (a dict)
     gets ``length``: the frames of the sample before zero-padding to ``length``.
     """
     with open_checked(path) as fh:
@@ -197,17 +196,12 @@ def decode_audio(path: str, fc: AudioField, alloc: blocks.Alloc | None = None,
             if sr != target_sr and not fc.resample:
                 raise DecodeError(path, _rate_reason(sr, target_sr))
             fc = _limited(fc, layout.frames, sr)
-            if alloc is not None or blocks.worth(layout.frames, layout.channels, sr, fc):
-                return blocks.from_pcm16(path, fh, layout, fc, alloc or np.empty, facts)
-            # Without resampling, frames past the field's length are cropped anyway.
-            x = read_pcm16(path, fh, layout, fc.length if sr == target_sr else None)
+            return blocks.from_pcm16(path, fh, layout, fc, alloc or np.empty, facts)
         else:
             f, dtype = _open_soundfile(path, fc, head, size)
             with f:
                 if f.format in blocks.EXACT_FORMATS:
                     fc = _limited(fc, f.frames, f.samplerate)
-                if f.format in blocks.EXACT_FORMATS and (
-                        alloc is not None or blocks.worth(f.frames, f.channels, f.samplerate, fc)):
                     return blocks.from_soundfile(path, f, dtype, fc, alloc or np.empty, facts)
                 x, sr = _read_with_soundfile(path, f, dtype)
             target_sr = fc.sample_rate or sr

@@ -1,7 +1,6 @@
 """Decoding a long audio file block by block, into a buffer the caller provides.
 
-:func:`h5batch.fields.audio.decode_audio` sends an exactly counted file here when its
-decoded sample is big (:data:`STREAM_MIN_BYTES`) or the caller passes an ``alloc``. The
+:func:`h5batch.fields.audio.decode_audio` sends every exactly counted file here. The
 output is allocated once from the header's frame count and filled :data:`BLOCK_FRAMES`
 frames at a time.
 
@@ -32,7 +31,6 @@ import numpy as np
 from ..errors import DecodeError
 
 BLOCK_FRAMES = 1 << 16  # frames per read: 512 KB of float32 stereo
-STREAM_MIN_BYTES = 32 << 20  # decoded bytes from which decode_audio streams on its own
 # libsndfile containers whose header frame count is exact (not MP3, not Ogg).
 EXACT_FORMATS = frozenset({"WAV", "WAVEX", "FLAC", "AIFF", "W64", "RF64", "CAF", "AU", "NIST", "IRCAM"})
 
@@ -57,13 +55,6 @@ def out_frames(frames: int, sr: int, target_sr: int, length: int | None) -> int:
     if length is not None:
         return length
     return int(frames * target_sr / sr) + 1 if sr != target_sr else frames
-
-
-def worth(frames: int, channels: int, sr: int, fc: Any) -> bool:
-    """Whether a file's decoded sample is big enough to stream without being asked."""
-    ch = channels if fc.channels == "keep" else 1
-    n = out_frames(frames, sr, fc.sample_rate or sr, fc.length)
-    return n * ch * np.dtype(fc.dtype).itemsize >= STREAM_MIN_BYTES
 
 
 class BlockSink:
