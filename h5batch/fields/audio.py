@@ -36,7 +36,6 @@ import numpy as np
 from ..errors import ConfigError, DecodeError
 from . import blocks
 from .base import FieldKind, late
-from .blocks import to_int16 as _to_int16
 from .features import LogMel
 from .ffmpeg import EXTENSIONS as FFMPEG_EXTENSIONS
 from .ffmpeg import available as ffmpeg_available
@@ -177,8 +176,9 @@ def decode_audio(path: str, fc: AudioField, alloc: blocks.Alloc | None = None,
 
     Returns ``(frames,)`` or ``(frames, channels)`` of ``fc.dtype``. 16-bit PCM read as
     int16 without resampling or mixing is bit-exact with ``soundfile.read(path, dtype='int16')``.
-    A file whose frame count is exact is decoded block by block (:mod:`.blocks`) into
-    ``alloc``'s array (default: a new one), and the result is (a view of) it. ``facts`` (a dict)
+    The sample is made in ``alloc``'s array (default: a new one) by :class:`.blocks.BlockSink`,
+    block by block where the frame count is exact, else from the whole file read as one
+    block; the result is (a view of) that array. ``facts`` (a dict)
     gets ``length``: the frames of the sample before zero-padding to ``length``.
     """
     with open_checked(path) as fh:
@@ -204,38 +204,10 @@ def decode_audio(path: str, fc: AudioField, alloc: blocks.Alloc | None = None,
                     fc = _limited(fc, f.frames, f.samplerate)
                     return blocks.from_soundfile(path, f, dtype, fc, alloc or np.empty, facts)
                 x, sr = _read_with_soundfile(path, f, dtype)
-            target_sr = fc.sample_rate or sr
-    if x.dtype == np.float32 and not np.isfinite(x).all():
-        raise DecodeError(path, "audio contains NaN or Inf samples")
-    # Channels: (frames, channels) -> what the field asks for.
-    if fc.channels == "mono" and x.shape[1] > 1:
-        x = x.astype(np.float32).mean(axis=1, keepdims=True) / (32768.0 if x.dtype == np.int16 else 1.0)
-    elif fc.channels == "first":
-        x = x[:, :1]
-    if sr != target_sr:
-        import soxr
-
-        x = soxr.resample(x.astype(np.float32) / (32768.0 if x.dtype == np.int16 else 1.0), sr, target_sr, quality="HQ")
-        x = np.asarray(x, dtype=np.float32).reshape(-1, x.shape[1] if x.ndim == 2 else 1)
-    if fc.dtype == "int16" and x.dtype != np.int16:
-        x = _to_int16(x)
-    elif fc.dtype == "float32" and x.dtype == np.int16:
-        x = x.astype(np.float32) / 32768.0
-    limit = max_frames(fc, target_sr)
-    if limit is not None and x.shape[0] > limit:
-        x = x[:limit]
-    if facts is not None:
-        facts["length"] = min(x.shape[0], fc.length or x.shape[0])
-    if fc.length is not None:
-        # Rule (recorded in the output's field attrs): keep the start, crop or zero-pad the end.
-        n = x.shape[0]
-        if n >= fc.length:
-            x = x[: fc.length]
-        else:
-            x = np.concatenate([x, np.zeros((fc.length - n, x.shape[1]), dtype=x.dtype)])
-    if fc.channels != "keep":
-        x = x[:, 0]
-    return np.ascontiguousarray(x)
+    # The whole file is read: the same rules as block by block, in one block.
+    sink = blocks.BlockSink(_limited(fc, x.shape[0], sr), sr, x.shape[1], x.shape[0], x.dtype, alloc or np.empty)
+    sink.feed(x)
+    return sink.finish(path, facts)
 
 
 def _variable_rule(fc: AudioField) -> str:
@@ -316,9 +288,8 @@ class AudioKind(FieldKind):
 
     def decode_to(self, path: str, fc: AudioField, alloc: blocks.Alloc | None = None,
                   facts: dict | None = None) -> np.ndarray:
-        """Decode into ``alloc``'s array where the format allows (:mod:`.blocks`); the
-        result is a new array otherwise (lossy formats: their frame count is an estimate).
-        ``facts`` gets the sample's true length (:func:`decode_audio`)."""
+        """Decode into ``alloc``'s array (:func:`decode_audio`); ``facts`` gets the sample's
+        true length."""
         return decode_audio(path, fc, alloc=alloc, facts=facts)
 
     def transcode(self, path: str, fc: AudioField) -> bytes:

@@ -6,17 +6,18 @@ frames at a time.
 
 Rules, and why:
 
-* Every rule of the whole-file path runs per block, in the same order and arithmetic
-  (``ResampleStream`` fed by blocks equals ``soxr.resample`` on the whole signal), so the
-  result is byte-identical (``tests/test_long_files.py``). Reason: the output must not
-  depend on a file's length.
+* The field's rules (channels, resampling, dtype, length) run per block
+  (:class:`BlockSink`); ``ResampleStream`` fed by blocks equals ``soxr.resample`` on the
+  whole signal (``tests/test_long_files.py``). Reason: the output must not depend on a
+  file's length or on whether it was streamed.
 * Memory is the output plus one block. Reason: a 2-hour 48 kHz stereo recording is
-  2.8 GB as float32, and the whole-file path holds several copies.
-* The file is read to its end even when ``length`` crops it, and the checks come in the
-  whole-file path's order (zero frames, fewer frames than the header says, NaN/Inf):
-  the same file gets the same reject with the same reason.
+  2.8 GB as float32.
+* The file is read to its end even when ``length`` crops it, and the checks come in one
+  order (zero frames, fewer frames than the header says, NaN/Inf): the same file gets the
+  same reject with the same reason.
 * Only formats whose header frame count is exact stream (:data:`EXACT_FORMATS`); an MP3's
-  or an Ogg's count is an estimate, so those (and FFmpeg's formats) decode whole.
+  or an Ogg's count is an estimate, so those (and FFmpeg's formats) are read whole and fed
+  to :class:`BlockSink` as one block.
 
 ``alloc(shape, dtype)`` returns a writable C-contiguous array of exactly that shape.
 """
