@@ -84,20 +84,16 @@ class _OldKeys:
     (a bisection reads a few of them)."""
 
     def __init__(self, mem: Memory, order: dict[str, int]):
-        self.mem, self.order, self._cache, self._items = mem, order, {}, {}
+        self.mem, self.order, self._cache = mem, order, {}
         self._record, self._ends = mem.record.data, mem.record_end.tolist()
 
     def __len__(self) -> int:
         return len(self.mem.record_end)
 
     def item(self, i: int) -> tuple[str, str]:
-        """(split, key) of stored item ``i`` (each record decoded once)."""
-        got = self._items.get(i)
-        if got is None:
-            rec = bytes(self._record[(self._ends[i - 1] if i else 0):self._ends[i]])
-            got = tuple(_JSON.raw_decode(rec.decode())[0][:2])
-            self._items[i] = got
-        return got
+        """(split, key) of stored item ``i``."""
+        rec = bytes(self._record[(self._ends[i - 1] if i else 0):self._ends[i]])
+        return tuple(_JSON.raw_decode(rec.decode())[0][:2])
 
     def __getitem__(self, i: int) -> tuple:
         if i not in self._cache:
