@@ -6,6 +6,7 @@ Kept in one place so the writer, the reader, ``inspect`` and ``verify`` agree.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 FORMAT_VERSION = 1  # a file without encoded fields; 2 with one (h5batch.fields.format_version)
@@ -58,19 +59,7 @@ def dumps(obj: Any) -> str:
 
 def next_prime(n: int) -> int:
     """Smallest prime >= n (for ``rdcc_nslots``, which HDF5 wants prime)."""
-    def is_prime(k: int) -> bool:
-        if k < 2:
-            return False
-        if k % 2 == 0:
-            return k == 2
-        i = 3
-        while i * i <= k:
-            if k % i == 0:
-                return False
-            i += 2
-        return True
-
-    while not is_prime(n):
+    while n < 2 or any(n % d == 0 for d in range(2, math.isqrt(n) + 1)):
         n += 1
     return n
 

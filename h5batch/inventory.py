@@ -25,11 +25,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from .manifest import Item, Manifest, plain_items
+from .manifest import Item, Manifest
 
 GROUP = "inventory"
 KEY = "key"
@@ -49,30 +49,8 @@ def stamps(m: Manifest) -> list[int]:
     """The stamp of every item of ``m``, in item order (worked out once per manifest)."""
     cached = getattr(m, "_stamps", None)
     if cached is None or len(cached) != len(m.items):
-        cached = m._stamps = stamps_of(m.items, m.stats)  # type: ignore[attr-defined]
+        cached = m._stamps = [stamp(it, m.stats) for it in m.items]  # type: ignore[attr-defined]
     return cached
-
-
-def stamps_of(items: list[Item], stats: dict) -> list[int]:
-    """:func:`stamp` of each item. Rule: where :func:`~h5batch.manifest.plain_items` holds for
-    both quotes (so ``repr`` of each string is the string in single quotes), the texts are
-    put together in one comprehension; anything else goes item by item. Reason: this runs
-    once per sample of the corpus before the first batch, and the comprehension costs less
-    per item (``tests/test_sync.py`` compares the two)."""
-    if not plain_items(items, "'\""):
-        return [stamp(it, stats) for it in items]
-    get, q = stats.get, "'"
-    if all(len(it.paths) == 1 for it in items):
-        texts = [f"(('{it.paths[0]}',), ({get(it.paths[0])!r},), {'None' if it.label is None else q + it.label + q}, ())"
-                 for it in items]
-    else:
-        def paths(it: Item) -> str:
-            if len(it.paths) == 1:
-                return f"('{it.paths[0]}',), ({get(it.paths[0])!r},)"
-            return "('" + "', '".join(it.paths) + "'), (" + ", ".join([repr(get(p)) for p in it.paths]) + ")"
-        texts = [f"({paths(it)}, {'None' if it.label is None else q + it.label + q}, ())" for it in items]
-    blake2b, from_bytes = hashlib.blake2b, int.from_bytes
-    return [from_bytes(blake2b(t.encode(), digest_size=8).digest(), "little") >> 1 for t in texts]
 
 
 VERSION = 3
@@ -118,82 +96,11 @@ class Memory:
     inputs: list
     splits: list[str]
     plain: bool
-    blob: np.ndarray | None = None  # the keys as version 3 stores them (keys_blob), when read so
-    _index: tuple | None = field(default=None, repr=False, compare=False)  # index()'s, made once
 
-    def index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """The keys as a numpy ``S`` array, their :func:`name_hashes` sorted, and the key
-        index of each sorted hash: what :meth:`find` looks paths up in (made once; a sync
-        makes it while its stat pass still walks). None where a key is longer than
-        :data:`_MAX_WIDTH` bytes (:meth:`find` then uses a dict)."""
-        if self._index is None:
-            blob = self.blob if self.blob is not None else keys_blob(self.keys)
-            table = np.array(blob.tobytes().split(b"\0")[:-1], dtype="S")
-            if table.itemsize > _MAX_WIDTH:
-                self._index = ()
-            else:
-                hashed = name_hashes(table)
-                by = np.argsort(hashed, kind="stable")
-                self._index = (table, hashed[by], by)
-        return self._index or None
-
-    def find(self, paths: list[str] | None, names: np.ndarray | None = None,
-             hashes: np.ndarray | None = None) -> np.ndarray:
-        """The index into ``keys`` of each of ``paths`` (-1: not a key), found by a 64-bit
-        hash of their bytes and checked byte for byte. ``names`` (:func:`names_of` of the
-        paths) and ``hashes`` (their :func:`name_hashes`) may be given instead of
-        ``paths``: a sync's stat pass makes them in its child process. Reason: this runs for
-        every file of the corpus on each sync, and a dict, or a binary search over the keys
-        as numpy strings, costs several times as much."""
-        n = len(self.keys)
-        count = len(paths) if names is None else len(names)
-        if not n or not count:
-            return np.full(count, -1, dtype=np.int64)
-        if names is None:
-            names = names_of(paths)
-        idx = self.index()
-        if idx is not None and names.itemsize <= _MAX_WIDTH:
-            table, sorted_hashes, by = idx
-            sought = hashes if hashes is not None else name_hashes(names)
-            at = np.minimum(np.searchsorted(sorted_hashes, sought), n - 1)
-            at_key = by[at]
-            hit = table[at_key] == names
-            if not (~hit & (sorted_hashes[at] == sought)).any():  # else: two keys' hashes collide
-                return np.where(hit, at_key, -1)
-        if paths is None:
-            paths = [b.decode(*_UTF8) for b in names.tolist()]
-        index = dict(zip(self.keys, range(n)))
+    def find(self, paths: list[str]) -> np.ndarray:
+        """The index into ``keys`` of each of ``paths`` (-1: not a key)."""
+        index = dict(zip(self.keys, range(len(self.keys))))
         return np.fromiter((index.get(p, -1) for p in paths), dtype=np.int64, count=len(paths))
-
-
-_MAX_WIDTH = 1024  # bytes of the longest key that Memory.find hashes (longer: a dict)
-
-
-def names_of(paths: list[str]) -> np.ndarray:
-    """``paths`` as a numpy ``S`` array of their bytes (UTF-8; a name's undecodable bytes as
-    they were on disk)."""
-    try:
-        return np.array(paths, dtype="S")
-    except UnicodeEncodeError:
-        return np.array([p.encode(*_UTF8) for p in paths], dtype="S")
-
-
-def name_hashes(names: np.ndarray) -> np.ndarray:
-    """A 64-bit FNV-style hash of each row of a numpy ``S`` array, 8 bytes at a time,
-    vectorised over the rows. An all-zero word leaves the hash as it is: a path holds no
-    NUL, so such a word is padding, and the hash of a name is the same in an array of any
-    width (the stat pass's child and :meth:`Memory.index` hash arrays of their own)."""
-    width = -(-names.itemsize // 8) * 8
-    rows = np.zeros((len(names), width), dtype=np.uint8)
-    rows[:, :names.itemsize] = names.view(np.uint8).reshape(len(names), names.itemsize)
-    words = rows.view(np.uint64)
-    h = np.full(len(names), 0xCBF29CE484222325, dtype=np.uint64)
-    for j in range(words.shape[1]):
-        w = words[:, j]
-        mixed = (h ^ w) * np.uint64(0x100000001B3)
-        mixed ^= mixed >> np.uint64(29)
-        h = np.where(w != 0, mixed, h)
-    return h
 
 
 def of_manifest(m: Manifest) -> tuple[list[str], np.ndarray, dict]:
@@ -303,11 +210,9 @@ def memory(f) -> Memory | str:
             raise ValueError("the memo is not a JSON object")
         if memo.get("version") not in READS:
             return f"the output's inventory is version {memo.get('version')}, this h5batch reads {READS}"
-        ds = g[KEY]
-        blob = ds[...] if ds.dtype.kind != "O" else None
-        mem = Memory(read_keys(ds) if blob is None else keys_of_blob(blob), g[STAMP][...],
+        mem = Memory(read_keys(g[KEY]), g[STAMP][...],
                      g["stat"][...].reshape(-1, 2), g["order"][...], g["record"][...], g["record_end"][...],
-                     memo["inputs"], list(memo["splits"]), bool(memo["plain"]), blob)
+                     memo["inputs"], list(memo["splits"]), bool(memo["plain"]))
         n = len(mem.keys)
         sizes = {"stamp": len(mem.stamps), "stat": len(mem.stat), "order": len(mem.order),
                  "record_end": len(mem.record_end)}

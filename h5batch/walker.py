@@ -88,16 +88,6 @@ class Walker:
             if name.startswith("."):
                 continue
             relpath = prefix + name
-            try:  # the common case first: a regular file, not through a symlink (no system call)
-                st = entry.stat() if entry.is_file(follow_symlinks=False) else None
-            except OSError as e:
-                self._reject(relpath, f"cannot stat: {e.strerror}")
-                continue
-            if st is not None:
-                if ids is not None:
-                    ids[relpath] = (st.st_dev, st.st_ino)
-                out.append((relpath, st.st_size, st.st_mtime_ns))
-                continue
             path = os.path.join(base, name)  # entry.path is the bare name: listed through fd
             if entry.is_symlink():
                 self.links.append(relpath)

@@ -402,37 +402,3 @@ def test_an_item_record_is_json_dumps_whatever_the_names(name, label):
                 want += _VALUES_JSON.encode(values).encode()
             want += b"".join(repr(stats.get(p)).encode() for p in paths)
             assert item_record(it, stats) == want
-
-
-def test_item_records_of_a_whole_manifest_are_item_record_of_each():
-    """item_records puts most manifests' records together in one comprehension, checked once
-    for all items; every mix of items must give item_record's bytes, item by item."""
-    from h5batch.layouts.records import item_record, item_records
-    from h5batch.manifest import Item
-
-    stats = {"a/1.wav": (10, 123), "b/1.wav": (7, 9)}
-    plain = [Item("1", "train", ("a/1.wav",), "cat"), Item("2", "test", ("a/2.wav",), None)]
-    two = [Item("1", "train", ("a/1.wav", "b/1.wav"), None), Item("3", "train", ("a/3.wav", "b/1.wav"), "dog")]
-    for odd in ([], *([Item(n, "train", ("a/1.wav",), "cat")] for n in ODD_NAMES),
-                [Item("9", "train", ("a/9.wav",), 3)], [Item("9", "train", ("a/9.wav",), "cat", ("v", 1))],
-                [Item("9", "train", (), "cat")], [Item("9", "train", ("a/1.wav",), 'q"')]):
-        for items in (plain + odd, two + odd, plain + two + odd, odd):
-            assert item_records(items, stats) == [item_record(it, stats) for it in items]
-
-
-def test_natural_keys_sort_exactly_as_natural_key():
-    """The strings of natural_keys (compared in C) order any texts as their natural_key
-    tuples do: digits of every kind and length, leading zeros, text against numbers."""
-    from h5batch.manifest import natural_keys
-
-    rng = random.Random(5)
-    alphabet = ["a", "b", "_", "/", ".", " ", "Z", "é", "\x01", "0", "1", "2", "9", "10", "007", "٣", "٠", "²"]
-    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 8))) for _ in range(20000)]
-    keys = natural_keys(texts)
-    assert all(isinstance(k, str) for k in keys)
-    order = sorted(range(len(texts)), key=keys.__getitem__)
-    assert order == sorted(range(len(texts)), key=lambda i: natural_key(texts[i]))
-    for i in range(0, len(texts) - 1, 2):  # equal exactly where the tuples are equal
-        assert (keys[i] == keys[i + 1]) == (natural_key(texts[i]) == natural_key(texts[i + 1]))
-    # A NUL in any text: every text gets its tuple, which sorts the same way.
-    assert natural_keys(["b2", "a\0", "b10"]) == [natural_key(t) for t in ("b2", "a\0", "b10")]

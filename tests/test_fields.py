@@ -87,7 +87,7 @@ def text_kind():
     try:
         yield kind
     finally:
-        fields.unregister("memo")
+        fields.KINDS.pop("memo", None)
 
 
 def _job(flds: dict[str, Any], root) -> dict[str, Any]:

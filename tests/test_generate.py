@@ -118,22 +118,21 @@ def test_paired_layout_and_lengths(tmp_path: Path) -> None:
 
 
 def test_image_corpus(tmp_path: Path) -> None:
-    kw = dict(n_per_class=5, classes=("a", "b", "c"), splits={"train": 0.6, "val": 0.4}, min_side=32,
-              max_side=80, seed=4)
+    kw = dict(n_per_class=5, splits={"train": 0.6, "val": 0.4}, seed=4)
     s = generate.make_image_corpus(tmp_path / "x", **kw)
     generate.make_image_corpus(tmp_path / "y", **kw)
-    assert s.counts == {"train": {"a": 3, "b": 3, "c": 3}, "val": {"a": 2, "b": 2, "c": 2}}
+    assert s.counts == {"train": {"ants_like": 3, "bees_like": 3}, "val": {"ants_like": 2, "bees_like": 2}}
     assert _tree(s.root) == _tree(tmp_path / "y")
-    assert _files(s.root / "val" / "b", ".jpg") == ["b_0003.jpg", "b_0004.jpg"]
+    assert _files(s.root / "val" / "bees_like", ".jpg") == ["bees_like_0003.jpg", "bees_like_0004.jpg"]
     aspects = []
     for path in sorted(s.root.rglob("*.jpg")):
         with Image.open(path) as im:
             assert im.format == "JPEG" and im.mode == "RGB"
-            assert 32 <= im.width <= 80 and 32 <= im.height <= 80
+            assert 160 <= im.width <= 640 and 160 <= im.height <= 640
             aspects.append(im.width / im.height)
             # textured + noisy: not a trivially compressible flat image
             assert path.stat().st_size > 0.5 * im.width * im.height / 8
-    assert len(aspects) == 15 and len(set(aspects)) > 5
+    assert len(aspects) == 10 and len(set(aspects)) > 5
 
 
 def test_image_split_counts_apportion_exactly() -> None:
@@ -227,7 +226,7 @@ def test_argument_validation(tmp_path: Path) -> None:
     with pytest.raises(TypeError):
         generate.make_demo_corpus(tmp_path / "b", per_class=2.5)
     with pytest.raises(ValueError):
-        generate.make_image_corpus(tmp_path / "e", classes=("a", "a"))
+        generate.make_image_corpus(tmp_path / "e", splits={"train": -1.0})
 
 
 # ----------------------------------------------------------------- registry

@@ -196,36 +196,6 @@ def test_a_job_the_layout_cannot_rediscover_says_why(tmp_path):
     assert rediscover(job, _memory(m0), m0.rejects) == "class_folders with several fields pairs files by stem"
 
 
-def test_memory_find_survives_hash_collisions(monkeypatch):
-    """Every hash the same: the byte check sees it and a dict answers instead."""
-    keys = [f"k{i}" for i in range(5)]
-    mem = inventory.Memory(keys, np.zeros(5, dtype=np.int64), np.zeros((5, 2), dtype=np.int64), np.arange(5),
-                           np.zeros(0, dtype=np.uint8), np.zeros(5, dtype=np.int64), [], ["train"], True)
-    monkeypatch.setattr(inventory, "name_hashes", lambda names: np.zeros(len(names), dtype=np.uint64))
-    assert mem.find(["k3", "zz", "k0"]).tolist() == [3, -1, 0]
-    names = inventory.names_of(["k3", "zz", "k0"])
-    assert mem.find(None, names, np.zeros(3, dtype=np.uint64)).tolist() == [3, -1, 0]
-
-
-def test_a_names_hash_does_not_depend_on_the_arrays_width():
-    """The stat pass's child hashes its paths in an array of its own width; the inventory's
-    keys are hashed in theirs: a path must hash alike in both, and ``find`` with the
-    child's names and hashes must answer as with the paths."""
-    short = inventory.names_of(["a/b.wav", "ü/ß.wav", "x" * 15])
-    wide = inventory.names_of(["a/b.wav", "ü/ß.wav", "x" * 15, "y" * 41])
-    assert wide.itemsize > short.itemsize + 8
-    assert inventory.name_hashes(short).tolist() == inventory.name_hashes(wide)[:3].tolist()
-    assert len(set(inventory.name_hashes(wide).tolist())) == 4
-    keys = sorted(["a/b.wav", "y" * 41, "ü/ß.wav", "q.wav"])
-    mem = inventory.Memory(keys, np.zeros(4, dtype=np.int64), np.zeros((4, 2), dtype=np.int64), np.arange(4),
-                           np.zeros(0, dtype=np.uint8), np.zeros(4, dtype=np.int64), [], ["train"], True)
-    paths = ["q.wav", "nope.wav", "ü/ß.wav", "y" * 41, "a/b.wav"]
-    want = [keys.index(p) if p in keys else -1 for p in paths]
-    names = inventory.names_of(paths)
-    assert mem.find(paths).tolist() == want
-    assert mem.find(None, names, inventory.name_hashes(names)).tolist() == want
-
-
 def test_a_walk_reject_that_became_readable_becomes_an_item(tmp_path):
     """A file the last walk could not stat (its reject says so) and that is readable now is
     built, as a full discovery builds it; a path reject (not a match) is still carried."""

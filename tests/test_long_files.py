@@ -114,8 +114,7 @@ def test_fixed_length_crop_and_pad_block_by_block(files, small_blocks, length):
         assert got.tobytes() == decode_audio(str(path), fc).tobytes()
 
 
-def test_big_file_streams_without_being_asked(tmp_path, monkeypatch):
-    monkeypatch.setattr(blocks, "STREAM_MIN_BYTES", 1 << 20)
+def test_a_plain_wav_streams_without_being_asked(tmp_path, monkeypatch):
     path = write(tmp_path / "a.wav", 40, 16000, 1)  # 1.3 MB decoded
     calls = []
     real = blocks.from_pcm16

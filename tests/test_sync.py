@@ -501,22 +501,3 @@ def test_sync_refuses_another_job_and_a_missing_output(tmp_path):
     convert(job, check=True)
     res = _sync(job, "--set", "fields.audio.sample_rate=16000")
     assert res.returncode == 2 and "different job" in res.stderr, res.stderr
-
-
-def test_the_stamps_of_a_manifest_are_each_items_stamp():
-    """inventory.stamps_of builds most manifests' stamp texts in one comprehension, checked
-    once for all items; every mix of items must give inventory.stamp's values, item by item
-    (a sync compares them with the stamps stored by earlier versions)."""
-    from h5batch.manifest import Item
-
-    stats = {"a/1.wav": (10, 123), "a/2.wav": (0, -5)}
-    plain = [Item("1", "train", ("a/1.wav",), "cat"), Item("2", "test", ("a/2.wav",), None),
-             Item("3", "test", ("a/3.wav",), "dog")]  # no stats: None
-    odd_names = ["it's", 'a"b', "a\\b", "é", "tab\t", "\x7f", "日本", ""]
-    for odd in ([], *([Item("9", "train", (n,), "cat")] for n in odd_names),
-                *([Item("9", "train", ("a/9.wav",), n)] for n in odd_names),
-                [Item("9", "train", ("a/9.wav",), 3)], [Item("9", "train", ("a/9.wav",), "x", ("v", 1))],
-                [Item("9", "train", ("a/1.wav", "a/2.wav"), None)], [Item("9", "train", (), None)]):
-        two = [Item("5", "train", ("a/1.wav", "b/1.wav"), None), Item("6", "test", ("a/2.wav", "b/7.wav"), "dog")]
-        for items in (plain + odd, odd, two + odd, plain + two + odd):
-            assert inventory.stamps_of(items, stats) == [inventory.stamp(it, stats) for it in items]

@@ -69,11 +69,6 @@ def register(kind: FieldKind) -> FieldKind:
     return kind
 
 
-def unregister(name: str) -> None:
-    """Remove a kind (tests that register a throwaway one)."""
-    KINDS.pop(name, None)
-
-
 register(AudioKind())
 register(ImageKind())
 register(TextKind())
@@ -243,5 +238,5 @@ __all__ = [
     "ValueField", "content_settings", "decode_field", "default_float_scale",
     "field_attrs", "file_fields", "fixed_sample_shape", "format_version", "stored_decoder", "validate_field", "is_fixed_shape", "kind_by_modality", "kind_of",
     "needed_packages", "reads_files", "reader_hooks", "register", "resolve_field", "rows_per_chunk",
-    "unregister", "value_array", "value_fields", "needs_every_value",
+    "value_array", "value_fields", "needs_every_value",
 ]

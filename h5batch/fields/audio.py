@@ -36,7 +36,6 @@ import numpy as np
 from ..errors import ConfigError, DecodeError
 from . import blocks
 from .base import FieldKind, late
-from .blocks import to_int16 as _to_int16
 from .features import LogMel
 from .ffmpeg import EXTENSIONS as FFMPEG_EXTENSIONS
 from .ffmpeg import available as ffmpeg_available
@@ -45,7 +44,7 @@ from .files import open_checked, read_head, sniff
 from .transcode import AudioTranscode
 from .truncation import truncation
 from .value import ValueField
-from .wav import SNDFILE_WAV_TAGS, WAV_TAG_NAMES, pcm16_layout, read_pcm16, wav_header
+from .wav import SNDFILE_WAV_TAGS, WAV_TAG_NAMES, pcm16_layout, wav_header
 
 
 @dataclass(frozen=True)
@@ -177,9 +176,9 @@ def decode_audio(path: str, fc: AudioField, alloc: blocks.Alloc | None = None,
 
     Returns ``(frames,)`` or ``(frames, channels)`` of ``fc.dtype``. 16-bit PCM read as
     int16 without resampling or mixing is bit-exact with ``soundfile.read(path, dtype='int16')``.
-    ``alloc`` (see :mod:`.blocks`): a file whose frame count is
-    exact is decoded block by block into ``alloc``'s array, and the result is (a view of)
-    it; a big file is decoded so without being asked, into a new array. ``facts`` (a dict)
+    The sample is made in ``alloc``'s array (default: a new one) by :class:`.blocks.BlockSink`,
+    block by block where the frame count is exact, else from the whole file read as one
+    block; the result is (a view of) that array. ``facts`` (a dict)
     gets ``length``: the frames of the sample before zero-padding to ``length``.
     """
     with open_checked(path) as fh:
@@ -197,51 +196,18 @@ def decode_audio(path: str, fc: AudioField, alloc: blocks.Alloc | None = None,
             if sr != target_sr and not fc.resample:
                 raise DecodeError(path, _rate_reason(sr, target_sr))
             fc = _limited(fc, layout.frames, sr)
-            if alloc is not None or blocks.worth(layout.frames, layout.channels, sr, fc):
-                return blocks.from_pcm16(path, fh, layout, fc, alloc or np.empty, facts)
-            # Without resampling, frames past the field's length are cropped anyway.
-            x = read_pcm16(path, fh, layout, fc.length if sr == target_sr else None)
+            return blocks.from_pcm16(path, fh, layout, fc, alloc or np.empty, facts)
         else:
             f, dtype = _open_soundfile(path, fc, head, size)
             with f:
                 if f.format in blocks.EXACT_FORMATS:
                     fc = _limited(fc, f.frames, f.samplerate)
-                if f.format in blocks.EXACT_FORMATS and (
-                        alloc is not None or blocks.worth(f.frames, f.channels, f.samplerate, fc)):
                     return blocks.from_soundfile(path, f, dtype, fc, alloc or np.empty, facts)
                 x, sr = _read_with_soundfile(path, f, dtype)
-            target_sr = fc.sample_rate or sr
-    if x.dtype == np.float32 and not np.isfinite(x).all():
-        raise DecodeError(path, "audio contains NaN or Inf samples")
-    # Channels: (frames, channels) -> what the field asks for.
-    if fc.channels == "mono" and x.shape[1] > 1:
-        x = x.astype(np.float32).mean(axis=1, keepdims=True) / (32768.0 if x.dtype == np.int16 else 1.0)
-    elif fc.channels == "first":
-        x = x[:, :1]
-    if sr != target_sr:
-        import soxr
-
-        x = soxr.resample(x.astype(np.float32) / (32768.0 if x.dtype == np.int16 else 1.0), sr, target_sr, quality="HQ")
-        x = np.asarray(x, dtype=np.float32).reshape(-1, x.shape[1] if x.ndim == 2 else 1)
-    if fc.dtype == "int16" and x.dtype != np.int16:
-        x = _to_int16(x)
-    elif fc.dtype == "float32" and x.dtype == np.int16:
-        x = x.astype(np.float32) / 32768.0
-    limit = max_frames(fc, target_sr)
-    if limit is not None and x.shape[0] > limit:
-        x = x[:limit]
-    if facts is not None:
-        facts["length"] = min(x.shape[0], fc.length or x.shape[0])
-    if fc.length is not None:
-        # Rule (recorded in the output's field attrs): keep the start, crop or zero-pad the end.
-        n = x.shape[0]
-        if n >= fc.length:
-            x = x[: fc.length]
-        else:
-            x = np.concatenate([x, np.zeros((fc.length - n, x.shape[1]), dtype=x.dtype)])
-    if fc.channels != "keep":
-        x = x[:, 0]
-    return np.ascontiguousarray(x)
+    # The whole file is read: the same rules as block by block, in one block.
+    sink = blocks.BlockSink(_limited(fc, x.shape[0], sr), sr, x.shape[1], x.shape[0], x.dtype, alloc or np.empty)
+    sink.feed(x)
+    return sink.finish(path, facts)
 
 
 def _variable_rule(fc: AudioField) -> str:
@@ -322,9 +288,8 @@ class AudioKind(FieldKind):
 
     def decode_to(self, path: str, fc: AudioField, alloc: blocks.Alloc | None = None,
                   facts: dict | None = None) -> np.ndarray:
-        """Decode into ``alloc``'s array where the format allows (:mod:`.blocks`); the
-        result is a new array otherwise (lossy formats: their frame count is an estimate).
-        ``facts`` gets the sample's true length (:func:`decode_audio`)."""
+        """Decode into ``alloc``'s array (:func:`decode_audio`); ``facts`` gets the sample's
+        true length."""
         return decode_audio(path, fc, alloc=alloc, facts=facts)
 
     def transcode(self, path: str, fc: AudioField) -> bytes:

@@ -57,13 +57,8 @@ def settings(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: settings(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        # Plain values as they are, without a call each: a category field's names (2,600
-        # speakers) are hashed with the job several times per sync.
-        return [v if isinstance(v, _PLAIN) else settings(v) for v in obj]
+        return [settings(v) for v in obj]
     return obj
-
-
-_PLAIN = (str, int, float, bool, type(None))
 
 
 class FieldKind(ABC):

@@ -1,23 +1,23 @@
 """Decoding a long audio file block by block, into a buffer the caller provides.
 
-:func:`h5batch.fields.audio.decode_audio` sends an exactly counted file here when its
-decoded sample is big (:data:`STREAM_MIN_BYTES`) or the caller passes an ``alloc``. The
+:func:`h5batch.fields.audio.decode_audio` sends every exactly counted file here. The
 output is allocated once from the header's frame count and filled :data:`BLOCK_FRAMES`
 frames at a time.
 
 Rules, and why:
 
-* Every rule of the whole-file path runs per block, in the same order and arithmetic
-  (``ResampleStream`` fed by blocks equals ``soxr.resample`` on the whole signal), so the
-  result is byte-identical (``tests/test_long_files.py``). Reason: the output must not
-  depend on a file's length.
+* The field's rules (channels, resampling, dtype, length) run per block
+  (:class:`BlockSink`); ``ResampleStream`` fed by blocks equals ``soxr.resample`` on the
+  whole signal (``tests/test_long_files.py``). Reason: the output must not depend on a
+  file's length or on whether it was streamed.
 * Memory is the output plus one block. Reason: a 2-hour 48 kHz stereo recording is
-  2.8 GB as float32, and the whole-file path holds several copies.
-* The file is read to its end even when ``length`` crops it, and the checks come in the
-  whole-file path's order (zero frames, fewer frames than the header says, NaN/Inf):
-  the same file gets the same reject with the same reason.
+  2.8 GB as float32.
+* The file is read to its end even when ``length`` crops it, and the checks come in one
+  order (zero frames, fewer frames than the header says, NaN/Inf): the same file gets the
+  same reject with the same reason.
 * Only formats whose header frame count is exact stream (:data:`EXACT_FORMATS`); an MP3's
-  or an Ogg's count is an estimate, so those (and FFmpeg's formats) decode whole.
+  or an Ogg's count is an estimate, so those (and FFmpeg's formats) are read whole and fed
+  to :class:`BlockSink` as one block.
 
 ``alloc(shape, dtype)`` returns a writable C-contiguous array of exactly that shape.
 """
@@ -32,7 +32,6 @@ import numpy as np
 from ..errors import DecodeError
 
 BLOCK_FRAMES = 1 << 16  # frames per read: 512 KB of float32 stereo
-STREAM_MIN_BYTES = 32 << 20  # decoded bytes from which decode_audio streams on its own
 # libsndfile containers whose header frame count is exact (not MP3, not Ogg).
 EXACT_FORMATS = frozenset({"WAV", "WAVEX", "FLAC", "AIFF", "W64", "RF64", "CAF", "AU", "NIST", "IRCAM"})
 
@@ -57,13 +56,6 @@ def out_frames(frames: int, sr: int, target_sr: int, length: int | None) -> int:
     if length is not None:
         return length
     return int(frames * target_sr / sr) + 1 if sr != target_sr else frames
-
-
-def worth(frames: int, channels: int, sr: int, fc: Any) -> bool:
-    """Whether a file's decoded sample is big enough to stream without being asked."""
-    ch = channels if fc.channels == "keep" else 1
-    n = out_frames(frames, sr, fc.sample_rate or sr, fc.length)
-    return n * ch * np.dtype(fc.dtype).itemsize >= STREAM_MIN_BYTES
 
 
 class BlockSink:

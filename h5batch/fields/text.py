@@ -82,7 +82,3 @@ class TextKind(FieldKind):
 
     def float_scale(self, dtype: np.dtype) -> float | None:
         return None  # bytes of text, not pixel values
-
-    def stored_value(self, sample: np.ndarray) -> str:
-        """What the reader returns for one stored sample: the string."""
-        return bytes(np.ascontiguousarray(sample, dtype=np.uint8)).decode("utf-8")

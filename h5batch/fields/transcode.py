@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
@@ -82,8 +82,3 @@ def encode_audio(path: str, a: np.ndarray, sample_rate: int, t: AudioTranscode) 
     except Exception as e:
         raise DecodeError(path, f"cannot transcode to {t.format}: {type(e).__name__}: {e}") from e
     return buf.getvalue()
-
-
-def describe(t: Any) -> str:
-    """What the stored bytes are, for the ``encoding`` attribute: ``jpeg``, ``flac``, ..."""
-    return str(t.format)

@@ -9,10 +9,6 @@ import os
 import struct
 from dataclasses import dataclass
 
-import numpy as np
-
-from ..errors import DecodeError
-
 # WAV format tags libsndfile decodes (wav.c); any other tag is a codec it does not have.
 SNDFILE_WAV_TAGS = {0x0001, 0x0002, 0x0003, 0x0006, 0x0007, 0x0011, 0x0031, 0x0040, 0x0055, 0xFFFE}
 WAV_TAG_NAMES = {
@@ -125,22 +121,3 @@ def pcm16_layout(head: bytes, size: int) -> Pcm16 | None:
             frames = clen // align
             return Pcm16(channels, rate, pos + 8, frames) if frames else None
     return None
-
-
-def _readinto(path: str, fh, offset: int, out: np.ndarray) -> None:
-    """Fill the C-contiguous ``out`` with the file's bytes from ``offset`` on."""
-    try:
-        fh.seek(offset)
-        got = fh.readinto(memoryview(out).cast("B"))
-    except OSError as e:
-        raise DecodeError(path, f"cannot read file: {e.strerror or e}") from e
-    if got != out.nbytes:
-        raise DecodeError(path, f"truncated audio: expected {out.nbytes} data bytes, read {got}")
-
-
-def read_pcm16(path: str, fh, layout: Pcm16, max_frames: int | None) -> np.ndarray:
-    """``(frames, channels)`` int16 read straight from the data chunk of an open file."""
-    frames = layout.frames if max_frames is None else min(layout.frames, max_frames)
-    x = np.empty((frames, layout.channels), dtype=np.int16)
-    _readinto(path, fh, layout.data_offset, x)
-    return x

@@ -264,20 +264,8 @@ def sample_rng(seed: int, tag: int, *key: int) -> np.random.Generator:
 
 
 def split_counts(n: int, fractions: Sequence[float]) -> list[int]:
-    """Apportion ``n`` items to splits by largest remainder.
-
-    Parameters
-    ----------
-    n : int
-        Number of items.
-    fractions : sequence of float
-        Non-negative weights, normalised to sum to 1.
-
-    Returns
-    -------
-    list of int
-        Counts summing exactly to ``n``; ties go to the earlier split.
-    """
+    """``n`` items apportioned to splits by the non-negative weights ``fractions``, by
+    largest remainder: counts summing exactly to ``n``, ties to the earlier split."""
     total = float(sum(fractions))
     exact = [n * f / total for f in fractions]
     counts = [math.floor(x) for x in exact]

@@ -12,7 +12,7 @@ import colorsys
 import io
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 
@@ -117,16 +117,18 @@ def _textured_image(
     return Image.fromarray(np.clip(np.rint(arr), 0, 255).astype(np.uint8), "RGB")
 
 
+_CLASSES = ("ants_like", "bees_like")
+_MIN_SIDE, _MAX_SIDE = 160, 640
+
+
 def make_image_corpus(
     root: str | os.PathLike[str],
     n_per_class: int = 50,
-    classes: Sequence[str] = ("ants_like", "bees_like"),
     splits: Mapping[str, float] = MappingProxyType({"train": 0.8, "val": 0.2}),
-    min_side: int = 160,
-    max_side: int = 640,
     seed: int = 0,
 ) -> SynthSummary:
-    """ImageFolder corpus ``root/<split>/<class>/<class>_<NNNN>.jpg``: RGB JPEGs, quality 90.
+    """ImageFolder corpus ``root/<split>/<class>/<class>_<NNNN>.jpg``: RGB JPEGs, quality 90,
+    classes ``ants_like`` and ``bees_like``, width and height each in 160..640 px.
 
     Parameters
     ----------
@@ -134,13 +136,9 @@ def make_image_corpus(
         Corpus root (created).
     n_per_class : int
         Images per class, over all splits.
-    classes : sequence of str
-        Class folder names.
     splits : mapping str -> float
         Split name -> weight (normalised).  Each class's indices are cut into
         consecutive blocks in the mapping's order, sized by largest remainder.
-    min_side, max_side : int
-        Bounds in px for both width and height.
     seed : int
         Non-negative seed.
 
@@ -151,13 +149,6 @@ def make_image_corpus(
     """
     n_per_class = integer("n_per_class", n_per_class)
     seed = integer("seed", seed)
-    min_side = integer("min_side", min_side, 1)
-    max_side = integer("max_side", max_side, min_side)
-    if isinstance(classes, str):
-        classes = (classes,)  # a bare string is one class, not a sequence of letters
-    classes = [check_name("class", c) for c in classes]
-    if len(set(classes)) != len(classes) or not classes:
-        raise ValueError(f"classes must be non-empty and unique, got {classes!r}")
     split_items = [(check_name("split", k), float(v)) for k, v in splits.items()]
     if (
         not split_items
@@ -171,11 +162,11 @@ def make_image_corpus(
     args = json_normalise(
         {
             "n_per_class": n_per_class,
-            "classes": classes,
+            "classes": _CLASSES,
             # A list of pairs, not a dict: the order decides which indices go where.
             "splits": [[k, v] for k, v in split_items],
-            "min_side": min_side,
-            "max_side": max_side,
+            "min_side": _MIN_SIDE,
+            "max_side": _MAX_SIDE,
             "fmt": "JPEG",  # fixed now; still in the marker, so corpora made before are reused
             "quality": 90,
             "seed": seed,
@@ -190,14 +181,14 @@ def make_image_corpus(
     split_of = [name for (name, _), c in zip(split_items, per_split, strict=True) for _ in range(c)]
     width = stem_width(n_per_class)
     tally = Tally()
-    for ci, cls in enumerate(classes):
+    for ci, cls in enumerate(_CLASSES):
         for name, _ in split_items:
             (root / name / cls).mkdir(parents=True, exist_ok=True)
             tally.counts.setdefault(name, {})[cls] = 0
 
         def write_image(i: int, ci: int = ci, cls: str = cls) -> int:
             img = _textured_image(
-                sample_rng(seed, TAG_IMAGES, ci, i), ci, len(classes), min_side, max_side
+                sample_rng(seed, TAG_IMAGES, ci, i), ci, len(_CLASSES), _MIN_SIDE, _MAX_SIDE
             )
             buf = io.BytesIO()
             # Explicit settings: output must not depend on Pillow defaults changing.

@@ -21,9 +21,9 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, ClassVar
 
 from ..fields import file_fields, reads_files
-from ..manifest import Item, Manifest, Memo, Reject, natural_key, natural_keys
+from ..manifest import Item, Manifest, Memo, Reject, natural_key
 from ..walker import Walker
-from .records import hash_inputs, hash_rejects, input_stats, item_records
+from .records import hash_inputs, hash_rejects, input_stats, item_record
 
 if TYPE_CHECKING:
     from ..config_types import JobConfig, SourceConfig
@@ -251,16 +251,12 @@ class Builder:
 
     def finish(self, root: str, splits: list[str]) -> Manifest:
         plain = not self.symlinks
-        # No two items of a split share a key (the usual corpus): then giving keys their
-        # extensions and dropping duplicates change nothing, and are skipped.
-        clash_free = _clash_free(self.items)
-        if len(self.fields) == 1 and not clash_free:
+        if len(self.fields) == 1:
             keyed = keys_with_extensions(self.items)
             plain = plain and keyed is self.items
             self.items = keyed
         unique = self._in_order(splits)
-        if not clash_free:
-            plain = self._drop_duplicates(unique) and plain
+        plain = self._drop_duplicates(unique) and plain
         kept = self._drop_aliases(root, unique)
         plain = plain and kept is unique
         unique = kept
@@ -268,7 +264,7 @@ class Builder:
         all_splits = list(splits) + sorted(present - set(splits))
         labels = sorted({it.label for it in unique if it.label is not None}, key=natural_key)
         h = hashlib.sha256()
-        records = item_records(unique, self.stats)
+        records = [item_record(it, self.stats) for it in unique]
         for r in records:
             h.update(r)
         inputs = input_stats(root, self.annotations)
@@ -303,7 +299,7 @@ class Builder:
         name), then the natural order of the key; a stable sort, so items of one key keep the
         order they were found in."""
         items = self.items
-        keys: list = natural_keys([it.key for it in items])
+        keys: list = [natural_key(it.key) for it in items]
         if len({it.split for it in items}) > 1:
             order = {s: i for i, s in enumerate(splits)}
             keys = [(order.get(it.split, len(order)), it.split, k) for it, k in zip(items, keys)]
@@ -319,13 +315,6 @@ class Builder:
         # discovery finds them in another order than a full walk, and hashes them).
         return sorted((r for r in self.rejects if r.path not in taken),
                       key=lambda r: (natural_key(r.path), r.path.split("/")))
-
-
-def _clash_free(items: list[Item]) -> bool:
-    """Whether no two of ``items`` share a split and a key."""
-    if len({it.split for it in items}) <= 1:
-        return len({it.key for it in items}) == len(items)
-    return len({(it.split, it.key) for it in items}) == len(items)
 
 
 def keys_with_extensions(items: list[Item]) -> list[Item]:

@@ -25,29 +25,23 @@ if TYPE_CHECKING:
 
 def matching(path: str, patterns: list[str]) -> str | None:
     """The first pattern that excludes ``path`` (root-relative, POSIX), else None."""
-    anyone, each = _compiled(tuple(patterns))
-    if anyone.match(path) is None:
-        return None
-    return next(pat for pat, rx in each if rx.match(path))
+    return next((pat for pat, rx in _compiled(tuple(patterns)) if rx.match(path)), None)
 
 
 @functools.lru_cache(maxsize=16)
-def _compiled(patterns: tuple[str, ...]) -> tuple[re.Pattern, list[tuple[str, re.Pattern]]]:
-    """One regex for all of ``patterns`` and one per pattern, each matching a path that the
-    pattern matches or that lies in a folder it matches: ``fnmatch``'s translation of the
-    pattern followed by ``(/.*)?``. Reason: this runs for every file of the corpus, and
-    trying the path's folder prefixes one by one, pattern by pattern, cost an order of
-    magnitude more than one match. The same paths match: a prefix
-    that matches ends where a ``/`` follows, which is what ``(/.*)?`` asks."""
-    bodies = []
+def _compiled(patterns: tuple[str, ...]) -> list[tuple[str, re.Pattern]]:
+    """One regex per pattern, matching a path that the pattern matches or that lies in a
+    folder it matches: ``fnmatch``'s translation of the pattern followed by ``(/.*)?``.
+    Reason: this runs for every file of the corpus, and trying the path's folder prefixes
+    one by one costs many matches. The same paths match: a prefix that matches ends where
+    a ``/`` follows, which is what ``(/.*)?`` asks."""
+    out = []
     for pat in patterns:
         t = fnmatch.translate(pat.rstrip("/"))  # '(?s:BODY)\\Z'
         if not (t.startswith("(?s:") and t.endswith(")\\Z")):  # pragma: no cover - another Python's format
             raise RuntimeError(f"unexpected fnmatch translation {t!r}")
-        bodies.append(t[4:-3])
-    each = [(pat.rstrip("/"), re.compile(f"(?s:(?:{b})(?:/.*)?)\\Z")) for pat, b in zip(patterns, bodies)]
-    anyone = re.compile("(?s:(?:" + "|".join(f"(?:{b})" for b in bodies) + ")(?:/.*)?)\\Z") if bodies else re.compile("(?!)")
-    return anyone, each
+        out.append((pat.rstrip("/"), re.compile(f"(?s:(?:{t[4:-3]})(?:/.*)?)\\Z")))
+    return out
 
 
 def apply(src: SourceConfig, b: Builder, root: str | None = None) -> None:

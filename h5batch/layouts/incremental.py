@@ -30,7 +30,6 @@ import dataclasses
 import glob
 import hashlib
 import json
-import re
 from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -58,7 +57,6 @@ _DISCOVERY_STAGES = ("discover", fmt.STAGE_EXCLUDED)
 # an item.
 _WALK_REASONS = ("cannot list folder:", "cannot stat:", "not a regular file", "broken symlink", "symlink ")
 _JSON = json.JSONDecoder()
-_HEAD = re.compile(rb'\["([^"\\]*)", "([^"\\]*)"')  # an item record's split and key (records.item_record)
 
 
 @dataclasses.dataclass
@@ -86,25 +84,16 @@ class _OldKeys:
     (a bisection reads a few of them)."""
 
     def __init__(self, mem: Memory, order: dict[str, int]):
-        self.mem, self.order, self._cache, self._items = mem, order, {}, {}
+        self.mem, self.order, self._cache = mem, order, {}
         self._record, self._ends = mem.record.data, mem.record_end.tolist()
 
     def __len__(self) -> int:
         return len(self.mem.record_end)
 
     def item(self, i: int) -> tuple[str, str]:
-        """(split, key) of stored item ``i`` (each record decoded once: the hints and the
-        bisection read many of the same ones)."""
-        got = self._items.get(i)
-        if got is None:
-            rec = bytes(self._record[(self._ends[i - 1] if i else 0):self._ends[i]])
-            m = _HEAD.match(rec)  # two strings without escapes first: no JSON decoding needed
-            if m is not None:
-                got = m.group(1).decode(), m.group(2).decode()
-            else:
-                got = tuple(_JSON.raw_decode(rec.decode())[0][:2])
-            self._items[i] = got
-        return got
+        """(split, key) of stored item ``i``."""
+        rec = bytes(self._record[(self._ends[i - 1] if i else 0):self._ends[i]])
+        return tuple(_JSON.raw_decode(rec.decode())[0][:2])
 
     def __getitem__(self, i: int) -> tuple:
         if i not in self._cache:
@@ -216,59 +205,12 @@ def _rediscover(job, layout, mem: Memory, old_rejects, root: Path, walk: Builder
     new = [found_new[i] for i in rank]
     gone = position[~present]
     wanted = [sort_keys[i] for i in rank]
-    where = _insertion_points(old, wanted, [_hints(mem, old, position, it.paths[0], it.split) for it in new])
+    # Each bisection reads a few stored records (decoded once, then cached by ``old``).
+    where = [bisect.bisect_left(old, k) for k in wanted]
     for i, (it, k, p) in enumerate(zip(new, wanted, where)):
         if (p < n and old[p] == k and present[mem.order[p]]) or (i and k == wanted[i - 1]):
             return f"the key {it.key!r} of {it.paths[0]} clashes with another item's"
     return _merge(mem, b, new, where, replaced, gone, changed, removed, root)
-
-
-def _hints(mem: Memory, old: _OldKeys, position: np.ndarray, path: str, split: str) -> tuple[int, ...]:
-    """Where a new item likely goes: next to the nearest sorted key of the same split,
-    looking up to :data:`_HINT_REACH` keys each way. Reason: the nearest key is often another
-    split's (Speech Commands, FSDD), which would send the item to a full bisection.
-    """
-    j = bisect.bisect_left(mem.keys, path)
-    n = len(mem.keys)
-    out = []
-    for i in range(j, min(n, j + _HINT_REACH)):
-        if old.item(int(position[i]))[0] == split:
-            out.append(int(position[i]))
-            break
-    for i in range(j - 1, max(-1, j - 1 - _HINT_REACH), -1):
-        if old.item(int(position[i]))[0] == split:
-            out.append(int(position[i]) + 1)
-            break
-    return tuple(out)
-
-
-_HINT_REACH = 64
-
-
-def _insertion_points(old: _OldKeys, wanted: list[tuple], hints: list[tuple[int, ...]]) -> list[int]:
-    """``bisect_left(old, k)`` of each sorted ``wanted``: a hint that checks out costs two reads
-    of ``old``, the others are found by halving between known answers. Reason: each read decodes
-    a stored record.
-    """
-    n = len(old)
-    out = [-1] * len(wanted)
-    for i, (k, cands) in enumerate(zip(wanted, hints)):
-        for p in cands:
-            if 0 <= p <= n and (p == 0 or old[p - 1] < k) and (p == n or not old[p] < k):
-                out[i] = p
-                break
-    todo = [(0, len(wanted), 0, n)]
-    while todo:
-        a, b, lo, hi = todo.pop()
-        if a >= b:
-            continue
-        known = next((i for i in range(a, b) if out[i] >= 0), None)  # split at a known one
-        mid = known if known is not None else (a + b) // 2
-        if out[mid] < 0:
-            out[mid] = bisect.bisect_left(old, wanted[mid], lo, hi)
-        p = out[mid]
-        todo += [(a, mid, lo, p), (mid + 1, b, p, hi)]
-    return out
 
 
 def _merge(mem: Memory, b: Builder, new: list[Item], at: list[int], replaced: dict[int, Item],

@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 import os
 
-from ..manifest import Item, Reject, plain_items
+from ..manifest import Item, Reject
 
-__all__ = ["item_record", "item_records", "input_stats", "hash_inputs", "hash_rejects"]
+__all__ = ["item_record", "input_stats", "hash_inputs", "hash_rejects"]
 
 
 # json.dumps(values, default=str), made once: dumps builds a new encoder per call when given
@@ -23,48 +23,9 @@ __all__ = ["item_record", "item_records", "input_stats", "hash_inputs", "hash_re
 _VALUES_JSON = json.JSONEncoder(default=str)
 
 
-def _head(it: Item) -> str:
-    """``json.dumps([it.split, it.key, it.paths, it.label])``. Rule: where every string is
-    printable ASCII without a quote or a backslash, and the label a string, an int or None, the same
-    text is put together directly; anything else goes through json. Reason: json.dumps
-    was most of item_record's cost, paid once per item of the corpus before the first batch;
-    the bytes must stay those of json.dumps (stored manifest hashes and records)."""
-    label = it.label
-    text = it.split + it.key + "".join(it.paths)
-    if type(label) is str:  # a class name (folder, pattern group): quoted like the other strings
-        text += label
-        shown = f'"{label}"'
-    else:
-        shown = "null" if label is None else str(label) if type(label) is int else ""
-    if shown and text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
-        paths = '", "'.join(it.paths)
-        return (f'["{it.split}", "{it.key}", ["{paths}"], {shown}]' if it.paths else
-                f'["{it.split}", "{it.key}", [], {shown}]')
-    return json.dumps([it.split, it.key, it.paths, label])
-
-
-def item_records(items: list[Item], stats: dict) -> list[bytes]:
-    """:func:`item_record` of each item. Rule: where :func:`~h5batch.manifest.plain_items`
-    holds for the double quote, the records are put together in one comprehension, checked
-    once for the lot; anything else goes item by item. Reason: this runs for every item of
-    a corpus, and a call per item costs more than twice as much (the bytes are the same:
-    ``tests/test_discover.py`` compares them with :func:`item_record`'s)."""
-    if not plain_items(items, '"'):
-        return [item_record(it, stats) for it in items]
-    get, q = stats.get, '"'
-    if all(len(it.paths) == 1 for it in items):
-        return [(f'["{it.split}", "{it.key}", ["{it.paths[0]}"], '
-                 f'{"null" if it.label is None else q + it.label + q}]{get(it.paths[0])!r}').encode()
-                for it in items]
-    sep = '", "'
-    return [(f'["{it.split}", "{it.key}", ["{sep.join(it.paths)}"], '
-             f'{"null" if it.label is None else q + it.label + q}]' + "".join([repr(get(p)) for p in it.paths])).encode()
-            for it in items]
-
-
 def item_record(it: Item, stats: dict) -> bytes:
     """What the manifest hash takes from one item."""
-    r = _head(it)
+    r = json.dumps([it.split, it.key, it.paths, it.label])
     if it.values:  # (absent before value fields: older hashes stay the same)
         r += _VALUES_JSON.encode(it.values)
     get = stats.get
