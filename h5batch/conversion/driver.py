@@ -28,11 +28,9 @@ from ..writer.messages import (
     LAST,
     Abort,
     Aborted,
-    Committed,
     Done,
     Failed,
     Finish,
-    Ready,
     Store,
     Stored,
     WriterDied,
@@ -294,8 +292,6 @@ _WRITER_HANDLERS = {
     Stored: Driver._on_stored,
     Failed: Driver._on_failed,
     WriterDied: Driver._on_died,
-    Ready: lambda self, msg: None,  # the plan already knows where the file goes on
-    Committed: lambda self, msg: None,  # progress is counted from Stored
 }
 
 

@@ -160,15 +160,6 @@ class JournalFile:
     def flush(self) -> None:
         self._apply()
 
-    def readable(self) -> bool:
-        return True
-
-    def writable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
     # -- journal -----------------------------------------------------------------------------
 
     def _save(self, start: int, end: int) -> bool:

@@ -9,8 +9,8 @@ type through a handler table (``writer.process.HANDLERS``, the driver's
 Driver -> writer, in this order: one :class:`Start` (or :class:`Quit` when no job came of it), then :class:`Store` for every batch part in manifest order, and :class:`Finish` or
 :class:`Abort` last. The writer commits on its own, every ``policy.commit_every`` seconds.
 
-Writer -> driver: :class:`Ready` once the file is open, :class:`Stored` per batch part,
-:class:`Committed` per commit, then :class:`Done`, :class:`Aborted` or :class:`Failed`.
+Writer -> driver: :class:`Stored` per batch part, then :class:`Done`, :class:`Aborted` or
+:class:`Failed`.
 """
 
 from __future__ import annotations
@@ -113,25 +113,11 @@ class Quit:
 
 
 @dataclass(frozen=True)
-class Ready:
-    """The output is open; ``next_batch`` is where a resumed file goes on."""
-
-    next_batch: int
-    samples: dict[str, int]
-
-
-@dataclass(frozen=True)
 class Stored:
     """Batch part of batch ``index`` is appended: ``samples`` of it kept."""
 
     index: int
     samples: int
-    nbytes: int
-
-
-@dataclass(frozen=True)
-class Committed:
-    record: CommitRecord
 
 
 @dataclass(frozen=True)

@@ -231,11 +231,10 @@ class OutputWriter:
         if self.spec.inventory and os.path.exists(self.spec.inventory):
             inventory.store(self.f, *inventory.read_sidecar(self.spec.inventory))
 
-    def abort(self) -> CommitRecord | None:
+    def abort(self) -> None:
         """Stop early (Ctrl-C, the driver gone): commit what is stored, close."""
-        record = self.commit()
+        self.commit()
         self.close()
-        return record
 
     def read_rejects(self) -> list[Reject]:
         g = self.f[fmt.REJECTS]

@@ -35,12 +35,10 @@ from .commit import remove_commit_files
 from .messages import (
     Abort,
     Aborted,
-    Committed,
     Done,
     Failed,
     Finish,
     Quit,
-    Ready,
     Start,
     Store,
     Stored,
@@ -90,7 +88,7 @@ class _Session:
         self.stored = 0  # batch parts stored by this process (likewise)
 
     def commit(self) -> None:
-        self.outbox.put(Committed(self.out.commit()))
+        self.out.commit()
         self.commits += 1
         self.last_commit = time.monotonic()
 
@@ -99,7 +97,7 @@ class _Session:
     def on_store(self, msg: Store) -> bool:
         r = msg.result
         n, _ = self.out.write_batch(r)
-        self.outbox.put(Stored(r.index, n, r.packed.nbytes))
+        self.outbox.put(Stored(r.index, n))
         self.out.after_store()
         self.stored += 1
         faults.pause(f"store:{self.stored}", self.spec.partial_path)
@@ -119,9 +117,7 @@ class _Session:
         os._exit(0)
 
     def on_abort(self, msg: Abort) -> bool:
-        record = self.out.abort()
-        if record is not None:
-            self.outbox.put(Committed(record))
+        self.out.abort()
         self.outbox.put(Aborted())
         return True
 
@@ -176,7 +172,6 @@ def writer_main(inbox, outbox, lifeline, lock: SharedFd | None = None, driver_en
     session = None
     try:
         session = _Session(spec, outbox)
-        outbox.put(Ready(session.out.next_batch, {name: st.n for name, st in session.out.splits.items()}))
         while True:
             try:
                 msg = inbox.get(timeout=POLL_SECONDS)

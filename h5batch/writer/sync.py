@@ -84,7 +84,6 @@ class SyncWriter(OutputWriter):
         """Undo everything: the output is as it was before the sync."""
         self.close()
         self._undo()
-        return None
 
     def _undo(self) -> None:
         if self.journal is not None:
