@@ -115,16 +115,8 @@ def pack(arrays: dict[str, list[np.ndarray]], mode: str, run_id: str,
     return Packed(blocks, total, shm_name=seg.name, chunks=chunks)
 
 
-def extent(packed: Packed) -> int:
-    """Bytes of the segment's data the blocks of ``packed`` reach (they need not be adjacent)."""
-    return max((b.offset + b.nbytes for b in packed.blocks), default=0)
-
-
 def to_shm(packed: Packed, run_id: str) -> Packed:
     """Driver side of the network path: put a payload into a segment for the writer."""
-    if packed.shm_name is not None:
-        return packed
-    assert packed.payload is not None
     seg = take_segment(run_id, packed.nbytes)
     seg.data[: packed.nbytes] = packed.payload
     return Packed(packed.blocks, packed.nbytes, shm_name=seg.name, chunks=packed.chunks)
@@ -139,7 +131,8 @@ class Attached:
     def __init__(self, packed: Packed):
         self.packed = packed
         self.seg: Segment | None = None
-        self.extent = extent(packed)
+        # The bytes of the segment's data the blocks reach (they need not be adjacent).
+        self.extent = max((b.offset + b.nbytes for b in packed.blocks), default=0)
         if packed.shm_name:
             self.seg = self._maps.get(packed.shm_name)
             if self.seg is None or self.seg.data.nbytes < self.extent:  # new, or grown since mapped
