@@ -19,8 +19,7 @@ from .. import inventory
 from ..config import JobConfig
 from ..errors import EXIT_BAD_INPUT, ConvertError
 from ..manifest import Manifest
-from ..writer.commit import CommitRecord, remove_commit_files
-from ..writer.resume import check_partial
+from ..writer.commit import CommitRecord, check_partial, remove_commit_files
 from .options import ConvertOptions, ConvertSummary
 
 
