@@ -1,6 +1,6 @@
 """The messages between the driver and the writer process, one dataclass each.
 
-Both directions travel through a :class:`~h5batch.transport.pipe.PipeQueue` (pickled), so
+Both directions travel through a :class:`~h5batch.writer.process.PipeQueue` (pickled), so
 every message is small: decoded samples stay in shared memory and only their descriptor
 (:class:`~h5batch.batches.BatchResult`) crosses. Each side dispatches on the message's
 type through a handler table (``writer.process.HANDLERS``, the driver's
@@ -55,7 +55,7 @@ class WriterSpec:
     field_bytes: dict[str, int] = field(default_factory=dict)
     annotations: tuple[str, ...] = ()  # annotation files read by discovery (root-relative)
     resume: CommitRecord | None = None  # a commit record to continue from
-    versions: dict[str, str] = field(default_factory=dict)  # root attribute of a new file (versions.py)
+    versions: dict[str, str] = field(default_factory=dict)  # root attribute of a new file (conversion/plan.py)
     # The driver's working directory and umask: a writer forked from a fork server would
     # otherwise have the server's (relative paths, output file permissions).
     cwd: str = ""
