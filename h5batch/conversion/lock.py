@@ -78,7 +78,7 @@ class OutputLock:
     def __init__(self, final_path: str, fd: int, exclusive_file: bool):
         self.path = lock_path(final_path)
         self.final = final_path
-        self.fd = fd
+        self.fd = fd  # the writer process holds it too (see the module docstring)
         self.exclusive_file = exclusive_file  # the fallback: no kernel lock behind it
 
     @classmethod
@@ -136,10 +136,6 @@ class OutputLock:
             _write_owner(fd, me)
             return cls(final_path, fd, exclusive_file=True)
         raise ConvertError(f"{path}: could not be taken", EXIT_BUSY)
-
-    def inheritable(self) -> int:
-        """The descriptor, for the writer process to hold too (see the module docstring)."""
-        return self.fd
 
     def release(self) -> None:
         """Remove the lock file and drop the lock (idempotent)."""
