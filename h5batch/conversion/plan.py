@@ -9,6 +9,7 @@ shapes the output's bytes. :class:`RowPredictor` lets workers compress whole chu
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -111,10 +112,8 @@ def _versions() -> dict[str, str]:
                       ("dask", "dask")):
         out[key] = installed(dist)
     out["python"] = sys.version.split()[0]
-    try:
+    with contextlib.suppress(PackageNotFoundError):
         out["blosc2"] = installed("blosc2")
-    except PackageNotFoundError:
-        pass
     return out
 
 

@@ -43,15 +43,11 @@ def in_page_cache(path: str) -> bool | None:
 
 
 def prefetch(root: str, items: list) -> None:
-    """Ask the kernel to start reading every file of a batch (``POSIX_FADV_WILLNEED``), so
-    reads from the disk overlap the decoding instead of waiting one file at a time.
-
-    Reason: with the page cache cold, one decode thread waits for each file in turn and
-    falls behind writers whose several processes overlap their reads. With the cache warm a
-    file costs one open and close. BEWARE: inline, before the decoding, not on a thread of
-    its own: a thread that goes in and out of the GIL per file made the decode thread hand
-    the GIL over each time, half as much CPU again. Non-blocking open and regular files only: a
-    FIFO or a device named like a sample must not hang the batch (the decode rejects it)."""
+    """Ask the kernel to start reading every file of a batch (``POSIX_FADV_WILLNEED``; see
+    the module). BEWARE: inline, before the decoding, not on a thread of its own: a thread
+    that goes in and out of the GIL per file makes the decode thread hand the GIL over each
+    time. Non-blocking open and regular files only: a FIFO or a device named like a sample
+    must not hang the batch (the decode rejects it)."""
     for item in items:
         for rel in item[0]:
             try:

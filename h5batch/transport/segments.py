@@ -11,6 +11,7 @@ pid, so segments of dead runs are found and removed by :func:`remove_stale_segme
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import secrets
@@ -83,16 +84,12 @@ class Segment:
         if nbytes < DROP_PAGES_BYTES:
             return
         end = min(self.size, HEADER + nbytes)
-        try:
+        with contextlib.suppress(AttributeError, OSError, ValueError):  # pragma: no cover - no madvise here
             self.map.madvise(mmap.MADV_DONTNEED, 0, end - end % mmap.PAGESIZE)
-        except (AttributeError, OSError, ValueError):  # pragma: no cover - no madvise here
-            pass
 
     def unlink(self) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(SHM_DIR, self.name))
-        except FileNotFoundError:
-            pass
 
 
 def create_segment(run_id: str, nbytes: int) -> Segment:

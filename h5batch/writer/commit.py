@@ -18,6 +18,7 @@ partial file that fails is started over, never continued.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -31,7 +32,6 @@ import hdf5plugin  # noqa: F401  (the filters that read a partial's samples back
 import numpy as np
 
 from .. import format as fmt
-
 from ..codecs import CodecSpec
 from .journal import fsync_folder
 
@@ -115,10 +115,8 @@ def save_tails(partial_path: str, number: int, tails: dict[str, np.ndarray]) -> 
 
 def remove_commit_files(partial_path: str) -> None:
     """The partial's commit record and every tail file (the partial itself is not touched)."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(commit_path(partial_path))
-    except FileNotFoundError:
-        pass
     remove_tail_files(partial_path)
 
 
@@ -148,10 +146,8 @@ def remove_tail_files(partial_path: str, keep: str | None = None) -> None:
     folder, base = os.path.split(partial_path)
     for name in os.listdir(folder or "."):
         if name.startswith(base + ".tail-") and name != keep:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(folder, name))
-            except FileNotFoundError:
-                pass
 
 
 TAIL_SAMPLES = 256  # samples re-checked at the end of each split

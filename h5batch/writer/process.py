@@ -16,6 +16,7 @@ server.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import queue
@@ -121,9 +122,6 @@ class _Session:
         self.outbox.put(Aborted())
         return True
 
-    def on_driver_gone(self) -> None:
-        self.out.abort()
-
 
 HANDLERS: dict[type, Callable[[_Session, Any], bool]] = {
     Store: _Session.on_store,
@@ -132,21 +130,27 @@ HANDLERS: dict[type, Callable[[_Session, Any], bool]] = {
 }
 
 
-def _wait_for_start(inbox, driver_gone: Callable[[], bool]) -> WriterSpec | None:
+def _next(inbox, lifeline) -> Any:
+    """The driver's next message; None once the driver is gone (its lifeline turned readable)."""
+    while True:
+        try:
+            return inbox.get(timeout=POLL_SECONDS)
+        except queue.Empty:
+            if lifeline.poll():
+                return None
+
+
+def _wait_for_start(inbox, lifeline) -> WriterSpec | None:
     """The job, sent once the driver has made its plan (None: not needed after all)."""
     while True:
         try:
-            msg = inbox.get(timeout=POLL_SECONDS)
-        except queue.Empty:
-            if driver_gone():
-                return None
-            continue
+            msg = _next(inbox, lifeline)
         except (EOFError, OSError):
+            return None
+        if msg is None or isinstance(msg, (Quit, Abort)):
             return None
         if isinstance(msg, Start):
             return msg.spec
-        if isinstance(msg, (Quit, Abort)):
-            return None
 
 
 def writer_main(inbox, outbox, lifeline, lock: SharedFd | None = None, driver_end: int | None = None) -> None:
@@ -158,11 +162,7 @@ def writer_main(inbox, outbox, lifeline, lock: SharedFd | None = None, driver_en
         signal.signal(s, signal.SIG_IGN)
     if driver_end is not None:
         os.close(driver_end)
-
-    def driver_gone() -> bool:
-        return lifeline.poll()
-
-    spec = _wait_for_start(inbox, driver_gone)
+    spec = _wait_for_start(inbox, lifeline)
     if spec is None:
         return
     if spec.cwd:
@@ -173,22 +173,17 @@ def writer_main(inbox, outbox, lifeline, lock: SharedFd | None = None, driver_en
     try:
         session = _Session(spec, outbox)
         while True:
-            try:
-                msg = inbox.get(timeout=POLL_SECONDS)
-            except queue.Empty:
-                if driver_gone():
-                    session.on_driver_gone()
-                    return
-                continue
+            msg = _next(inbox, lifeline)
+            if msg is None:  # the driver is gone: commit what is stored, and end
+                session.out.abort()
+                return
             if HANDLERS[type(msg)](session, msg):
                 return
     except BaseException as e:
         outbox.put(Failed(_error_text(e, spec)))
         if session is not None:
-            try:
+            with contextlib.suppress(Exception):  # the error above is the one to report
                 session.out.close()
-            except Exception:  # noqa: BLE001 - the error above is the one to report
-                pass
 
 
 # -- starting the process (driver side) ----------------------------------------------------
@@ -308,10 +303,8 @@ class WriterHandle:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Ask a writer that never got a job to go, and make sure it does."""
-        try:
+        with contextlib.suppress(OSError):  # gone already
             self.inbox.put(Quit())
-        except OSError:  # gone already
-            pass
         self.process.join(timeout=timeout)
         if self.process.is_alive():
             self.process.kill()

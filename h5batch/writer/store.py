@@ -29,12 +29,6 @@ from .messages import WriterSpec
 STR = h5py.string_dtype("utf-8")
 
 
-def _field_attrs(fc: FieldConfig, codec: CodecSpec) -> dict[str, Any]:
-    attrs: dict[str, Any] = {"codec": codec.label(), "config": fmt.dumps(settings(fc))}
-    attrs.update(field_attrs(fc))  # modality, then the kind's own (h5batch.fields)
-    return attrs
-
-
 # The writer process's counters (chunks stored as workers made them / redone here).
 STATS: Counter = Counter()
 
@@ -87,7 +81,8 @@ class FieldStore:
     def _create(self, dtype: np.dtype, shape: tuple[int, ...]) -> None:
         self.dtype = np.dtype(dtype)
         kw = self.codec.dataset_kwargs(self.dtype.itemsize)
-        attrs = _field_attrs(self.fc, self.codec)
+        # modality, then the kind's own (h5batch.fields)
+        attrs: dict[str, Any] = {"codec": self.codec.label(), "config": fmt.dumps(settings(self.fc)), **field_attrs(self.fc)}
         if self.spec.codec_notes.get(self.name):
             attrs["codec_choice"] = self.spec.codec_notes[self.name]
         if self.fixed:

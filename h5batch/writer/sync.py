@@ -20,6 +20,7 @@ journaled and fsync'ed first.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -90,10 +91,8 @@ class SyncWriter(OutputWriter):
             self.journal.close()
             rollback(self.spec.final_path)
         else:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.spec.partial_path)
-            except FileNotFoundError:
-                pass
 
     def finalize(self, max_reject_fraction: float = 1.0) -> FinalSummary:
         spec = self.spec
