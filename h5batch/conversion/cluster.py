@@ -293,10 +293,9 @@ def _open_client(cfg: ClusterConfig, security) -> tuple[Any, str]:
         raise ConvertError(f"scheduler file {cfg.scheduler_file} does not exist (start the scheduler with "
                     f"`dask scheduler --scheduler-file {cfg.scheduler_file}` first)", 2)
     try:
-        if cfg.kind == "address":
-            client = Client(cfg.address, security=security, timeout="30s")
-        else:
-            client = Client(scheduler_file=cfg.scheduler_file, security=security, timeout="30s")
+        by_address = cfg.kind == "address"
+        client = Client(cfg.address if by_address else None, security=security, timeout="30s",
+                        scheduler_file=None if by_address else cfg.scheduler_file)
     except (OSError, TimeoutError, TypeError) as e:
         # TypeError: Dask's answer to a tls:// address without TLS settings
         hint = "; the scheduler speaks TLS: set cluster.security" if isinstance(e, TypeError) or (

@@ -119,8 +119,6 @@ def _record(line: str) -> None:
     """Append ``line`` to the event log, where there is one (see the module docstring)."""
     path = os.environ.get(EVENT_LOG)
     if path:
-        try:
+        with contextlib.suppress(OSError):
             with open(path, "a") as f:
                 f.write(line + "\n")
-        except OSError:
-            pass

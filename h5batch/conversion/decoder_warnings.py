@@ -56,7 +56,7 @@ class _Redirect:
         self.file = None
         self.claimed: list[tuple[int, int]] = []  # byte ranges attributed to files
 
-    def acquire(self) -> None:
+    def __enter__(self) -> None:
         with _lock:
             if self.users == 0:
                 _flush_stderr()
@@ -68,7 +68,7 @@ class _Redirect:
                 self.claimed = []
             self.users += 1
 
-    def release(self) -> None:
+    def __exit__(self, *exc: object) -> None:
         with _lock:
             self.users -= 1
             if self.users:
@@ -137,15 +137,10 @@ def _write_all(fd: int, data: bytes) -> None:
             data = data[os.write(fd, data):]
 
 
-@contextlib.contextmanager
-def batch() -> Iterator[None]:
-    """While a batch decodes: fd 2 of this process goes to a temporary file, from which
-    :func:`watch` takes each file's lines."""
-    _fd2.acquire()
-    try:
-        yield
-    finally:
-        _fd2.release()
+def batch() -> _Redirect:
+    """While a batch decodes (``with batch():``): fd 2 of this process goes to a temporary
+    file, from which :func:`watch` takes each file's lines."""
+    return _fd2
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ pipe-reading thread), each dispatched through a handler.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -117,15 +118,11 @@ def after_failure(slot: Slot, pos: int, fired_as: str, exc: BaseException) -> li
         part.confirming = True
         return [(lo, hi)]
     reason = f"worker failed while decoding this file: {type(exc).__name__}: {exc}"
-    sub = slot.task.sub(lo, hi)
-    part.result = empty_result(sub, [Reject(p, "worker", reason) for p in slot.task.items[lo][0]], len(sub.fields))
+    sub = slot.task.sub(lo, hi)  # a result of no samples, only the file's rejects
+    part.result = BatchResult(sub.index, sub.split, sub.start, Packed((), 0), np.zeros(0, np.int64), [],
+                              np.zeros((0, len(sub.fields)), np.uint32),
+                              [Reject(p, "worker", reason) for p in slot.task.items[lo][0]])
     return []
-
-
-def empty_result(task: BatchTask, rejects: list[Reject], nfields: int) -> BatchResult:
-    """A batch result of no samples, only ``rejects``."""
-    return BatchResult(task.index, task.split, task.start, Packed((), 0), np.zeros(0, np.int64), [],
-                       np.zeros((0, nfields), np.uint32), rejects)
 
 
 class Driver:
@@ -181,7 +178,7 @@ class Driver:
             # one waiting for the writer), and not more decoded samples waiting in shared
             # memory than WINDOW_BYTES.
             window = job.cluster.max_in_flight or max(4, min(2 * n_workers, WINDOW_BYTES // max(1, self.plan.batch_bytes)))
-            self.progress = Progress(len(tasks.manifest.items), tasks.first_item(self.plan.start),
+            self.progress = Progress(len(tasks.manifest.items), int(tasks.starts[self.plan.start]),
                                      mode=self.opts.progress, log=self.opts.log)
             threading.Thread(target=self._pump_writer, daemon=True).start()
             next_submit = next_forward = self.plan.start
@@ -207,7 +204,7 @@ class Driver:
             # The writer counts every reject (discovery, decode, write, and those of batches
             # committed by an earlier run) and keeps the file partial when there are too many.
             self._send(Finish(job.policy.max_reject_fraction))
-            s = self._wait_for(Done).summary
+            s = self._wait_for(Done)
             if self.warning_log.files:
                 self.say(f"{self.warning_log.files} files gave decoder warnings, see {self.warning_log.path}")
             excluded = sum(1 for r in self.plan.spec.discovery_rejects if r.stage == fmt.STAGE_EXCLUDED)
@@ -376,12 +373,10 @@ def abort(writer: WriterHandle) -> None:
         return
     deadline = time.monotonic() + ABORT_SECONDS
     while time.monotonic() < deadline and process.is_alive():
-        try:
+        with contextlib.suppress(queue.Empty):
             msg = writer.outbox.get(timeout=0.5)
             if isinstance(msg, (Aborted, Failed)):
                 break
-        except queue.Empty:
-            pass
     process.join(timeout=10)
     if process.is_alive():
         process.kill()

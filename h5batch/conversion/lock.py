@@ -27,6 +27,7 @@ processes). ``docs/faults.md`` has the table.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -141,11 +142,9 @@ class OutputLock:
         """Remove the lock file and drop the lock (idempotent)."""
         if self.fd < 0:
             return
-        try:
+        with contextlib.suppress(OSError):
             if _same_file(self.fd, self.path):
                 os.unlink(self.path)  # while still locked: a waiting run then sees it vanish
-        except OSError:
-            pass
         os.close(self.fd)
         self.fd = -1
 

@@ -68,7 +68,8 @@ def convert(job: JobConfig, opts: ConvertOptions | None = None) -> ConvertSummar
                 summary = done if done is not None else _convert(job, opts, output, lock, run_id, say)
                 if remote is not None:  # the last stage: the finished file becomes the object
                     summary = remote.publish(summary)
-                return _timed(summary, t0)
+                summary.seconds = time.perf_counter() - t0
+                return summary
         finally:
             lock.release()
 
@@ -131,7 +132,3 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
         if started and not finished:  # a run that failed after Done (the output's checks): the writer exits by itself
             writer.process.join(timeout=30)
 
-
-def _timed(summary: ConvertSummary, t0: float) -> ConvertSummary:
-    summary.seconds = time.perf_counter() - t0
-    return summary

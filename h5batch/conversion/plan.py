@@ -152,10 +152,6 @@ class TaskList(Sequence):
     def __len__(self) -> int:
         return len(self.starts) - 1
 
-    def first_item(self, index: int) -> int:
-        """Manifest position of the first item of batch ``index`` (``len`` for the end)."""
-        return int(self.starts[index])
-
     def __getitem__(self, index):
         if isinstance(index, slice):
             return [self[k] for k in range(*index.indices(len(self)))]

@@ -307,11 +307,10 @@ def _wait_done(writer):
     while True:
         msg = writer.outbox.get(timeout=600)
         if isinstance(msg, Done):
-            s = msg.summary
-            if not s.ok:
+            if not msg.ok:
                 writer.process.join(timeout=30)
                 raise ConvertError("too many rejects (policy.max_reject_fraction); the sync is undone", 1)
-            return s
+            return msg
         if isinstance(msg, (Failed, WriterDied)):
             raise ConvertError(f"the writer failed: {getattr(msg, 'text', msg)}")
 

@@ -33,7 +33,7 @@ from ..fields import decode_field, kind_of, reads_files, value_array
 from ..fields.audio import TrueLength
 from ..fields.blocks import streams
 from ..manifest import Reject
-from ..transport.packing import Block, ChunkSet, Packed, pack
+from ..transport.packing import ChunkSet, Packed, fill, layout, pack
 from ..transport.segments import FREE, abandon_segment, grow_segment, hostname, take_segment
 from . import decoder_warnings, readahead
 
@@ -114,10 +114,6 @@ class _Watched:
         self.current = None
         self.done.set()
 
-    def give_up(self) -> None:
-        """Abandon this thread (it hangs on an item): its outcomes are not taken."""
-        self.abandoned = True
-
 
 class _ItemPlan:
     """What decoding an item of a batch needs per field, worked out once per batch (not
@@ -177,7 +173,7 @@ class _StreamRows:
     One streamable field (:func:`h5batch.fields.blocks.streams`: the first) is decoded
     block by block into a segment that grows as it fills: each file's sample is
     allocated at the end of the samples kept so far, so they lie back to back as
-    :class:`Block` wants them, and an item rejected later (another field failed)
+    a packed block wants them, and an item rejected later (another field failed)
     is simply overwritten by the next. The other fields decode into arrays and are packed
     after it. Reason: a 2-hour recording costs its size once, not once decoded and once
     packed. Used only when a file of the batch is big (:data:`STREAM_FILE_BYTES`); a file
@@ -230,30 +226,16 @@ class _StreamRows:
         self.pos += out[self.k].nbytes
 
     def packed(self, arrays: dict[str, list[np.ndarray]]) -> Packed:
-        blocks = []
-        end = self.pos
+        """The batch packed: the streamed field's samples where they lie, the others after."""
         rest = {name: samples for name, samples in arrays.items() if name != self.name}
-        self.seg = grow_segment(self.seg, end + sum(a.nbytes for s in rest.values() for a in s))
-        flat = self.seg.data
-        for name, _ in self.task.fields:
-            samples = arrays[name]
-            dtype = samples[0].dtype.str if samples else "|u1"
-            if name == self.name:
-                blocks.append(Block(name, dtype, tuple(a.shape for a in samples), 0, self.pos))
-                continue
-            start = end
-            for a in samples:
-                flat[end: end + a.nbytes] = a.reshape(-1).view(np.uint8)
-                end += a.nbytes
-            blocks.append(Block(name, dtype, tuple(a.shape for a in samples), start, end - start))
+        blocks, end = layout({self.name: arrays[self.name], **rest})  # the first block is [0, pos)
+        self.seg = grow_segment(self.seg, end)
+        fill(self.seg.data, rest, blocks[1:])
         self.seg.drop_pages(end)  # handed to the writer: its mapping is the one that counts
-        return Packed(tuple(blocks), end, shm_name=self.seg.name)
+        return Packed(blocks, end, shm_name=self.seg.name)
 
     def free(self) -> None:
         self.seg.mark(FREE)
-
-    def abandon(self) -> None:
-        abandon_segment(self.seg)
 
 
 @cache
@@ -353,7 +335,7 @@ def _decode_all(task: BatchTask, stream: _StreamRows | None,
         while not run.done.wait(timeout=min(1.0, task.timeout / 4)):
             cur = run.current
             if cur and time.monotonic() - cur[1] > task.timeout * len(task.items[cur[0]][0]):
-                run.give_up()
+                run.abandoned = True  # it hangs on an item: its outcomes are not taken
                 break
         if run.done.is_set():
             outcomes.update(run.outcomes)
@@ -367,7 +349,7 @@ def _decode_all(task: BatchTask, stream: _StreamRows | None,
         i = hung + 1
         if stream is not None:
             outcomes.update({k: [a.copy() for a in v] for k, v in outcomes.items() if isinstance(v, list)})
-            stream.abandon()
+            abandon_segment(stream.seg)
             stream = None
     return stuck
 

@@ -69,7 +69,8 @@ class Packed:
     chunks: tuple[ChunkSet, ...] = ()
 
 
-def _layout(arrays: dict[str, list[np.ndarray]]) -> tuple[tuple[Block, ...], int]:
+def layout(arrays: dict[str, list[np.ndarray]]) -> tuple[tuple[Block, ...], int]:
+    """Each field's samples back to back, in ``arrays``' order: the blocks and the bytes."""
     blocks = []
     offset = 0
     for name, samples in arrays.items():
@@ -80,7 +81,7 @@ def _layout(arrays: dict[str, list[np.ndarray]]) -> tuple[tuple[Block, ...], int
     return tuple(blocks), offset
 
 
-def _fill(buf: memoryview | np.ndarray, arrays: dict[str, list[np.ndarray]], blocks: tuple[Block, ...]) -> None:
+def fill(buf: memoryview | np.ndarray, arrays: dict[str, list[np.ndarray]], blocks: tuple[Block, ...]) -> None:
     flat = np.frombuffer(buf, dtype=np.uint8) if not isinstance(buf, np.ndarray) else buf
     for b in blocks:
         samples = arrays[b.name]
@@ -100,14 +101,14 @@ def pack(arrays: dict[str, list[np.ndarray]], mode: str, run_id: str,
          chunks: tuple[ChunkSet, ...] = ()) -> Packed:
     """Pack per-field sample lists. ``mode`` is ``shm`` or ``network``. Compressed chunks
     ride as uint8 "samples" of a ``<field>#chunks`` entry described by ``chunks``."""
-    blocks, total = _layout(arrays)
+    blocks, total = layout(arrays)
     if mode == "network":
         payload = np.empty(total, dtype=np.uint8)
-        _fill(payload, arrays, blocks)
+        fill(payload, arrays, blocks)
         return Packed(blocks, total, payload=payload, chunks=chunks)
     seg = take_segment(run_id, total)
     try:
-        _fill(seg.data, arrays, blocks)
+        fill(seg.data, arrays, blocks)
     except BaseException:
         seg.mark(FREE)
         raise

@@ -184,11 +184,9 @@ def _unlink(names: list[str]) -> list[str]:
     """Unlink these segments; the names of those that were there."""
     removed = []
     for name in names:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(SHM_DIR, name))
             removed.append(name)
-        except FileNotFoundError:
-            pass
     return removed
 
 

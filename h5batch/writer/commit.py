@@ -102,13 +102,9 @@ class CommitRecord:
             return None
 
 
-def tail_name(partial_path: str, number: int) -> str:
-    return f"{os.path.basename(partial_path)}.tail-{number}.npz"
-
-
 def save_tails(partial_path: str, number: int, tails: dict[str, np.ndarray]) -> str:
     """Write commit ``number``'s tail file durably; return its name."""
-    name = tail_name(partial_path, number)
+    name = f"{os.path.basename(partial_path)}.tail-{number}.npz"
     _write_durably(os.path.join(os.path.dirname(partial_path), name), "wb", lambda fh: np.savez(fh, **tails))
     return name
 

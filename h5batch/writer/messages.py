@@ -121,7 +121,7 @@ class Stored:
 
 
 @dataclass(frozen=True)
-class FinalSummary:
+class Done:
     """What :class:`Finish` produced. ``ok`` False: too many rejects, the file stays partial
     (``path`` is then the partial's)."""
 
@@ -132,11 +132,6 @@ class FinalSummary:
     rejects_file: str
     ok: bool
     stats: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Done:
-    summary: FinalSummary
 
 
 @dataclass(frozen=True)

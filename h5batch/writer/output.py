@@ -31,7 +31,7 @@ from .commit import (
     save_tails,
 )
 from .journal import fsync_path
-from .messages import FinalSummary, WriterSpec
+from .messages import Done, WriterSpec
 from .store import STATS, STR, FieldStore, SplitStore
 
 
@@ -180,7 +180,7 @@ class OutputWriter:
         remove_tail_files(self.spec.partial_path, keep=tail_file)
         return record
 
-    def finalize(self, max_reject_fraction: float = 1.0) -> FinalSummary:
+    def finalize(self, max_reject_fraction: float = 1.0) -> Done:
         """Write the tail chunks, discovery rejects and final attributes; close; rename to
         the final path unless more than ``max_reject_fraction`` of the inputs were rejected
         (then the file stays partial and resumable)."""
@@ -218,8 +218,8 @@ class OutputWriter:
         excluded = sum(1 for r in rejects if r.stage == fmt.STAGE_EXCLUDED)
         return rejects, len(rejects) - excluded <= max_reject_fraction * max(1, self.spec.num_inputs - excluded)
 
-    def summary(self, path: str, rejects: list[Reject], ok: bool) -> FinalSummary:
-        return FinalSummary(path=path, counts={name: s.n for name, s in self.splits.items()}, rejects=len(rejects),
+    def summary(self, path: str, rejects: list[Reject], ok: bool) -> Done:
+        return Done(path=path, counts={name: s.n for name, s in self.splits.items()}, rejects=len(rejects),
                             bytes_decoded=self.bytes_written, rejects_file=fmt.rejects_file(self.spec.final_path),
                             ok=ok, stats=dict(STATS))
 

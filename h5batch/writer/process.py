@@ -36,7 +36,6 @@ from .commit import remove_commit_files
 from .messages import (
     Abort,
     Aborted,
-    Done,
     Failed,
     Finish,
     Quit,
@@ -110,7 +109,7 @@ class _Session:
         return False
 
     def on_finish(self, msg: Finish) -> bool:
-        self.outbox.put(Done(self.out.finalize(max_reject_fraction=msg.max_reject_fraction)))
+        self.outbox.put(self.out.finalize(max_reject_fraction=msg.max_reject_fraction))
         # Everything is closed and renamed: skip the interpreter's teardown, which the
         # driver would otherwise wait for in join().
         sys.stdout.flush()
@@ -249,13 +248,11 @@ def _rebuild_fd(dup) -> SharedFd:
 
 def current_umask() -> int | None:
     """This process's umask, read without changing it (Linux), else None."""
-    try:
+    with contextlib.suppress(OSError):
         with open("/proc/self/status") as fh:
             for line in fh:
                 if line.startswith("Umask:"):
                     return int(line.split()[1], 8)
-    except OSError:
-        pass
     return None
 
 
