@@ -16,7 +16,7 @@ import threading
 import pytest
 
 from h5batch import cli, commands
-from h5batch.conversion.progress import Progress, progress_mode
+from h5batch.conversion.options import Progress, progress_mode
 from h5batch.errors import ConfigError, ConvertError, VerifyError
 from tests.conftest import REPO
 from tests.support.run import clean_env, convert_cmd, run_h5batch

@@ -14,8 +14,7 @@ plan                   :mod:`.plan` (+ :mod:`.auto`, :mod:`.trial` on the engine
                        batches, the writer's spec
 drive                  :mod:`.driver`: submit, isolate crashes, forward in manifest order
 worker decode          :mod:`.worker` (runs on the engine's workers; decoders in
-                       :mod:`h5batch.fields`); :mod:`.worker_compress`: whole chunks
-                       compressed in the workers
+                       :mod:`h5batch.fields`), whole chunks compressed there
 transport              :mod:`h5batch.transport`: shared memory, descriptors through a pipe
 writer                 :mod:`h5batch.writer`: one process appends, commits, finalizes
 =====================  ==================================================================

@@ -134,24 +134,15 @@ class CodecChoice:
 
 
 def network_fs(path: str) -> str | None:
-    """The type of the network file system holding ``path``'s folder (``/proc/mounts``, the
-    longest mount point above it), or None (a local one, or not Linux)."""
+    """The type of the network file system holding ``path``'s folder (the longest mount point
+    above it, the last one mounted there), or None (a local one)."""
+    import psutil
+
     folder = os.path.dirname(os.path.abspath(path))
-    best, kind = "", None
-    try:
-        with open("/proc/mounts") as fh:
-            for line in fh:
-                parts = line.split()
-                if len(parts) < 3:
-                    continue
-                mount = parts[1].replace("\\040", " ")
-                if (folder == mount or folder.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
-                    best, kind = mount, parts[2]
-    except OSError:
-        return None
-    if kind and (kind in NETWORK_FS or kind.startswith("fuse.")):
-        return kind
-    return None
+    above = [p for p in psutil.disk_partitions(all=True)
+             if folder == p.mountpoint or folder.startswith(p.mountpoint.rstrip("/") + "/")]
+    kind = max(reversed(above), key=lambda p: len(p.mountpoint)).fstype if above else None
+    return kind if kind and (kind in NETWORK_FS or kind.startswith("fuse.")) else None
 
 
 def lz4_ratio(flat: np.ndarray, level: int | None, shuffle: bool) -> float:
@@ -240,7 +231,7 @@ def resolve(job: JobConfig, manifest: Manifest, keep: dict[str, CodecSpec] | Non
         if need else Trial({})
 
     field_bytes = _field_bytes(job, fixed, trial.arrays)
-    item_bytes = _item_bytes(field_bytes)
+    item_bytes = max(1, sum(field_bytes.values()))  # all fields (at least 1: it divides)
     rates = dict(known_rates)
     for name in unknown:
         seen = sorted(set(trial.rates.get(name, ())))
@@ -285,11 +276,6 @@ def _field_bytes(job: JobConfig, fixed: dict, trial: dict[str, list[np.ndarray]]
         else:
             out[name] = int(np.mean([a.nbytes for a in trial[name]])) if trial.get(name) else 0
     return out
-
-
-def _item_bytes(field_bytes: dict[str, int]) -> int:
-    """Decoded bytes of one item, all fields (at least 1: it divides)."""
-    return max(1, sum(field_bytes.values()))
 
 
 def _batch_size(job: JobConfig, manifest: Manifest, item_bytes: int, fixed: dict) -> int:

@@ -35,7 +35,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,11 +72,6 @@ class Connection:
     description: str
     dashboard: str | None
     cluster: Any = None
-
-
-# ---------------------------------------------------------------------------
-# Security
-# ---------------------------------------------------------------------------
 
 
 def security_kwargs(cfg: ClusterConfig, file: str = "<job>", own_cluster: bool = False) -> dict[str, Any]:
@@ -118,25 +113,12 @@ def make_security(cfg: ClusterConfig, file: str = "<job>", own_cluster: bool = F
     return Security(**security_kwargs(cfg, file, own_cluster))
 
 
-# ---------------------------------------------------------------------------
-# dask-jobqueue
-# ---------------------------------------------------------------------------
-
-
 def default_workers() -> int:
     """One single-threaded worker process per core."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:
         return max(1, os.cpu_count() or 1)
-
-
-def jobqueue_jobs(cfg: ClusterConfig) -> int:
-    """Number of batch jobs to keep running (``cluster.jobqueue.jobs``, else ``cluster.workers``)."""
-    jobs = cfg.jobqueue.get("jobs", cfg.workers or 1)
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise ConfigError("<job>", "cluster.jobqueue.jobs", f"must be an integer >= 1, got {jobs!r}")
-    return jobs
 
 
 def _jobqueue_module():
@@ -169,7 +151,6 @@ def jobqueue_kwargs(cfg: ClusterConfig, security=None, file: str = "<job>") -> d
         if key in kwargs:
             raise ConfigError(file, f"cluster.jobqueue.{key}", f"is set by h5batch: {instead}")
     kwargs.setdefault("cores", 1)
-    # one single-threaded worker process per core: a worker decodes one file at a time
     kwargs.setdefault("processes", kwargs["cores"])
     kwargs.setdefault("memory", "2GB")
     kwargs.setdefault("job_name", "h5batch-worker")
@@ -248,7 +229,9 @@ def _jobqueue(cfg: ClusterConfig, wait_timeout: float) -> Iterator[Connection]:
     from distributed import Client
 
     mod = _jobqueue_module()
-    jobs = jobqueue_jobs(cfg)
+    jobs = cfg.jobqueue.get("jobs", cfg.workers or 1)  # batch jobs to keep running
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ConfigError("<job>", "cluster.jobqueue.jobs", f"must be an integer >= 1, got {jobs!r}")
     _check_submission(cfg, job_script(cfg))
     security = make_security(cfg, own_cluster=True)
     cls = getattr(mod, JOBQUEUE_KINDS[cfg.kind])
@@ -282,11 +265,6 @@ def _jobqueue(cfg: ClusterConfig, wait_timeout: float) -> Iterator[Connection]:
                 cluster.close()  # cancels every job it submitted (scancel / qdel / bkill)
 
 
-# ---------------------------------------------------------------------------
-# connect()
-# ---------------------------------------------------------------------------
-
-
 def _dashboard(client, cfg: ClusterConfig) -> str | None:
     """The dashboard's address as it really listens (Dask's link names the scheduler's
     host even when the dashboard is bound to 127.0.0.1)."""
@@ -315,10 +293,9 @@ def _open_client(cfg: ClusterConfig, security) -> tuple[Any, str]:
         raise ConvertError(f"scheduler file {cfg.scheduler_file} does not exist (start the scheduler with "
                     f"`dask scheduler --scheduler-file {cfg.scheduler_file}` first)", 2)
     try:
-        if cfg.kind == "address":
-            client = Client(cfg.address, security=security, timeout="30s")
-        else:
-            client = Client(scheduler_file=cfg.scheduler_file, security=security, timeout="30s")
+        by_address = cfg.kind == "address"
+        client = Client(cfg.address if by_address else None, security=security, timeout="30s",
+                        scheduler_file=None if by_address else cfg.scheduler_file)
     except (OSError, TimeoutError, TypeError) as e:
         # TypeError: Dask's answer to a tls:// address without TLS settings
         hint = "; the scheduler speaks TLS: set cluster.security" if isinstance(e, TypeError) or (
@@ -331,11 +308,8 @@ def _open_client(cfg: ClusterConfig, security) -> tuple[Any, str]:
 @contextmanager
 def open_engine(job: JobConfig) -> Iterator[Connection]:
     """The engine of ``job`` (:func:`connect`), with Dask's settings for a run where it is Dask."""
-    if job.cluster.kind == "processes":
-        with connect(job.cluster, frozen_seconds=job.policy.frozen_worker_timeout) as conn:
-            yield conn
-        return
-    with _dask_settings(job), connect(job.cluster) as conn:
+    settings = nullcontext() if job.cluster.kind == "processes" else _dask_settings(job)
+    with settings, connect(job.cluster, frozen_seconds=job.policy.frozen_worker_timeout) as conn:
         yield conn
 
 
@@ -348,12 +322,11 @@ def _dask_settings(job: JobConfig):
     # gives up (KilledWorker); then the batch is split to isolate the culprit.
     # worker-saturation 1.0 keeps queued tasks on the scheduler, so a worker that dies
     # takes only its running task down with it, not innocent tasks queued behind it.
+    # Dask's health tick and stack sampler, many times a second, take CPU the decoders need;
+    # the sampler feeds only the dashboard's profile page, so it is kept when there is one.
     settings: dict[str, Any] = {"distributed.scheduler.allowed-failures": job.policy.retries,
-                                "distributed.scheduler.worker-saturation": 1.0}
-    # A cluster this run starts: Dask's health tick and stack sampler, many times a second,
-    # take CPU the decoders need; the sampler feeds only the dashboard's profile page, so it
-    # is kept when there is a dashboard.
-    settings["distributed.admin.tick.interval"] = "500ms"
+                                "distributed.scheduler.worker-saturation": 1.0,
+                                "distributed.admin.tick.interval": "500ms"}
     if not job.cluster.dashboard:
         settings["distributed.worker.profile.enabled"] = False
     return dask.config.set(settings)
@@ -376,7 +349,7 @@ def connect(cfg: ClusterConfig, wait_timeout: float = 300.0, frozen_seconds: flo
         from .pool import DecoderPool
 
         n = cfg.workers or default_workers()
-        with DecoderPool(n, frozen_seconds) as pool:
+        with closing(DecoderPool(n, frozen_seconds)) as pool:
             yield Connection(pool, f"{n} decoder processes on this machine", None)
         return
     if cfg.kind in JOBQUEUE_KINDS:
@@ -428,7 +401,7 @@ def _local(cfg: ClusterConfig) -> Iterator[Connection]:
             dashboard_address="127.0.0.1:0", scheduler_kwargs={"dashboard": bool(cfg.dashboard)},
             silence_logs=logging.ERROR, security=security,
             protocol="tls://" if security is not None else None,
-            preload=["h5batch.conversion.worker_setup"],
+            preload=["h5batch.conversion.worker"],
         )
         client = None
         try:

@@ -22,6 +22,7 @@ Rules, and why:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
@@ -103,10 +104,8 @@ class ClusterWatch:
                         f"(policy.frozen_worker_timeout {limit:g} s): killed it, its batch is decoded again")
                 self.say(text)
                 _record(f"{self.output}: {text}")
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
 
     def _pid(self, address: str) -> int | None:
         """The process id of the worker at ``address``, from the cluster's nannies."""
@@ -120,8 +119,6 @@ def _record(line: str) -> None:
     """Append ``line`` to the event log, where there is one (see the module docstring)."""
     path = os.environ.get(EVENT_LOG)
     if path:
-        try:
+        with contextlib.suppress(OSError):
             with open(path, "a") as f:
                 f.write(line + "\n")
-        except OSError:
-            pass

@@ -16,8 +16,8 @@ BEWARE: fd 2 and warning filters are per process (no thread-local ``catch_warnin
 Python 3.14). With several worker threads, or an abandoned hung decode still running, a
 message can be attributed to another file decoding at the same moment.
 
-The driver's trial decode (``conversion/auto.py``) runs inside :func:`silenced`: the workers
-decode those files again and report them.
+The trial decode (``conversion/trial.py``) drops what it gathers: the batches decode those
+files again and report them.
 
 Driver side: :class:`WarningLog` appends one line per file (``path<TAB>messages``, joined by
 `` | ``) and counts the files.
@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 import warnings
+from collections import Counter
 from collections.abc import Iterable, Iterator
 
 _QUIET = (DeprecationWarning, PendingDeprecationWarning, ImportWarning)
@@ -55,7 +56,7 @@ class _Redirect:
         self.file = None
         self.claimed: list[tuple[int, int]] = []  # byte ranges attributed to files
 
-    def acquire(self) -> None:
+    def __enter__(self) -> None:
         with _lock:
             if self.users == 0:
                 _flush_stderr()
@@ -67,7 +68,7 @@ class _Redirect:
                 self.claimed = []
             self.users += 1
 
-    def release(self) -> None:
+    def __exit__(self, *exc: object) -> None:
         with _lock:
             self.users -= 1
             if self.users:
@@ -136,15 +137,10 @@ def _write_all(fd: int, data: bytes) -> None:
             data = data[os.write(fd, data):]
 
 
-@contextlib.contextmanager
-def batch() -> Iterator[None]:
-    """While a batch decodes: fd 2 of this process goes to a temporary file, from which
-    :func:`watch` takes each file's lines."""
-    _fd2.acquire()
-    try:
-        yield
-    finally:
-        _fd2.release()
+def batch() -> _Redirect:
+    """While a batch decodes (``with batch():``): fd 2 of this process goes to a temporary
+    file, from which :func:`watch` takes each file's lines."""
+    return _fd2
 
 
 @contextlib.contextmanager
@@ -165,22 +161,6 @@ def watch(rel: str) -> Iterator[None]:
                 _found.setdefault(rel, []).extend(messages)
 
 
-@contextlib.contextmanager
-def silenced() -> Iterator[None]:
-    """Around decodes whose warnings are dropped: the driver's trial of a few files
-    (``conversion/auto.py``), which the workers decode again, and warn about, in the job.
-    One window for the whole trial, whose threads decode in parallel: ``catch_warnings``
-    nested in parallel threads would restore each other's filters in the wrong order."""
-    with batch():
-        mark = _fd2.mark()
-        try:
-            with warnings.catch_warnings(record=True):
-                warnings.filters[:] = _FILTERS
-                yield
-        finally:
-            _fd2.since(mark)  # claimed, so not passed on; Dask's records still are
-
-
 def take(paths: Iterable[str]) -> list[tuple[str, str]]:
     """``(path, messages)`` for each of ``paths`` whose decode warned, in their order;
     a message repeated is written once, with its count."""
@@ -194,9 +174,7 @@ def take(paths: Iterable[str]) -> list[tuple[str, str]]:
 
 
 def _join(messages: list[str]) -> str:
-    counts: dict[str, int] = {}
-    for m in messages:
-        counts[m] = counts.get(m, 0) + 1
+    counts = Counter(messages)
     return " | ".join(m if n == 1 else f"{m} (x{n})" for m, n in counts.items())
 
 

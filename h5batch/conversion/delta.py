@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
 from .. import format as fmt
 from ..inventory import stamps
-from ..manifest import Item, Manifest, Reject
+from ..manifest import Item, Manifest, Reject, natural_key
 
 #: Reject stages found by workers or the writer (carried over when the file is unchanged);
 #: the others (discover, excluded) are found again by every discovery.
@@ -55,35 +56,32 @@ class OldOutput:
     rejects: list[Reject]
     has_inventory: bool  # False: written before inventories existed
     fields: dict[str, dict]  # field name -> its attributes (codec, categories, ...)
-    _rows: dict[str, list[str]] | None = None
-    _inventory: dict[str, int] | None = None
 
-    @property
+    @cached_property
     def rows(self) -> dict[str, list[str]]:
         """split -> key (first source path) of each row."""
-        if self._rows is None:
-            from ..tools.index import open_file
+        from ..tools.index import open_file
 
-            self._rows = {}
-            with open_file(self.path) as f:
-                for s in self.n_rows:
-                    src = f[s][fmt.SOURCE]
-                    keys = src.asstr()[...] if src.shape[0] else np.zeros((0,), dtype=object)
-                    if keys.ndim == 2:
-                        keys = keys[:, 0]
-                    self._rows[s] = [str(k) for k in keys]
-        return self._rows
+        rows = {}
+        with open_file(self.path) as f:
+            for s in self.n_rows:
+                src = f[s][fmt.SOURCE]
+                keys = src.asstr()[...] if src.shape[0] else np.zeros((0,), dtype=object)
+                if keys.ndim == 2:
+                    keys = keys[:, 0]
+                rows[s] = [str(k) for k in keys]
+        return rows
 
-    @property
+    @cached_property
     def inventory(self) -> dict[str, int] | None:
         """key -> stamp (None: written before inventories existed)."""
-        if self._inventory is None and self.has_inventory:
-            from ..inventory import load
-            from ..tools.index import open_file
+        if not self.has_inventory:
+            return None
+        from ..inventory import load
+        from ..tools.index import open_file
 
-            with open_file(self.path) as f:
-                self._inventory = load(f)
-        return self._inventory
+        with open_file(self.path) as f:
+            return load(f)
 
     def memory(self):
         """The inventory as a :class:`~h5batch.inventory.Memory`, or why there is none."""
@@ -122,6 +120,7 @@ def read_output(path: str) -> OldOutput:
 
     from ..inventory import GROUP
     from ..tools.index import check_complete, open_file, tombstones
+    from ..writer.output import read_rejects
 
     with open_file(path) as f:
         check_complete(f, path)
@@ -133,11 +132,6 @@ def read_output(path: str) -> OldOutput:
             n_rows[s] = int(f[s][fmt.SOURCE].shape[0])
             dead[s] = tombstones(f, path, s, n_rows[s])
         names = tuple(f[fmt.CLASS_NAMES].asstr()[...]) if fmt.CLASS_NAMES in f else ()
-        rej = []
-        if fmt.REJECTS in f and "path" in f[fmt.REJECTS] and f[fmt.REJECTS]["path"].shape[0]:
-            g = f[fmt.REJECTS]
-            rej = [Reject(str(p), str(st), str(r)) for p, st, r in
-                   zip(g["path"].asstr()[...], g["stage"].asstr()[...], g["reason"].asstr()[...])]
         fields = {}
         for name in json.loads(f.attrs[fmt.ATTR_FIELDS]):
             for s in splits:
@@ -145,7 +139,7 @@ def read_output(path: str) -> OldOutput:
                     fields[name] = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f[s][name].attrs.items()}
                     break
         return OldOutput(path, str(f.attrs[fmt.ATTR_JOB_HASH]), str(f.attrs[fmt.ATTR_MANIFEST_HASH]), splits, names,
-                         n_rows, dead, rej, GROUP in f, fields)
+                         n_rows, dead, read_rejects(f), GROUP in f, fields)
 
 
 def _live(old: OldOutput) -> dict[str, tuple[str, int]]:
@@ -161,7 +155,7 @@ def _live(old: OldOutput) -> dict[str, tuple[str, int]]:
 
 def _class_names(old: OldOutput, items: list[Item]) -> tuple[str, ...]:
     labels = {it.label for it in items if it.label is not None}
-    return tuple(old.class_names) + tuple(sorted(labels - set(old.class_names), key=_natural))
+    return tuple(old.class_names) + tuple(sorted(labels - set(old.class_names), key=natural_key))
 
 
 def compute(old: OldOutput, m: Manifest) -> Delta:
@@ -243,8 +237,3 @@ def from_rediscovery(old: OldOutput, r) -> Delta:
     d.unchanged = r.items - d.new - d.changed
     return _ordered(d, old, m)
 
-
-def _natural(text: str):
-    from ..manifest import natural_key
-
-    return natural_key(text)

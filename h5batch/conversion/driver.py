@@ -5,34 +5,37 @@ decoder processes or Dask, :mod:`.cluster`) with a bounded
 number in flight (a batch counts until the writer has stored it, so memory stays flat
 whatever the corpus size), forwards finished batches to the writer process strictly in
 manifest order, isolates files that crash their worker by splitting their batch in two,
-recursively (:mod:`.isolation`), and reports progress. Everything it waits for arrives on one
+recursively (:func:`after_failure`), and reports progress. Everything it waits for arrives on one
 event queue: finished futures (from their callbacks) and writer messages (from a
 pipe-reading thread), each dispatched through a handler.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .. import format as fmt
-from ..batches import BatchResult
+from ..batches import BatchResult, BatchTask
 from ..config import JobConfig
 from ..errors import ConvertError
-from ..transport.packing import to_shm
+from ..manifest import Reject
+from ..transport.packing import Packed, to_shm
 from ..writer.messages import (
     LAST,
     Abort,
     Aborted,
-    Committed,
     Done,
     Failed,
     Finish,
-    Ready,
     Store,
     Stored,
     WriterDied,
@@ -42,10 +45,8 @@ from . import signals
 from .cluster import Connection
 from .cluster_watch import ClusterWatch
 from .decoder_warnings import WarningLog
-from .isolation import Slot, after_failure
-from .options import ConvertOptions, ConvertSummary
+from .options import ConvertOptions, ConvertSummary, Progress
 from .plan import Plan, RowPredictor
-from .progress import Progress
 from .worker import decode_batch
 
 WINDOW_BYTES = 1 << 30  # decoded bytes waiting in shared memory, at most (about)
@@ -55,6 +56,73 @@ ABORT_SECONDS = 60  # how long the writer may take to commit after an abort
 # Seconds to fetch a finished batch's result from its worker before the part counts as
 # failed (a result is descriptors and metadata: it takes milliseconds when the worker lives).
 RESULT_TIMEOUT = 60.0
+
+
+# Times a part may finish and lose its result with its worker before it counts as failed:
+# each time, crash isolation gets closer to the file that kills workers, which then no
+# longer runs.
+MAX_LOST = 4
+
+
+@dataclass
+class Part:
+    """Items ``[lo, hi)`` of a batch and, once decoded, their result."""
+
+    lo: int
+    hi: int
+    result: BatchResult | None = None
+    confirming: bool = False  # a single file that failed once is being tried again
+    lost: int = 0  # times it ran to the end and its result was lost with its worker after
+
+
+class Slot:
+    """One manifest batch: its parts (a batch whose worker keeps dying is split in two,
+    recursively, down to the crashing file) and their results."""
+
+    def __init__(self, task: BatchTask):
+        self.task = task
+        self.parts: list[Part] = [Part(0, len(task.items))]
+        self.acked = 0  # parts the writer has stored
+        self.written = 0  # samples they held
+
+    def complete(self) -> bool:
+        return all(p.result is not None for p in self.parts)
+
+
+def after_failure(slot: Slot, pos: int, fired_as: str, exc: BaseException) -> list[tuple[int, int]]:
+    """The ``(lo, hi)`` ranges of ``slot`` to decode again now that its part ``pos`` failed
+    with ``exc`` (its future's done callback fired with status ``fired_as``); ``[]`` when
+    the part is settled: its file is rejected and its result set.
+
+    A part whose worker died is split in two and both halves are decoded again, recursively,
+    until the file that takes its worker down stands alone; a lone file is tried once more
+    on its own (its worker may have died of another task) and then becomes a reject (stage
+    ``worker``) while the rest of the batch is stored.
+
+    Rule: only a part that did not run to the end can be blamed. A task that finished on a
+    worker which then died (of the next task in its queue) before its result was fetched
+    reads ``lost`` or fails ``result()`` by the time the driver looks: none of its files took
+    the worker down, so it is decoded again whole. Reason: near the end of crash isolation
+    a good file's part and the culprit's often run one after the other on the same worker;
+    counting the good one's lost result as its failure rejected it in the culprit's place."""
+    part = slot.parts[pos]
+    lo, hi = part.lo, part.hi
+    if fired_as == "finished" and part.lost < MAX_LOST:
+        part.lost += 1
+        return [(lo, hi)]
+    if hi - lo > 1:
+        mid = (lo + hi) // 2
+        slot.parts[pos:pos + 1] = [Part(lo, mid), Part(mid, hi)]
+        return [(lo, mid), (mid, hi)]
+    if not part.confirming:
+        part.confirming = True
+        return [(lo, hi)]
+    reason = f"worker failed while decoding this file: {type(exc).__name__}: {exc}"
+    sub = slot.task.sub(lo, hi)  # a result of no samples, only the file's rejects
+    part.result = BatchResult(sub.index, sub.split, sub.start, Packed((), 0), np.zeros(0, np.int64), [],
+                              np.zeros((0, len(sub.fields)), np.uint32),
+                              [Reject(p, "worker", reason) for p in slot.task.items[lo][0]])
+    return []
 
 
 class Driver:
@@ -110,7 +178,7 @@ class Driver:
             # one waiting for the writer), and not more decoded samples waiting in shared
             # memory than WINDOW_BYTES.
             window = job.cluster.max_in_flight or max(4, min(2 * n_workers, WINDOW_BYTES // max(1, self.plan.batch_bytes)))
-            self.progress = Progress(len(tasks.manifest.items), tasks.first_item(self.plan.start),
+            self.progress = Progress(len(tasks.manifest.items), int(tasks.starts[self.plan.start]),
                                      mode=self.opts.progress, log=self.opts.log)
             threading.Thread(target=self._pump_writer, daemon=True).start()
             next_submit = next_forward = self.plan.start
@@ -136,7 +204,7 @@ class Driver:
             # The writer counts every reject (discovery, decode, write, and those of batches
             # committed by an earlier run) and keeps the file partial when there are too many.
             self._send(Finish(job.policy.max_reject_fraction))
-            s = self._wait_for(Done).summary
+            s = self._wait_for(Done)
             if self.warning_log.files:
                 self.say(f"{self.warning_log.files} files gave decoder warnings, see {self.warning_log.path}")
             excluded = sum(1 for r in self.plan.spec.discovery_rejects if r.stage == fmt.STAGE_EXCLUDED)
@@ -165,10 +233,6 @@ class Driver:
         self.submissions += 1
         fut = self.client.submit(decode_batch, task, pure=False, retries=0,
                                  key=f"h5batch-decode-{self.run_id}-{index}-{lo}-{hi}-{self.submissions}")
-        self._track(fut, index, lo)
-
-    def _track(self, fut: Any, index: int, lo: int) -> None:
-        """Wait for ``fut``, the part of batch ``index`` that starts at item ``lo``."""
         self.futures[fut] = (index, lo)
         # The status when it fired goes with it: a task that finished and whose worker died
         # before its result was fetched reads "lost" or fails result() by the time the loop
@@ -294,8 +358,6 @@ _WRITER_HANDLERS = {
     Stored: Driver._on_stored,
     Failed: Driver._on_failed,
     WriterDied: Driver._on_died,
-    Ready: lambda self, msg: None,  # the plan already knows where the file goes on
-    Committed: lambda self, msg: None,  # progress is counted from Stored
 }
 
 
@@ -311,12 +373,10 @@ def abort(writer: WriterHandle) -> None:
         return
     deadline = time.monotonic() + ABORT_SECONDS
     while time.monotonic() < deadline and process.is_alive():
-        try:
+        with contextlib.suppress(queue.Empty):
             msg = writer.outbox.get(timeout=0.5)
             if isinstance(msg, (Aborted, Failed)):
                 break
-        except queue.Empty:
-            pass
     process.join(timeout=10)
     if process.is_alive():
         process.kill()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 from ..config import JobConfig
@@ -19,6 +18,7 @@ from ..format import PARTIAL_SUFFIX, STAGE_EXCLUDED
 from ..layouts import discover, resolved_job
 from .auto import resolve
 from .cluster import open_engine
+from .generate import needs_generating
 from .trial import on_engine
 
 TOP_REASONS = 5
@@ -29,8 +29,7 @@ def dry_run(job: JobConfig, say) -> dict[str, Any]:
     engine's and the trial's lines, as a run's log would."""
     src = job.source
     out: dict[str, Any] = {"dry_run": True, "output": job.output.path}
-    root = Path(src.root)
-    if src.generate and (not root.is_dir() or not any(root.iterdir())):
+    if needs_generating(job):
         out["would_generate"] = {"corpus": src.generate, "root": src.root}
         return out
     manifest = discover(job)

@@ -13,15 +13,19 @@ from ..config import JobConfig
 from ..errors import EXIT_BAD_INPUT, ConvertError
 
 
-def generate_corpus(job: JobConfig, say: Callable[[str], None]) -> None:
-    """Create a generated corpus (``source.generate``) when its root is missing or empty.
-    A root holding anything else is a corpus already (say, the user's own, given with
+def needs_generating(job: JobConfig) -> bool:
+    """Whether ``source.generate`` names a corpus whose root is missing or empty. A root
+    holding anything is a corpus already (say, the user's own, given with
     ``--set source.root=...`` to a job that generates by default): it is used as it is."""
     root = Path(job.source.root)
-    if not job.source.generate or (root / ".h5batch-synth.json").exists():
+    return bool(job.source.generate) and not (root.is_dir() and any(root.iterdir()))
+
+
+def generate_corpus(job: JobConfig, say: Callable[[str], None]) -> None:
+    """Create a generated corpus (``source.generate``) where :func:`needs_generating`."""
+    if not needs_generating(job):
         return
-    if root.is_dir() and any(root.iterdir()):
-        return
+    root = Path(job.source.root)
     from ..generate import CORPORA
 
     if job.source.generate not in CORPORA:

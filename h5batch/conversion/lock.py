@@ -27,6 +27,7 @@ processes). ``docs/faults.md`` has the table.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -78,7 +79,7 @@ class OutputLock:
     def __init__(self, final_path: str, fd: int, exclusive_file: bool):
         self.path = lock_path(final_path)
         self.final = final_path
-        self.fd = fd
+        self.fd = fd  # the writer process holds it too (see the module docstring)
         self.exclusive_file = exclusive_file  # the fallback: no kernel lock behind it
 
     @classmethod
@@ -137,19 +138,13 @@ class OutputLock:
             return cls(final_path, fd, exclusive_file=True)
         raise ConvertError(f"{path}: could not be taken", EXIT_BUSY)
 
-    def inheritable(self) -> int:
-        """The descriptor, for the writer process to hold too (see the module docstring)."""
-        return self.fd
-
     def release(self) -> None:
         """Remove the lock file and drop the lock (idempotent)."""
         if self.fd < 0:
             return
-        try:
+        with contextlib.suppress(OSError):
             if _same_file(self.fd, self.path):
                 os.unlink(self.path)  # while still locked: a waiting run then sees it vanish
-        except OSError:
-            pass
         os.close(self.fd)
         self.fd = -1
 

@@ -10,6 +10,7 @@ commit record it can trust, or start afresh after removing a partial it cannot t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Callable
@@ -19,8 +20,7 @@ from .. import inventory
 from ..config import JobConfig
 from ..errors import EXIT_BAD_INPUT, ConvertError
 from ..manifest import Manifest
-from ..writer.commit import CommitRecord, remove_commit_files
-from ..writer.resume import check_partial
+from ..writer.commit import CommitRecord, check_partial, remove_commit_files
 from .options import ConvertOptions, ConvertSummary
 
 
@@ -45,21 +45,6 @@ class OutputFiles:
             raise ConvertError(f"output directory {out_dir} cannot be created: {e.strerror}", EXIT_BAD_INPUT) from e
         if not os.access(out_dir, os.W_OK):
             raise ConvertError(f"output directory {out_dir} is not writable", EXIT_BAD_INPUT)
-
-    def check_not_there(self) -> None:
-        """The output is not there yet, unless overwriting was asked for. When it is the
-        output of this very job and only the corpus changed, the message says that
-        ``h5batch sync`` converts just the change."""
-        if os.path.exists(self.final) and not self.overwrite:
-            same_job = False
-            try:
-                import h5py
-
-                with h5py.File(self.final, "r") as f:
-                    same_job = f.attrs.get(fmt.ATTR_JOB_HASH) == self.job.hash()
-            except OSError:
-                pass
-            raise ConvertError(self._exists_message("" if same_job else None), EXIT_BAD_INPUT)
 
     def _exists_message(self, change: str | None) -> str:
         """The output is there and is not replaced. ``change``: None where another job made
@@ -91,21 +76,25 @@ class OutputFiles:
 
     def already_done(self, manifest: Manifest) -> ConvertSummary | None:
         """The finished output of this very job and corpus, if it exists (e.g. a run killed
-        between the final rename and its last message): nothing left to do."""
+        between the final rename and its last message): nothing left to do. Any other output
+        there is refused unless overwriting was asked for; when it is the output of this very
+        job and only the corpus changed, the message says that ``h5batch sync`` converts just
+        the change."""
         if not os.path.exists(self.final) or self.overwrite:
             return None
         import h5py
 
         try:
             with h5py.File(self.final, "r") as f:
-                same = (bool(f.attrs.get(fmt.ATTR_COMPLETE)) and f.attrs.get(fmt.ATTR_JOB_HASH) == self.job.hash()
+                same_job = f.attrs.get(fmt.ATTR_JOB_HASH) == self.job.hash()
+                same = (bool(f.attrs.get(fmt.ATTR_COMPLETE)) and same_job
                         and f.attrs.get(fmt.ATTR_MANIFEST_HASH) == manifest.hash)
                 counts = _live_counts(f, self.final, manifest.splits)
                 n_rej = int(f[f"{fmt.REJECTS}/path"].shape[0]) if f"{fmt.REJECTS}/path" in f else 0
         except OSError:
-            return None
+            same_job = same = False
         if not same:
-            return None
+            raise ConvertError(self._exists_message("" if same_job else None), EXIT_BAD_INPUT)
         self.discard_partial()
         return self._complete(counts, n_rej, "discovery")
 
@@ -120,8 +109,7 @@ class OutputFiles:
         overwritten, so the run stops either way, and the message says what a sync would
         bring in. None: no answer this way (no output, overwriting, a partial beside it, no
         inventory, a layout whose discovery cannot be incremental, another job, a file
-        that is not complete); :meth:`already_done` and :meth:`check_not_there` decide,
-        after the full discovery."""
+        that is not complete); :meth:`already_done` decides, after the full discovery."""
         if self.overwrite or not os.path.exists(self.final) or os.path.exists(self.partial):
             return None
         from ..errors import H5batchError
@@ -143,6 +131,7 @@ class OutputFiles:
         """The summary of a run that found its output already complete; ``checked``: how
         (``inventory``: the stat pass against the output's inventory; ``discovery``: a full
         discovery's manifest hash)."""
+        self.say(f"{self.final} is already complete for this job and corpus; nothing to do")
         rejects_file = fmt.rejects_file(self.final)
         return ConvertSummary(path=self.final, counts=counts, rejects=n_rejects, inputs=0, seconds=0.0,
                               bytes_decoded=0, output_bytes=os.path.getsize(self.final),
@@ -191,10 +180,8 @@ class OutputFiles:
         return record
 
     def discard_partial(self) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.partial)
-        except FileNotFoundError:
-            pass
         remove_commit_files(self.partial)
         inventory.remove_sidecar(self.partial)
         return None

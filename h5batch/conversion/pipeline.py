@@ -65,12 +65,11 @@ def convert(job: JobConfig, opts: ConvertOptions | None = None) -> ConvertSummar
                 # (writer, decoders, a full discovery): a finished output of this job whose
                 # corpus did not change is answered by a stat pass, as by `h5batch sync`.
                 done = output.already_done_incrementally()
-                if done is not None:
-                    say(f"{output.final} is already complete for this job and corpus; nothing to do")
                 summary = done if done is not None else _convert(job, opts, output, lock, run_id, say)
                 if remote is not None:  # the last stage: the finished file becomes the object
                     summary = remote.publish(summary)
-                return _timed(summary, t0)
+                summary.seconds = time.perf_counter() - t0
+                return summary
         finally:
             lock.release()
 
@@ -83,14 +82,12 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
     job = output.job = resolved_job(job, manifest)  # category / target names now known
     done = output.already_done(manifest)
     if done is not None:
-        say(f"{output.final} is already complete for this job and corpus; nothing to do")
         return done
-    output.check_not_there()
     output.require_samples(manifest)
     record = output.resume_record(manifest)
     # The writer first: it is forked while this process has no other thread (the engine
     # starts threads), and holds the output's lock with us.
-    writer = WriterHandle.start(lock.inheritable())
+    writer = WriterHandle.start(lock.fd)
     started = finished = False
     try:
         with open_engine(job) as conn:
@@ -135,7 +132,3 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
         if started and not finished:  # a run that failed after Done (the output's checks): the writer exits by itself
             writer.process.join(timeout=30)
 
-
-def _timed(summary: ConvertSummary, t0: float) -> ConvertSummary:
-    summary.seconds = time.perf_counter() - t0
-    return summary

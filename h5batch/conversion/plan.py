@@ -9,12 +9,15 @@ shapes the output's bytes. :class:`RowPredictor` lets workers compress whole chu
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 
@@ -27,7 +30,6 @@ from ..transport.segments import hostname
 from ..writer.commit import CommitRecord
 from ..writer.messages import WriterSpec
 from ..writer.process import current_umask
-from ..writer.versions import versions  # h5batch.bench reads them here too
 from .auto import resolve
 from .cluster import default_workers
 from .options import detail
@@ -95,6 +97,37 @@ def make_plan(job: JobConfig, manifest: Manifest, record: CommitRecord | None, f
     return Plan(tasks, spec, record.next_batch if record else 0, written, batch_size * auto.item_bytes, num_inputs)
 
 
+@cache
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    import h5py  # the HDF5 library's version is known only to h5py's extension
+
+    from .. import __version__
+
+    out = {"h5batch": __version__, "h5py": h5py.__version__, "hdf5": h5py.version.hdf5_version,
+           "numpy": np.__version__}
+    for key, dist in (("hdf5plugin", "hdf5plugin"), ("soundfile", "soundfile"), ("pillow", "pillow"),
+                      ("dask", "dask")):
+        out[key] = installed(dist)
+    out["python"] = sys.version.split()[0]
+    with contextlib.suppress(PackageNotFoundError):
+        out["blosc2"] = installed("blosc2")
+    return out
+
+
+def versions() -> dict[str, str]:
+    """Versions of what shapes the bytes of an output file (its ``versions`` attribute):
+    h5batch, h5py, HDF5, numpy, hdf5plugin, soundfile, pillow, dask, Python, and blosc2 where
+    installed (a copy: callers may change it).
+
+    Rule: read once per process, from the installed distributions' metadata, not by
+    importing the packages. Reason: importing dask and blosc2 is slow, and a small local
+    conversion needs neither. The strings are the same as the packages' ``__version__``."""
+    return dict(_versions())
+
+
 class TaskList(Sequence):
     """The batches of a job, built on demand: only the batch boundaries are kept, so the
     driver holds no per-file state beyond the manifest itself."""
@@ -118,10 +151,6 @@ class TaskList(Sequence):
 
     def __len__(self) -> int:
         return len(self.starts) - 1
-
-    def first_item(self, index: int) -> int:
-        """Manifest position of the first item of batch ``index`` (``len`` for the end)."""
-        return int(self.starts[index])
 
     def __getitem__(self, index):
         if isinstance(index, slice):

@@ -9,7 +9,7 @@ and is fed from one queue by a thread of the driver. Its interface is the part o
 
 Faults: a call whose decoder dies (a decoder library that segfaults, the OOM killer) fails
 with :class:`DecoderDied`, and the driver isolates the file that did it as on Dask
-(:mod:`.isolation`); the pool starts a new decoder in its place. A decode that hangs past
+(:func:`.driver.after_failure`); the pool starts a new decoder in its place. A decode that hangs past
 ``policy.decode_timeout`` is abandoned inside the decoder (``decode_batch`` makes it a
 ``timeout`` reject); that decoder, whose abandoned thread may still run, is replaced after
 the call. A decoder that cannot even do that (frozen: a native call that holds the GIL, a
@@ -105,7 +105,7 @@ class _Decoder:
 
 
 class DecoderPool:
-    """``n`` decoder processes (see the module). Use as a context manager, or :meth:`close`."""
+    """``n`` decoder processes (see the module); :meth:`close` ends them."""
 
     def __init__(self, n: int, frozen_seconds: float = 60.0):
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -171,12 +171,6 @@ class DecoderPool:
             t.join(CLOSE_SECONDS)
         for d in self.decoders:
             d.close()
-
-    def __enter__(self) -> DecoderPool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _serve(conn: Connection, beat: Connection, forked: bool) -> None:

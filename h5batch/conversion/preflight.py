@@ -51,10 +51,7 @@ DASK_STACK = ("dask", "distributed", "cloudpickle", "msgpack", "tornado", "toolz
 _PROBE_BYTES = 16
 
 
-
-# ---------------------------------------------------------------------------
-# Worker side
-# ---------------------------------------------------------------------------
+# -- worker side ---------------------------------------------------------------------------
 
 
 def source_digest() -> str:
@@ -114,15 +111,6 @@ def _versions_of(names: tuple[str, ...]) -> tuple[dict[str, str], dict[str, str]
     return versions, errors
 
 
-def _readable(path: str) -> str | None:
-    try:
-        with open(path, "rb") as fh:
-            fh.read(1)
-    except OSError as e:
-        return e.strerror or type(e).__name__
-    return None
-
-
 def probe(root: str, samples: list[str], run_id: str, transport: str, writer_host: str) -> dict[str, Any]:
     """Run on a worker (``client.run``): what this worker sees. Never raises."""
     from ..transport.segments import create_segment, hostname
@@ -136,9 +124,11 @@ def probe(root: str, samples: list[str], run_id: str, transport: str, writer_hos
     }
     if out["root_ok"]:
         for rel in samples:
-            why = _readable(os.path.join(root, rel))
-            if why:
-                out["unreadable"][rel] = why
+            try:
+                with open(os.path.join(root, rel), "rb") as fh:
+                    fh.read(1)
+            except OSError as e:
+                out["unreadable"][rel] = e.strerror or type(e).__name__
     try:
         out["mode"] = choose_mode(transport, writer_host)
         if out["mode"] == "shm":
@@ -151,9 +141,7 @@ def probe(root: str, samples: list[str], run_id: str, transport: str, writer_hos
     return out
 
 
-# ---------------------------------------------------------------------------
-# Driver side
-# ---------------------------------------------------------------------------
+# -- driver side ---------------------------------------------------------------------------
 
 
 def _summary(workers: dict[str, dict[str, Any]], versions: dict[str, str], n_samples: int) -> str:
@@ -206,12 +194,10 @@ def compare_versions(driver: dict[str, str], workers: dict[str, dict[str, Any]],
     return errors, warnings
 
 
-def _pick_samples(manifest, k: int = 3) -> list[str]:
+def _pick_samples(manifest) -> list[str]:
+    """The paths of the first, middle and last items."""
     items = manifest.items
-    if not items:
-        return []
-    idx = sorted({0, len(items) // 2, len(items) - 1})[:k]
-    return [p for i in idx for p in items[i].paths]
+    return [p for i in sorted({0, len(items) // 2, len(items) - 1}) if items for p in items[i].paths]
 
 
 def _check_worker(addr: str, w: Any, root: str, driver_root_abs: str, transport: str,
@@ -248,21 +234,16 @@ def _check_worker(addr: str, w: Any, root: str, driver_root_abs: str, transport:
 
 def _check_segment(addr: str, w: dict[str, Any]) -> str | None:
     """The driver must see the worker's probe segment in its own /dev/shm (same host and
-    same /dev/shm, not merely the same host name, e.g. two containers)."""
+    same /dev/shm, not merely the same host name, e.g. two containers). :func:`preflight`
+    removes the probe segments after."""
     from ..transport.segments import HEADER, SHM_DIR
 
-    path = os.path.join(SHM_DIR, w["segment"])
     try:
-        with open(path, "rb") as fh:
+        with open(os.path.join(SHM_DIR, w["segment"]), "rb") as fh:
             fh.seek(HEADER)
             seen = fh.read(_PROBE_BYTES)
     except OSError:
         seen = b""
-    finally:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
     if seen.hex() != w["token"]:
         return (f"{addr} ({w['host']}): its shared-memory segments are not visible to the writer (same "
                 f"host name, different /dev/shm?); set cluster.transport: network")

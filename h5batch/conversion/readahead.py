@@ -42,25 +42,12 @@ def in_page_cache(path: str) -> bool | None:
         os.close(fd)
 
 
-def cached(task: BatchTask) -> bool:
-    """True when the batch's first and last files are both in the page cache: a warm
-    corpus skips :func:`prefetch` and its open per file."""
-    first, last = task.items[0][0], task.items[-1][0]
-    if not first or not last:
-        return True  # annotation values only: nothing to read
-    return all(in_page_cache(os.path.join(task.root, rel)) for rel in (first[0], last[-1]))
-
-
 def prefetch(root: str, items: list) -> None:
-    """Ask the kernel to start reading every file of a batch (``POSIX_FADV_WILLNEED``), so
-    reads from the disk overlap the decoding instead of waiting one file at a time.
-
-    Reason: with the page cache cold, one decode thread waits for each file in turn and
-    falls behind writers whose several processes overlap their reads. With the cache warm a
-    file costs one open and close. BEWARE: inline, before the decoding, not on a thread of
-    its own: a thread that goes in and out of the GIL per file made the decode thread hand
-    the GIL over each time, half as much CPU again. Non-blocking open and regular files only: a
-    FIFO or a device named like a sample must not hang the batch (the decode rejects it)."""
+    """Ask the kernel to start reading every file of a batch (``POSIX_FADV_WILLNEED``; see
+    the module). BEWARE: inline, before the decoding, not on a thread of its own: a thread
+    that goes in and out of the GIL per file makes the decode thread hand the GIL over each
+    time. Non-blocking open and regular files only: a FIFO or a device named like a sample
+    must not hang the batch (the decode rejects it)."""
     for item in items:
         for rel in item[0]:
             try:
@@ -77,6 +64,12 @@ def prefetch(root: str, items: list) -> None:
 
 
 def hint(task: BatchTask) -> None:
-    """:func:`prefetch` the batch's files unless :func:`cached` says they are in memory."""
-    if hasattr(os, "posix_fadvise") and task.items and not cached(task):
+    """:func:`prefetch` the batch's files unless its first and last files are both in the
+    page cache: a warm corpus skips the open per file."""
+    if not hasattr(os, "posix_fadvise") or not task.items:
+        return
+    first, last = task.items[0][0], task.items[-1][0]
+    if not first or not last:
+        return  # annotation values only: nothing to read
+    if not all(in_page_cache(os.path.join(task.root, rel)) for rel in (first[0], last[-1])):
         prefetch(task.root, task.items)

@@ -10,8 +10,7 @@ default action: the writer then sees the driver gone and commits by itself, and 
 record is replaced atomically, so it is never half written.
 
 A raise from a signal handler is lost where Python ignores exceptions: inside a ``__del__``
-or a weakref callback (seen in CI: SIGINT arrived while Dask's ``Future.__del__`` ran, and the
-conversion went on to exit 0). So the handler also keeps the exception, and the driver's loop
+or a weakref callback (Dask's ``Future.__del__``, say: the conversion would go on to exit 0). So the handler also keeps the exception, and the driver's loop
 raises it again at its safe points (:func:`raise_pending`) if it never got there.
 
 The writer process ignores all three (a signal sent to the process group reaches it too):
@@ -39,17 +38,14 @@ class Interrupted(KeyboardInterrupt):
     def exit_code(self) -> int:
         return 128 + self.signum
 
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.signum).name
-
 
 def signal_name(exc: BaseException) -> str:
-    return exc.name if isinstance(exc, Interrupted) else "SIGINT"
+    """The signal that stopped the run (a plain KeyboardInterrupt is a SIGINT)."""
+    return signal.Signals(getattr(exc, "signum", signal.SIGINT)).name
 
 
 def exit_code(exc: BaseException) -> int:
-    return exc.exit_code if isinstance(exc, Interrupted) else 128 + signal.SIGINT
+    return 128 + getattr(exc, "signum", signal.SIGINT)
 
 
 _depth = 0  # graceful() blocks entered (the cluster of a batch system nests one)

@@ -35,7 +35,7 @@ from . import delta as deltas
 from . import signals
 from .generate import generate_corpus
 from .lock import OutputLock
-from .options import ConvertOptions
+from .options import ConvertOptions, Say
 
 # The driver, the plan, the writer's start and its messages are imported when there is
 # something to write: a sync that finds the output up to date does without them.
@@ -81,11 +81,7 @@ def sync(job: JobConfig, opts: ConvertOptions | None = None, dry_run: bool = Fal
     would do (nothing written, but an interrupted sync under the lock is still undone).
     """
     opts = opts or ConvertOptions()
-    log = opts.log or sys.stderr
-
-    def say(text: str) -> None:
-        print(text, file=log, flush=True)
-
+    say = Say(opts.log or sys.stderr, verbose=True)  # a sync says its internals (pre-flight) too
     t0 = time.perf_counter()
     final = os.path.abspath(job.output.path)
     if not os.path.exists(final) and not has_journal(final):
@@ -118,10 +114,6 @@ class _Found:
     upgrade: bool = False  # the output's inventory predates incremental discovery: rewrite it
     rediscovery: object | None = None  # h5batch.layouts.incremental.Rediscovery, when incremental
 
-    def delta(self, old) -> deltas.Delta:
-        r = self.rediscovery
-        return deltas.from_rediscovery(old, r) if r is not None else deltas.compute(old, self.manifest)
-
 
 def _discover(job: JobConfig, old, say, full: bool = True) -> _Found | None:
     """``full`` False: None where a full discovery would be needed."""
@@ -134,8 +126,7 @@ def _discover(job: JobConfig, old, say, full: bool = True) -> _Found | None:
     if isinstance(r, str):
         say(f"sync: full discovery ({r})")
         m = discover(job)
-        n = len(m.items)
-        return _Found(m, n, sum(len(it.paths) for it in m.items) + len(m.rejects), None, upgrade=isinstance(mem, str))
+        return _Found(m, len(m.items), sum(len(it.paths) for it in m.items) + len(m.rejects), None, upgrade=isinstance(mem, str))
     return _Found(r.manifest, r.items, r.num_inputs, r.inventory, rediscovery=r)
 
 
@@ -153,7 +144,8 @@ class Comparison:
         return self.found.manifest.hash == self.old.manifest_hash and not self.found.upgrade
 
     def delta(self) -> deltas.Delta:
-        return self.found.delta(self.old)
+        r = self.found.rediscovery
+        return deltas.from_rediscovery(self.old, r) if r is not None else deltas.compute(self.old, self.found.manifest)
 
     def live(self) -> dict[str, int]:
         """Samples per split that readers yield now (rows stored minus tombstoned)."""
@@ -197,7 +189,7 @@ def _sync(job: JobConfig, opts: ConvertOptions, final: str, lock: OutputLock, ru
         return SyncSummary(final, 0, 0, 0, found.items, c.live(), len(old.rejects), 0.0,
                            up_to_date=True, discover_seconds=t_discover, output_bytes=os.path.getsize(final),
                            dry_run=dry_run, paths={"new": [], "changed": [], "removed": []} if dry_run else {})
-    d = found.delta(old)
+    d = c.delta()
     if dry_run:
         rows = dict(old.n_rows)
         for it in d.items:
@@ -212,7 +204,7 @@ def _sync(job: JobConfig, opts: ConvertOptions, final: str, lock: OutputLock, ru
     from .preflight import check_engine
 
     # The writer first: forked while this process has no other thread (the engine starts some).
-    writer = WriterHandle.start(lock.inheritable())
+    writer = WriterHandle.start(lock.fd)
     say(f"sync: {d.new} new, {d.changed} changed, {d.removed} removed, {d.unchanged} unchanged")
     in_place = not readers_present(final)
     partial = final if in_place else final + COPY_SUFFIX
@@ -283,7 +275,11 @@ def _write(job, plan, d, found: _Found, final: str, writer, run_id, opts, say, c
     try:
         try:
             writer.send(Start(spec))
-            _write_inventory(final, found)
+            # The synced output's inventory, as the sidecar the writer folds into it at the end.
+            if found.inventory is not None:
+                inventory.write_arrays(final, *found.inventory)
+            else:
+                inventory.write_sidecar(final, found.manifest)
             if d.items:
                 # Not waited for after Done, as a conversion's writer (conversion/pipeline.py).
                 return Driver(job, opts, plan, writer, run_id, say, conn).run()
@@ -304,14 +300,6 @@ def _write(job, plan, d, found: _Found, final: str, writer, run_id, opts, say, c
         inventory.remove_sidecar(final)
 
 
-def _write_inventory(final: str, found: _Found) -> None:
-    """The synced output's inventory, as the sidecar the writer folds into it at the end."""
-    if found.inventory is not None:
-        inventory.write_arrays(final, *found.inventory)
-    else:
-        inventory.write_sidecar(final, found.manifest)
-
-
 def _wait_done(writer):
     """The writer's summary when no batch was sent (a sync that only removes)."""
     from ..writer.messages import Done, Failed, WriterDied
@@ -319,11 +307,10 @@ def _wait_done(writer):
     while True:
         msg = writer.outbox.get(timeout=600)
         if isinstance(msg, Done):
-            s = msg.summary
-            if not s.ok:
+            if not msg.ok:
                 writer.process.join(timeout=30)
                 raise ConvertError("too many rejects (policy.max_reject_fraction); the sync is undone", 1)
-            return s
+            return msg
         if isinstance(msg, (Failed, WriterDied)):
             raise ConvertError(f"the writer failed: {getattr(msg, 'text', msg)}")
 

@@ -24,7 +24,7 @@ from ..config import JobConfig
 from ..fields import decode_field, file_fields, value_array, value_fields
 from ..fields.audio import native_rate, rate_unknown
 from ..manifest import Manifest
-from .decoder_warnings import silenced
+from . import decoder_warnings
 
 TRIAL_ITEMS = 32  # items decoded at most, spread over the manifest
 TRIAL_BYTES = 4 << 20  # decoded bytes per field at most
@@ -57,7 +57,7 @@ class Trial:
         thread is abandoned), is left out: the job itself rejects it later with its reason.
         Runs on a worker of the run (:func:`~.auto.resolve`), where a file that kills its
         decoder takes no driver down."""
-        guard = _Deadline(job.policy.decode_timeout)
+        timeout = job.policy.decode_timeout
         out: dict[str, list[np.ndarray]] = {}
         rates: dict[str, list[int]] = {}
         # Decoded in parallel waves because the workers wait for the trial. The arrays kept
@@ -73,7 +73,7 @@ class Trial:
             k = files.index(name)
             if rate_unknown(fc):  # every trial file's header: a rate seldom met must show
                 paths = [os.path.join(root, item.paths[k]) for item in items]
-                rates[name] = [r for r in guard.decode_all(paths, native_rate) if r]
+                rates[name] = [r for r in _decode_all(paths, native_rate, timeout) if r]
             decode = partial(decode_field, fc=fc)
             arrays: list[np.ndarray] = []
             nbytes = 0
@@ -81,7 +81,7 @@ class Trial:
                 if nbytes >= TRIAL_BYTES:
                     break
                 todo = [os.path.join(root, item.paths[k]) for item in items[start:start + wave]]
-                for a in guard.decode_all(todo, decode):
+                for a in _decode_all(todo, decode, timeout):
                     if a is None or nbytes >= TRIAL_BYTES:
                         continue
                     arrays.append(a)
@@ -90,45 +90,45 @@ class Trial:
         return cls(out, rates)
 
 
-class _Deadline:
-    """Decodes trial files, one daemon thread each, and gives up on a file after ``timeout``
-    seconds: a stalled network mount or a decoder stuck in a loop must not hang the job
-    here, before the workers' own watchdog is in play. Daemon threads, not an executor: one
-    stuck is abandoned and must not keep the process from exiting."""
+def _decode_all(paths: list[str], decode: Callable[[str], Any], timeout: float) -> list[Any]:
+    """``decode`` of each of ``paths``, in parallel, one daemon thread each; None for a file
+    that failed or ran out of time (each has ``timeout`` seconds from the start of the call).
+    Rule: a stalled network mount or a decoder stuck in a loop must not hang the job here,
+    before the workers' own watchdog is in play. Daemon threads, not an executor: one stuck
+    is abandoned and must not keep the process from exiting."""
+    boxes: list[list[Any]] = [[] for _ in paths]
 
-    def __init__(self, timeout: float):
-        self.timeout = timeout
+    def work(path: str, box: list[Any]) -> None:
+        try:
+            faults.before_decode(path)
+            box.append(decode(path))
+        except Exception:  # noqa: BLE001 - a failed file is left out of the trial
+            box.append(None)
 
-    def decode_all(self, paths: list[str], decode: Callable[[str], np.ndarray]) -> list[np.ndarray | None]:
-        """Decode ``paths`` in parallel with ``decode``; None for a file that failed or ran
-        out of time (each has ``timeout`` seconds from the start of the call)."""
-        boxes: list[list[Any]] = [[] for _ in paths]
-
-        def work(path: str, box: list[Any]) -> None:
-            try:
-                faults.before_decode(path)
-                box.append(decode(path))
-            except Exception:  # noqa: BLE001 - a failed file is left out of the trial
-                box.append(None)
-
-        threads = [threading.Thread(target=work, args=(p, b), name="h5batch-trial", daemon=True)
-                   for p, b in zip(paths, boxes)]
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + self.timeout
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-        return [b[0] if b else None for b in boxes]
+    threads = [threading.Thread(target=work, args=(p, b), name="h5batch-trial", daemon=True)
+               for p, b in zip(paths, boxes)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return [b[0] if b else None for b in boxes]
 
 
 TrialRunner = Callable[[JobConfig, str, list, list[str]], Trial]
 
 
 def run_here(job: JobConfig, root: str, items: list, fields: list[str]) -> Trial:
-    """:meth:`Trial.run` in this process, its decoders' warnings silenced (the batches decode
-    these files again and log them)."""
-    with silenced():
-        return Trial.run(job, root, items, fields)
+    """:meth:`Trial.run` in this process, its decoders' warnings dropped (the batches decode
+    these files again and log them). One watch for the whole trial, whose threads decode in
+    parallel: ``catch_warnings`` nested in parallel threads would restore each other's
+    filters in the wrong order."""
+    with decoder_warnings.batch():
+        try:
+            with decoder_warnings.watch("<trial>"):
+                return Trial.run(job, root, items, fields)
+        finally:
+            decoder_warnings.take(["<trial>"])
 
 
 def on_engine(conn, say: Callable[[str], None]) -> TrialRunner:

@@ -4,14 +4,18 @@
 :class:`~h5batch.batches.BatchResult`: files that fail become rejects, never exceptions; a
 file that hangs past ``policy.decode_timeout`` is abandoned with its thread; the long
 recordings of a field are decoded straight into shared memory (:class:`_StreamRows`).
-Nothing here touches HDF5.
+Nothing here touches HDF5. On a LocalCluster this module is also each worker's Dask preload
+(:func:`dask_setup`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
 import threading
 import time
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -23,19 +27,43 @@ except ImportError:  # pragma: no cover
 
 from .. import faults
 from ..batches import BatchResult, BatchTask
+from ..codecs import CodecSpec, make_encoder, self_check
 from ..errors import DecodeError
 from ..fields import decode_field, kind_of, reads_files, value_array
 from ..fields.audio import TrueLength
 from ..fields.blocks import streams
 from ..manifest import Reject
-from ..transport.packing import Block, Packed, pack
+from ..transport.packing import ChunkSet, Packed, fill, layout, pack
 from ..transport.segments import FREE, abandon_segment, grow_segment, hostname, take_segment
 from . import decoder_warnings, readahead
-from .worker_compress import compress_chunks
 
 # A batch with a file at least this big (on disk) decodes its streamable field straight
 # into shared memory (_StreamRows); smaller ones decode into arrays and are packed after.
 STREAM_FILE_BYTES = 8 << 20
+
+
+class _HeartbeatAtShutdown(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Failed to communicate with scheduler during heartbeat" not in record.getMessage()
+
+
+def dask_setup(worker) -> None:  # the name Dask calls in a preload module
+    """Set-up of each Dask worker process of a LocalCluster.
+
+    A terminal's Ctrl-C reaches every process of the group, the workers too. The driver is
+    the one that decides what happens (commit, then close the cluster, which stops the
+    workers); a worker that raised KeyboardInterrupt itself would only print a traceback from
+    its event loop onto the user's console. So the workers ignore SIGINT. For the same reason
+    their Dask log shows errors only, as the driver's does (``silence_logs``): a SIGTERM sent
+    to the whole group makes a worker close its connections, which Dask reports with a
+    traceback at INFO level although nothing is wrong. One ERROR is noise too: when the
+    driver closes the cluster, a worker whose heartbeat was on its way logs "Failed to
+    communicate with scheduler during heartbeat" with a traceback; a scheduler lost during a
+    run is reported by the driver itself, so that record is dropped."""
+    logging.getLogger("distributed").setLevel(logging.ERROR)
+    logging.getLogger("distributed.worker").addFilter(_HeartbeatAtShutdown())
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def choose_mode(transport: str, writer_host: str) -> str:
@@ -86,15 +114,11 @@ class _Watched:
         self.current = None
         self.done.set()
 
-    def give_up(self) -> None:
-        """Abandon this thread (it hangs on an item): its outcomes are not taken."""
-        self.abandoned = True
-
 
 class _ItemPlan:
     """What decoding an item of a batch needs per field, worked out once per batch (not
     per file: the lookups are the same for every item): whether the field reads files,
-    whether faults are injected, and the corpus root as a prefix."""
+    and whether faults are injected."""
 
     def __init__(self, task: BatchTask):
         self.files = [reads_files(fc) for _, fc in task.fields]
@@ -103,21 +127,12 @@ class _ItemPlan:
         self.length_of = {k: names.index(fc.of) for k, (_, fc) in enumerate(task.fields) if isinstance(fc, TrueLength)}
         self.counted = set(self.length_of.values())
         self.inject = bool(faults.active())
-        self.root = task.root
-        self.prefix = task.root if task.root.endswith("/") else task.root + "/"
-
-    def path(self, rel: str) -> str:
-        """``os.path.join(root, rel)``, without its per-call cost."""
-        return rel if rel.startswith("/") or not self.root else self.prefix + rel
 
 
-def _decode_item(task: BatchTask, item: tuple, stream: _StreamRows | None = None,
-                 plan: _ItemPlan | None = None) -> list[np.ndarray]:
+def _decode_item(task: BatchTask, item: tuple, stream: _StreamRows | None, plan: _ItemPlan) -> list[np.ndarray]:
     """The item's array per field; with ``stream``, its field decoded into the stream's
     segment. A field of files decodes its next path, a field of annotation values its
-    next value (``item`` is ``(paths, label, values)``). ``plan``: the batch's
-    :class:`_ItemPlan`."""
-    plan = plan or _ItemPlan(task)
+    next value (``item`` is ``(paths, label, values)``)."""
     paths, values = item[0], item[2]
     out = []
     files, vals = iter(paths), iter(values)
@@ -135,7 +150,7 @@ def _decode_item(task: BatchTask, item: tuple, stream: _StreamRows | None = None
         rel = next(files)
         if plan.inject:
             faults.before_decode(rel)
-        path = plan.path(rel)
+        path = os.path.join(task.root, rel)
         try:
             with decoder_warnings.watch(rel):  # its warnings go to the log, not the console
                 facts: dict | None = {} if k in plan.counted else None
@@ -158,7 +173,7 @@ class _StreamRows:
     One streamable field (:func:`h5batch.fields.blocks.streams`: the first) is decoded
     block by block into a segment that grows as it fills: each file's sample is
     allocated at the end of the samples kept so far, so they lie back to back as
-    :class:`Block` wants them, and an item rejected later (another field failed)
+    a packed block wants them, and an item rejected later (another field failed)
     is simply overwritten by the next. The other fields decode into arrays and are packed
     after it. Reason: a 2-hour recording costs its size once, not once decoded and once
     packed. Used only when a file of the batch is big (:data:`STREAM_FILE_BYTES`); a file
@@ -211,30 +226,54 @@ class _StreamRows:
         self.pos += out[self.k].nbytes
 
     def packed(self, arrays: dict[str, list[np.ndarray]]) -> Packed:
-        blocks = []
-        end = self.pos
+        """The batch packed: the streamed field's samples where they lie, the others after."""
         rest = {name: samples for name, samples in arrays.items() if name != self.name}
-        self.seg = grow_segment(self.seg, end + sum(a.nbytes for s in rest.values() for a in s))
-        flat = self.seg.data
-        for name, _ in self.task.fields:
-            samples = arrays[name]
-            dtype = samples[0].dtype.str if samples else "|u1"
-            if name == self.name:
-                blocks.append(Block(name, dtype, tuple(a.shape for a in samples), 0, self.pos))
-                continue
-            start = end
-            for a in samples:
-                flat[end: end + a.nbytes] = a.reshape(-1).view(np.uint8)
-                end += a.nbytes
-            blocks.append(Block(name, dtype, tuple(a.shape for a in samples), start, end - start))
+        blocks, end = layout({self.name: arrays[self.name], **rest})  # the first block is [0, pos)
+        self.seg = grow_segment(self.seg, end)
+        fill(self.seg.data, rest, blocks[1:])
         self.seg.drop_pages(end)  # handed to the writer: its mapping is the one that counts
-        return Packed(tuple(blocks), end, shm_name=self.seg.name)
+        return Packed(blocks, end, shm_name=self.seg.name)
 
     def free(self) -> None:
         self.seg.mark(FREE)
 
-    def abandon(self) -> None:
-        abandon_segment(self.seg)
+
+@cache
+def _encoder(codec: CodecSpec, dtype: str):
+    if codec.name.startswith("blosc2"):
+        import blosc2
+
+        # One compression thread per worker process: the workers already fill the cores.
+        blosc2.set_nthreads(1)
+    return make_encoder(codec, np.dtype(dtype)) if self_check(codec, dtype) else None
+
+
+def compress_chunks(task: BatchTask, arrays: dict[str, list[np.ndarray]]) -> tuple[ChunkSet, ...]:
+    """Compress the whole chunks of each aligned field here, so the writer only stores bytes.
+
+    Rule: a batch whose task carries ``align`` (the driver predicted the dataset row of its
+    first sample, ``BatchTask.align``) has its rows from the first chunk boundary on encoded
+    chunk by chunk; the head and tail rows travel raw and the writer's appender completes
+    their chunks. Reason: HDF5 runs filters in one thread, and so does the Blosc2 frame
+    encoder; on a cluster the workers' cores encode in parallel. Replaces those samples in
+    ``arrays`` by the head and tail rows and adds a ``<field>#chunks`` entry."""
+    out = []
+    for name, pred, k, codec in task.align:
+        samples = arrays[name]
+        n = len(samples)
+        head = min((-pred) % k, n)
+        n_chunks = (n - head) // k
+        if n_chunks == 0 or any(a.shape != samples[0].shape or a.dtype != samples[0].dtype for a in samples):
+            continue
+        enc = _encoder(codec, samples[0].dtype.str)
+        if enc is None:
+            continue
+        rows = np.stack(samples[head: head + n_chunks * k])
+        encoded = [np.frombuffer(enc(rows[i * k:(i + 1) * k]), dtype=np.uint8) for i in range(n_chunks)]
+        arrays[name] = samples[:head] + samples[head + n_chunks * k:]
+        arrays[f"{name}#chunks"] = encoded
+        out.append(ChunkSet(name, pred, head, n_chunks, k, tuple(samples[0].shape), samples[0].dtype.str))
+    return tuple(out)
 
 
 def _worker_address() -> str:
@@ -296,7 +335,7 @@ def _decode_all(task: BatchTask, stream: _StreamRows | None,
         while not run.done.wait(timeout=min(1.0, task.timeout / 4)):
             cur = run.current
             if cur and time.monotonic() - cur[1] > task.timeout * len(task.items[cur[0]][0]):
-                run.give_up()
+                run.abandoned = True  # it hangs on an item: its outcomes are not taken
                 break
         if run.done.is_set():
             outcomes.update(run.outcomes)
@@ -310,7 +349,7 @@ def _decode_all(task: BatchTask, stream: _StreamRows | None,
         i = hung + 1
         if stream is not None:
             outcomes.update({k: [a.copy() for a in v] for k, v in outcomes.items() if isinstance(v, list)})
-            stream.abandon()
+            abandon_segment(stream.seg)
             stream = None
     return stuck
 
@@ -325,20 +364,17 @@ def _collect(task: BatchTask, outcomes: dict[int, Any], names: list[str], item_s
     rejects: list[Reject] = []
     for k, (paths, label, _values) in enumerate(task.items):
         out = outcomes[k]
+        # A paired sample with one bad file rejects every file of the pair.
         if isinstance(out, TimeoutError):
-            budget = task.timeout * len(paths)
-            for rel in paths:
-                rejects.append(Reject(rel, "timeout", f"decoding took longer than {budget:g} s (policy.decode_timeout)"))
+            why = f"decoding took longer than {task.timeout * len(paths):g} s (policy.decode_timeout)"
+            rejects += [Reject(rel, "timeout", why) for rel in paths]
             continue
         if isinstance(out, DecodeError):
-            # A paired sample with one bad file rejects every file of the pair.
-            for rel in paths:
-                reason = out.reason if rel == out.path else f"paired file {out.path} was rejected: {out.reason}"
-                rejects.append(Reject(rel, "decode", reason))
+            rejects += [Reject(rel, "decode", out.reason if rel == out.path else
+                               f"paired file {out.path} was rejected: {out.reason}") for rel in paths]
             continue
         if isinstance(out, MemoryError):
-            for rel in paths:
-                rejects.append(Reject(rel, "decode", "out of memory while decoding"))
+            rejects += [Reject(rel, "decode", "out of memory while decoding") for rel in paths]
             continue
         for name, a in zip(names, out):
             arrays[name].append(a)

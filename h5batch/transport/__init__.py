@@ -2,6 +2,5 @@
 
 * :mod:`.packing`  a batch packed into one buffer, described by a small :class:`Packed`;
 * :mod:`.segments` the shared-memory segments those buffers live in, and their clean-up;
-* :mod:`.pipe`     the pipe that carries descriptors and control messages to the writer;
 * :mod:`.semaphores` the multiprocessing semaphores a killed run leaves in ``/dev/shm``, and their clean-up.
 """

@@ -69,7 +69,8 @@ class Packed:
     chunks: tuple[ChunkSet, ...] = ()
 
 
-def _layout(arrays: dict[str, list[np.ndarray]]) -> tuple[tuple[Block, ...], int]:
+def layout(arrays: dict[str, list[np.ndarray]]) -> tuple[tuple[Block, ...], int]:
+    """Each field's samples back to back, in ``arrays``' order: the blocks and the bytes."""
     blocks = []
     offset = 0
     for name, samples in arrays.items():
@@ -80,7 +81,7 @@ def _layout(arrays: dict[str, list[np.ndarray]]) -> tuple[tuple[Block, ...], int
     return tuple(blocks), offset
 
 
-def _fill(buf: memoryview | np.ndarray, arrays: dict[str, list[np.ndarray]], blocks: tuple[Block, ...]) -> None:
+def fill(buf: memoryview | np.ndarray, arrays: dict[str, list[np.ndarray]], blocks: tuple[Block, ...]) -> None:
     flat = np.frombuffer(buf, dtype=np.uint8) if not isinstance(buf, np.ndarray) else buf
     for b in blocks:
         samples = arrays[b.name]
@@ -100,14 +101,14 @@ def pack(arrays: dict[str, list[np.ndarray]], mode: str, run_id: str,
          chunks: tuple[ChunkSet, ...] = ()) -> Packed:
     """Pack per-field sample lists. ``mode`` is ``shm`` or ``network``. Compressed chunks
     ride as uint8 "samples" of a ``<field>#chunks`` entry described by ``chunks``."""
-    blocks, total = _layout(arrays)
+    blocks, total = layout(arrays)
     if mode == "network":
         payload = np.empty(total, dtype=np.uint8)
-        _fill(payload, arrays, blocks)
+        fill(payload, arrays, blocks)
         return Packed(blocks, total, payload=payload, chunks=chunks)
     seg = take_segment(run_id, total)
     try:
-        _fill(seg.data, arrays, blocks)
+        fill(seg.data, arrays, blocks)
     except BaseException:
         seg.mark(FREE)
         raise
@@ -115,16 +116,8 @@ def pack(arrays: dict[str, list[np.ndarray]], mode: str, run_id: str,
     return Packed(blocks, total, shm_name=seg.name, chunks=chunks)
 
 
-def extent(packed: Packed) -> int:
-    """Bytes of the segment's data the blocks of ``packed`` reach (they need not be adjacent)."""
-    return max((b.offset + b.nbytes for b in packed.blocks), default=0)
-
-
 def to_shm(packed: Packed, run_id: str) -> Packed:
     """Driver side of the network path: put a payload into a segment for the writer."""
-    if packed.shm_name is not None:
-        return packed
-    assert packed.payload is not None
     seg = take_segment(run_id, packed.nbytes)
     seg.data[: packed.nbytes] = packed.payload
     return Packed(packed.blocks, packed.nbytes, shm_name=seg.name, chunks=packed.chunks)
@@ -139,7 +132,8 @@ class Attached:
     def __init__(self, packed: Packed):
         self.packed = packed
         self.seg: Segment | None = None
-        self.extent = extent(packed)
+        # The bytes of the segment's data the blocks reach (they need not be adjacent).
+        self.extent = max((b.offset + b.nbytes for b in packed.blocks), default=0)
         if packed.shm_name:
             self.seg = self._maps.get(packed.shm_name)
             if self.seg is None or self.seg.data.nbytes < self.extent:  # new, or grown since mapped

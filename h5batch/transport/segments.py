@@ -11,6 +11,7 @@ pid, so segments of dead runs are found and removed by :func:`remove_stale_segme
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import secrets
@@ -39,10 +40,8 @@ DROP_PAGES_BYTES = 64 << 20
 
 
 class Segment:
-    """A POSIX shared-memory segment (a file in ``/dev/shm``, what ``shm_open`` uses),
-    mapped into this process. Plain files and ``mmap`` rather than
-    ``multiprocessing.shared_memory``: no resource tracker can unlink a segment behind the
-    owner's back, and a mapping closes cleanly when its last numpy view goes away.
+    """A POSIX shared-memory segment (a file in ``/dev/shm``), mapped into this process;
+    the mapping closes when its last numpy view goes away.
 
     Byte 0 says whether the segment holds a batch the writer has not stored yet (BUSY)
     or may be filled again (FREE): segments are reused, so their pages stay resident and
@@ -85,16 +84,12 @@ class Segment:
         if nbytes < DROP_PAGES_BYTES:
             return
         end = min(self.size, HEADER + nbytes)
-        try:
+        with contextlib.suppress(AttributeError, OSError, ValueError):  # pragma: no cover - no madvise here
             self.map.madvise(mmap.MADV_DONTNEED, 0, end - end % mmap.PAGESIZE)
-        except (AttributeError, OSError, ValueError):  # pragma: no cover - no madvise here
-            pass
 
     def unlink(self) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(SHM_DIR, self.name))
-        except FileNotFoundError:
-            pass
 
 
 def create_segment(run_id: str, nbytes: int) -> Segment:
@@ -102,78 +97,53 @@ def create_segment(run_id: str, nbytes: int) -> Segment:
     return Segment(f"{PREFIX}{run_id}-{secrets.token_hex(6)}", nbytes)
 
 
-class _Pool:
-    """The segments this process filled for one run, reused once the writer frees them."""
-
-    def __init__(self) -> None:
-        self.run_id = ""
-        self.segments: list[Segment] = []
-
-    def _for_run(self, run_id: str) -> None:
-        """A new job on a long-lived worker: let the old run's maps go."""
-        if run_id != self.run_id:
-            self.run_id, self.segments = run_id, []
-
-    @staticmethod
-    def _room(nbytes: int) -> int:
-        """The size of a new segment for a batch of ``nbytes``: room to grow, so it fits the
-        next batches too (variable-length samples)."""
-        return max(nbytes + nbytes // 2, 1 << 20)
-
-    def take(self, run_id: str, nbytes: int) -> Segment:
-        self._for_run(run_id)
-        pid = owner_pid(f"{PREFIX}{run_id}-")
-        if pid is not None and not pid_alive(pid):
-            # The driver died (kill -9): a worker finishing its queue must not leave new
-            # segments behind after the next run has cleaned up the old ones.
-            raise RuntimeError(f"driver of run {run_id} is gone; not creating shared memory for it")
-        for seg in self.segments:
-            if seg.free and seg.data.nbytes >= nbytes:
-                seg.mark(BUSY)
-                return seg
-        seg = create_segment(run_id, self._room(nbytes))
-        seg.mark(BUSY)
-        self.segments.append(seg)
-        return seg
-
-    def grow(self, seg: Segment, nbytes: int) -> Segment:
-        """``seg`` (BUSY, being filled) with room for ``nbytes`` of data: the file is
-        extended and mapped again, in place of ``seg`` in the pool. Views of the old
-        mapping stay valid and show the same pages, so samples already written stay put."""
-        if seg.data.nbytes >= nbytes:
-            return seg
-        fd = os.open(os.path.join(SHM_DIR, seg.name), os.O_RDWR)
-        try:
-            os.ftruncate(fd, HEADER + max(nbytes, seg.data.nbytes + seg.data.nbytes // 2))
-        finally:
-            os.close(fd)
-        new = Segment(seg.name)
-        self.segments = [new if s is seg else s for s in self.segments]
-        return new
-
-    def abandon(self, seg: Segment) -> None:
-        """Never hand ``seg`` out again (a stuck decode thread may still write into it);
-        the driver unlinks it with the rest of the run's segments."""
-        if seg in self.segments:
-            self.segments.remove(seg)
-
-
-_pool = _Pool()
+_run_id = ""  # the run this process's segments belong to
+_segments: list[Segment] = []  # the segments this process filled for it, reused once the writer frees them
 
 
 def take_segment(run_id: str, nbytes: int) -> Segment:
     """A free segment of this process with room for ``nbytes``, marked BUSY: the caller
     fills ``seg.data`` and hands it to the writer by name (or marks it FREE on failure)."""
-    return _pool.take(run_id, nbytes)
+    global _run_id, _segments
+    if run_id != _run_id:  # a new job on a long-lived worker: let the old run's maps go
+        _run_id, _segments = run_id, []
+    pid = owner_pid(f"{PREFIX}{run_id}-")
+    if pid is not None and not pid_alive(pid):
+        # The driver died (kill -9): a worker finishing its queue must not leave new
+        # segments behind after the next run has cleaned up the old ones.
+        raise RuntimeError(f"driver of run {run_id} is gone; not creating shared memory for it")
+    for seg in _segments:
+        if seg.free and seg.data.nbytes >= nbytes:
+            seg.mark(BUSY)
+            return seg
+    # Room to grow, so it fits the next batches too (variable-length samples).
+    seg = create_segment(run_id, max(nbytes + nbytes // 2, 1 << 20))
+    seg.mark(BUSY)
+    _segments.append(seg)
+    return seg
 
 
 def grow_segment(seg: Segment, nbytes: int) -> Segment:
-    """A segment of this process, being filled, extended to hold ``nbytes`` (see :meth:`_Pool.grow`)."""
-    return _pool.grow(seg, nbytes)
+    """``seg`` (BUSY, being filled) with room for ``nbytes`` of data: the file is extended
+    and mapped again, in place of ``seg`` among this process's segments. Views of the old
+    mapping stay valid and show the same pages, so samples already written stay put."""
+    if seg.data.nbytes >= nbytes:
+        return seg
+    fd = os.open(os.path.join(SHM_DIR, seg.name), os.O_RDWR)
+    try:
+        os.ftruncate(fd, HEADER + max(nbytes, seg.data.nbytes + seg.data.nbytes // 2))
+    finally:
+        os.close(fd)
+    new = Segment(seg.name)
+    _segments[:] = [new if s is seg else s for s in _segments]
+    return new
 
 
 def abandon_segment(seg: Segment) -> None:
-    _pool.abandon(seg)
+    """Never hand ``seg`` out again (a stuck decode thread may still write into it); the
+    driver unlinks it with the rest of the run's segments."""
+    if seg in _segments:
+        _segments.remove(seg)
 
 
 def pid_alive(pid: int) -> bool:
@@ -187,19 +157,9 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def remove_segments(run_id: str) -> int:
+def remove_segments(run_id: str) -> list[str]:
     """Unlink every segment of one run (end of a job, success or failure)."""
-    n = 0
-    if not os.path.isdir(SHM_DIR):
-        return 0
-    for name in os.listdir(SHM_DIR):
-        if name.startswith(f"{PREFIX}{run_id}-"):
-            try:
-                os.unlink(os.path.join(SHM_DIR, name))
-                n += 1
-            except FileNotFoundError:
-                pass
-    return n
+    return _unlink(list_segments(run_id))
 
 
 def owner_pid(segment: str) -> int | None:
@@ -217,13 +177,16 @@ def stale_segments() -> list[str]:
 
 def remove_stale_segments() -> list[str]:
     """Unlink segments left by runs whose driver process is gone (e.g. after ``kill -9``)."""
+    return _unlink(stale_segments())
+
+
+def _unlink(names: list[str]) -> list[str]:
+    """Unlink these segments; the names of those that were there."""
     removed = []
-    for name in stale_segments():
-        try:
+    for name in names:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(SHM_DIR, name))
             removed.append(name)
-        except FileNotFoundError:
-            pass
     return removed
 
 

@@ -5,8 +5,7 @@ Dask's nannies start worker processes with the ``spawn`` method; each start crea
 semaphores (``/dev/shm/sem.mp-<random>``, for the process's queues and events) that
 CPython unlinks only when they are released or when the creating process's resource
 tracker sees it exit. ``kill -9`` of the process group kills the tracker too, and the
-semaphores stay forever: 12 per run with two workers, measured (issue 19 item 6); a day
-of killed test runs left 1,022.
+semaphores stay forever.
 
 Rule: while a conversion runs, this process names new semaphores
 ``sem.mp-h5batch.<pid>-<random>`` (CPython takes the prefix from
@@ -29,17 +28,12 @@ from .segments import SHM_DIR, pid_alive
 TAG = "mp-h5batch."  # after "/" in the semaphore name; the file is "sem." + name
 
 
-def prefix(pid: int | None = None) -> str:
-    """The ``semprefix`` of process ``pid`` (default this one) while it converts."""
-    return f"/{TAG}{os.getpid() if pid is None else pid}"
-
-
 @contextlib.contextmanager
 def tagged() -> Iterator[None]:
     """Name the semaphores this process creates inside the block after its pid."""
     config = multiprocessing.current_process()._config  # type: ignore[attr-defined]
     before = config.get("semprefix", "/mp")
-    config["semprefix"] = prefix()
+    config["semprefix"] = f"/{TAG}{os.getpid()}"
     try:
         yield
     finally:

@@ -5,8 +5,8 @@
 * :mod:`.output`    the output file: create or resume, append batches, commit, finalize;
 * :mod:`.store`     the HDF5 layout of a split and its fields, with their attributes;
 * :mod:`.append`    the append engine: whole chunks, compressed off the HDF5 lock;
-* :mod:`.commit`    the durable-commit protocol and the typed commit record;
-* :mod:`.resume`    whether a partial file can be continued from its record;
+* :mod:`.commit`    the durable-commit protocol, the typed commit record, and whether a
+                    partial file can be continued from it;
 * :mod:`.sync`      ``h5batch sync``'s writer: extends a finished output, all or nothing;
 * :mod:`.journal`   the undo journal that makes an in-place change of a finished file crash-safe.
 """

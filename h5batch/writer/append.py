@@ -1,11 +1,5 @@
-"""The append engine: rows in, whole chunks out, each written exactly once.
-
-:class:`ChunkAppender` serves the big per-sample data: rows are gathered into whole chunks,
-each chunk is encoded on a thread pool (the codecs release the GIL) and stored with
-``write_direct_chunk`` in chunk order, so HDF5's single-threaded filter pipeline never runs
-and data covered by a commit is never rewritten. :class:`SmallAppender` serves per-sample
-metadata with ordinary h5py writes through the chunk cache.
-"""
+"""The append engine: rows in, whole chunks out, each written exactly once
+(:class:`ChunkAppender`, for the big per-sample data; :class:`SmallAppender` for metadata)."""
 
 from __future__ import annotations
 
@@ -21,9 +15,10 @@ class ChunkAppender:
     """Appends rows to a chunked dataset one whole chunk at a time.
 
     ``ds`` has shape ``(n, *row)`` and chunks ``(k, *row)``. Rows are copied into a chunk
-    buffer; each full chunk is encoded on the pool and written with ``write_direct_chunk``
-    in chunk order, exactly once: the file only ever grows, so data covered by a commit is
-    never rewritten. The rows of the partial last chunk live in the buffer; a commit saves
+    buffer; each full chunk is encoded on the pool (the codecs release the GIL) and written
+    with ``write_direct_chunk`` in chunk order, exactly once, so HDF5's single-threaded filter
+    pipeline never runs and, the file only ever growing, data covered by a commit is never
+    rewritten. The rows of the partial last chunk live in the buffer; a commit saves
     them beside the file (:meth:`checkpoint`), and :meth:`finish` stores them as the
     zero-padded last chunk (HDF5 ignores elements beyond the extent).
 

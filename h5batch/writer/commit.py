@@ -10,21 +10,28 @@ rewritten: the writer only appends, and the file is created with a free-space st
 that never reuses freed space.
 
 A later run with the same job and manifest resumes from the record: it cuts every dataset
-back to the committed counts and takes the tail rows back (see :mod:`.resume` for the
-checks that decide whether the partial file can be trusted at all).
+back to the committed counts and takes the tail rows back. Before that, :func:`check_partial`
+still checks that the partial file opens, holds at least the committed rows, that the tail
+file matches, and re-verifies the checksums of the last committed samples in the file: a
+partial file that fails is started over, never continued.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
+import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import IO, Any
 
+import h5py
+import hdf5plugin  # noqa: F401  (the filters that read a partial's samples back)
 import numpy as np
 
+from .. import format as fmt
 from ..codecs import CodecSpec
 from .journal import fsync_folder
 
@@ -58,15 +65,7 @@ class CommitRecord:
     time: float = field(default_factory=time.time)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "job_hash": self.job_hash, "manifest_hash": self.manifest_hash, "next_batch": self.next_batch,
-            "batch_size": self.batch_size,
-            "codecs": {n: [c.name, c.level, c.shuffle] for n, c in self.codecs.items()},
-            "codec_notes": self.codec_notes, "rejects": self.rejects, "bytes": self.bytes,
-            "splits": {s: {"samples": p.samples, "elements": p.elements, "rows_in_file": p.rows_in_file}
-                       for s, p in self.splits.items()},
-            "tail_file": self.tail_file, "number": self.number, "time": self.time,
-        }
+        return {**asdict(self), "codecs": {n: [c.name, c.level, c.shuffle] for n, c in self.codecs.items()}}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CommitRecord:
@@ -103,23 +102,17 @@ class CommitRecord:
             return None
 
 
-def tail_name(partial_path: str, number: int) -> str:
-    return f"{os.path.basename(partial_path)}.tail-{number}.npz"
-
-
 def save_tails(partial_path: str, number: int, tails: dict[str, np.ndarray]) -> str:
     """Write commit ``number``'s tail file durably; return its name."""
-    name = tail_name(partial_path, number)
+    name = f"{os.path.basename(partial_path)}.tail-{number}.npz"
     _write_durably(os.path.join(os.path.dirname(partial_path), name), "wb", lambda fh: np.savez(fh, **tails))
     return name
 
 
 def remove_commit_files(partial_path: str) -> None:
     """The partial's commit record and every tail file (the partial itself is not touched)."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(commit_path(partial_path))
-    except FileNotFoundError:
-        pass
     remove_tail_files(partial_path)
 
 
@@ -149,8 +142,71 @@ def remove_tail_files(partial_path: str, keep: str | None = None) -> None:
     folder, base = os.path.split(partial_path)
     for name in os.listdir(folder or "."):
         if name.startswith(base + ".tail-") and name != keep:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(folder, name))
-            except FileNotFoundError:
-                pass
 
+
+TAIL_SAMPLES = 256  # samples re-checked at the end of each split
+
+
+def _sample(node, i: int) -> np.ndarray:
+    if isinstance(node, h5py.Group):  # variable-length field
+        a, b = node[fmt.OFFSETS][i], node[fmt.OFFSETS][i + 1]
+        return node[fmt.VALUES][a:b]
+    return node[i]
+
+
+def _in_file(node, n: int, rows: int) -> int:
+    """How many of the first ``n`` samples lie wholly in the file's ``rows`` data rows."""
+    if isinstance(node, h5py.Group):
+        offsets = node[fmt.OFFSETS][: n + 1]
+        return int(np.searchsorted(offsets[1:], rows, side="right"))
+    return min(n, rows)
+
+
+def check_partial(path: str, record: CommitRecord, fields: tuple[str, ...]) -> str | None:
+    """None when ``path`` can be resumed from ``record``, else the reason it cannot."""
+    try:
+        tails = load_tails(path, record)
+    except (OSError, KeyError, ValueError) as e:
+        return f"its tail file is missing or unreadable: {e}"
+    try:
+        f = h5py.File(path, "r")
+    except Exception as e:
+        return f"cannot open it: {e}"
+    try:
+        for split, info in record.splits.items():
+            if split not in f:
+                return f"split {split!r} missing"
+            g = f[split]
+            n = info.samples
+            if g[fmt.SOURCE].shape[0] < n or g[fmt.CHECKSUM].shape[0] < n:
+                return f"split {split!r} holds fewer samples than committed ({n})"
+            for k, name in enumerate(fields):
+                if name not in g:
+                    return f"field {split}/{name} missing"
+                node = g[name]
+                rows = info.rows_in_file[name]
+                data = node[fmt.VALUES] if isinstance(node, h5py.Group) else node
+                if data.id.get_create_plist().get_alloc_time() == h5py.h5d.ALLOC_TIME_EARLY:
+                    # Only h5batch before the one-writer rule made these: its decoders
+                    # wrote rows into chunks placed ahead, which a resume cannot tell apart.
+                    return (f"field {split}/{name} has chunks placed ahead by an older h5batch's "
+                            f"decoders, which cannot be resumed")
+                if data.shape[0] < rows:
+                    return f"field {split}/{name} holds {data.shape[0]} rows, committed {rows}"
+                tail = tails.get(f"{split}/{name}")
+                expected_tail = (info.elements[name] if isinstance(node, h5py.Group) else n) - rows
+                if (0 if tail is None else len(tail)) != expected_tail:
+                    return f"tail of {split}/{name} does not match the commit"
+                last = _in_file(node, n, rows)
+                sums = g[fmt.CHECKSUM][max(0, last - TAIL_SAMPLES):last, k]
+                for j, i in enumerate(range(max(0, last - TAIL_SAMPLES), last)):
+                    sample = np.ascontiguousarray(_sample(node, i))
+                    if zlib.crc32(sample.reshape(-1).view(np.uint8)) != int(sums[j]):
+                        return f"checksum mismatch at {split}/{name}[{i}]"
+    except Exception as e:
+        return f"unreadable: {type(e).__name__}: {e}"
+    finally:
+        f.close()
+    return None

@@ -21,6 +21,7 @@ mid-sync, and a sync works on a copy when a reader has it open (:func:`readers_p
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import struct
@@ -160,15 +161,6 @@ class JournalFile:
     def flush(self) -> None:
         self._apply()
 
-    def readable(self) -> bool:
-        return True
-
-    def writable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
     # -- journal -----------------------------------------------------------------------------
 
     def _save(self, start: int, end: int) -> bool:
@@ -224,10 +216,8 @@ class JournalFile:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            try:
+            with contextlib.suppress(OSError):
                 os.close(self.jfd)
-            except OSError:
-                pass
             os.close(self.fd)  # drops the flock
 
 

@@ -1,6 +1,6 @@
 """The messages between the driver and the writer process, one dataclass each.
 
-Both directions travel through a :class:`~h5batch.transport.pipe.PipeQueue` (pickled), so
+Both directions travel through a :class:`~h5batch.writer.process.PipeQueue` (pickled), so
 every message is small: decoded samples stay in shared memory and only their descriptor
 (:class:`~h5batch.batches.BatchResult`) crosses. Each side dispatches on the message's
 type through a handler table (``writer.process.HANDLERS``, the driver's
@@ -9,8 +9,8 @@ type through a handler table (``writer.process.HANDLERS``, the driver's
 Driver -> writer, in this order: one :class:`Start` (or :class:`Quit` when no job came of it), then :class:`Store` for every batch part in manifest order, and :class:`Finish` or
 :class:`Abort` last. The writer commits on its own, every ``policy.commit_every`` seconds.
 
-Writer -> driver: :class:`Ready` once the file is open, :class:`Stored` per batch part,
-:class:`Committed` per commit, then :class:`Done`, :class:`Aborted` or :class:`Failed`.
+Writer -> driver: :class:`Stored` per batch part, then :class:`Done`, :class:`Aborted` or
+:class:`Failed`.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class WriterSpec:
     field_bytes: dict[str, int] = field(default_factory=dict)
     annotations: tuple[str, ...] = ()  # annotation files read by discovery (root-relative)
     resume: CommitRecord | None = None  # a commit record to continue from
-    versions: dict[str, str] = field(default_factory=dict)  # root attribute of a new file (versions.py)
+    versions: dict[str, str] = field(default_factory=dict)  # root attribute of a new file (conversion/plan.py)
     # The driver's working directory and umask: a writer forked from a fork server would
     # otherwise have the server's (relative paths, output file permissions).
     cwd: str = ""
@@ -113,29 +113,15 @@ class Quit:
 
 
 @dataclass(frozen=True)
-class Ready:
-    """The output is open; ``next_batch`` is where a resumed file goes on."""
-
-    next_batch: int
-    samples: dict[str, int]
-
-
-@dataclass(frozen=True)
 class Stored:
     """Batch part of batch ``index`` is appended: ``samples`` of it kept."""
 
     index: int
     samples: int
-    nbytes: int
 
 
 @dataclass(frozen=True)
-class Committed:
-    record: CommitRecord
-
-
-@dataclass(frozen=True)
-class FinalSummary:
+class Done:
     """What :class:`Finish` produced. ``ok`` False: too many rejects, the file stays partial
     (``path`` is then the partial's)."""
 
@@ -146,11 +132,6 @@ class FinalSummary:
     rejects_file: str
     ok: bool
     stats: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Done:
-    summary: FinalSummary
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,13 @@
 """The output file, as the writer process sees it: create or resume, append, commit, finalize.
 
-:class:`OutputWriter` is the only code that opens the output for writing. Big per-sample
-data goes through the chunk appenders of :mod:`.store` / :mod:`.append` (whole chunks,
-compressed on a thread pool, stored with ``write_direct_chunk``: HDF5's single-threaded
-filter pipeline never runs); small per-sample metadata (label, checksum, source, offsets)
-through plain h5py writes with a tuned chunk cache. Commits follow :mod:`.commit`.
+:class:`OutputWriter` is the only code that opens the output for writing. Samples go through
+the appenders of :mod:`.store` / :mod:`.append`, with a tuned chunk cache; commits follow
+:mod:`.commit`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -32,7 +31,7 @@ from .commit import (
     save_tails,
 )
 from .journal import fsync_path
-from .messages import FinalSummary, WriterSpec
+from .messages import Done, WriterSpec
 from .store import STATS, STR, FieldStore, SplitStore
 
 
@@ -181,7 +180,7 @@ class OutputWriter:
         remove_tail_files(self.spec.partial_path, keep=tail_file)
         return record
 
-    def finalize(self, max_reject_fraction: float = 1.0) -> FinalSummary:
+    def finalize(self, max_reject_fraction: float = 1.0) -> Done:
         """Write the tail chunks, discovery rejects and final attributes; close; rename to
         the final path unless more than ``max_reject_fraction`` of the inputs were rejected
         (then the file stays partial and resumable)."""
@@ -198,10 +197,8 @@ class OutputWriter:
             # Renaming over an existing file makes ext4 write the new file's data out
             # first (auto_da_alloc); removing the old output (the job said overwrite)
             # keeps the rename as cheap as for a fresh output.
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.spec.final_path)
-            except FileNotFoundError:
-                pass
             os.replace(self.spec.partial_path, self.spec.final_path)
             remove_commit_files(self.spec.partial_path)
             inventory.remove_sidecar(self.spec.partial_path)
@@ -217,12 +214,12 @@ class OutputWriter:
             if s not in self.splits:
                 self.splits[s] = SplitStore(self.f, s, self.spec, self.pool)
         self.add_rejects(self.spec.discovery_rejects)
-        rejects = self.read_rejects()
+        rejects = read_rejects(self.f)
         excluded = sum(1 for r in rejects if r.stage == fmt.STAGE_EXCLUDED)
         return rejects, len(rejects) - excluded <= max_reject_fraction * max(1, self.spec.num_inputs - excluded)
 
-    def summary(self, path: str, rejects: list[Reject], ok: bool) -> FinalSummary:
-        return FinalSummary(path=path, counts={name: s.n for name, s in self.splits.items()}, rejects=len(rejects),
+    def summary(self, path: str, rejects: list[Reject], ok: bool) -> Done:
+        return Done(path=path, counts={name: s.n for name, s in self.splits.items()}, rejects=len(rejects),
                             bytes_decoded=self.bytes_written, rejects_file=fmt.rejects_file(self.spec.final_path),
                             ok=ok, stats=dict(STATS))
 
@@ -231,18 +228,19 @@ class OutputWriter:
         if self.spec.inventory and os.path.exists(self.spec.inventory):
             inventory.store(self.f, *inventory.read_sidecar(self.spec.inventory))
 
-    def abort(self) -> CommitRecord | None:
+    def abort(self) -> None:
         """Stop early (Ctrl-C, the driver gone): commit what is stored, close."""
-        record = self.commit()
+        self.commit()
         self.close()
-        return record
-
-    def read_rejects(self) -> list[Reject]:
-        g = self.f[fmt.REJECTS]
-        cols = [g[k].asstr()[...] if g[k].shape[0] else [] for k in ("path", "stage", "reason")]
-        return [Reject(str(p), str(s), str(r)) for p, s, r in zip(*cols)]
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
         if self.f.id.valid:
             self.f.close()
+
+
+def read_rejects(f: h5py.File) -> list[Reject]:
+    """The rejects table of an output (empty when it has none)."""
+    g = f.get(fmt.REJECTS, {})
+    cols = [g[k].asstr()[...] if k in g and g[k].shape[0] else [] for k in ("path", "stage", "reason")]
+    return [Reject(str(p), str(s), str(r)) for p, s, r in zip(*cols)]

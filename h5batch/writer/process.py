@@ -16,12 +16,14 @@ server.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import queue
 import re
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -30,17 +32,13 @@ from typing import Any
 
 from .. import faults
 from ..forking import start_context
-from ..transport.pipe import PipeQueue
 from .commit import remove_commit_files
 from .messages import (
     Abort,
     Aborted,
-    Committed,
-    Done,
     Failed,
     Finish,
     Quit,
-    Ready,
     Start,
     Store,
     Stored,
@@ -90,7 +88,7 @@ class _Session:
         self.stored = 0  # batch parts stored by this process (likewise)
 
     def commit(self) -> None:
-        self.outbox.put(Committed(self.out.commit()))
+        self.out.commit()
         self.commits += 1
         self.last_commit = time.monotonic()
 
@@ -99,7 +97,7 @@ class _Session:
     def on_store(self, msg: Store) -> bool:
         r = msg.result
         n, _ = self.out.write_batch(r)
-        self.outbox.put(Stored(r.index, n, r.packed.nbytes))
+        self.outbox.put(Stored(r.index, n))
         self.out.after_store()
         self.stored += 1
         faults.pause(f"store:{self.stored}", self.spec.partial_path)
@@ -111,7 +109,7 @@ class _Session:
         return False
 
     def on_finish(self, msg: Finish) -> bool:
-        self.outbox.put(Done(self.out.finalize(max_reject_fraction=msg.max_reject_fraction)))
+        self.outbox.put(self.out.finalize(max_reject_fraction=msg.max_reject_fraction))
         # Everything is closed and renamed: skip the interpreter's teardown, which the
         # driver would otherwise wait for in join().
         sys.stdout.flush()
@@ -119,14 +117,9 @@ class _Session:
         os._exit(0)
 
     def on_abort(self, msg: Abort) -> bool:
-        record = self.out.abort()
-        if record is not None:
-            self.outbox.put(Committed(record))
+        self.out.abort()
         self.outbox.put(Aborted())
         return True
-
-    def on_driver_gone(self) -> None:
-        self.out.abort()
 
 
 HANDLERS: dict[type, Callable[[_Session, Any], bool]] = {
@@ -136,21 +129,27 @@ HANDLERS: dict[type, Callable[[_Session, Any], bool]] = {
 }
 
 
-def _wait_for_start(inbox, driver_gone: Callable[[], bool]) -> WriterSpec | None:
+def _next(inbox, lifeline) -> Any:
+    """The driver's next message; None once the driver is gone (its lifeline turned readable)."""
+    while True:
+        try:
+            return inbox.get(timeout=POLL_SECONDS)
+        except queue.Empty:
+            if lifeline.poll():
+                return None
+
+
+def _wait_for_start(inbox, lifeline) -> WriterSpec | None:
     """The job, sent once the driver has made its plan (None: not needed after all)."""
     while True:
         try:
-            msg = inbox.get(timeout=POLL_SECONDS)
-        except queue.Empty:
-            if driver_gone():
-                return None
-            continue
+            msg = _next(inbox, lifeline)
         except (EOFError, OSError):
+            return None
+        if msg is None or isinstance(msg, (Quit, Abort)):
             return None
         if isinstance(msg, Start):
             return msg.spec
-        if isinstance(msg, (Quit, Abort)):
-            return None
 
 
 def writer_main(inbox, outbox, lifeline, lock: SharedFd | None = None, driver_end: int | None = None) -> None:
@@ -162,11 +161,7 @@ def writer_main(inbox, outbox, lifeline, lock: SharedFd | None = None, driver_en
         signal.signal(s, signal.SIG_IGN)
     if driver_end is not None:
         os.close(driver_end)
-
-    def driver_gone() -> bool:
-        return lifeline.poll()
-
-    spec = _wait_for_start(inbox, driver_gone)
+    spec = _wait_for_start(inbox, lifeline)
     if spec is None:
         return
     if spec.cwd:
@@ -176,27 +171,62 @@ def writer_main(inbox, outbox, lifeline, lock: SharedFd | None = None, driver_en
     session = None
     try:
         session = _Session(spec, outbox)
-        outbox.put(Ready(session.out.next_batch, {name: st.n for name, st in session.out.splits.items()}))
         while True:
-            try:
-                msg = inbox.get(timeout=POLL_SECONDS)
-            except queue.Empty:
-                if driver_gone():
-                    session.on_driver_gone()
-                    return
-                continue
+            msg = _next(inbox, lifeline)
+            if msg is None:  # the driver is gone: commit what is stored, and end
+                session.out.abort()
+                return
             if HANDLERS[type(msg)](session, msg):
                 return
     except BaseException as e:
         outbox.put(Failed(_error_text(e, spec)))
         if session is not None:
-            try:
+            with contextlib.suppress(Exception):  # the error above is the one to report
                 session.out.close()
-            except Exception:  # noqa: BLE001 - the error above is the one to report
-                pass
 
 
 # -- starting the process (driver side) ----------------------------------------------------
+
+
+class PipeQueue:
+    """One direction of a ``multiprocessing.Pipe`` with a queue's ``put``/``get``.
+
+    Used between driver and writer instead of ``multiprocessing.Queue``: a Queue keeps
+    POSIX semaphores in /dev/shm, which a ``kill -9`` leaves behind; a pipe leaves nothing.
+    Messages are small descriptors, so a blocking ``put`` only waits while the writer is
+    busy (backpressure). Readers in several threads of one process are serialised."""
+
+    def __init__(self, reader, writer_end):
+        self._r, self._w = reader, writer_end
+        self._lock = threading.Lock()
+
+    @classmethod
+    def create(cls, ctx) -> PipeQueue:
+        r, w = ctx.Pipe(duplex=False)
+        return cls(r, w)
+
+    def put(self, msg: Any) -> None:
+        self._w.send(msg)
+
+    def close_reader(self) -> None:
+        """Close this process's copy of the read end (the sender's side, once the reader
+        process has its own). Reason: while any copy of the read end is open, a ``put`` to
+        a reader that died blocks for good as soon as the pipe is full (a message bigger
+        than its 64 KiB does at once); without one it raises :class:`BrokenPipeError`."""
+        self._r.close()
+
+    def get(self, timeout: float | None = None) -> Any:
+        with self._lock:
+            if not self._r.poll(timeout):
+                raise queue.Empty
+            return self._r.recv()
+
+    def __getstate__(self):
+        return {"_r": self._r, "_w": self._w}
+
+    def __setstate__(self, state):
+        self._r, self._w = state["_r"], state["_w"]
+        self._lock = threading.Lock()
 
 
 class SharedFd:
@@ -218,13 +248,11 @@ def _rebuild_fd(dup) -> SharedFd:
 
 def current_umask() -> int | None:
     """This process's umask, read without changing it (Linux), else None."""
-    try:
+    with contextlib.suppress(OSError):
         with open("/proc/self/status") as fh:
             for line in fh:
                 if line.startswith("Umask:"):
                     return int(line.split()[1], 8)
-    except OSError:
-        pass
     return None
 
 
@@ -272,10 +300,8 @@ class WriterHandle:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Ask a writer that never got a job to go, and make sure it does."""
-        try:
+        with contextlib.suppress(OSError):  # gone already
             self.inbox.put(Quit())
-        except OSError:  # gone already
-            pass
         self.process.join(timeout=timeout)
         if self.process.is_alive():
             self.process.kill()

@@ -29,12 +29,6 @@ from .messages import WriterSpec
 STR = h5py.string_dtype("utf-8")
 
 
-def _field_attrs(fc: FieldConfig, codec: CodecSpec) -> dict[str, Any]:
-    attrs: dict[str, Any] = {"codec": codec.label(), "config": fmt.dumps(settings(fc))}
-    attrs.update(field_attrs(fc))  # modality, then the kind's own (h5batch.fields)
-    return attrs
-
-
 # The writer process's counters (chunks stored as workers made them / redone here).
 STATS: Counter = Counter()
 
@@ -87,7 +81,8 @@ class FieldStore:
     def _create(self, dtype: np.dtype, shape: tuple[int, ...]) -> None:
         self.dtype = np.dtype(dtype)
         kw = self.codec.dataset_kwargs(self.dtype.itemsize)
-        attrs = _field_attrs(self.fc, self.codec)
+        # modality, then the kind's own (h5batch.fields)
+        attrs: dict[str, Any] = {"codec": self.codec.label(), "config": fmt.dumps(settings(self.fc)), **field_attrs(self.fc)}
         if self.spec.codec_notes.get(self.name):
             attrs["codec_choice"] = self.spec.codec_notes[self.name]
         if self.fixed:
@@ -131,7 +126,7 @@ class FieldStore:
     def block_fits(self, block) -> bool:
         """Whether every sample of ``block`` (a :class:`~h5batch.transport.packing.Block`:
         one dtype, a shape per sample) passes :meth:`check`: the writer then checks the
-        block once instead of each of its samples (8,192 calls per 4,096 pairs)."""
+        block once instead of each of its samples."""
         if self.dtype is not None and np.dtype(block.dtype) != self.dtype:
             return False
         if self.fixed and self.shape is not None:

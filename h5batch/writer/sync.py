@@ -20,6 +20,7 @@ journaled and fsync'ed first.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -33,7 +34,7 @@ from .. import format as fmt
 from ..fields import field_attrs
 from ..fields.base import settings
 from .journal import JournalFile, fsync_path, rollback
-from .messages import FinalSummary, WriterSpec
+from .messages import Done, WriterSpec
 from .output import OutputWriter
 from .store import STR
 
@@ -57,9 +58,7 @@ class SyncWriter(OutputWriter):
     def _open(self, cache: dict) -> dict[str, np.ndarray]:
         if self.spec.sync.in_place:
             self.journal = JournalFile(self.spec.final_path)
-            self.f = h5py.File(self.journal, "r+", **cache)
-        else:
-            self.f = h5py.File(self.spec.partial_path, "r+", **cache)
+        self.f = h5py.File(self.journal or self.spec.partial_path, "r+", **cache)
         return {}
 
     def commit(self):  # noqa: D102 - a sync does not commit part-way (module docstring)
@@ -83,20 +82,14 @@ class SyncWriter(OutputWriter):
     def abort(self) -> None:
         """Undo everything: the output is as it was before the sync."""
         self.close()
-        self._undo()
-        return None
-
-    def _undo(self) -> None:
         if self.journal is not None:
             self.journal.close()
             rollback(self.spec.final_path)
         else:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.spec.partial_path)
-            except FileNotFoundError:
-                pass
 
-    def finalize(self, max_reject_fraction: float = 1.0) -> FinalSummary:
+    def finalize(self, max_reject_fraction: float = 1.0) -> Done:
         spec = self.spec
         rejects, ok = self.last_rejects(max_reject_fraction)
         if not ok:
@@ -132,8 +125,7 @@ class SyncWriter(OutputWriter):
             dead = np.union1d(old.astype(np.int64), np.asarray(rows, dtype=np.int64))
             if fmt.TOMBSTONES in g:
                 del g[fmt.TOMBSTONES]
-            if len(dead):
-                g.create_dataset(fmt.TOMBSTONES, data=dead)
+            g.create_dataset(fmt.TOMBSTONES, data=dead)
         self._field_configs()
         if not self.inventory_stored:  # no batch was stored (a sync that only removes)
             self.store_inventory()
