@@ -221,3 +221,28 @@ def test_each_benchmark_script_starts(script):
     r = subprocess.run([sys.executable, f"benchmarks/{script}", "--help"], cwd=REPO, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0 and "usage:" in r.stdout, r.stderr
+
+
+def test_s3_rows_count_the_servers_gets_and_bytes(tmp_path):
+    """``--s3``: moto's recorder counts what each epoch fetched; a fresh process on the filled
+    cache fetches nothing; the table and the target render."""
+    pytest.importorskip("moto")
+    pytest.importorskip("obstore")
+    from h5batch.bench import s3
+
+    cfg = quick_config(pairs=64, images=0, scale=1, reps=1, codecs=("auto",), workers=(0,), read_samples=64,
+                       warmup=False, keep=True, cache=str(tmp_path / "cache"), out_root=str(tmp_path / "results"))
+    bench = Bench(cfg, log=open(os.devnull, "w"))
+    spec = bench._corpora()[0]
+    bench._convert_phase(spec)
+    h5 = bench.path("h5", f"{spec['corpus'].name}-auto.h5")
+    s3.measure_rows(bench, "c", h5, None, reps=1)
+    rows = {r.variant: r.runs[0] for r in bench.records.values() if r.phase == "s3"}
+    assert set(rows) == {"first epoch", "second epoch, fresh process",
+                         *(f"bounded cache, epoch {e}" for e in (1, 2, 3))}
+    assert all(r["items"] == 64 for r in rows.values())
+    # every byte once, plus the 256 KiB metadata blocks that overlap data (a larger share of a small file)
+    assert rows["first epoch"]["gets"] > 0 and 0.99 <= rows["first epoch"]["fetched_over_stored"] <= 1.2
+    assert rows["second epoch, fresh process"]["gets"] == 0
+    results = {"records": [r.to_dict() for r in bench.records.values()]}
+    assert report.s3_table(results)[2].startswith("| h5batch | first epoch |")

@@ -12,7 +12,6 @@ import json
 import os
 from typing import Any
 
-from . import s3
 from .suite import DEFAULT_CODEC, LOADER, PLAIN
 
 MB = 1e6
@@ -170,6 +169,14 @@ def read_table(results: dict[str, Any], corpus: str) -> list[str]:
     return rows
 
 
+def s3_table(results: dict[str, Any]) -> list[str]:
+    """The object-storage rows (``--s3``, :mod:`.s3`): medians of the runs."""
+    recs = [r for r in results["records"] if r["phase"] == "s3" and r["runs"]]
+    return ["| reader | epoch | samples/s | GETs | fetched / stored |", "|---|---|---:|---:|---:|"] + [
+        f"| {r['method']} | {r['variant']} | {_fmt(rate(r))} | {_fmt(_median(r, 'gets'))} "
+        f"| {_fmt(_median(r, 'fetched_over_stored'), 3)} |" for r in recs] if recs else []
+
+
 def markdown(results: dict[str, Any]) -> str:
     meta, cfg = results["meta"], results["config"]
     m = meta["machine"]
@@ -202,9 +209,9 @@ def markdown(results: dict[str, Any]) -> str:
             lines += [f"### Read (DataLoader, batch {cfg['batch_size']}, shuffle on; {ep['epochs']} epochs of "
                       f"{ep['samples_per_epoch']} samples timed after an untimed one; MB/s of decoded samples, "
                       f"delivered as float32{'; every batch summed' if cfg.get('consume') else ''})", ""] + read + [""]
-    if s3.table(results):
+    if s3_table(results):
         lines += ["## Object storage (`--s3`: moto's server on loopback; batch 64, 2 workers; GETs and bytes from "
-                  "moto's request recorder; moto copies the whole object per GET)", ""] + s3.table(results) + [""]
+                  "moto's request recorder; moto copies the whole object per GET)", ""] + s3_table(results) + [""]
     checks = results.get("checks") or []
     if checks:
         bad = [c for c in checks if not c["ok"]]

@@ -20,7 +20,6 @@ import http.client
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -157,13 +156,4 @@ def measure_rows(bench: Any, corpus: str, h5_path: str, lit_dir: str | None, rep
         os.environ.update(saved)
 
 
-def table(results: dict[str, Any]) -> list[str]:
-    """The ``s3`` rows as a markdown table (empty without them); medians of the runs."""
-    out = ["| reader | epoch | samples/s | GETs | fetched / stored |", "|---|---|---:|---:|---:|"]
-    for r in (r for r in results["records"] if r["phase"] == "s3"):
-        gets, ratio = (statistics.median(x[k] for x in r["runs"]) for k in ("gets", "fetched_over_stored"))
-        out.append(f"| {r['method']} | {r['variant']} | {r['rate']['median']:,.0f} | {gets:.0f} | {ratio:.3f} |")
-    return out if len(out) > 2 else []
-
-
-__all__ = ["measure_rows", "table"]
+__all__ = ["measure_rows"]
