@@ -201,9 +201,13 @@ def test_the_format_docs_name_every_registered_codec():
 
 
 @pytest.mark.parametrize("content", ["noise", "ramp", "constant", "zeros"])
-def test_blosc2_chunks_are_decompressed_into_the_chunk_buffer(content, tmp_path):
-    """Our encoder's one-chunk frames are decompressed straight into the chunk buffer; HDF5's
-    own b2nd frames take the decode path; all decode to the same rows as HDF5."""
+def test_blosc2_chunks_are_decompressed_from_inside_their_frame(content, tmp_path):
+    """Our encoder's one-chunk frames are decoded by handing the chunk inside them to
+    blosc2.decompress (no SChunk per HDF5 chunk); frames it does not recognise (an all-zero
+    chunk stored as a special value, HDF5's own b2nd frames) take the SChunk path; all decode
+    to the same rows as HDF5."""
+    from h5batch.codecs._blosc2 import frame_chunk
+
     rows = {"noise": np.random.default_rng(0).normal(0, 1000, (8, 2000)), "ramp": np.arange(16000).reshape(8, 2000),
             "constant": np.full((8, 2000), 7), "zeros": np.zeros((8, 2000))}[content].astype("<f4")
     spec = CodecSpec("blosc2-lz4")
@@ -212,14 +216,16 @@ def test_blosc2_chunks_are_decompressed_into_the_chunk_buffer(content, tmp_path)
         ours.id.write_direct_chunk((0, 0), make_encoder(spec, rows.dtype)(rows))
         f.create_dataset("hdf5", data=rows, chunks=rows.shape, **spec.dataset_kwargs(4))
     with h5py.File(tmp_path / "x.h5", "r") as f:
-        for name, want in (("ours", "-blosc2"), ("hdf5", "-blosc2-b2nd")):
+        for name, fast in (("ours", content != "zeros"), ("hdf5", False)):
             ds = f[name]
             raw = ds.id.read_direct_chunk((0, 0))[1]
+            assert (frame_chunk(raw, rows.nbytes) is not None) == fast, name
             out = np.empty_like(rows)
             kind = ChunkDecoder.for_dataset(ds).decode(raw, 0, out)
-            assert kind.endswith(want), kind
+            assert kind.endswith("-blosc2-chunk") == fast, kind
             np.testing.assert_array_equal(out, rows, err_msg=name)
             np.testing.assert_array_equal(ds[...], rows, err_msg=name)
+    assert frame_chunk(b"\x00" * 200, 100) is None
 
 
 @pytest.mark.parametrize("name", ["blosc2-lz4", "gzip", "zstd"])

@@ -6,10 +6,16 @@ Rule: no codec is registered here; ``blosc2_lz4.py`` and ``blosc2_zstd.py`` each
 id (the compressor is a filter parameter), so they must share one decode step, and the
 registry gives each filter id one step.
 
-Decoding: the filter stores each HDF5 chunk as a one-chunk super-chunk frame, which
-:meth:`Blosc2Step.decode_into` decompresses straight into the chunk buffer; any other frame
-(a ``b2nd`` array written by HDF5's own filter) goes through :meth:`Blosc2Step.decode`.
-Either way the reader compares the first chunk of each dataset with HDF5's own read.
+Decoding (the reader's hot path): the filter stores each HDF5 chunk as a one-chunk
+super-chunk frame (a header of ~100 bytes, the Blosc2 chunk, an index, a trailer). Building a
+``blosc2.SChunk`` from that frame to decompress its one chunk costs a new context, often a
+new thread pool, per HDF5 chunk: a sizeable share of decoding the chunk.
+:func:`frame_chunk` finds the Blosc2 chunk in the frame's header instead (offsets from c-blosc2's
+``frame.h``) and :meth:`Blosc2Step.decode_into` hands it to ``blosc2.decompress``, straight
+into the chunk buffer, with blosc2's kept global context (``blosc2.nthreads`` threads). A
+frame that does not look exactly like that (another layout, a ``b2nd`` array, an all-zero
+chunk stored as a special value) goes through ``SChunk`` as before; either way the reader
+compares the first chunk of each dataset with HDF5's own read.
 """
 
 from __future__ import annotations
@@ -21,6 +27,30 @@ import numpy as np
 from .base import Codec, DecodeStep, Encoder, uses_shuffle
 
 FILTER_BLOSC2 = 32026  # registered HDF5 filter id of Blosc2
+
+# Contiguous-frame header (msgpack; integers big endian): the magic string, then type markers
+# and values at fixed offsets (c-blosc2 frame.h: FRAME_HEADER_LEN, FRAME_NBYTES, FRAME_CBYTES).
+_MAGIC = b"\xa8b2frame\x00"  # at offset 1, after the fixarray marker
+_HEADER_LEN, _NBYTES, _CBYTES = 11, 30, 39  # value offsets; markers d2, d3, d3 just before
+_CHUNK_HEADER = 32  # a Blosc2 chunk's extended header (nbytes at +4, cbytes at +12, little endian)
+
+
+def frame_chunk(raw: Any, nbytes: int) -> memoryview | None:
+    """The Blosc2 chunk stored in the one-chunk frame ``raw`` whose decoded size is ``nbytes``
+    (a view, no copy), or None when the frame is anything else."""
+    mv = memoryview(raw).cast("B")
+    if len(mv) < 64 or mv[1:10] != _MAGIC or mv[10] != 0xD2 or mv[29] != 0xD3 or mv[38] != 0xD3:
+        return None
+    start = int.from_bytes(mv[_HEADER_LEN:_HEADER_LEN + 4], "big")
+    size = int.from_bytes(mv[_CBYTES:_CBYTES + 8], "big")
+    if (int.from_bytes(mv[_NBYTES:_NBYTES + 8], "big") != nbytes or size < _CHUNK_HEADER
+            or start < 64 or start + size > len(mv)):
+        return None
+    chunk = mv[start:start + size]
+    if (int.from_bytes(chunk[4:8], "little") != nbytes or int.from_bytes(chunk[12:16], "little") != size
+            or b"b2nd" in bytes(mv[:start])):
+        return None
+    return chunk
 
 
 class Blosc2Step(DecodeStep):
@@ -45,10 +75,15 @@ class Blosc2Step(DecodeStep):
         ``out``; None for any other frame."""
         import blosc2
 
+        dst = out.reshape(-1).view(np.uint8)
+        chunk = frame_chunk(raw, out.nbytes)
+        if chunk is not None:
+            blosc2.decompress(chunk, dst=dst)  # raises on a damaged chunk
+            return "blosc2-chunk"
         s = blosc2.schunk_from_cframe(raw, copy=False)
         if s.nchunks != 1 or s.nbytes != out.nbytes or "b2nd" in s.meta.keys():
             return None
-        s.decompress_chunk(0, dst=out.reshape(-1).view(np.uint8))
+        s.decompress_chunk(0, dst=dst)
         return "blosc2"
 
 
