@@ -148,3 +148,24 @@ def test_loader_arguments_are_checked(paired):  # noqa: F811
     split = [ds.loader(batch_size=4, world_size=2, rank=r, seed=1) for r in (0, 1)]
     got = [np.concatenate([b["data"][:, 0].numpy() for b in dl]) for dl in split]
     assert len(got[0]) == len(got[1]) == len(ds) // 2
+
+
+@pytest.mark.parametrize("kw", [{}, {"as_float": False}, {"channels_first": True}, {"direct_chunks": False},
+                                {"shared_memory": True}])
+def test_single_sample_reads_equal_batch_reads(demo, paired, kw):  # noqa: F811
+    """ds[i] of fixed fields takes the one-sample path (h5batch/torch/single.py): the same
+    values, dtypes, axes, label and source as sample 0 of __getitems__([i])."""
+    for path, fields in ((paired[0], None), (demo[0], ["image"])):
+        ds = H5Dataset(path, "train", fields=fields, with_source=True, **kw)
+        for i in [0, 7, len(ds) - 1, -2]:
+            one, ref = ds[i], ds.__getitems__([i]).sample(0)
+            assert one.keys() == ref.keys()
+            for k, v in ref.items():
+                if isinstance(v, torch.Tensor):
+                    assert type(one[k]) is torch.Tensor and one[k].dtype == v.dtype
+                    assert one[k].shape == v.shape and torch.equal(one[k], v), (path.name, kw, i, k)
+                    assert one[k].is_shared() == bool(kw.get("shared_memory")), k
+                else:
+                    assert one[k] == v
+        with pytest.raises(IndexError):
+            ds[len(ds)]

@@ -32,6 +32,7 @@ from .encoded import encoded_fields
 from .fieldinfo import FieldInfo, field_info
 from .recycle import shared_pool
 from .reuse import PrivatePool
+from .single import read_one
 
 DEFAULT_WINDOW = 12  # chunk groups the default cache holds: one ChunkShuffleSampler window
 CACHE_SLACK = 2  # extra chunks for samples that straddle a chunk boundary
@@ -325,6 +326,9 @@ class H5Dataset(Dataset):
     # ----------------------------------------------------------------- reading
 
     def __getitem__(self, i: int) -> Any:
+        one = read_one(self, i)  # fixed fields: straight from the cached chunk (torch/single.py)
+        if one is not None:
+            return one
         batch = self.__getitems__([operator.index(i)])
         return batch.sample(0) if isinstance(batch, Batch) else batch[0]
 
