@@ -501,3 +501,20 @@ def test_sync_refuses_another_job_and_a_missing_output(tmp_path):
     convert(job, check=True)
     res = _sync(job, "--set", "fields.audio.sample_rate=16000")
     assert res.returncode == 2 and "different job" in res.stderr, res.stderr
+
+
+def test_a_sync_over_the_reject_limit_counts_the_whole_corpus(tmp_path):
+    """The writer judges max_reject_fraction against every input of the corpus; the message
+    says the same N (not only the files this sync decoded), and the sync is undone."""
+    root = tmp_path / "corpus"
+    _class_corpus(root)
+    out = tmp_path / "out.h5"
+    job = _class_job(tmp_path, root, out)
+    convert(job, check=True)
+    before = out.read_bytes()
+    for i in range(4):  # 4 unreadable files of 52: 7.7 %, above the default 5 %
+        (root / "train" / "cat" / f"broken{i}.wav").write_bytes(b"not a wav file" * (i + 1))
+    r = _sync(job)
+    assert r.returncode == 1
+    assert "4 of 52 input files rejected (7.7%)" in r.stderr, r.stderr
+    assert out.read_bytes() == before

@@ -215,7 +215,8 @@ class Driver:
                 warnings=self.warning_log.files, warnings_file=self.warning_log.path if self.warning_log.files else "")
             if not s.ok:
                 self.writer.process.join(timeout=30)
-                n, bad = self.plan.num_inputs - excluded, s.rejects - excluded
+                # against every input of the corpus, as the writer judged it (a sync decodes fewer)
+                n, bad = self.plan.spec.num_inputs - excluded, s.rejects - excluded
                 # A sync undoes itself (writer/sync.py); a conversion keeps its partial.
                 kept = (f"the sync is undone, {self.plan.spec.final_path} is as it was" if self.plan.spec.sync
                         else f"output left as {self.plan.spec.partial_path}")
