@@ -58,7 +58,7 @@ class ObjectCache:
             f.write(ident)
         self.max_bytes = max_bytes
         self.gap = GAP if max_bytes is None else BOUNDED_GAP
-        self._map: np.ndarray | None = None  # the chunk map (offsets, sizes), once rfile listed it
+        self._map: tuple[np.ndarray, np.ndarray] | None = None  # chunk starts and ends, once listed
         self.gets = 0  # GETs made by this process (tests, the bench)
         self.fetched = 0  # bytes they returned
 
@@ -151,16 +151,26 @@ class ObjectCache:
             out.append(part)
         return out
 
-    def _within(self, lo: int, hi: int) -> list[tuple[int, int]]:
-        """The chunks of the map that lie whole in ``[lo, hi)``."""
+    def chunk_map(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Every chunk's start and end offset, sorted (``chunks.npy``, written once per node by
+        :meth:`RemoteFile.list_chunks <h5batch.remote.rfile.RemoteFile.list_chunks>`); None
+        until it is listed."""
         if self._map is None:
             try:
-                self._map = np.load(os.path.join(self.dir, "chunks.npy"))
+                offs, sizes = np.load(os.path.join(self.dir, "chunks.npy"))
             except (OSError, ValueError):
-                return []
-        offs, sizes = self._map
-        i, j = np.searchsorted(offs, lo), np.searchsorted(offs + sizes, hi, side="right")
-        return list(zip(offs[i:j].tolist(), sizes[i:j].tolist()))
+                return None
+            self._map = (offs, offs + sizes)
+        return self._map
+
+    def _within(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        """The chunks of the map that lie whole in ``[lo, hi)``."""
+        m = self.chunk_map()
+        if m is None:
+            return []
+        starts, ends = m
+        i, j = np.searchsorted(starts, lo), np.searchsorted(ends, hi, side="right")
+        return list(zip(starts[i:j].tolist(), (ends[i:j] - starts[i:j]).tolist()))
 
     def _publish(self, offset: int, size: int, data: bytes) -> None:
         p = self.path(offset, size)

@@ -50,20 +50,11 @@ class RemoteFile:
     def __init__(self, cache: ObjectCache):
         self.cache = cache
         self.pos = 0
-        self.starts = self.ends = np.zeros(0, dtype=np.int64)
-        self._load_map()
-
-    def _load_map(self) -> None:
-        try:
-            table = np.load(os.path.join(self.cache.dir, "chunks.npy"))
-        except (OSError, ValueError):
-            return
-        self.starts, self.ends = table[0], table[0] + table[1]
 
     def list_chunks(self, f: h5py.File) -> None:
         """List every chunk of ``f`` (this object opened through this file object) into the
         node's ``chunks.npy``, once per node."""
-        if len(self.starts):
+        if self.cache.chunk_map() is not None:
             return
         offs, sizes = [], []
 
@@ -81,13 +72,16 @@ class RemoteFile:
         tmp = os.path.join(self.cache.dir, f"chunks.tmp.{os.getpid()}.npy")
         np.save(tmp, table)
         os.replace(tmp, os.path.join(self.cache.dir, "chunks.npy"))
-        self._load_map()
 
     def chunk_of(self, offset: int) -> tuple[int, int] | None:
         """The chunk ``(offset, size)`` holding byte ``offset``, if any."""
-        i = int(np.searchsorted(self.starts, offset, side="right")) - 1
-        if i >= 0 and offset < self.ends[i]:
-            return int(self.starts[i]), int(self.ends[i] - self.starts[i])
+        m = self.cache.chunk_map()
+        if m is None:
+            return None
+        starts, ends = m
+        i = int(np.searchsorted(starts, offset, side="right")) - 1
+        if i >= 0 and offset < ends[i]:
+            return int(starts[i]), int(ends[i] - starts[i])
         return None
 
     # ------------------------------------------------------------ file object
