@@ -7,7 +7,10 @@ is false. :func:`read_index` loads the small per-sample arrays the reader relies
 (``label``, and ``offsets``/``shapes`` of the variable fields it reads) and checks them and
 the row count of every per-sample dataset against each other, with vectorised numpy only;
 sample data is never read. A failure raises :class:`~h5batch.errors.CorruptFileError`
-naming the file, the dataset and the first bad row.
+naming the file, the dataset and the first bad row. ``h5batch verify`` runs the same checks
+(:func:`variable_field`, :func:`check_offsets`, :func:`check_shapes`, :func:`check_labels`)
+and reports a failure as one of its problems. :func:`open_output` opens a file for the
+commands that look into one, refusing what is not an h5batch output.
 
 The rules (docs/FORMAT.md; ``h5batch verify`` checks these and more, over every field):
 
@@ -99,6 +102,24 @@ def _locked(exc: OSError) -> bool:
             or "unable to lock file" in str(exc))
 
 
+def open_output(path: str, error: type[Exception], **kw: Any) -> h5py.File:
+    """``h5py.File(path, "r", **kw)`` of an h5batch output for the commands that look into
+    one (inspect --sample, preview, verify, view): a missing file, one that is not HDF5 or
+    one without a readable format raises ``error`` saying which."""
+    if not os.path.isfile(path):
+        raise error(f"{path}: no such file")
+    try:
+        f = h5py.File(path, "r", **kw)
+    except OSError as e:
+        raise error(f"{path}: not an h5batch file (cannot open as HDF5: {e})") from e
+    version = f.attrs.get(fmt.ATTR_FORMAT)
+    if version not in fmt.READABLE_FORMATS:
+        f.close()
+        raise error(f"{path}: not an h5batch file (root attribute {fmt.ATTR_FORMAT}={version!r}, "
+                    f"expected one of {fmt.READABLE_FORMATS})")
+    return f
+
+
 def check_complete(f: h5py.File, path: str) -> None:
     """Refuse a file whose ``complete`` root attribute is not true."""
     if not f.attrs.get(fmt.ATTR_COMPLETE, False):
@@ -124,50 +145,24 @@ def read_index(f: h5py.File, path: str, split: str, fields: Sequence[str]) -> tu
     g = f[split]
     n, counted = _num_samples(g)
     out: dict[str, np.ndarray] = {}
-
-    def rows(where: str, ds: h5py.Dataset, expected: int, what: str) -> None:
-        got = ds.shape[0] if ds.ndim else 0
-        if got != expected:
-            raise CorruptFileError(path, where, f"has {got} rows, expected {expected} ({what})",
-                                   row=min(got, expected))
-
-    def node(where: str, parent: h5py.Group, name: str) -> Any:
-        if name not in parent:
-            raise CorruptFileError(path, where, "is missing")
-        return parent[name]
-
     samples = f"the split has {n} samples: {counted}"
     for name in (fmt.SOURCE, fmt.CHECKSUM, fmt.LABEL):
         if name in g:
-            rows(f"/{split}/{name}", g[name], n, samples)
+            _rows(path, f"/{split}/{name}", g[name], n, samples)
     stored = json.loads(f.attrs.get(fmt.ATTR_FIELDS, "[]"))
     for name in dict.fromkeys([*stored, *fields]):
-        obj = node(f"/{split}/{name}", g, name)
+        obj = _member(path, f"/{split}", g, name)
         where = f"/{split}/{name}"
         if isinstance(obj, h5py.Dataset):
-            rows(where, obj, n, samples)
+            _rows(path, where, obj, n, samples)
             continue
-        values = node(f"{where}/{fmt.VALUES}", obj, fmt.VALUES)
-        offsets = node(f"{where}/{fmt.OFFSETS}", obj, fmt.OFFSETS)
-        shapes = node(f"{where}/{fmt.SHAPES}", obj, fmt.SHAPES)
-        rows(f"{where}/{fmt.OFFSETS}", offsets, n + 1, f"samples + 1; {samples}")
-        rows(f"{where}/{fmt.SHAPES}", shapes, n, samples)
-        if name not in fields:
+        values, offs, shp = variable_field(path, where, obj, n, samples, load=name in fields)
+        if offs is None:  # a field the reader does not read: row counts only
             continue
-        ndim = int(obj.attrs.get("ndim", shapes.shape[1] if shapes.ndim == 2 else 1))
-        if shapes.ndim != 2 or shapes.shape[1] != ndim:
-            raise CorruptFileError(path, f"{where}/{fmt.SHAPES}",
-                                   f"has shape {shapes.shape}, expected {(n, ndim)} (ndim attribute {ndim})")
-        for ds in (offsets, shapes):
-            if not np.issubdtype(ds.dtype, np.integer):
-                raise CorruptFileError(path, f"{where}/{ds.name.rsplit('/', 1)[-1]}",
-                                       f"has dtype {ds.dtype}, expected integers")
-        offs = np.asarray(offsets[...], dtype=np.int64)
-        shp = np.asarray(shapes[...], dtype=np.int64)
         check_offsets(path, f"{where}/{fmt.OFFSETS}", offs, int(values.shape[0]))
         check_shapes(path, f"{where}/{fmt.SHAPES}", shp, offs)
         out[offsets_key(name)] = offs
-        if ndim != 1:
+        if shp.shape[1] != 1:
             out[shapes_key(name)] = shp
     if fmt.LABEL in g:
         labels = np.asarray(g[fmt.LABEL][...], dtype=np.int64)
@@ -175,6 +170,41 @@ def read_index(f: h5py.File, path: str, split: str, fields: Sequence[str]) -> tu
             check_labels(path, f"/{split}/{fmt.LABEL}", labels, int(f[fmt.CLASS_NAMES].shape[0]))
         out[fmt.LABEL] = labels
     return n, out
+
+
+def variable_field(path: str, where: str, node: h5py.Group, n: int, samples: str, load: bool = True
+                   ) -> tuple[h5py.Dataset, np.ndarray | None, np.ndarray | None]:
+    """A variable field's ``values`` dataset and, when ``load``, its offsets and shapes as
+    int64, checked as whole datasets: its members are there, ``offsets`` has ``n + 1`` rows
+    and ``shapes`` ``n`` (``samples`` says where ``n`` comes from), and when loaded both are
+    integers and ``shapes`` has one column per dimension (the ``ndim`` attribute). The rules
+    sample by sample are :func:`check_offsets` and :func:`check_shapes`."""
+    values, offsets, shapes = (_member(path, where, node, k) for k in (fmt.VALUES, fmt.OFFSETS, fmt.SHAPES))
+    _rows(path, f"{where}/{fmt.OFFSETS}", offsets, n + 1, f"samples + 1; {samples}")
+    _rows(path, f"{where}/{fmt.SHAPES}", shapes, n, samples)
+    if not load:
+        return values, None, None
+    ndim = int(node.attrs.get("ndim", shapes.shape[1] if shapes.ndim == 2 else 1))
+    if shapes.ndim != 2 or shapes.shape[1] != ndim:
+        raise CorruptFileError(path, f"{where}/{fmt.SHAPES}",
+                               f"has shape {shapes.shape}, expected {(n, ndim)} (ndim attribute {ndim})")
+    for ds in (offsets, shapes):
+        if not np.issubdtype(ds.dtype, np.integer):
+            raise CorruptFileError(path, f"{where}/{ds.name.rsplit('/', 1)[-1]}",
+                                   f"has dtype {ds.dtype}, expected integers")
+    return values, np.asarray(offsets[...], dtype=np.int64), np.asarray(shapes[...], dtype=np.int64)
+
+
+def _rows(path: str, where: str, ds: h5py.Dataset, expected: int, what: str) -> None:
+    got = ds.shape[0] if ds.ndim else 0
+    if got != expected:
+        raise CorruptFileError(path, where, f"has {got} rows, expected {expected} ({what})", row=min(got, expected))
+
+
+def _member(path: str, where: str, parent: h5py.Group, name: str) -> Any:
+    if name not in parent:
+        raise CorruptFileError(path, f"{where}/{name}", "is missing")
+    return parent[name]
 
 
 def tombstones(f: h5py.File, path: str, split: str, n: int) -> np.ndarray:

@@ -29,6 +29,7 @@ import numpy as np
 
 from .. import format as fmt
 from ..errors import CorruptFileError, H5batchError
+from .index import open_output
 from .replace import replaced
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
@@ -91,7 +92,7 @@ def read_view(f: h5py.File, path: str, split: str, name: str, n: int) -> np.ndar
 
 def list_views(path: str) -> dict[str, dict[str, int]]:
     """``{split: {view: rows}}`` of a file."""
-    with h5py.File(path, "r") as f:
+    with open_output(path, ViewError) as f:
         splits = json.loads(f.attrs.get(fmt.ATTR_SPLITS, "[]"))
         return {s: {v: int(f[s][fmt.VIEWS][v].shape[0]) for v in names(f[s])} for s in splits if s in f}
 
@@ -251,7 +252,7 @@ def add_view(path: str, name: str, split: str, *, where: str | None = None,
         raise ViewError(f"view name {name!r}: use letters, digits, _ . - (at most 128, not starting with . or -)")
     if (where is None) == (rows is None):
         raise ViewError("give exactly one of --where EXPR or --rows FILE")
-    with h5py.File(path, "r") as f:
+    with open_output(path, ViewError) as f:
         _check_split(f, path, split)
         n = num_samples(f[split])
         if name in names(f[split]) and not overwrite:
@@ -276,7 +277,7 @@ def add_view(path: str, name: str, split: str, *, where: str | None = None,
 
 def remove_view(path: str, name: str, split: str) -> None:
     """Delete view ``name`` of ``split`` (same safe rewrite as :func:`add_view`)."""
-    with h5py.File(path, "r") as f:
+    with open_output(path, ViewError) as f:
         _check_split(f, path, split)
         if name not in names(f[split]):
             raise ViewError(f"{path}: split {split!r} has no view {name!r} (views: "
@@ -291,7 +292,7 @@ def remove_view(path: str, name: str, split: str) -> None:
 
 
 def _check_split(f: h5py.File, path: str, split: str) -> None:
-    if fmt.ATTR_FORMAT not in f.attrs or not f.attrs.get(fmt.ATTR_COMPLETE, False):
+    if not f.attrs.get(fmt.ATTR_COMPLETE, False):
         raise ViewError(f"{path}: not a complete h5batch file")
     splits = json.loads(f.attrs.get(fmt.ATTR_SPLITS, "[]"))
     if split not in splits or split not in f:
