@@ -21,6 +21,7 @@ import functools
 import json
 import os
 import re
+import shutil
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -311,18 +312,10 @@ def _copy(src: str, dst: str) -> None:
         size = os.fstat(fi.fileno()).st_size
         done = 0
         try:
-            while done < size:
-                step = os.copy_file_range(fi.fileno(), fo.fileno(), size - done)
-                if step == 0:
-                    break
+            while done < size and (step := os.copy_file_range(fi.fileno(), fo.fileno(), size - done)):
                 done += step
         except OSError:
-            done = -1  # no copy_file_range between these file systems: copy by hand
-        if done != size:
-            fi.seek(0)
-            fo.seek(0)
-            fo.truncate()
-            while block := fi.read(16 << 20):
-                fo.write(block)
-    os.chmod(dst, os.stat(src).st_mode & 0o7777)
-
+            done = -1
+    if done != size:  # no copy_file_range between these file systems: an ordinary copy
+        shutil.copyfile(src, dst)
+    shutil.copymode(src, dst)
