@@ -101,13 +101,9 @@ def run(args) -> int:
     over.update((k, v) for k, v in (("out_root", args.out), ("cache", args.cache), ("keep", args.keep),
                                     ("consume", args.consume)) if v)
     cfg = BenchConfig(**over) if args.quick else full_config(**over)
-    if args.peers:
-        cfg.peers = True
+    cfg.peers = (cfg.peers or args.peers) and not args.no_peers
+    cfg.real = cfg.real and not args.no_real
     cfg.s3 = args.s3
-    if args.no_peers:
-        cfg.peers = False
-    if args.no_real:
-        cfg.real = False
     results = Bench(cfg).run()
     paths = report.write(results)
     print(report.markdown(results))
