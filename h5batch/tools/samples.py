@@ -71,8 +71,6 @@ def spread(total: int, n: int) -> list[int]:
     """``min(n, total)`` indices of ``range(total)`` spread evenly, first and last included;
     the same arguments always give the same indices."""
     k = max(0, min(int(n), int(total)))
-    if k == 0:
-        return []
     return np.linspace(0, total - 1, k).round().astype(np.int64).tolist()
 
 

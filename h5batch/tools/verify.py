@@ -7,11 +7,11 @@ and source file):
 * **data**: every sample of every field is re-read and its crc32 compared with
   ``/<split>/checksum``, read in big chunk-aligned slices, never per sample. A chunk that
   cannot be read back is reported as corrupt, naming every sample it covers;
-* **structure**: what the reader checks (:mod:`h5batch.tools.index`; for each dataset the
-  first bad sample) over every field, with offsets ending exactly at ``len(values)``; every
-  per-sample dataset of a split has the same length; labels index ``/class_names``
-  (``-1`` = no label); the ``complete`` attribute is true; every view
-  (``/<split>/views/<name>``) holds rows in range, sorted, each once;
+* **structure**: what the reader checks (:mod:`h5batch.tools.index`, the same rules) over
+  every field, with offsets ending exactly at ``len(values)``; every per-sample dataset of a
+  split has the same length; labels index ``/class_names`` (``-1`` = no label); the
+  ``complete`` attribute is true; every view (``/<split>/views/<name>``) holds rows in range,
+  sorted, each once;
 * **nothing lost**: source paths + rejects = the ``num_inputs`` root attribute, no path
   is both a sample's file and a reject, no file is the source of two samples, and
   ``OUT.rejects.jsonl`` (when present beside the file) lists the same rejects;
@@ -27,6 +27,7 @@ read; split into modules they would pass all three around.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import zlib
@@ -188,15 +189,14 @@ class _Verifier:
         """A check of the reader's (:mod:`.index`) failed on a whole dataset."""
         self.problem(e.where, e.what if e.row is None else f"row {e.row}: {e.what}")
 
-    def samples_ok(self, split: str, name: str, src: np.ndarray, check: Any, *args: Any) -> bool:
-        """Run one of the reader's checks sample by sample (:mod:`.index`); the first bad
-        sample is a problem naming it and its source."""
-        try:
-            check("", "", *args)
-        except CorruptFileError as e:
-            self.problem(f"{split}/{name}[{e.row}]", e.what, _join(src[e.row]) if e.row < len(src) else "")
-            return False
-        return True
+    def samples_ok(self, split: str, name: str, src: np.ndarray, bad: Iterator[tuple[int, str]],
+                   limit: int | None = MAX_NAMED) -> bool:
+        """Report what one of the reader's rules (:mod:`.index`) finds sample by sample, each
+        fault naming its sample and source (the first ``limit``); True when none."""
+        found = list(itertools.islice(bad, limit))
+        for row, what in found:
+            self.problem(f"{split}/{name}[{row}]", what, _join(src[row]) if row < len(src) else "")
+        return not found
 
     def check_split(self, split: str, fields: list[str], n_classes: int) -> np.ndarray | None:
         """Structure of one split; returns its sources as (N, F) strings."""
@@ -224,7 +224,7 @@ class _Verifier:
             if labels.shape != (n,):
                 self.problem(f"{split}/{fmt.LABEL}", f"shape {labels.shape}, expected {(n,)}")
             else:
-                self.samples_ok(split, fmt.LABEL, src, index.check_labels, labels.astype(np.int64), n_classes)
+                self.samples_ok(split, fmt.LABEL, src, index.label_faults(labels.astype(np.int64), n_classes), None)
         elif n_classes:
             self.problem(split, "labelled file (it has /class_names) but the split has no label dataset")
         for name in views.names(g):  # rows in range, sorted, each once (tools/views.py)
@@ -270,14 +270,12 @@ class _Verifier:
             self.corrupt(e)
             return None
         total = int(values.shape[0])
-        if not self.samples_ok(split, name, src, index.check_offsets, offs, total):
-            return None
+        ok = self.samples_ok(split, name, src, index.offset_faults(offs, total))
         if offs[-1] != total:
             self.problem(f"{where}/offsets", f"offsets[-1] is {offs[-1]} but values holds {total} elements")
-            return None
-        if not self.samples_ok(split, name, src, index.check_shapes, shapes, offs):
-            return None
-        return _FieldData(values, offs, shapes)
+            ok = False
+        ok = self.samples_ok(split, name, src, index.shape_faults(shapes, offs)) and ok
+        return _FieldData(values, offs, shapes) if ok else None
 
     # -- data -------------------------------------------------------------------
 
