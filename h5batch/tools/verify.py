@@ -210,7 +210,6 @@ class _Verifier:
         src = _strings(g[fmt.SOURCE])
         n = src.shape[0]
         src = src.reshape(n, int(np.prod(src.shape[1:], dtype=np.int64)))  # (N, F)
-        self.report.counts[split] = n
         files = self.file_fields(split, fields)
         if src.shape[1] != len(files):
             self.problem(f"{split}/{fmt.SOURCE}", f"has {src.shape[1]} paths per sample, expected {len(files)} "
