@@ -17,7 +17,7 @@ import torch
 
 from h5batch import commands
 from h5batch.bench import corpus, loaders, measure, report, writers
-from h5batch.bench.suite import Bench, h5_equal, quick_config
+from h5batch.bench.suite import Bench, BenchConfig, h5_equal
 from h5batch.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[1]
@@ -169,7 +169,7 @@ def test_cli_registers_bench():
 def test_tiny_bench_writes_its_table_checks_and_plots(tmp_path):
     """Every row of the main corpus once, as small as it goes: 16 pairs, one codec, one
     repetition, no workers, no image corpus."""
-    cfg = quick_config(pairs=16, images=0, scale=2, reps=1, codecs=("auto",), workers=(0,), read_samples=16,
+    cfg = BenchConfig(pairs=16, images=0, scale=2, reps=1, codecs=("auto",), workers=(0,), read_samples=16,
                        warmup=False, keep=True, consume=True, cache=str(tmp_path / "cache"),
                        out_root=str(tmp_path / "results"))
     results = Bench(cfg, log=open(os.devnull, "w")).run()
@@ -230,7 +230,7 @@ def test_s3_rows_count_the_servers_gets_and_bytes(tmp_path):
     pytest.importorskip("obstore")
     from h5batch.bench import s3
 
-    cfg = quick_config(pairs=64, images=0, scale=1, reps=1, codecs=("auto",), workers=(0,), read_samples=64,
+    cfg = BenchConfig(pairs=64, images=0, scale=1, reps=1, codecs=("auto",), workers=(0,), read_samples=64,
                        warmup=False, keep=True, cache=str(tmp_path / "cache"), out_root=str(tmp_path / "results"))
     bench = Bench(cfg, log=open(os.devnull, "w"))
     spec = bench._corpora()[0]

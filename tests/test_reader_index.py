@@ -20,7 +20,7 @@ from h5batch import ConvertOptions, convert
 from h5batch import format as fmt
 from h5batch.config import load_job
 from h5batch.errors import CorruptFileError
-from h5batch.tools.index import check_offsets
+from h5batch.tools.index import check, offset_faults
 from h5batch.torch import H5Dataset, collate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -246,12 +246,12 @@ def test_offsets_check_of_millions_of_samples_names_the_first_bad_one():
     the bench's business, not this test's.)"""
     offs = np.cumsum(np.random.default_rng(0).integers(0, 20000, 2_000_001), dtype=np.int64)
     offs[0] = 0
-    check_offsets("x.h5", "/train/audio/offsets", offs, int(offs[-1]))
+    check("x.h5", "/train/audio/offsets", offset_faults(offs, int(offs[-1])))
     down = offs.copy()
     down[1_999_001] = down[1_999_000] - 1  # sample 1,999,000 ends before it starts
     with pytest.raises(CorruptFileError, match="offsets decrease: sample 1999000 ") as e:
-        check_offsets("x.h5", "/train/audio/offsets", down, int(offs[-1]))
+        check("x.h5", "/train/audio/offsets", offset_faults(down, int(offs[-1])))
     assert e.value.row == 1_999_000
     with pytest.raises(CorruptFileError, match="past the end of values") as e:
-        check_offsets("x.h5", "/train/audio/offsets", offs, int(offs[-2]))  # the last sample's values missing
+        check("x.h5", "/train/audio/offsets", offset_faults(offs, int(offs[-2])))  # the last sample's values missing
     assert e.value.row == 1_999_999

@@ -25,12 +25,7 @@ AUDIO_RATE = 16000  # Hz, the default; ``h5batch bench --rate`` picks another
 IMAGE_SIZE = (224, 224)
 
 
-def audio_length(rate: int) -> int:
-    """Samples in one generated clip (``fields.<name>.length``): ``AUDIO_SECONDS`` at ``rate`` Hz."""
-    return int(round(AUDIO_SECONDS * rate))
-
-
-AUDIO_LENGTH = audio_length(AUDIO_RATE)  # 32000: every default pair is (32000,) int16 x 2
+AUDIO_LENGTH = int(AUDIO_SECONDS * AUDIO_RATE)  # 32000: every default pair is (32000,) int16 x 2
 
 
 @dataclass(frozen=True)
@@ -64,27 +59,23 @@ class Corpus:
         return discover(self.job(os.path.join(self.root, "unused.h5")))
 
 
-def _audio_field(folder: str | None, length: int | None, rate: int) -> dict[str, Any]:
-    f: dict[str, Any] = {"type": "audio", "extensions": [".wav"], "sample_rate": rate, "dtype": "int16"}
-    if folder:
-        f["folder"] = folder
-    if length is not None:
-        f["length"] = length
-    return f
+def _audio_field(rate: int, **keys: Any) -> dict[str, Any]:
+    return {"type": "audio", "extensions": [".wav"], "sample_rate": rate, "dtype": "int16", **keys}
 
 
 def paired_audio(cache: str | os.PathLike[str], pairs: int, rate: int = AUDIO_RATE) -> Corpus:
     """``pairs`` noisy/clean pairs of 2 s at ``rate`` Hz (generate.make_paired_audio), fixed
     length ``2 * rate`` int16 samples. Named ``paired_audio_<pairs>`` at the default 16 kHz,
     ``paired_audio_<pairs>_<rate/1000>k`` otherwise."""
-    length = audio_length(rate)
+    length = int(round(AUDIO_SECONDS * rate))  # samples in one clip (fields.<name>.length)
     name = f"paired_audio_{pairs}" if rate == AUDIO_RATE else f"paired_audio_{pairs}_{rate / 1000:g}k"
     root = Path(cache) / name
     generate.make_paired_audio(root, n_train=pairs, n_test=0, seconds=AUDIO_SECONDS, sample_rate=rate)
     return Corpus(
         name=name, root=str(root), kind="audio",
         source={"layout": "paired_folders", "splits": ["train"]},
-        fields={"data": _audio_field("data", length, rate), "target": _audio_field("label", length, rate)},
+        fields={"data": _audio_field(rate, folder="data", length=length),
+                "target": _audio_field(rate, folder="label", length=length)},
         notes=f"{pairs} pairs of 2 s {rate / 1000:g} kHz 16-bit wav (noisy + clean), "
               f"2 x {2 * length / 1000:g} kB decoded per sample",
         extra={"pairs": pairs, "rate": rate, "length": length})
@@ -113,7 +104,7 @@ def real_corpora(shared: str | os.PathLike[str]) -> list[Corpus]:
             source={"layout": "pattern", "pattern": r"(?P<label>\d)_(?P<speaker>[a-z]+)_(?P<index>\d+)\.wav",
                     "split": {"group": "index", "ranges": {"train": [0, 1000]}, "default": "train"},
                     "splits": ["train"]},
-            fields={"audio": _audio_field(None, None, 8000)},
+            fields={"audio": _audio_field(8000)},
             notes="Free Spoken Digit Dataset: 3000 wav, 8 kHz, variable length (~0.5 s)"))
     if (shared / "images").is_dir():
         out.append(Corpus(
@@ -145,8 +136,6 @@ def decode_items(corpus: Corpus, manifest: Manifest) -> dict[str, list[np.ndarra
 def to_float(a: np.ndarray) -> np.ndarray:
     """A stored sample as float32, scaled like ``H5Dataset(as_float=True)``: int16 ``x / 32768``,
     uint8 ``x / 255``, anything else as it is."""
-    scale = {np.dtype(np.int16): 32768.0, np.dtype(np.uint8): 255.0}.get(a.dtype)
     out = a.astype(np.float32)
-    if scale is not None:
-        out /= np.float32(scale)
+    out /= np.float32({np.dtype(np.int16): 32768.0, np.dtype(np.uint8): 255.0}.get(a.dtype, 1.0))
     return out

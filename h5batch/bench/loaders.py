@@ -5,10 +5,10 @@ times it (:func:`h5batch.bench.measure.read_row`, a new interpreter) builds it. 
 shuffles, batches ``batch`` samples and delivers ``{field: float32 tensor (B, ...)}`` with the
 values of ``H5Dataset(as_float=True)`` (int16 ``x / 32768``, uint8 ``x / 255``).
 
-* h5batch: :func:`h5_chunk_shuffle` (``ChunkShuffleSampler`` + ``collate``, the default),
-  :func:`h5_random` (``shuffle=True``), :func:`h5_plain` (``DataLoader(ds, batch_size,
+* :func:`h5`, by ``order``: ``chunk-shuffle`` (``ChunkShuffleSampler`` + ``collate``, the
+  default), ``random`` (``shuffle=True``), ``plain-dataloader`` (``DataLoader(ds, batch_size,
   shuffle=True)``, torch's default collate: the plain path most scripts write),
-  :func:`h5_loader` (``ds.loader(...)``, the one-call path).
+  ``ds.loader`` (``ds.loader(...)``, the one-call path).
 * :func:`naive`: the naive file, opened lazily per process, one h5py read per field and
   sample, a float tensor per sample, torch's default collate (h5batch's ``collate`` pads
   variable lengths, which the default cannot stack).
@@ -28,6 +28,7 @@ from __future__ import annotations
 import glob
 import os
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -39,35 +40,21 @@ from .writers import NAIVE_GROUP, Fields, Items
 SHUFFLE_BUFFER = 1000  # WebDataset's documented example value
 
 
-def dataloader(ds: Any, workers: int, batch: int, **kw: Any) -> Any:
+def dataloader(ds: Any, workers: int, batch: int | None, **kw: Any) -> Any:
     from torch.utils.data import DataLoader
 
     return DataLoader(ds, batch_size=batch, num_workers=workers, persistent_workers=workers > 0, **kw)
 
 
-def h5_chunk_shuffle(path: str, workers: int, batch: int, seed: int) -> Any:
+def h5(path: str, order: str, workers: int, batch: int, seed: int = 0) -> Any:
     from ..torch import ChunkShuffleSampler, H5Dataset, collate
 
     ds = H5Dataset(path, "train", as_float=True)
-    return dataloader(ds, workers, batch, sampler=ChunkShuffleSampler(ds, seed=seed), collate_fn=collate)
-
-
-def h5_random(path: str, workers: int, batch: int) -> Any:
-    from ..torch import H5Dataset, collate
-
-    return dataloader(H5Dataset(path, "train", as_float=True), workers, batch, shuffle=True, collate_fn=collate)
-
-
-def h5_plain(path: str, workers: int, batch: int) -> Any:
-    from ..torch import H5Dataset
-
-    return dataloader(H5Dataset(path, "train"), workers, batch, shuffle=True)
-
-
-def h5_loader(path: str, workers: int, batch: int, seed: int) -> Any:
-    from ..torch import H5Dataset
-
-    return H5Dataset(path, "train").loader(batch_size=batch, num_workers=workers, seed=seed)
+    if order == "ds.loader":
+        return ds.loader(batch_size=batch, num_workers=workers, seed=seed)
+    if order == "chunk-shuffle":
+        return dataloader(ds, workers, batch, sampler=ChunkShuffleSampler(ds, seed=seed), collate_fn=collate)
+    return dataloader(ds, workers, batch, shuffle=True, collate_fn=collate if order == "random" else None)
 
 
 def _collate(fixed: bool) -> Any:
@@ -147,7 +134,6 @@ def write_memmaps(reference: dict[str, list[np.ndarray]], directory: str) -> str
         for k, a in enumerate(arrays):
             mm[k] = to_float(a)
         mm.flush()
-        del mm
     return directory
 
 
@@ -182,37 +168,31 @@ def memmap(folder: str, workers: int, batch: int) -> Any:
     return dataloader(MemmapDataset(folder), workers, batch, shuffle=True, collate_fn=_passthrough)
 
 
-class _Sample:
-    """A peer's sample -> ``{field: float32 tensor}`` (+ ``__key__`` when asked). Picklable."""
+def _sample(fields: Sequence[str], keys: bool, suffix: str, s: dict[str, Any]) -> dict[str, Any]:
+    """A peer's sample -> ``{field: float32 tensor}`` (+ ``__key__`` when asked)."""
+    import torch
 
-    def __init__(self, fields: Sequence[str], keys: bool, suffix: str):
-        self.fields, self.keys, self.suffix = tuple(fields), keys, suffix
-
-    def __call__(self, s: dict[str, Any]) -> dict[str, Any]:
-        import torch
-
-        out: dict[str, Any] = {n: torch.from_numpy(to_float(s[n + self.suffix])) for n in self.fields}
-        if self.keys:
-            out["__key__"] = s["__key__"] if "__key__" in s else f"{int(s['index']):08d}"
-        return out
+    out: dict[str, Any] = {n: torch.from_numpy(to_float(s[n + suffix])) for n in fields}
+    if keys:
+        out["__key__"] = s["__key__"] if "__key__" in s else f"{int(s['index']):08d}"
+    return out
 
 
 def webdataset(path: str, names: Sequence[str], workers: int, batch: int, keys: bool = False,
                seed: int = 0) -> Any:
-    import torch
     import webdataset as wds
 
     shards = sorted(glob.glob(os.path.join(path, "*.tar")))
     ds = (wds.WebDataset(shards, shardshuffle=len(shards), workersplitter=wds.split_by_worker, empty_check=False,
                          seed=seed)
-          .shuffle(SHUFFLE_BUFFER).decode().map(_Sample(names, keys, ".npy")).batched(batch, partial=True))
-    return torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers, persistent_workers=workers > 0)
+          .shuffle(SHUFFLE_BUFFER).decode().map(partial(_sample, tuple(names), keys, ".npy")).batched(batch, partial=True))
+    return dataloader(ds, workers, None)  # batched by the pipeline
 
 
 def litdata(path: str, names: Sequence[str], workers: int, batch: int, keys: bool = False, seed: int = 0) -> Any:
     import litdata as ld
 
-    ds = ld.StreamingDataset(path, shuffle=True, seed=seed, transform=_Sample(names, keys, ""))
+    ds = ld.StreamingDataset(path, shuffle=True, seed=seed, transform=partial(_sample, tuple(names), keys, ""))
     return ld.StreamingDataLoader(ds, batch_size=batch, num_workers=workers, persistent_workers=workers > 0)
 
 

@@ -11,8 +11,8 @@ the row's process tree from outside and counts its CPU time when the tree is rea
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import pickle
 import resource
 import statistics
@@ -39,20 +39,18 @@ def tree_rss(pid: int) -> int:
         return 0
     total = 0
     for p in procs:
-        try:
+        with contextlib.suppress(psutil.Error):  # exited between listing and reading
             total += p.memory_info().rss
-        except psutil.Error:  # exited between listing and reading
-            pass
     return total
 
 
-def run(argv: list[str], cwd: str | None = None) -> dict[str, Any]:
+def run(argv: list[str]) -> dict[str, Any]:
     """Run ``argv`` to its end: ``{"wall", "cpu_seconds", "peak_rss", "result"}``, where
     ``result`` is the JSON of its last line on stdout. Raises with its stderr when it fails."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=out, stderr=err, cwd=cwd)
+        proc = subprocess.Popen(argv, stdout=out, stderr=err)
         peak = 0
         while proc.poll() is None:
             if time.perf_counter() - t0 > ROW_TIMEOUT:
@@ -75,13 +73,10 @@ def call(fn: Callable[..., dict[str, Any]], *args: Any, scratch: str | None = No
     """``fn(*args)`` in a new interpreter (:func:`run`); ``fn`` must be a module-level function.
     The arguments travel in a pickle written before the timing starts (a script has them in
     its source)."""
-    fd, spec = tempfile.mkstemp(suffix=".pkl", dir=scratch)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump((fn, args), f)
-        return run([sys.executable, "-c", "from h5batch.bench.measure import child; child()", spec])
-    finally:
-        os.unlink(spec)
+    with tempfile.NamedTemporaryFile(suffix=".pkl", dir=scratch) as f:
+        pickle.dump((fn, args), f)
+        f.flush()
+        return run([sys.executable, "-c", "from h5batch.bench.measure import child; child()", f.name])
 
 
 def child() -> None:

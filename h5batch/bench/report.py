@@ -56,11 +56,8 @@ def judged(name: str, a: dict[str, Any] | None, b: dict[str, Any] | None, thresh
 
 def _best(results: dict[str, Any], phase: str, corpus: str, methods: tuple[str, ...],
           workers: int | None = None) -> dict[str, Any] | None:
-    best = None
-    for r in _records(results, phase, corpus):
-        if r["method"].startswith(methods) and r["workers"] == workers and (best is None or rate(r) > rate(best)):
-            best = r
-    return best
+    recs = [r for r in _records(results, phase, corpus) if r["method"].startswith(methods) and r["workers"] == workers]
+    return max(recs, key=rate, default=None)
 
 
 def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -68,31 +65,28 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     c, peers = results["main_corpus"], results["config"].get("peers")
     out: list[dict[str, Any]] = []
     for nw in results["config"]["workers"]:
-        def read(method: str, variant: str | None = None, codec: str | None = None) -> dict[str, Any] | None:
-            want = {"variant": variant} if variant else {}
-            return find(results, phase="read", corpus=c, method=method, workers=nw, **want,  # noqa: B023
-                        **({"codec": codec} if codec else {}))
+        def read(method: str, **want: Any) -> dict[str, Any] | None:
+            return find(results, phase="read", corpus=c, method=method, workers=nw, **want)  # noqa: B023
 
-        h = read("h5batch", "chunk-shuffle", DEFAULT_CODEC)
-        raw = read("raw-files")
+        h, raw = read("h5batch", variant="chunk-shuffle", codec=DEFAULT_CODEC), read("raw-files")
         out.append(judged(f"read >= 10x naive HDF5 (num_workers={nw})", h, read("naive"), 10.0))
         out.append(judged(f"read >= 2x raw files (num_workers={nw})", h, raw, 2.0))
-        out.append(judged(f"plain DataLoader >= 2x raw files (num_workers={nw})", read("h5batch", PLAIN), raw, 2.0))
+        out.append(judged(f"plain DataLoader >= 2x raw files (num_workers={nw})", read("h5batch", variant=PLAIN), raw,
+                          2.0))
         thr = 0.7 if nw == 0 else 1.5  # with workers the limit pays torch's copy into shared memory
-        out.append(judged(f"ds.loader >= {thr:g}x the memmap limit (num_workers={nw})", read("h5batch", LOADER),
+        out.append(judged(f"ds.loader >= {thr:g}x the memmap limit (num_workers={nw})", read("h5batch", variant=LOADER),
                           read("memmap"), thr))
         if peers:
             best = _best(results, "read", c, PEER_READS, nw)
             label = f" ({best['method']} {best['variant']})" if best else ""
             out.append(judged(f"read >= 1.5x the best peer (num_workers={nw})", h, best, 1.5, label))
 
-    def conv(corpus: str, method: str, codec: str | None = None) -> dict[str, Any] | None:
-        return find(results, phase="convert", corpus=corpus, method=method, variant="",
-                    **({"codec": codec} if codec else {}))
+    def conv(corpus: str, method: str, **want: Any) -> dict[str, Any] | None:
+        return find(results, phase="convert", corpus=corpus, method=method, variant="", **want)
 
-    h = conv(c, "h5batch", DEFAULT_CODEC)
+    h = conv(c, "h5batch", codec=DEFAULT_CODEC)
     out.append(judged("conversion >= 10x naive", h, conv(c, "naive"), 10.0))
-    out.append(judged("conversion gzip >= 2.5x naive", conv(c, "h5batch", "gzip"), conv(c, "naive"), 2.5))
+    out.append(judged("conversion gzip >= 2.5x naive", conv(c, "h5batch", codec="gzip"), conv(c, "naive"), 2.5))
     if peers:
         best = _best(results, "convert", c, ("webdataset", "litdata"))
         out.append(judged("conversion >= 2x the best peer writer", h, best, 2.0, f" ({best['method']})" if best else ""))
@@ -159,12 +153,11 @@ def read_table(results: dict[str, Any], corpus: str) -> list[str]:
             "| peak RSS MB |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     order = ["h5batch", "naive", "raw-files", "memmap", *PEER_READS]
     for r in sorted(recs, key=lambda r: (r["workers"], order.index(r["method"]) if r["method"] in order else 99)):
-        base = {m: rate(find(results, phase="read", corpus=corpus, method=m, workers=r["workers"]))
-                for m in ("naive", "raw-files", "memmap")}
         v = rate(r)
+        times = [_x(ratio(v, rate(find(results, phase="read", corpus=corpus, method=m, workers=r["workers"]))))
+                 for m in ("naive", "raw-files", "memmap")]  # x naive, x raw files, x memmap
         rows.append(f"| {r['method']} | {r['codec'] or '—'} | {r['variant']} | {r['workers']} | {_fmt(v)} "
-                    f"| {_spread(r)} | {_fmt(v * per_sample / MB)} | {_x(ratio(v, base['naive']))} "
-                    f"| {_x(ratio(v, base['raw-files']))} | {_x(ratio(v, base['memmap']))} "
+                    f"| {_spread(r)} | {_fmt(v * per_sample / MB)} | {' | '.join(times)} "
                     f"| {r['peak_rss']['median'] / MB:,.0f} |")
     return rows
 
@@ -227,12 +220,10 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def plots(results: dict[str, Any], out_dir: str) -> list[str]:
-    """One bar chart per corpus and phase (median, min-max); returns the file names."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """One bar chart per corpus and phase (median, min-max); returns the file names. Drawn
+    with matplotlib's object API, so no backend or pyplot state of the process changes."""
     import numpy as np
+    from matplotlib.figure import Figure
 
     files: list[str] = []
     for phase in ("read", "convert"):
@@ -245,7 +236,8 @@ def plots(results: dict[str, Any], out_dir: str) -> list[str]:
                       for r in recs]
             med = np.array([rate(r) for r in recs])
             err = [med - [r["rate"]["min"] for r in recs], [r["rate"]["max"] for r in recs] - med]
-            fig, ax = plt.subplots(figsize=(9, 0.35 * len(recs) + 1.5))
+            fig = Figure(figsize=(9, 0.35 * len(recs) + 1.5))
+            ax = fig.subplots()
             ax.barh(np.arange(len(recs)), med, xerr=err, capsize=2)
             ax.set_yticks(np.arange(len(recs)), labels, fontsize=8)
             ax.invert_yaxis()
@@ -255,7 +247,6 @@ def plots(results: dict[str, Any], out_dir: str) -> list[str]:
             fig.tight_layout()
             fn = f"{phase}_{name}.png"
             fig.savefig(os.path.join(out_dir, fn), dpi=110)
-            plt.close(fig)
             files.append(fn)
     return files
 

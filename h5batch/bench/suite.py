@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -43,7 +44,8 @@ MIN_EPOCHS = 3  # timed epochs of a read row at least: one epoch of the quick co
 
 @dataclass
 class BenchConfig:
-    """What one ``h5batch bench`` run measures. See :func:`quick_config` / :func:`full_config`."""
+    """What one ``h5batch bench`` run measures: its defaults are ``--quick``'s; :func:`full_config`
+    gives the full run's."""
 
     mode: str = "quick"
     pairs: int = 1024  # paired-audio samples of the main corpus
@@ -67,10 +69,6 @@ class BenchConfig:
     warmup: bool = True  # an untimed conversion round first
     consume: bool = False  # reads: sum every tensor of every batch (measure.read_row)
     seed: int = 0
-
-
-def quick_config(**over: Any) -> BenchConfig:
-    return BenchConfig(**over)
 
 
 def full_config(**over: Any) -> BenchConfig:
@@ -105,7 +103,7 @@ class Record:
                 "peak_rss": measure.summarize(r["peak_rss"] for r in self.runs)}
 
 
-Row = tuple[Record, str, Callable[[], dict[str, Any]]]  # (its record, output path, one timed run)
+Row = tuple[Record, str, Callable[[], dict[str, Any]]]  # (its record, output path, one run: measure.run/call)
 
 
 class Bench:
@@ -156,12 +154,9 @@ class Bench:
             if not ok:
                 self.skipped.append(f"peer {name}: not importable ({why}); install requirements-peers.txt")
                 self.say(self.skipped[-1])
-        for spec in specs:
-            self._convert_phase(spec)
-        for spec in specs:
-            self._check_phase(spec)
-        for spec in specs:
-            self._read_phase(spec)
+        for phase in (self._convert_phase, self._check_phase, self._read_phase):
+            for spec in specs:
+                phase(spec)
         if self.cfg.s3:
             self._s3_phase(specs[0])
         load["end"] = os.getloadavg()
@@ -229,10 +224,9 @@ class Bench:
             n = len(m.items) if x is cp else x.extra["pairs"]
             self.corpora[x.name] = {"root": x.root, "kind": x.kind, "samples": n, "files": n * len(x.fields),
                                     "fields": list(x.fields), "real": x.real, "notes": x.notes}
-        train = [k for k, it in enumerate(m.items) if it.split == "train"]
         return {"corpus": cp, "codecs": codecs, "read_samples": read_samples, "scaled": scaled, "peers": peers,
                 "manifest": m, "items": corpus.item_paths(m), "fields": tuple(cp.job("x.h5").fields.items()),
-                "train": train}
+                "train": [k for k, it in enumerate(m.items) if it.split == "train"]}
 
     # ------------------------------------------------------------ conversions
 
@@ -245,21 +239,11 @@ class Bench:
             job_file = self.path("jobs", f"{src.name}-{codec}.yaml")
             with open(job_file, "w") as f:
                 json.dump(src.job_dict(out, codec), f, indent=1)  # JSON is YAML
-
-            def run() -> dict[str, Any]:
-                r = measure.run(writers.convert_argv(job_file))
-                s = r["result"]
-                return {"seconds": r["wall"], "work_seconds": s["seconds"], "items": sum(s["counts"].values()),
-                        "cpu_seconds": r["cpu_seconds"], "peak_rss": r["peak_rss"], "output_bytes": s["output_bytes"]}
+            run = partial(measure.run, writers.convert_argv(job_file))
             return self.record("convert", cp.name, "h5batch", codec, variant), out, run
 
         def script(method: str, codec: str, fn: Callable[..., dict[str, Any]], out: str, *args: Any) -> Row:
-            def run() -> dict[str, Any]:
-                r = measure.call(fn, items, fields, out, *args, scratch=self.work)
-                s = r["result"]
-                return {"seconds": r["wall"], "work_seconds": s["seconds"], "items": s["samples"],
-                        "cpu_seconds": r["cpu_seconds"], "peak_rss": r["peak_rss"],
-                        "output_bytes": writers.dir_bytes(out)}
+            run = partial(measure.call, fn, items, fields, out, *args, scratch=self.work)
             return self.record("convert", cp.name, method, codec), out, run
 
         rows += [h5batch(codec, cp) for codec in spec["codecs"]]
@@ -286,9 +270,12 @@ class Bench:
                 writers.remove_output(out)
                 os.sync()  # else the previous output's writeback lands in this run
                 r = run()
+                s = r["result"]  # the summary of `h5batch convert --json`, or what a script returns
                 rec.info["path"] = out
                 if timed:
-                    rec.runs.append(r)
+                    rec.runs.append({"seconds": r["wall"], "work_seconds": s["seconds"], "cpu_seconds": r["cpu_seconds"],
+                                     "items": s["samples"] if "samples" in s else sum(s["counts"].values()),
+                                     "peak_rss": r["peak_rss"], "output_bytes": writers.dir_bytes(out)})
 
     # ------------------------------------------------------------ correctness
 
@@ -305,7 +292,8 @@ class Bench:
                 rec.info["field_codecs"] = field_codecs(path)
                 self.check(f"{cp.name}: h5batch {rec.codec} output equals the decoded source", h5_equal(path, m, ref))
             elif rec.method == "naive":
-                ok = all(_equal(writers.naive_read_all(path, name), ref[name]) for name in ref)
+                got = {name: writers.naive_read_all(path, name) for name in ref}
+                ok = all(len(got[k]) == len(ref[k]) and all(map(np.array_equal, got[k], ref[k])) for k in ref)
                 self.check(f"{cp.name}: naive output equals the decoded source", ok)
             else:
                 build = loaders.webdataset if rec.method.startswith("webdataset") else loaders.litdata
@@ -331,14 +319,12 @@ class Bench:
             rec = self.records.get("/".join(filter(None, ("convert", cp.name, method, codec))))
             return rec.info.get("path") if rec is not None and rec.runs else None
 
-        for codec in spec["codecs"]:
+        orders = [(codec, "chunk-shuffle") for codec in spec["codecs"]]
+        # torch's default collate (PLAIN) cannot stack variable lengths
+        orders += [(DEFAULT_CODEC, o) for o in ("random", PLAIN, LOADER) if fixed or o != PLAIN]
+        for codec, order in orders:
             if (path := converted("h5batch", codec)) is not None:
-                add("h5batch", codec, "chunk-shuffle", loaders.h5_chunk_shuffle, path=path, seed=self.cfg.seed)
-        if (path := converted("h5batch", DEFAULT_CODEC)) is not None:
-            add("h5batch", DEFAULT_CODEC, "random", loaders.h5_random, path=path)
-            if fixed:  # torch's default collate cannot stack variable lengths
-                add("h5batch", DEFAULT_CODEC, PLAIN, loaders.h5_plain, path=path)
-            add("h5batch", DEFAULT_CODEC, LOADER, loaders.h5_loader, path=path, seed=self.cfg.seed)
+                add("h5batch", codec, order, loaders.h5, path=path, order=order, seed=self.cfg.seed)
         if (path := converted("naive", "gzip")) is not None:
             add("naive", "gzip", "random", loaders.naive, path=path, names=names, n=n, fixed=fixed)
         add("raw-files", "", "random", loaders.raw, items=[spec["items"][k] for k in spec["train"]],
@@ -376,34 +362,20 @@ def h5_equal(path: str, manifest: Any, ref: dict[str, list[np.ndarray]]) -> bool
     decoded source (``ref``, in manifest order: splits in turn)."""
     from ..torch import H5Dataset
 
-    sets: dict[str, Any] = {}
-    seen: dict[str, int] = {}
-    try:
-        for k, it in enumerate(manifest.items):
-            ds = sets.get(it.split) or sets.setdefault(it.split, H5Dataset(path, it.split, as_float=False))
-            j = seen[it.split] = seen.get(it.split, -1) + 1
-            if j >= len(ds):
+    splits = [it.split for it in manifest.items]
+    for split in dict.fromkeys(splits):
+        rows = [k for k, s in enumerate(splits) if s == split]  # the split's samples, in file order
+        with H5Dataset(path, split, as_float=False) as ds:
+            if len(ds) != len(rows) or any(not np.array_equal(ds[j][name].numpy(), ref[name][k])
+                                           for j, k in enumerate(rows) for name in ref):
                 return False
-            sample = ds[j]
-            if any(not np.array_equal(sample[name].numpy(), ref[name][k]) for name in ref):
-                return False
-        return all(len(sets[s]) == seen[s] + 1 for s in sets)
-    finally:
-        for ds in sets.values():
-            ds.close()
+    return True
 
 
 def field_codecs(path: str) -> dict[str, str]:
     """The codec each field of the file's first split was stored with (``auto`` resolves per
-    field, the same in every split)."""
-    import h5py
+    field, the same in every split), as ``h5batch inspect`` reads it."""
+    from ..tools.inspect import describe
 
-    with h5py.File(path, "r") as f:
-        splits = [k for k in json.loads(f.attrs.get("splits", "[]")) if k in f]
-        if not splits:
-            return {}
-        return {name: str(node.attrs["codec"]) for name, node in f[splits[0]].items() if "codec" in node.attrs}
-
-
-def _equal(got: list[Any], ref: list[np.ndarray]) -> bool:
-    return len(got) == len(ref) and all(np.array_equal(a, b) for a, b in zip(got, ref))
+    first = next(iter(describe(path)["splits"].values()), {"fields": {}})
+    return {name: str(st["codec"]) for name, st in first["fields"].items() if st["codec"]}

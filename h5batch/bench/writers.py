@@ -24,6 +24,7 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from ..fields import FieldConfig, decode_field
@@ -122,23 +123,14 @@ def wds_convert(items: Items, fields: Fields, out_dir: str, processes: int = 2,
     bounds = [n * r // processes for r in range(processes + 1)]
     parts = [(os.path.join(out_dir, f"shard-p{r:02d}-%06d.tar"), items[bounds[r]:bounds[r + 1]], bounds[r],
               tuple(fields), maxcount) for r in range(processes)]
-    if processes <= 1:
-        nbytes = _wds_write(*parts[0])
-    else:
-        with mp.get_context("fork").Pool(processes) as pool:
-            nbytes = sum(pool.starmap(_wds_write, parts, chunksize=1))
+    with mp.get_context("fork").Pool(processes) as pool:
+        nbytes = sum(pool.starmap(_wds_write, parts, chunksize=1))
     return {"samples": n, "bytes_decoded": nbytes, "seconds": time.perf_counter() - t0}
 
 
-class _LitFn:
-    """``optimize``'s ``fn``: one input ``(index, paths)`` -> one sample dict. Picklable."""
-
-    def __init__(self, fields: Fields):
-        self.fields = tuple(fields)
-
-    def __call__(self, item: tuple[int, Sequence[str]]) -> dict[str, Any]:
-        index, paths = item
-        return {"index": int(index), **_decode(self.fields, paths)}
+def _lit_item(fields: Fields, item: tuple[int, Sequence[str]]) -> dict[str, Any]:
+    """``optimize``'s ``fn``: one input ``(index, paths)`` -> one sample dict."""
+    return {"index": int(item[0]), **_decode(fields, item[1])}
 
 
 def litdata_convert(items: Items, fields: Fields, out_dir: str, num_workers: int = 2) -> dict[str, Any]:
@@ -147,7 +139,7 @@ def litdata_convert(items: Items, fields: Fields, out_dir: str, num_workers: int
 
     t0 = time.perf_counter()
     remove_output(out_dir)
-    litdata.optimize(fn=_LitFn(fields), inputs=[(i, tuple(p)) for i, p in enumerate(items)], output_dir=out_dir,
+    litdata.optimize(fn=partial(_lit_item, tuple(fields)), inputs=[(i, tuple(p)) for i, p in enumerate(items)], output_dir=out_dir,
                      num_workers=num_workers, chunk_bytes="64MB", verbose=False, reorder_files=False,
                      mode="overwrite")
     return {"samples": len(items), "bytes_decoded": None, "seconds": time.perf_counter() - t0}

@@ -91,7 +91,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from ..bench import report
-    from ..bench.suite import Bench, full_config, quick_config
+    from ..bench.suite import Bench, BenchConfig, full_config
 
     if args.render:
         return _render(args.render)
@@ -100,14 +100,10 @@ def run(args) -> int:
                                                                    "codecs", "workers") if getattr(args, name) is not None}
     over.update((k, v) for k, v in (("out_root", args.out), ("cache", args.cache), ("keep", args.keep),
                                     ("consume", args.consume)) if v)
-    cfg = quick_config(**over) if args.quick else full_config(**over)
-    if args.peers:
-        cfg.peers = True
+    cfg = BenchConfig(**over) if args.quick else full_config(**over)
+    cfg.peers = (cfg.peers or args.peers) and not args.no_peers
+    cfg.real = cfg.real and not args.no_real
     cfg.s3 = args.s3
-    if args.no_peers:
-        cfg.peers = False
-    if args.no_real:
-        cfg.real = False
     results = Bench(cfg).run()
     paths = report.write(results)
     print(report.markdown(results))

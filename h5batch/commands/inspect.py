@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 NAME = "inspect"
 HELP = "show splits, fields, shapes, codec, counts and rejects of an output, or one sample"
@@ -23,15 +22,12 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from ..tools.inspect import describe, render
+    from ..tools.inspect import describe, render, sample
+    from ..tools.samples import SampleError, render_record
 
     if not os.path.exists(args.path):
-        print(f"h5batch inspect: {args.path}: no such file", file=sys.stderr)
-        return 2
+        raise SampleError(f"{args.path}: no such file")
     if args.sample is not None:
-        from ..tools.inspect import sample
-        from ..tools.samples import render_record
-
         rec = sample(args.path, args.sample, args.split)
         print(json.dumps(rec, indent=1) if args.json else render_record(rec))
         return 0

@@ -47,10 +47,7 @@ def run(args) -> int:
               f"{s.unchanged} unchanged; now {counts}, {s.rejects} rejects; {s.seconds:.1f}s "
               f"(discovery {s.discover_seconds:.1f}s)", file=sys.stderr)
     if args.json:
-        print(json.dumps({"path": s.path, "new": s.new, "changed": s.changed, "removed": s.removed,
-                          "unchanged": s.unchanged, "counts": s.counts, "rejects": s.rejects,
-                          "seconds": s.seconds, "discover_seconds": s.discover_seconds,
-                          "convert_seconds": s.convert_seconds, "in_place": s.in_place,
-                          "up_to_date": s.up_to_date, "dry_run": s.dry_run,
-                          **({"paths": s.paths} if s.dry_run else {})}))
+        keys = ("path", "new", "changed", "removed", "unchanged", "counts", "rejects", "seconds", "discover_seconds",
+                "convert_seconds", "in_place", "up_to_date", "dry_run", *(("paths",) if s.dry_run else ()))
+        print(json.dumps({k: getattr(s, k) for k in keys}))
     return 0

@@ -39,12 +39,8 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    import os
-
     from ..tools import views
 
-    if not os.path.isfile(args.path):
-        raise views.ViewError(f"{args.path}: no such file")
     if args.action == "add":
         rows = views.rows_from_file(args.rows) if args.rows else None
         n = views.add_view(args.path, args.name, args.split, where=args.where, rows=rows,

@@ -7,7 +7,11 @@ is false. :func:`read_index` loads the small per-sample arrays the reader relies
 (``label``, and ``offsets``/``shapes`` of the variable fields it reads) and checks them and
 the row count of every per-sample dataset against each other, with vectorised numpy only;
 sample data is never read. A failure raises :class:`~h5batch.errors.CorruptFileError`
-naming the file, the dataset and the first bad row.
+naming the file, the dataset and the first bad row. ``h5batch verify`` runs the same checks:
+:func:`variable_field`, and the rules :func:`offset_faults`, :func:`shape_faults` and
+:func:`label_faults`, which list every fault (the reader raises the first, verify reports
+them). :func:`open_output` opens a file for the commands that look into one, refusing what
+is not an h5batch output.
 
 The rules (docs/FORMAT.md; ``h5batch verify`` checks these and more, over every field):
 
@@ -26,7 +30,7 @@ from __future__ import annotations
 import errno
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import h5py
@@ -99,6 +103,24 @@ def _locked(exc: OSError) -> bool:
             or "unable to lock file" in str(exc))
 
 
+def open_output(path: str, error: type[Exception], **kw: Any) -> h5py.File:
+    """``h5py.File(path, "r", **kw)`` of an h5batch output for the commands that look into
+    one (inspect --sample, preview, verify, view): a missing file, one that is not HDF5 or
+    one without a readable format raises ``error`` saying which."""
+    if not os.path.isfile(path):
+        raise error(f"{path}: no such file")
+    try:
+        f = h5py.File(path, "r", **kw)
+    except OSError as e:
+        raise error(f"{path}: not an h5batch file (cannot open as HDF5: {e})") from e
+    version = f.attrs.get(fmt.ATTR_FORMAT)
+    if version not in fmt.READABLE_FORMATS:
+        f.close()
+        raise error(f"{path}: not an h5batch file (root attribute {fmt.ATTR_FORMAT}={version!r}, "
+                    f"expected one of {fmt.READABLE_FORMATS})")
+    return f
+
+
 def check_complete(f: h5py.File, path: str) -> None:
     """Refuse a file whose ``complete`` root attribute is not true."""
     if not f.attrs.get(fmt.ATTR_COMPLETE, False):
@@ -124,57 +146,66 @@ def read_index(f: h5py.File, path: str, split: str, fields: Sequence[str]) -> tu
     g = f[split]
     n, counted = _num_samples(g)
     out: dict[str, np.ndarray] = {}
-
-    def rows(where: str, ds: h5py.Dataset, expected: int, what: str) -> None:
-        got = ds.shape[0] if ds.ndim else 0
-        if got != expected:
-            raise CorruptFileError(path, where, f"has {got} rows, expected {expected} ({what})",
-                                   row=min(got, expected))
-
-    def node(where: str, parent: h5py.Group, name: str) -> Any:
-        if name not in parent:
-            raise CorruptFileError(path, where, "is missing")
-        return parent[name]
-
     samples = f"the split has {n} samples: {counted}"
     for name in (fmt.SOURCE, fmt.CHECKSUM, fmt.LABEL):
         if name in g:
-            rows(f"/{split}/{name}", g[name], n, samples)
+            _rows(path, f"/{split}/{name}", g[name], n, samples)
     stored = json.loads(f.attrs.get(fmt.ATTR_FIELDS, "[]"))
     for name in dict.fromkeys([*stored, *fields]):
-        obj = node(f"/{split}/{name}", g, name)
+        obj = _member(path, f"/{split}", g, name)
         where = f"/{split}/{name}"
         if isinstance(obj, h5py.Dataset):
-            rows(where, obj, n, samples)
+            _rows(path, where, obj, n, samples)
             continue
-        values = node(f"{where}/{fmt.VALUES}", obj, fmt.VALUES)
-        offsets = node(f"{where}/{fmt.OFFSETS}", obj, fmt.OFFSETS)
-        shapes = node(f"{where}/{fmt.SHAPES}", obj, fmt.SHAPES)
-        rows(f"{where}/{fmt.OFFSETS}", offsets, n + 1, f"samples + 1; {samples}")
-        rows(f"{where}/{fmt.SHAPES}", shapes, n, samples)
-        if name not in fields:
+        values, offs, shp = variable_field(path, where, obj, n, samples, load=name in fields)
+        if offs is None:  # a field the reader does not read: row counts only
             continue
-        ndim = int(obj.attrs.get("ndim", shapes.shape[1] if shapes.ndim == 2 else 1))
-        if shapes.ndim != 2 or shapes.shape[1] != ndim:
-            raise CorruptFileError(path, f"{where}/{fmt.SHAPES}",
-                                   f"has shape {shapes.shape}, expected {(n, ndim)} (ndim attribute {ndim})")
-        for ds in (offsets, shapes):
-            if not np.issubdtype(ds.dtype, np.integer):
-                raise CorruptFileError(path, f"{where}/{ds.name.rsplit('/', 1)[-1]}",
-                                       f"has dtype {ds.dtype}, expected integers")
-        offs = np.asarray(offsets[...], dtype=np.int64)
-        shp = np.asarray(shapes[...], dtype=np.int64)
-        check_offsets(path, f"{where}/{fmt.OFFSETS}", offs, int(values.shape[0]))
-        check_shapes(path, f"{where}/{fmt.SHAPES}", shp, offs)
+        check(path, f"{where}/{fmt.OFFSETS}", offset_faults(offs, int(values.shape[0])))
+        check(path, f"{where}/{fmt.SHAPES}", shape_faults(shp, offs))
         out[offsets_key(name)] = offs
-        if ndim != 1:
+        if shp.shape[1] != 1:
             out[shapes_key(name)] = shp
     if fmt.LABEL in g:
         labels = np.asarray(g[fmt.LABEL][...], dtype=np.int64)
         if fmt.CLASS_NAMES in f:
-            check_labels(path, f"/{split}/{fmt.LABEL}", labels, int(f[fmt.CLASS_NAMES].shape[0]))
+            check(path, f"/{split}/{fmt.LABEL}", label_faults(labels, int(f[fmt.CLASS_NAMES].shape[0])))
         out[fmt.LABEL] = labels
     return n, out
+
+
+def variable_field(path: str, where: str, node: h5py.Group, n: int, samples: str, load: bool = True
+                   ) -> tuple[h5py.Dataset, np.ndarray | None, np.ndarray | None]:
+    """A variable field's ``values`` dataset and, when ``load``, its offsets and shapes as
+    int64, checked as whole datasets: its members are there, ``offsets`` has ``n + 1`` rows
+    and ``shapes`` ``n`` (``samples`` says where ``n`` comes from), and when loaded both are
+    integers and ``shapes`` has one column per dimension (the ``ndim`` attribute). The rules
+    sample by sample are :func:`offset_faults` and :func:`shape_faults`."""
+    values, offsets, shapes = (_member(path, where, node, k) for k in (fmt.VALUES, fmt.OFFSETS, fmt.SHAPES))
+    _rows(path, f"{where}/{fmt.OFFSETS}", offsets, n + 1, f"samples + 1; {samples}")
+    _rows(path, f"{where}/{fmt.SHAPES}", shapes, n, samples)
+    if not load:
+        return values, None, None
+    ndim = int(node.attrs.get("ndim", shapes.shape[1] if shapes.ndim == 2 else 1))
+    if shapes.ndim != 2 or shapes.shape[1] != ndim:
+        raise CorruptFileError(path, f"{where}/{fmt.SHAPES}",
+                               f"has shape {shapes.shape}, expected {(n, ndim)} (ndim attribute {ndim})")
+    for ds in (offsets, shapes):
+        if not np.issubdtype(ds.dtype, np.integer):
+            raise CorruptFileError(path, f"{where}/{ds.name.rsplit('/', 1)[-1]}",
+                                   f"has dtype {ds.dtype}, expected integers")
+    return values, np.asarray(offsets[...], dtype=np.int64), np.asarray(shapes[...], dtype=np.int64)
+
+
+def _rows(path: str, where: str, ds: h5py.Dataset, expected: int, what: str) -> None:
+    got = ds.shape[0] if ds.ndim else 0
+    if got != expected:
+        raise CorruptFileError(path, where, f"has {got} rows, expected {expected} ({what})", row=min(got, expected))
+
+
+def _member(path: str, where: str, parent: h5py.Group, name: str) -> Any:
+    if name not in parent:
+        raise CorruptFileError(path, f"{where}/{name}", "is missing")
+    return parent[name]
 
 
 def tombstones(f: h5py.File, path: str, split: str, n: int) -> np.ndarray:
@@ -223,50 +254,54 @@ def _first(mask: np.ndarray) -> int | None:
     return i if mask[i] else None
 
 
-def check_offsets(path: str, where: str, offs: np.ndarray, num_values: int) -> None:
-    """``offs`` (N + 1 int64) starts at 0, never decreases, ends at or before ``num_values``.
+def check(path: str, where: str, bad: Iterator[tuple[int, str]]) -> None:
+    """The reader's way with what a rule finds (``bad``): :class:`CorruptFileError` naming the first."""
+    for row, what in bad:
+        raise CorruptFileError(path, where, what, row=row)
 
-    The row named is the first bad sample ``i`` (whose elements are ``offs[i]:offs[i + 1]``).
-    """
+
+def offset_faults(offs: np.ndarray, num_values: int) -> Iterator[tuple[int, str]]:
+    """``(row, what)`` of each fault of ``offs`` (N + 1 int64), the first first: it starts at 0,
+    never decreases and ends at or before ``num_values``. The row is the bad sample ``i``
+    (whose elements are ``offs[i]:offs[i + 1]``)."""
     if offs.size and offs[0] != 0:
-        raise CorruptFileError(path, where, f"offsets[0] is {offs[0]}, expected 0", row=0)
-    i = _first(offs[1:] < offs[:-1])
-    if i is not None:
-        raise CorruptFileError(path, where, f"offsets decrease: sample {i} would end at element "
-                                            f"{offs[i + 1]} before it starts at {offs[i]}", row=i)
-    if offs.size and offs[-1] > num_values:
-        i = int(np.searchsorted(offs, num_values, side="right")) - 1  # offs is sorted by now
-        raise CorruptFileError(path, where, f"sample {i} ends at element {offs[i + 1]}, past the end "
-                                            f"of values ({num_values} elements)", row=i)
+        yield 0, f"offsets[0] is {offs[0]}, expected 0"
+    down = np.flatnonzero(offs[1:] < offs[:-1])
+    for i in down:
+        yield int(i), f"offsets decrease: sample {i} would end at element {offs[i + 1]} before it starts at {offs[i]}"
+    if not down.size and offs.size and offs[-1] > num_values:
+        i = int(np.searchsorted(offs, num_values, side="right")) - 1  # offs is sorted
+        yield i, f"sample {i} ends at element {offs[i + 1]}, past the end of values ({num_values} elements)"
 
 
-def check_shapes(path: str, where: str, shapes: np.ndarray, offs: np.ndarray) -> None:
-    """Each stored shape (one row of ``shapes``) is non-negative and holds exactly the
-    sample's ``offs[i + 1] - offs[i]`` elements (``offs`` already checked)."""
+def shape_faults(shapes: np.ndarray, offs: np.ndarray) -> Iterator[tuple[int, str]]:
+    """``(row, what)`` of each stored shape (one row of ``shapes``) that has a negative size or
+    does not hold exactly the sample's ``offs[i + 1] - offs[i]`` elements (``offs`` already
+    checked)."""
     counts = offs[1:] - offs[:-1]
     ndim = shapes.shape[1]
     if ndim == 1:  # counts are >= 0, so a matching size is too
         sizes = shapes[:, 0]
     else:
-        if shapes.size and shapes.min() < 0:
-            i = _first((shapes < 0).any(axis=1))
-            raise CorruptFileError(path, where, f"stored shape {tuple(shapes[i].tolist())} has a "
-                                                "negative size", row=i)
+        if shapes.size and shapes.min() < 0:  # min() first: cheap where nothing is negative
+            for i in np.flatnonzero((shapes < 0).any(axis=1)):
+                yield int(i), f"stored shape {tuple(shapes[i].tolist())} has a negative size"
+            return
         # The product must not wrap round to a match: int64 when it cannot overflow, else
         # float64 (exact below 2**53, far above any count when it overflows int64).
         exact = not shapes.size or int(shapes.max()) ** ndim < 2**63
         sizes = shapes[:, 0].astype(np.int64 if exact else np.float64)
         for k in range(1, ndim):
             np.multiply(sizes, shapes[:, k], out=sizes)
-    i = _first(sizes != counts)
-    if i is not None:
-        raise CorruptFileError(path, where, f"stored shape {tuple(shapes[i].tolist())} does not hold the "
-                                            f"{counts[i]} elements the offsets give sample {i}", row=i)
+    for i in np.flatnonzero(sizes != counts):
+        yield int(i), (f"stored shape {tuple(shapes[i].tolist())} does not hold the {counts[i]} elements the "
+                       f"offsets give sample {i}")
 
 
-def check_labels(path: str, where: str, labels: np.ndarray, n_classes: int) -> None:
-    """Every label indexes ``/class_names``, or is -1 (no label), as ``verify`` has it."""
-    if labels.size and (labels.min() < -1 or labels.max() >= n_classes):
-        i = _first((labels < -1) | (labels >= n_classes))
-        raise CorruptFileError(path, where, f"label {labels[i]} is outside -1..{n_classes - 1} "
-                                            f"({n_classes} names in /{fmt.CLASS_NAMES})", row=i)
+def label_faults(labels: np.ndarray, n_classes: int) -> Iterator[tuple[int, str]]:
+    """``(row, what)`` of each label that indexes no name of ``/class_names`` and is not -1 (no
+    label), as ``verify`` has it."""
+    if not labels.size or (labels.min() >= -1 and labels.max() < n_classes):  # the cheap test first
+        return
+    for i in np.flatnonzero((labels < -1) | (labels >= n_classes)):
+        yield int(i), f"label {labels[i]} is outside -1..{n_classes - 1} ({n_classes} names in /{fmt.CLASS_NAMES})"

@@ -112,15 +112,11 @@ def class_counts(g: h5py.Group, rows: np.ndarray, names: tuple[str, ...]) -> dic
     return out
 
 
-def _encoded(node: Any) -> bool:
-    return str(node.attrs.get("store", "")) == "encoded"
-
-
 def _stored_shapes(g: h5py.Group, name: str, rows: np.ndarray) -> np.ndarray | None:
     """``(len(rows), ndim)`` sample shapes from the index, or None for an encoded field; a
     ``<name>_lengths`` column, where the file has one, gives the true first axis of padded samples."""
     node = g[name]
-    if _encoded(node):
+    if str(node.attrs.get("store", "")) == "encoded":
         return None
     if isinstance(node, h5py.Dataset):
         shapes = np.tile(np.asarray(node.shape[1:], dtype=np.int64), (len(rows), 1))

@@ -14,7 +14,6 @@ A path that is not an h5batch output, or a split it does not have, raises
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import h5py
@@ -35,15 +34,9 @@ class SampleError(H5batchError, ValueError):
 
 def check_output(path: str) -> list[str]:
     """The splits of the h5batch output ``path``; :class:`SampleError` when it is none."""
-    if not os.path.isfile(path):
-        raise SampleError(f"{path}: no such file")
-    if not h5py.is_hdf5(path):
-        raise SampleError(f"{path}: not an h5batch file (not an HDF5 file at all)")
-    with h5py.File(path, "r") as f:
-        version = f.attrs.get(fmt.ATTR_FORMAT)
-        if version not in fmt.READABLE_FORMATS:
-            raise SampleError(f"{path}: not an h5batch file (root attribute {fmt.ATTR_FORMAT}="
-                              f"{version!r}, expected one of {fmt.READABLE_FORMATS})")
+    from .index import open_output
+
+    with open_output(path, SampleError) as f:
         return [s for s in json.loads(f.attrs.get(fmt.ATTR_SPLITS, "[]")) if s in f]
 
 
@@ -78,8 +71,6 @@ def spread(total: int, n: int) -> list[int]:
     """``min(n, total)`` indices of ``range(total)`` spread evenly, first and last included;
     the same arguments always give the same indices."""
     k = max(0, min(int(n), int(total)))
-    if k == 0:
-        return []
     return np.linspace(0, total - 1, k).round().astype(np.int64).tolist()
 
 

@@ -7,11 +7,11 @@ and source file):
 * **data**: every sample of every field is re-read and its crc32 compared with
   ``/<split>/checksum``, read in big chunk-aligned slices, never per sample. A chunk that
   cannot be read back is reported as corrupt, naming every sample it covers;
-* **structure**: offsets start at 0, never decrease and end at ``len(values)``; the
-  product of each stored shape equals its offset difference; every per-sample dataset
-  of a split has the same length; labels index ``/class_names`` (``-1`` = no label);
-  the ``complete`` attribute is true; every view (``/<split>/views/<name>``) holds rows in
-  range, sorted, each once;
+* **structure**: what the reader checks (:mod:`h5batch.tools.index`, the same rules) over
+  every field, with offsets ending exactly at ``len(values)``; every per-sample dataset of a
+  split has the same length; labels index ``/class_names`` (``-1`` = no label); the
+  ``complete`` attribute is true; every view (``/<split>/views/<name>``) holds rows in range,
+  sorted, each once;
 * **nothing lost**: source paths + rejects = the ``num_inputs`` root attribute, no path
   is both a sample's file and a reject, no file is the source of two samples, and
   ``OUT.rejects.jsonl`` (when present beside the file) lists the same rejects;
@@ -27,6 +27,7 @@ read; split into modules they would pass all three around.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import zlib
@@ -41,8 +42,7 @@ import numpy as np
 
 from .. import format as fmt
 from ..errors import CorruptFileError, VerifyError
-from . import views
-from .index import tombstones
+from . import index, views
 
 STAGES = {"discover", "decode", "worker", "timeout", "write", fmt.STAGE_EXCLUDED}
 MAX_NAMED = 8  # samples named in one corrupt-chunk problem before "... and N more"
@@ -125,21 +125,13 @@ def _windows(offsets: np.ndarray, unit_chunk: int, budget: int) -> Iterator[tupl
 
 class _FieldData:
     """One field of one split seen as units (rows of a fixed dataset, elements of a
-    variable one) with per-sample offsets into them."""
+    variable one) with per-sample offsets into them (``shapes`` None: a fixed field)."""
 
-    def __init__(self, node: h5py.Dataset | h5py.Group, n: int):
-        if isinstance(node, h5py.Group):
-            self.ds = node[fmt.VALUES]
-            self.offsets = node[fmt.OFFSETS][...].astype(np.int64)
-            self.shapes = node[fmt.SHAPES][...]
-            self.fixed = False
-        else:
-            self.ds = node
-            self.offsets = np.arange(n + 1, dtype=np.int64)
-            self.shapes = None
-            self.fixed = True
-        self.chunk = int(self.ds.chunks[0]) if self.ds.chunks else max(1, self.ds.shape[0])
-        self.unit_bytes = int(np.prod(self.ds.shape[1:], dtype=np.int64)) * self.ds.dtype.itemsize
+    def __init__(self, ds: h5py.Dataset, offsets: np.ndarray, shapes: np.ndarray | None = None):
+        self.ds, self.offsets, self.shapes = ds, offsets, shapes
+        self.fixed = shapes is None
+        self.chunk = int(ds.chunks[0]) if ds.chunks else max(1, ds.shape[0])
+        self.unit_bytes = int(np.prod(ds.shape[1:], dtype=np.int64)) * ds.dtype.itemsize
 
     def sample(self, data: np.ndarray, lo: int, s: int) -> np.ndarray:
         """Sample ``s`` out of ``data`` (units ``lo..``), in its stored shape."""
@@ -186,15 +178,25 @@ class _Verifier:
 
     def check_root(self) -> tuple[list[str], list[str], int]:
         a = self.f.attrs
-        if int(a.get(fmt.ATTR_FORMAT, 0)) not in fmt.READABLE_FORMATS:
-            self.problem("/", f"attribute {fmt.ATTR_FORMAT} is {a.get(fmt.ATTR_FORMAT)!r}, expected one of "
-                              f"{fmt.READABLE_FORMATS}")
         if not bool(a.get(fmt.ATTR_COMPLETE, False)):
             self.problem("/", "attribute complete is not true: the conversion did not finish")
         splits = json.loads(a.get(fmt.ATTR_SPLITS, "[]"))
         fields = json.loads(a.get(fmt.ATTR_FIELDS, "[]"))
         n_classes = self.f[fmt.CLASS_NAMES].shape[0] if fmt.CLASS_NAMES in self.f else 0
         return splits, fields, n_classes
+
+    def corrupt(self, e: CorruptFileError) -> None:
+        """A check of the reader's (:mod:`.index`) failed on a whole dataset."""
+        self.problem(e.where, e.what if e.row is None else f"row {e.row}: {e.what}")
+
+    def samples_ok(self, split: str, name: str, src: np.ndarray, bad: Iterator[tuple[int, str]],
+                   limit: int | None = MAX_NAMED) -> bool:
+        """Report what one of the reader's rules (:mod:`.index`) finds sample by sample, each
+        fault naming its sample and source (the first ``limit``); True when none."""
+        found = list(itertools.islice(bad, limit))
+        for row, what in found:
+            self.problem(f"{split}/{name}[{row}]", what, _join(src[row]) if row < len(src) else "")
+        return not found
 
     def check_split(self, split: str, fields: list[str], n_classes: int) -> np.ndarray | None:
         """Structure of one split; returns its sources as (N, F) strings."""
@@ -208,7 +210,6 @@ class _Verifier:
         src = _strings(g[fmt.SOURCE])
         n = src.shape[0]
         src = src.reshape(n, int(np.prod(src.shape[1:], dtype=np.int64)))  # (N, F)
-        self.report.counts[split] = n
         files = self.file_fields(split, fields)
         if src.shape[1] != len(files):
             self.problem(f"{split}/{fmt.SOURCE}", f"has {src.shape[1]} paths per sample, expected {len(files)} "
@@ -222,9 +223,7 @@ class _Verifier:
             if labels.shape != (n,):
                 self.problem(f"{split}/{fmt.LABEL}", f"shape {labels.shape}, expected {(n,)}")
             else:
-                for i in np.flatnonzero((labels < -1) | (labels >= n_classes)):
-                    self.problem(f"{split}/{fmt.LABEL}[{i}]", f"label {labels[i]} is outside 0..{n_classes - 1} "
-                                 f"(/class_names has {n_classes} names)", _join(src[i]))
+                self.samples_ok(split, fmt.LABEL, src, index.label_faults(labels.astype(np.int64), n_classes), None)
         elif n_classes:
             self.problem(split, "labelled file (it has /class_names) but the split has no label dataset")
         for name in views.names(g):  # rows in range, sorted, each once (tools/views.py)
@@ -233,9 +232,9 @@ class _Verifier:
         # Rows a sync removed (sorted, unique, in range): no longer samples, so their
         # files are not counted as inputs and their sources are not compared.
         try:
-            self.dead[split] = tombstones(self.f, "", split, n)
+            self.dead[split] = index.tombstones(self.f, "", split, n)
         except CorruptFileError as e:
-            self.problem(e.where, e.what if e.row is None else f"row {e.row}: {e.what}")
+            self.corrupt(e)
             self.dead[split] = np.zeros(0, dtype=np.int64)
         self.report.counts[split] = n - len(self.dead[split])
         return src
@@ -250,7 +249,8 @@ class _Verifier:
         return [f for f in listed if f in fields] if isinstance(listed, list) else list(fields)
 
     def field_data(self, split: str, name: str, n: int, src: np.ndarray) -> _FieldData | None:
-        """Open one field of a split, checking its offsets and shapes."""
+        """Open one field of a split, its index checked as the reader checks it, and its
+        offsets ending at the end of ``values``."""
         g = self.f[split]
         where = f"{split}/{name}"
         if name not in g:
@@ -258,40 +258,23 @@ class _Verifier:
                 self.problem(where, f"field missing although the split has {n} samples")
             return None
         node = g[name]
-        if isinstance(node, h5py.Group):
-            for member in (fmt.VALUES, fmt.OFFSETS, fmt.SHAPES):
-                if member not in node:
-                    self.problem(where, f"variable-shape field without {member!r}")
-                    return None
-            fd = _FieldData(node, n)
-            offs, shapes, total = fd.offsets, fd.shapes, fd.ds.shape[0]
-            if offs.shape != (n + 1,):
-                self.problem(f"{where}/offsets", f"has {offs.shape[0]} entries, expected {n + 1} (samples + 1)")
+        if isinstance(node, h5py.Dataset):
+            if node.shape[0] != n:
+                self.problem(where, f"has {node.shape[0]} samples, source has {n}")
                 return None
-            bad = False
-            if offs[0] != 0:
-                self.problem(f"{where}/offsets", f"offsets[0] is {offs[0]}, expected 0")
-                bad = True
-            for i in np.flatnonzero(np.diff(offs) < 0)[:MAX_NAMED]:
-                self.problem(f"{where}[{i}]", f"offsets decrease ({offs[i]} -> {offs[i + 1]})", _join(src[i]))
-                bad = True
-            if offs[-1] != total:
-                self.problem(f"{where}/offsets", f"offsets[-1] is {offs[-1]} but values holds {total} elements")
-                bad = True
-            ndim = int(node.attrs.get("ndim", shapes.shape[1] if shapes.ndim == 2 else 1))
-            if shapes.shape != (n, ndim):
-                self.problem(f"{where}/shapes", f"shape {shapes.shape}, expected {(n, ndim)}")
-                return None
-            sizes = np.prod(shapes, axis=1, dtype=np.int64)
-            for i in np.flatnonzero(sizes != np.diff(offs))[:MAX_NAMED]:
-                self.problem(f"{where}[{i}]", f"stored shape {tuple(shapes[i])} holds {sizes[i]} elements "
-                                              f"but offsets give {offs[i + 1] - offs[i]}", _join(src[i]))
-                bad = True
-            return None if bad else fd
-        if node.shape[0] != n:
-            self.problem(where, f"has {node.shape[0]} samples, source has {n}")
+            return _FieldData(node, np.arange(n + 1, dtype=np.int64))
+        try:
+            values, offs, shapes = index.variable_field("", where, node, n, f"source has {n} rows")
+        except CorruptFileError as e:
+            self.corrupt(e)
             return None
-        return _FieldData(node, n)
+        total = int(values.shape[0])
+        ok = self.samples_ok(split, name, src, index.offset_faults(offs, total))
+        if offs[-1] != total:
+            self.problem(f"{where}/offsets", f"offsets[-1] is {offs[-1]} but values holds {total} elements")
+            ok = False
+        ok = self.samples_ok(split, name, src, index.shape_faults(shapes, offs)) and ok
+        return _FieldData(values, offs, shapes) if ok else None
 
     # -- data -------------------------------------------------------------------
 
@@ -437,17 +420,10 @@ def verify_file(path: str, sources: bool = False, root: str | None = None,
     """
     import hdf5plugin  # noqa: F401  (plugin filters for reading)
 
-    if not os.path.isfile(path):
-        raise VerifyError(f"{path}: no such file")
-    try:
-        f = h5py.File(path, "r", rdcc_nbytes=2 * read_bytes, rdcc_nslots=fmt.next_prime(10007))
-    except OSError as e:
-        raise VerifyError(f"{path}: cannot open as HDF5: {e}") from e
+    f = index.open_output(path, VerifyError, rdcc_nbytes=2 * read_bytes, rdcc_nslots=fmt.next_prime(10007))
     report = VerifyReport(path)
     pool = None
     with f:
-        if fmt.ATTR_FORMAT not in f.attrs:
-            raise VerifyError(f"{path}: not an h5batch file (no {fmt.ATTR_FORMAT} attribute)")
         decode = None
         if sources:
             r, configs = _field_configs(f, path, root)

@@ -17,10 +17,11 @@ file's size in free space); after the edit it is reopened read-only and every vi
 from __future__ import annotations
 
 import ast
+import functools
 import json
-import operator
 import os
 import re
+import shutil
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,6 +30,7 @@ import numpy as np
 
 from .. import format as fmt
 from ..errors import CorruptFileError, H5batchError
+from .index import open_output
 from .replace import replaced
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
@@ -91,20 +93,21 @@ def read_view(f: h5py.File, path: str, split: str, name: str, n: int) -> np.ndar
 
 def list_views(path: str) -> dict[str, dict[str, int]]:
     """``{split: {view: rows}}`` of a file."""
-    with h5py.File(path, "r") as f:
+    with open_output(path, ViewError) as f:
         splits = json.loads(f.attrs.get(fmt.ATTR_SPLITS, "[]"))
         return {s: {v: int(f[s][fmt.VIEWS][v].shape[0]) for v in names(f[s])} for s in splits if s in f}
 
 
 # ------------------------------------------------------------------ selecting rows
 
-_CMP: dict[type, Callable[[Any, Any], Any]] = {
-    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
-    ast.Gt: operator.gt, ast.GtE: operator.ge}
-_BIN: dict[type, Callable[[Any, Any], Any]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.BitAnd: operator.and_,
-    ast.BitOr: operator.or_}
+# The operators an expression may use, each the numpy function that applies it to columns.
+_OPS: dict[type, Callable[..., Any]] = {
+    ast.Eq: np.equal, ast.NotEq: np.not_equal, ast.Lt: np.less, ast.LtE: np.less_equal, ast.Gt: np.greater,
+    ast.GtE: np.greater_equal, ast.In: np.isin, ast.NotIn: functools.partial(np.isin, invert=True),
+    ast.Add: np.add, ast.Sub: np.subtract, ast.Mult: np.multiply, ast.Div: np.true_divide,
+    ast.FloorDiv: np.floor_divide, ast.Mod: np.mod, ast.BitAnd: np.bitwise_and, ast.BitOr: np.bitwise_or,
+    ast.And: np.logical_and, ast.Or: np.logical_or, ast.Not: np.logical_not, ast.USub: np.negative,
+    ast.Invert: np.invert}
 
 
 class _Columns:
@@ -139,7 +142,9 @@ class _Columns:
         return np.asarray(obj[fmt.SHAPES][:, 0], dtype=np.int64)
 
     def label_code(self, value: Any) -> Any:
-        """A class name compared with ``label`` becomes its integer label."""
+        """A class name compared with ``label`` becomes its integer label (in a list too)."""
+        if isinstance(value, list):
+            return [self.label_code(v) for v in value]
         if isinstance(value, str):
             if value not in self.class_names:
                 raise ViewError(f"{self.path}: no class {value!r} (classes: {', '.join(self.class_names)})")
@@ -178,22 +183,11 @@ def _eval(node: ast.AST, cols: _Columns, expr: str) -> Any:
     if isinstance(node, (ast.List, ast.Tuple)):
         return [ev(e) for e in node.elts]
     if isinstance(node, ast.BoolOp):
-        vals = [np.asarray(ev(v), dtype=bool) for v in node.values]
-        join = np.logical_and if isinstance(node.op, ast.And) else np.logical_or
-        out = vals[0]
-        for v in vals[1:]:
-            out = join(out, v)
-        return out
-    if isinstance(node, ast.UnaryOp):
-        v = ev(node.operand)
-        if isinstance(node.op, ast.Not):
-            return np.logical_not(v)
-        if isinstance(node.op, ast.USub):
-            return -np.asarray(v)
-        if isinstance(node.op, ast.Invert):
-            return ~np.asarray(v)
-    if isinstance(node, ast.BinOp) and type(node.op) in _BIN:
-        return _BIN[type(node.op)](np.asarray(ev(node.left)), np.asarray(ev(node.right)))
+        return functools.reduce(_OPS[type(node.op)], [np.asarray(ev(v), dtype=bool) for v in node.values])
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub, ast.Invert)):
+        return _OPS[type(node.op)](np.asarray(ev(node.operand)))
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        return _OPS[type(node.op)](np.asarray(ev(node.left)), np.asarray(ev(node.right)))
     if isinstance(node, ast.Compare):
         return _compare(node, cols, ev)
     raise ViewError(f"--where {expr!r}: {ast.unparse(node)!r} is not allowed here (index, label, "
@@ -205,25 +199,22 @@ def _compare(node: ast.Compare, cols: _Columns, ev: Callable[[ast.AST], Any]) ->
     left_node, left = node.left, ev(node.left)
     for op, right_node in zip(node.ops, node.comparators, strict=True):
         right = ev(right_node)
-        is_label = [isinstance(x, ast.Name) and x.id == fmt.LABEL for x in (left_node, right_node)]
-        lv = [cols.label_code(v) for v in left] if is_label[1] and isinstance(left, list) else \
-            (cols.label_code(left) if is_label[1] else left)
-        rv = [cols.label_code(v) for v in right] if is_label[0] and isinstance(right, list) else \
-            (cols.label_code(right) if is_label[0] else right)
+        lv = cols.label_code(left) if _is_label(right_node) else left  # label == "cat": "cat" is a class
+        rv = cols.label_code(right) if _is_label(left_node) else right
+        if type(op) not in _OPS:
+            raise ViewError(f"comparison {type(op).__name__} is not allowed")
         if isinstance(op, (ast.In, ast.NotIn)):
             if not isinstance(rv, list):
                 raise ViewError("`in` needs a list, e.g. label in [1, 2]")
-            r = np.isin(np.asarray(lv), np.asarray(rv))
-            r = np.logical_not(r) if isinstance(op, ast.NotIn) else r
-        elif type(op) in _CMP:
-            if isinstance(lv, str) or isinstance(rv, str):
-                raise ViewError("strings compare only with label (class names)")
-            r = _CMP[type(op)](np.asarray(lv), np.asarray(rv))
-        else:
-            raise ViewError(f"comparison {type(op).__name__} is not allowed")
-        out = np.logical_and(out, r)
+        elif isinstance(lv, str) or isinstance(rv, str):
+            raise ViewError("strings compare only with label (class names)")
+        out = np.logical_and(out, _OPS[type(op)](np.asarray(lv), np.asarray(rv)))
         left_node, left = right_node, right
     return out
+
+
+def _is_label(node: ast.AST) -> bool:
+    return isinstance(node, ast.Name) and node.id == fmt.LABEL
 
 
 def rows_from_file(path: str) -> np.ndarray:
@@ -251,7 +242,7 @@ def add_view(path: str, name: str, split: str, *, where: str | None = None,
         raise ViewError(f"view name {name!r}: use letters, digits, _ . - (at most 128, not starting with . or -)")
     if (where is None) == (rows is None):
         raise ViewError("give exactly one of --where EXPR or --rows FILE")
-    with h5py.File(path, "r") as f:
+    with open_output(path, ViewError) as f:
         _check_split(f, path, split)
         n = num_samples(f[split])
         if name in names(f[split]) and not overwrite:
@@ -276,7 +267,7 @@ def add_view(path: str, name: str, split: str, *, where: str | None = None,
 
 def remove_view(path: str, name: str, split: str) -> None:
     """Delete view ``name`` of ``split`` (same safe rewrite as :func:`add_view`)."""
-    with h5py.File(path, "r") as f:
+    with open_output(path, ViewError) as f:
         _check_split(f, path, split)
         if name not in names(f[split]):
             raise ViewError(f"{path}: split {split!r} has no view {name!r} (views: "
@@ -291,7 +282,7 @@ def remove_view(path: str, name: str, split: str) -> None:
 
 
 def _check_split(f: h5py.File, path: str, split: str) -> None:
-    if fmt.ATTR_FORMAT not in f.attrs or not f.attrs.get(fmt.ATTR_COMPLETE, False):
+    if not f.attrs.get(fmt.ATTR_COMPLETE, False):
         raise ViewError(f"{path}: not a complete h5batch file")
     splits = json.loads(f.attrs.get(fmt.ATTR_SPLITS, "[]"))
     if split not in splits or split not in f:
@@ -321,18 +312,10 @@ def _copy(src: str, dst: str) -> None:
         size = os.fstat(fi.fileno()).st_size
         done = 0
         try:
-            while done < size:
-                step = os.copy_file_range(fi.fileno(), fo.fileno(), size - done)
-                if step == 0:
-                    break
+            while done < size and (step := os.copy_file_range(fi.fileno(), fo.fileno(), size - done)):
                 done += step
         except OSError:
-            done = -1  # no copy_file_range between these file systems: copy by hand
-        if done != size:
-            fi.seek(0)
-            fo.seek(0)
-            fo.truncate()
-            while block := fi.read(16 << 20):
-                fo.write(block)
-    os.chmod(dst, os.stat(src).st_mode & 0o7777)
-
+            done = -1
+    if done != size:  # no copy_file_range between these file systems: an ordinary copy
+        shutil.copyfile(src, dst)
+    shutil.copymode(src, dst)
