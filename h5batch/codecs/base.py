@@ -26,6 +26,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..registry import Registry
+
 Encoder = Callable[[np.ndarray], bytes]  # C-contiguous chunk array -> stored chunk bytes
 
 # HDF5's byte-shuffle filter (h5py.h5z.FILTER_SHUFFLE): a pre-filter, not a codec. Its decode
@@ -150,30 +152,10 @@ class Codec:
 # The registry (re-exported by the package)
 # ---------------------------------------------------------------------------
 
-CODECS: dict[str, Codec] = {}  # name -> codec, in registration order
-
-
-def register(codec: Codec) -> Codec:
-    """Add ``codec`` to :data:`CODECS` under its name (a second codec of one name is a bug)."""
-    if not getattr(codec, "name", ""):
-        raise ValueError(f"{type(codec).__name__} has no name")
-    if codec.name in CODECS and CODECS[codec.name] is not codec:
-        raise ValueError(f"codec {codec.name!r} is registered twice")
-    CODECS[codec.name] = codec
-    return codec
-
-
-def names() -> tuple[str, ...]:
-    """The registered codec names, in registration order."""
-    return tuple(CODECS)
-
-
-def get(name: str) -> Codec:
-    """The codec called ``name``; ``ValueError`` listing the registered names otherwise."""
-    try:
-        return CODECS[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown codec {name!r} (registered: {', '.join(CODECS)})") from None
+CODECS: Registry[Codec] = Registry("codec")  # name -> codec, in registration order
+register = CODECS.register
+names = CODECS.names
+get = CODECS.lookup
 
 
 def decode_steps() -> dict[int, DecodeStep]:

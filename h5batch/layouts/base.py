@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from ..fields import file_fields, reads_files
 from ..manifest import Item, Manifest, Memo, Reject, natural_key
+from ..registry import Registry
 from ..walker import Walker
 from .records import hash_inputs, hash_rejects, input_stats, item_record
 
@@ -69,30 +70,10 @@ class Layout:
         return f"<layout {self.name}>"
 
 
-LAYOUTS: dict[str, Layout] = {}  # name -> layout, in registration order
-
-
-def register(layout: Layout) -> Layout:
-    """Add ``layout`` to :data:`LAYOUTS` under its name (a second one of a name is a bug)."""
-    if not getattr(layout, "name", ""):
-        raise ValueError(f"{type(layout).__name__} has no name")
-    if layout.name in LAYOUTS and LAYOUTS[layout.name] is not layout:
-        raise ValueError(f"layout {layout.name!r} is registered twice")
-    LAYOUTS[layout.name] = layout
-    return layout
-
-
-def names() -> tuple[str, ...]:
-    """The registered layout names, in registration order."""
-    return tuple(LAYOUTS)
-
-
-def get(name: str) -> Layout:
-    """The layout called ``name``; ``ValueError`` listing the registered names otherwise."""
-    try:
-        return LAYOUTS[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown layout {name!r} (registered: {', '.join(LAYOUTS)})") from None
+LAYOUTS: Registry[Layout] = Registry("layout")  # name -> layout, in registration order
+register = LAYOUTS.register
+names = LAYOUTS.names
+get = LAYOUTS.lookup
 
 
 # ---------------------------------------------------------------------------
