@@ -119,9 +119,10 @@ def json_normalise(args: Mapping[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(dict(args), sort_keys=True))
 
 
-def _marker_bytes(payload: Mapping[str, Any]) -> bytes:
+def _write_marker(root: Path, kind: str, args: dict[str, Any], **state: Any) -> None:
     # sort_keys + fixed indent: the marker is part of the deterministic output.
-    return (json.dumps(payload, sort_keys=True, indent=2) + "\n").encode("utf-8")
+    payload = {"kind": kind, "version": SYNTH_VERSION, "args": args, **state}
+    atomic_write(root / MARKER_NAME, (json.dumps(payload, sort_keys=True, indent=2) + "\n").encode("utf-8"))
 
 
 def begin(root: Path, kind: str, args: dict[str, Any]) -> SynthSummary | None:
@@ -136,66 +137,31 @@ def begin(root: Path, kind: str, args: dict[str, Any]) -> SynthSummary | None:
         try:
             meta = json.loads(marker.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
-            raise ValueError(
-                f"{root}: unreadable synthetic-corpus marker {MARKER_NAME}: {exc}"
-            ) from exc
-        same = (
-            isinstance(meta, dict)
-            and meta.get("kind") == kind
-            and meta.get("version") == SYNTH_VERSION
-            and meta.get("args") == args
-        )
-        if not same:
-            found = (
-                (meta.get("kind"), meta.get("version"), meta.get("args"))
-                if isinstance(meta, dict)
-                else meta
-            )
-            raise ValueError(
-                f"{root} already holds a synthetic corpus made with different arguments: "
-                f"found (kind, version, args)={found!r}, requested {(kind, SYNTH_VERSION, args)!r}; "
-                "delete the directory or choose another root"
-            )
+            raise ValueError(f"{root}: unreadable synthetic-corpus marker {MARKER_NAME}: {exc}") from exc
+        found = (meta.get("kind"), meta.get("version"), meta.get("args")) if isinstance(meta, dict) else meta
+        if found != (kind, SYNTH_VERSION, args):
+            raise ValueError(f"{root} already holds a synthetic corpus made with different arguments: "
+                             f"found (kind, version, args)={found!r}, requested {(kind, SYNTH_VERSION, args)!r}; "
+                             "delete the directory or choose another root")
         if meta.get("complete"):
-            return SynthSummary(
-                root=root,
-                kind=kind,
-                args=args,
-                counts=meta.get("counts", {}),
-                n_files=int(meta.get("n_files", 0)),
-                n_bytes=int(meta.get("n_bytes", 0)),
-                skipped=True,
-            )
+            return SynthSummary(root, kind, args, meta.get("counts", {}), int(meta.get("n_files", 0)),
+                                int(meta.get("n_bytes", 0)), skipped=True)
         # Same arguments but incomplete: fall through and regenerate.
     elif root.exists():
         if not root.is_dir():
             raise ValueError(f"{root} exists and is not a directory")
         if any(root.iterdir()):
-            raise ValueError(
-                f"{root} is not empty and has no {MARKER_NAME} marker; "
-                "refusing to write a synthetic corpus into it"
-            )
+            raise ValueError(f"{root} is not empty and has no {MARKER_NAME} marker; "
+                             "refusing to write a synthetic corpus into it")
     root.mkdir(parents=True, exist_ok=True)
-    atomic_write(
-        marker,
-        _marker_bytes({"kind": kind, "version": SYNTH_VERSION, "args": args, "complete": False}),
-    )
+    _write_marker(root, kind, args, complete=False)
     return None
 
 
 def finish(root: Path, kind: str, args: dict[str, Any], tally: Tally) -> SynthSummary:
     """Write the "complete" marker last; only then is the corpus reusable."""
-    payload = {
-        "kind": kind,
-        "version": SYNTH_VERSION,
-        "args": args,
-        "complete": True,
-        "counts": tally.counts,
-        "n_files": tally.n_files,
-        "n_bytes": tally.n_bytes,
-    }
-    atomic_write(root / MARKER_NAME, _marker_bytes(payload))
-    return SynthSummary(root, kind, args, tally.counts, tally.n_files, tally.n_bytes, skipped=False)
+    _write_marker(root, kind, args, complete=True, counts=tally.counts, n_files=tally.n_files, n_bytes=tally.n_bytes)
+    return SynthSummary(root, kind, args, tally.counts, tally.n_files, tally.n_bytes)
 
 
 # --------------------------------------------------------------------------
