@@ -210,13 +210,9 @@ def _expand_all(job: JobConfig, tables: list[Table]) -> dict[str, Any]:
 
 def _check_columns(job: JobConfig, fields: dict[str, Any], known: list[str]) -> None:
     s = job.source
-    wanted: list[tuple[str, str]] = []
-    if s.label_column:
-        wanted.append(("source.label_column", s.label_column))
-    if s.split.column:
-        wanted.append(("source.split.column", s.split.column))
-    if s.split.hash_key:
-        wanted.append(("source.split.hash_key", s.split.hash_key))
+    wanted = [(key, col) for key, col in (("source.label_column", s.label_column),
+                                          ("source.split.column", s.split.column),
+                                          ("source.split.hash_key", s.split.hash_key)) if col]
     for name, fc in fields.items():
         if reads_files(fc):
             continue

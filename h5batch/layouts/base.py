@@ -89,24 +89,22 @@ def _suffix_at(name: str) -> int:
     return i if 0 < i < len(name) - 1 else len(name)
 
 
-def ext(path: str) -> str:
-    """The lower-cased suffix of a relative path's file name (``""`` for none)."""
-    name = path.rpartition("/")[2]
-    return name[_suffix_at(name):].lower()
-
-
-def stem(path: str) -> str:
-    """A relative path without its file name's suffix."""
-    name = path.rpartition("/")[2]
-    return path[: len(path) - len(name) + _suffix_at(name)]
-
-
 def stem_ext(path: str) -> tuple[str, str]:
     """``(stem(path), ext(path))`` from one look at the file name (a layout's loop over
     every file of the corpus needs both)."""
     name = path.rpartition("/")[2]
     i = _suffix_at(name)
     return path[: len(path) - len(name) + i], name[i:].lower()
+
+
+def ext(path: str) -> str:
+    """The lower-cased suffix of a relative path's file name (``""`` for none)."""
+    return stem_ext(path)[1]
+
+
+def stem(path: str) -> str:
+    """A relative path without its file name's suffix."""
+    return stem_ext(path)[0]
 
 
 def not_accepted(path: str, accepted: str, field_name: str | None = None) -> str:
@@ -161,8 +159,7 @@ class Builder:
         """Whether ``path``'s extension is one of the field's (case-insensitive)."""
         return ext(path) in self.exts[field_name]
 
-    def group_by_stem(self, split: str, files: list[str], label: str | None, key_prefix: str,
-                      field_of: dict[str, str]) -> None:
+    def group_by_stem(self, split: str, files: list[str], label: str | None, field_of: dict[str, str]) -> None:
         """Group ``files`` (relative paths) by stem; ``field_of[path]`` says its field. With
         one field, two files of a stem are two samples (:meth:`finish` keys them apart)."""
         groups: dict[str, dict[str, str]] = {}
@@ -171,8 +168,7 @@ class Builder:
             fname = field_of[path]
             slot = groups.setdefault(s, {})
             if fname in slot and len(self.fields) == 1:
-                key = f"{key_prefix}{PurePosixPath(s).name}" if key_prefix else s
-                self.items.append(Item(key, split, (path,), label))
+                self.items.append(Item(s, split, (path,), label))
                 continue
             if fname in slot:
                 self.rejects.append(Reject(path, "discover", f"duplicate key: {slot[fname]} has the same stem and field"))
@@ -185,8 +181,7 @@ class Builder:
                     self.rejects.append(Reject(path, "discover",
                                                f"paired sample incomplete: no {'/'.join(missing)} file for stem {PurePosixPath(s).name!r}"))
                 continue
-            key = f"{key_prefix}{PurePosixPath(s).name}" if key_prefix else s
-            self.items.append(Item(key, split, tuple(slot[f] for f in self.fields), label))
+            self.items.append(Item(s, split, tuple(slot[f] for f in self.fields), label))
 
     def _drop_aliases(self, root: str, items: list[Item]) -> list[Item]:
         """One sample per file reached through several symlinks inside the root.

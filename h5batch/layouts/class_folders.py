@@ -84,7 +84,7 @@ class ClassFolders(Layout):
                 field_of[rel] = fname
                 by_class.setdefault(parts[top], []).append(rel)
             for cls, group in by_class.items():
-                b.group_by_stem(split, group, cls, "", field_of)
+                b.group_by_stem(split, group, cls, field_of)
         if len(depths) > 1 and not src.nested:
             found = ", ".join(f"{d} folder(s) down: {p}" for d, p in sorted(depths.items()))
             raise ConfigError(b.job.file, "source.layout",
