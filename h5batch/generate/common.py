@@ -33,7 +33,6 @@ __all__ = [
     "check_name",
     "fades",
     "finish",
-    "in_threads",
     "json_normalise",
     "png_bytes",
     "positive_float",
@@ -42,6 +41,7 @@ __all__ = [
     "stem_width",
     "to_int16",
     "wav_bytes",
+    "write_corpus",
 ]
 
 MARKER_NAME = ".h5batch-synth.json"
@@ -106,10 +106,8 @@ class Tally:
     n_files: int = 0
     n_bytes: int = 0
 
-    def add(self, split: str, cls: str, n_bytes: int, *, sample: bool = True) -> None:
-        by_class = self.counts.setdefault(split, {})
-        if sample:
-            by_class[cls] = by_class.get(cls, 0) + 1
+    def add(self, split: str, cls: str, n_bytes: int) -> None:
+        self.counts[split][cls] += 1
         self.n_files += 1
         self.n_bytes += n_bytes
 
@@ -169,18 +167,46 @@ def finish(root: Path, kind: str, args: dict[str, Any], tally: Tally) -> SynthSu
 # --------------------------------------------------------------------------
 
 
-def in_threads(fn: Callable[[int], Any], indices: range) -> list[Any]:
-    """``[fn(i) for i in indices]`` on up to 8 threads, results in order.
+def write_corpus(
+    root: str | os.PathLike[str],
+    kind: str,
+    args: Mapping[str, Any],
+    dirs: Sequence[tuple[str, str]],
+    keys: Sequence[Any],
+    make: Callable[[Any], list[tuple[str, bytes]]],
+) -> SynthSummary:
+    """Write the corpus ``kind`` at ``root``, or return the complete one already there.
 
-    Each sample has its own generator (:func:`sample_rng`), so output does not depend on the
-    thread; numpy, Pillow and file writes release the GIL. Threads, not processes: nothing
-    is re-imported and callers' own threads (Dask, pytest) stay safe.
+    ``make(key)`` returns the files of one sample as ``(path relative to root, bytes)``
+    pairs; ``dirs`` lists every ``(split, class)`` folder, made even when it stays empty;
+    ``counts[split][class]`` counts the samples with a file in that folder.
+
+    Samples are made on up to 8 threads, results in order. Each sample has its own generator
+    (:func:`sample_rng`), so output does not depend on the thread; numpy, Pillow and file
+    writes release the GIL. Threads, not processes: nothing is re-imported and callers' own
+    threads (Dask, pytest) stay safe.
     """
+    root = Path(root)
+    args = json_normalise(args)
+    done = begin(root, kind, args)
+    if done is not None:
+        return done
+    tally = Tally()
+    for split, cls in dirs:
+        (root / split / cls).mkdir(parents=True, exist_ok=True)
+        tally.counts.setdefault(split, {})[cls] = 0
+
+    def write(key: Any) -> list[tuple[str, int]]:
+        return [(rel, atomic_write(root / rel, data)) for rel, data in make(key)]
+
     workers = min(8, os.cpu_count() or 1)
-    if workers == 1 or len(indices) < 16:
-        return [fn(i) for i in indices]
     with ThreadPoolExecutor(workers, thread_name_prefix="h5batch-generate") as pool:
-        return list(pool.map(fn, indices))
+        for written in pool.map(write, keys):
+            for split, cls in {tuple(rel.split("/")[:2]) for rel, _ in written}:
+                tally.counts[split][cls] += 1
+            tally.n_files += len(written)
+            tally.n_bytes += sum(n for _, n in written)
+    return finish(root, kind, args, tally)
 
 
 def atomic_write(path: Path, data: bytes | Sequence[Any]) -> int:
