@@ -16,7 +16,7 @@ import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,6 @@ from PIL import Image
 __all__ = [
     "MARKER_NAME",
     "SynthSummary",
-    "Tally",
     "atomic_write",
     "begin",
     "check_name",
@@ -98,20 +97,6 @@ class SynthSummary:
     skipped: bool = False
 
 
-@dataclass
-class Tally:
-    """Mutable counters filled while writing a corpus."""
-
-    counts: dict[str, dict[str, int]] = field(default_factory=dict)
-    n_files: int = 0
-    n_bytes: int = 0
-
-    def add(self, split: str, cls: str, n_bytes: int) -> None:
-        self.counts[split][cls] += 1
-        self.n_files += 1
-        self.n_bytes += n_bytes
-
-
 def json_normalise(args: Mapping[str, Any]) -> dict[str, Any]:
     """``args`` as a marker read back from disk has them (tuples become lists, etc.)."""
     return json.loads(json.dumps(dict(args), sort_keys=True))
@@ -156,10 +141,11 @@ def begin(root: Path, kind: str, args: dict[str, Any]) -> SynthSummary | None:
     return None
 
 
-def finish(root: Path, kind: str, args: dict[str, Any], tally: Tally) -> SynthSummary:
+def finish(done: SynthSummary) -> SynthSummary:
     """Write the "complete" marker last; only then is the corpus reusable."""
-    _write_marker(root, kind, args, complete=True, counts=tally.counts, n_files=tally.n_files, n_bytes=tally.n_bytes)
-    return SynthSummary(root, kind, args, tally.counts, tally.n_files, tally.n_bytes)
+    _write_marker(done.root, done.kind, done.args, complete=True, counts=done.counts, n_files=done.n_files,
+                  n_bytes=done.n_bytes)
+    return done
 
 
 # --------------------------------------------------------------------------
@@ -191,10 +177,11 @@ def write_corpus(
     done = begin(root, kind, args)
     if done is not None:
         return done
-    tally = Tally()
+    counts: dict[str, dict[str, int]] = {}
     for split, cls in dirs:
         (root / split / cls).mkdir(parents=True, exist_ok=True)
-        tally.counts.setdefault(split, {})[cls] = 0
+        counts.setdefault(split, {})[cls] = 0
+    n_files = n_bytes = 0
 
     def write(key: Any) -> list[tuple[str, int]]:
         return [(rel, atomic_write(root / rel, data)) for rel, data in make(key)]
@@ -203,10 +190,10 @@ def write_corpus(
     with ThreadPoolExecutor(workers, thread_name_prefix="h5batch-generate") as pool:
         for written in pool.map(write, keys):
             for split, cls in {tuple(rel.split("/")[:2]) for rel, _ in written}:
-                tally.counts[split][cls] += 1
-            tally.n_files += len(written)
-            tally.n_bytes += sum(n for _, n in written)
-    return finish(root, kind, args, tally)
+                counts[split][cls] += 1
+            n_files += len(written)
+            n_bytes += sum(n for _, n in written)
+    return finish(SynthSummary(root, kind, args, counts, n_files, n_bytes))
 
 
 def atomic_write(path: Path, data: bytes | Sequence[Any]) -> int:
