@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, ClassVar
 
@@ -162,26 +163,32 @@ class Builder:
     def group_by_stem(self, split: str, files: list[str], label: str | None, field_of: dict[str, str]) -> None:
         """Group ``files`` (relative paths) by stem; ``field_of[path]`` says its field. With
         one field, two files of a stem are two samples (:meth:`finish` keys them apart)."""
+        self.pair(split, [(path, field_of[path], stem(path)) for path in files], label,
+                  lambda fname: "the same stem and field", lambda key: f"for stem {PurePosixPath(key).name!r}")
+
+    def pair(self, split: str, files: list[tuple[str, str, str]], label: str | None,
+             shared: Callable[[str], str], named: Callable[[str], str]) -> None:
+        """One item per key of ``files`` (``(path, field, key)``) with a file of every field. A
+        second file of one key and field is a duplicate (``shared(field)`` says what the two
+        share) and the files of a key that lacks a field are rejects (``named(key)`` names it)."""
         groups: dict[str, dict[str, str]] = {}
-        for path in files:
-            s = stem(path)
-            fname = field_of[path]
-            slot = groups.setdefault(s, {})
+        for path, fname, key in files:
+            slot = groups.setdefault(key, {})
             if fname in slot and len(self.fields) == 1:
-                self.items.append(Item(s, split, (path,), label))
+                self.items.append(Item(key, split, (path,), label))
                 continue
             if fname in slot:
-                self.rejects.append(Reject(path, "discover", f"duplicate key: {slot[fname]} has the same stem and field"))
+                self.rejects.append(Reject(path, "discover", f"duplicate key: {slot[fname]} has {shared(fname)}"))
                 continue
             slot[fname] = path
-        for s, slot in groups.items():
+        for key, slot in groups.items():
             missing = [f for f in self.fields if f not in slot]
             if missing:
                 for path in slot.values():
                     self.rejects.append(Reject(path, "discover",
-                                               f"paired sample incomplete: no {'/'.join(missing)} file for stem {PurePosixPath(s).name!r}"))
+                                               f"paired sample incomplete: no {'/'.join(missing)} file {named(key)}"))
                 continue
-            self.items.append(Item(s, split, tuple(slot[f] for f in self.fields), label))
+            self.items.append(Item(key, split, tuple(slot[f] for f in self.fields), label))
 
     def _drop_aliases(self, root: str, items: list[Item]) -> list[Item]:
         """One sample per file reached through several symlinks inside the root.
