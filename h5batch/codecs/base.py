@@ -109,8 +109,8 @@ class Codec:
     :meth:`encoder`
         a Python function producing the bytes that pipeline would store for a chunk, or None
         when only HDF5 can encode (lzf).
-    :meth:`decode_steps`
-        the :class:`DecodeStep` of each filter id it can undo in Python (the shuffle filter
+    ``steps``
+        the :class:`DecodeStep` of each filter it can undo in Python (the shuffle filter
         needs none).
 
     Register an instance with :func:`register` in the codec's module, and import that module
@@ -122,6 +122,7 @@ class Codec:
     levels: ClassVar[range | None] = None
     filter_ids: ClassVar[tuple[int, ...]] = ()
     uses_shuffle: ClassVar[bool] = True
+    steps: ClassVar[tuple[DecodeStep, ...]] = ()
 
     def parse_level(self, level: int | None) -> int | None:
         """``level`` if this codec takes it; ``ValueError`` naming the range otherwise."""
@@ -142,7 +143,7 @@ class Codec:
 
     def decode_steps(self) -> dict[int, DecodeStep]:
         """Python decoders of this codec's filters, by filter id."""
-        return {}
+        return {step.filter_id: step for step in self.steps}
 
     def __repr__(self) -> str:
         return f"<codec {self.name}>"

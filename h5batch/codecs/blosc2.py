@@ -92,15 +92,13 @@ class Blosc2Step(DecodeStep):
         return "blosc2"
 
 
-BLOSC2_STEP = Blosc2Step()
-
-
 class Blosc2Codec(Codec):
     """Blosc2 with byte shuffle done inside Blosc2 (not HDF5's shuffle filter). ``cname`` is
     the inner compressor as both hdf5plugin and blosc2 spell it (``lz4``, ``zstd``)."""
 
     levels = range(0, 10)  # Blosc2's clevel, whatever the inner compressor
     filter_ids = (FILTER_BLOSC2,)
+    steps = (Blosc2Step(),)  # one instance: the two codecs share the filter and its step
 
     def __init__(self, name: str, cname: str, default_level: int):
         self.name, self.cname, self.default_level = name, cname, default_level  # type: ignore[misc]
@@ -124,9 +122,6 @@ class Blosc2Codec(Codec):
             return blosc2.SChunk(chunksize=a.nbytes, data=a, cparams=cparams).to_cframe()
 
         return enc
-
-    def decode_steps(self) -> dict[int, DecodeStep]:
-        return {FILTER_BLOSC2: BLOSC2_STEP}
 
 
 register(Blosc2Codec("blosc2-lz4", "lz4", 5))
