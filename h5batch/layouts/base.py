@@ -233,16 +233,12 @@ class Builder:
         return [it for i, it in enumerate(items) if i not in dropped] if dropped else items
 
     def finish(self, root: str, splits: list[str]) -> Manifest:
-        plain = not self.symlinks
-        if len(self.fields) == 1:
-            keyed = keys_with_extensions(self.items)
-            plain = plain and keyed is self.items
-            self.items = keyed
+        keyed = keys_with_extensions(self.items) if len(self.fields) == 1 else self.items
+        plain = not self.symlinks and keyed is self.items  # without symlinks no alias is dropped
+        self.items = keyed
         unique = self._in_order(splits)
         plain = self._drop_duplicates(unique) and plain
-        kept = self._drop_aliases(root, unique)
-        plain = plain and kept is unique
-        unique = kept
+        unique = self._drop_aliases(root, unique)
         present = {it.split for it in unique}
         all_splits = list(splits) + sorted(present - set(splits))
         labels = sorted({it.label for it in unique if it.label is not None}, key=natural_key)
