@@ -80,12 +80,9 @@ def _demo_image(cls: str, rng: np.random.Generator) -> Image.Image:
     fill = tuple(int(c) for c in fg)
     if cls == "circle":
         draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=fill)
-    elif cls == "square":
-        draw.regular_polygon((cx, cy, r), 4, rotation=rng.uniform(0.0, 90.0), fill=fill)
-    elif cls == "triangle":
-        draw.regular_polygon((cx, cy, r), 3, rotation=rng.uniform(0.0, 120.0), fill=fill)
-    else:  # pragma: no cover - guarded by DEMO_CLASSES
-        raise ValueError(cls)
+    else:  # a square or a triangle, turned by up to its symmetry angle
+        sides = {"square": 4, "triangle": 3}[cls]
+        draw.regular_polygon((cx, cy, r), sides, rotation=rng.uniform(0.0, 360.0 / sides), fill=fill)
     return img
 
 
