@@ -54,8 +54,11 @@ class Layout:
     def walk(self, root: Path, src: SourceConfig, b: Builder) -> tuple[list[tuple[str, int, int]], list[str] | None]:
         """(an incremental layout) Every file :meth:`build` looks at, as ``(relative path,
         size, mtime_ns)``, the walk's rejects put in ``b``; and the split order when the
-        folders fix it (None when the items' splits do)."""
-        raise NotImplementedError
+        folders fix it (None when the items' splits do). Default: every file under ``root``."""
+        walker = Walker(root, b.ordered_walk)
+        files = walker.walk()
+        b.walked(walker)
+        return files, None
 
     def build(self, root: Path, src: SourceConfig, b: Builder, files: list[tuple[str, int, int]],
               splits: list[str] | None) -> list[str]:

@@ -48,11 +48,9 @@ class ClassFolders(Layout):
         return order
 
     def walk(self, root: Path, src: SourceConfig, b: Builder) -> tuple[list[tuple[str, int, int]], list[str] | None]:
-        walker = Walker(root, b.ordered_walk)
         if not src.split_folders:
-            files = walker.walk()
-            b.walked(walker)
-            return files, None
+            return super().walk(root, src, b)
+        walker = Walker(root, b.ordered_walk)
         splits = split_dirs(root, src, b)
         files = [f for split in splits for f in walker.walk(split)]
         b.walked(walker)
