@@ -150,13 +150,12 @@ def _validate_annotations(job: JobConfig) -> None:
             raise ConfigError(f, f"{key}.skip", f"must be >= 0, got {t.skip}")
         if not t.header and not t.columns and t.format not in ("transcript", "jsonl"):
             raise ConfigError(f, f"{key}.columns", "names the columns of a table without a header line")
-    uses = ([("source.label_column", s.label_column)] if s.label_column else []) + (
-        [("source.split.column", rule.column)] if rule.column else [])
-    columns_of = {name: fc for name, fc in job.fields.items() if not reads_files(fc)}
-    if (uses or columns_of) and not s.tables and s.layout not in ("manifest", "pattern"):
-        what = uses[0][0] if uses else f"fields.{next(iter(columns_of))}"
-        raise ConfigError(f, what, "reads an annotation column, but source.tables lists no table "
-                                   f"(and layout {s.layout!r} has no columns of its own)")
+    uses = [key for key, col in (("source.label_column", s.label_column),
+                                 ("source.split.column", rule.column)) if col]
+    uses += [f"fields.{name}" for name, fc in job.fields.items() if not reads_files(fc)]
+    if uses and not s.tables and s.layout not in ("manifest", "pattern"):
+        raise ConfigError(f, uses[0], "reads an annotation column, but source.tables lists no table "
+                                      f"(and layout {s.layout!r} has no columns of its own)")
     if s.limit is not None and s.limit < 1:
         raise ConfigError(f, "source.limit", f"must be >= 1 samples, got {s.limit}")
     for pat in s.exclude:
