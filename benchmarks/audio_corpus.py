@@ -20,7 +20,6 @@ from h5batch.generate.common import (
     INT16_FULL_SCALE,
     TAG_AUDIO,
     SynthSummary,
-    Tally,
     atomic_write,
     begin,
     finish,
@@ -146,7 +145,8 @@ def make_audio_corpus(
     fade = np.linspace(1.0, 0.0, fade_len, endpoint=False, dtype=np.float32)  # end-of-file fade-out
     buf = np.empty(max_n, dtype=np.float32)
 
-    tally = Tally(counts={"all": {str(lab): 0 for lab in range(classes)}})
+    counts = {"all": {str(lab): 0 for lab in range(classes)}}
+    n_bytes = 0
     period = classes * n_spk
     # Generate per (label, speaker) so only one base waveform is alive at a time.
     for spk in range(n_spk):
@@ -173,8 +173,8 @@ def make_audio_corpus(
                 x += noise[o : o + n] * np.float32(noise_gains[j])
                 x[n - fade_len :] *= fade
                 pcm = x.astype(np.int16)  # |x| < 32767 by construction: no wrap-around
-                written = atomic_write(
+                counts["all"][str(label)] += 1
+                n_bytes += atomic_write(
                     root / f"{prefix}{j}.wav", (pcm16_header(n, sample_rate), pcm.data)
                 )
-                tally.add("all", str(label), written)
-    return finish(root, "audio", args, tally)
+    return finish(SynthSummary(root, "audio", args, counts, n_files, n_bytes))

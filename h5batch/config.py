@@ -58,6 +58,11 @@ KIND_ALIASES = {"auto": "processes", "inprocess": "processes"}
 # Generic dict -> dataclass conversion with precise errors
 # ---------------------------------------------------------------------------
 
+# Scalar types of a job file: the Python types a YAML value of each may have, and their words.
+_SCALARS = {bool: (bool, "true or false"), int: (int, "an integer"), float: ((int, float), "a number"),
+            str: (str, "a string")}
+
+
 def _check(value: Any, tp: Any, file: str, key: str) -> Any:
     """Convert ``value`` to type ``tp`` or raise ConfigError for ``key``."""
     origin = typing.get_origin(tp)
@@ -76,11 +81,8 @@ def _check(value: Any, tp: Any, file: str, key: str) -> Any:
             except ConfigError as e:
                 errors.append(e.message)
         raise ConfigError(file, key, errors[0] if len(errors) == 1 else " / ".join(errors))
-    if tp is CodecName:
-        args = codecs.choices()
-        origin = Literal  # checked like a Literal of the registered names (below)
-    if tp is LayoutName:
-        args = layouts.names()
+    if tp in (CodecName, LayoutName):  # checked like a Literal of the registered names (below)
+        args = codecs.choices() if tp is CodecName else layouts.names()
         origin = Literal
     if origin is Literal:
         if value not in args:
@@ -97,22 +99,11 @@ def _check(value: Any, tp: Any, file: str, key: str) -> Any:
         return {str(k): _check(v, args[1], file, f"{key}.{k}") for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, file, key)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(file, key, f"must be true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(file, key, f"must be an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(file, key, f"must be a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(file, key, f"must be a string, got {value!r}")
-        return value
+    if tp in _SCALARS:
+        accepted, words = _SCALARS[tp]
+        if not isinstance(value, accepted) or (isinstance(value, bool) and tp is not bool):
+            raise ConfigError(file, key, f"must be {words}, got {value!r}")
+        return float(value) if tp is float else value
     raise TypeError(f"unsupported config type {tp!r}")  # a bug in this module, not in the job
 
 

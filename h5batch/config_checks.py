@@ -69,11 +69,9 @@ def validate(job: JobConfig, check_paths: bool) -> None:
     if s.layout == "paired_folders" and len(file_fields(job.fields)) < 2:
         raise ConfigError(f, "fields", "layout 'paired_folders' needs at least two fields")
     if s.layout == "class_folders" and len(file_fields(job.fields)) > 1:
-        exts = [set(e.lower() for e in fc.extensions) for fc in job.fields.values()]
-        for i, a in enumerate(exts):
-            for b in exts[i + 1:]:
-                if a & b:
-                    raise ConfigError(f, "fields", "with several fields in class_folders, each field needs its own extensions (files are grouped by stem)")
+        exts = [e for fc in job.fields.values() for e in {x.lower() for x in fc.extensions}]
+        if len(exts) != len(set(exts)):  # an extension of two fields
+            raise ConfigError(f, "fields", "with several fields in class_folders, each field needs its own extensions (files are grouped by stem)")
     if not file_fields(job.fields):
         raise ConfigError(f, "fields", "needs at least one field of files (audio, image, text with extensions)")
     _validate_annotations(job)
@@ -105,19 +103,14 @@ def validate(job: JobConfig, check_paths: bool) -> None:
     if c.security and c.kind == "processes":
         raise ConfigError(f, "cluster.security", "is for Dask's connections, and kind 'processes' (the default) "
                                                  "has none: set cluster.kind to local or to a scheduler's kind")
-    if c.kind == "address" and not c.address:
-        raise ConfigError(f, "cluster.address", "is required for kind 'address'")
-    if c.kind == "scheduler_file" and not c.scheduler_file:
-        raise ConfigError(f, "cluster.scheduler_file", "is required for kind 'scheduler_file'")
+    if c.kind in ("address", "scheduler_file") and not getattr(c, c.kind):
+        raise ConfigError(f, f"cluster.{c.kind}", f"is required for kind {c.kind!r}")
     p = job.policy
     if not 0.0 <= p.max_reject_fraction <= 1.0:
         raise ConfigError(f, "policy.max_reject_fraction", f"must be within 0..1, got {p.max_reject_fraction}")
-    if p.decode_timeout <= 0:
-        raise ConfigError(f, "policy.decode_timeout", "must be > 0 seconds")
-    if p.no_worker_timeout <= 0:
-        raise ConfigError(f, "policy.no_worker_timeout", "must be > 0 seconds")
-    if p.frozen_worker_timeout <= 0:
-        raise ConfigError(f, "policy.frozen_worker_timeout", "must be > 0 seconds")
+    for k in ("decode_timeout", "no_worker_timeout", "frozen_worker_timeout"):
+        if getattr(p, k) <= 0:
+            raise ConfigError(f, f"policy.{k}", "must be > 0 seconds")
     if check_paths:
         root = Path(s.root)
         if not root.is_dir() and not s.generate:
@@ -157,13 +150,12 @@ def _validate_annotations(job: JobConfig) -> None:
             raise ConfigError(f, f"{key}.skip", f"must be >= 0, got {t.skip}")
         if not t.header and not t.columns and t.format not in ("transcript", "jsonl"):
             raise ConfigError(f, f"{key}.columns", "names the columns of a table without a header line")
-    uses = ([("source.label_column", s.label_column)] if s.label_column else []) + (
-        [("source.split.column", rule.column)] if rule.column else [])
-    columns_of = {name: fc for name, fc in job.fields.items() if not reads_files(fc)}
-    if (uses or columns_of) and not s.tables and s.layout not in ("manifest", "pattern"):
-        what = uses[0][0] if uses else f"fields.{next(iter(columns_of))}"
-        raise ConfigError(f, what, "reads an annotation column, but source.tables lists no table "
-                                   f"(and layout {s.layout!r} has no columns of its own)")
+    uses = [key for key, col in (("source.label_column", s.label_column),
+                                 ("source.split.column", rule.column)) if col]
+    uses += [f"fields.{name}" for name, fc in job.fields.items() if not reads_files(fc)]
+    if uses and not s.tables and s.layout not in ("manifest", "pattern"):
+        raise ConfigError(f, uses[0], "reads an annotation column, but source.tables lists no table "
+                                      f"(and layout {s.layout!r} has no columns of its own)")
     if s.limit is not None and s.limit < 1:
         raise ConfigError(f, "source.limit", f"must be >= 1 samples, got {s.limit}")
     for pat in s.exclude:

@@ -108,7 +108,7 @@ class SourceConfig:
     # split rule says otherwise); nested accepts files at varying depths below their class.
     split_folders: bool = late(True)
     nested: bool = late(False)
-    limit: int | None = late()  # convert --limit N: a trial of N samples (layouts/limit.py)
+    limit: int | None = late()  # convert --limit N: a trial of N samples (layouts/exclude.py)
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,6 @@ job file's, so ``--set`` overrides it and the output stores it like any other.
 
 from __future__ import annotations
 
-import csv
-import json
 import os
 from collections import Counter
 from pathlib import Path
@@ -30,6 +28,7 @@ from typing import Any
 
 from .errors import ConfigError
 from .fields.ffmpeg import EXTENSIONS as FFMPEG_EXTENSIONS
+from .layouts.table import read_rows
 
 AUDIO = frozenset({".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aif", ".aiff"} | set(FFMPEG_EXTENSIONS))
 IMAGE = frozenset({".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff"})
@@ -65,13 +64,6 @@ def _kinds(media: list[str]) -> tuple[list[str], list[str]]:
         n = len(image) if dropped == "image" else len(audio)
         return [kept], [f"{kept} files are the majority; the {n} {dropped} files are excluded"]
     return (["audio"] if audio else ["image"]), []
-
-
-def _read_table(path: Path) -> list[dict]:
-    if path.suffix == ".jsonl":
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    with open(path, newline="") as fh:
-        return list(csv.DictReader(fh))
 
 
 def _column_fields(rows: list[dict], taken: set[str]) -> dict[str, dict]:
@@ -145,7 +137,7 @@ def infer(folder: str, output: str | None = None) -> tuple[dict[str, Any], list[
     for kind in kinds:
         fields[kind] = {"type": kind, "extensions": sorted(e for e in exts if e in (AUDIO if kind == "audio" else IMAGE))}
     if meta:
-        rows = [r for m in meta for r in _read_table(root / m)]
+        rows = [r for m in meta for _, r in read_rows(root / m) if isinstance(r, dict)]
         if rows and "file_name" in rows[0]:
             source["tables"] = [{"path": meta if len(meta) > 1 else meta[0], "key": "file_name"}]
             fields.update(_column_fields(rows, set(fields)))

@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -166,10 +167,7 @@ def read_sidecar(path: str) -> tuple[np.ndarray, np.ndarray, dict]:
 
 
 def remove_sidecar(partial: str) -> None:
-    try:
-        os.unlink(sidecar(partial))
-    except FileNotFoundError:
-        pass
+    Path(sidecar(partial)).unlink(missing_ok=True)
 
 
 def store(f, keys: np.ndarray | list[str], stamps: np.ndarray, extra: dict | None = None) -> None:

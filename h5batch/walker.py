@@ -34,9 +34,9 @@ class Walker:
     """Lists regular files under a root, following symlinks only when they stay inside it.
 
     :meth:`walk` returns ``(relative posix path, size, mtime_ns)`` per file; problems go to
-    ``rejects``, the symlinks met to ``links``, and (ordered) ``ids`` maps each file's path
-    to the ``(st_dev, st_ino)`` of the file it resolves to (from the same ``stat`` that gave
-    its size), which :meth:`.layouts.base.Builder.finish` uses to find one file reached
+    ``rejects``, ``symlinks`` counts the symlinks met, and (ordered) ``ids`` maps each file's
+    path to the ``(st_dev, st_ino)`` of the file it resolves to (from the same ``stat`` that
+    gave its size), which :meth:`.layouts.base.Builder.finish` uses to find one file reached
     through several symlinks. A layout hands them to the builder with
     :meth:`.layouts.base.Builder.walked`.
     """
@@ -47,11 +47,7 @@ class Walker:
         self.real_root = os.path.realpath(root)
         self.rejects: list[Reject] = []
         self.ids: dict[str, tuple[int, int]] = {}
-        self.links: list[str] = []  # the symlinks met (a sync rediscovers incrementally only without them)
-
-    @property
-    def symlinks(self) -> int:
-        return len(self.links)
+        self.symlinks = 0  # the symlinks met (a sync rediscovers incrementally only without them)
 
     def _reject(self, path: str, reason: str) -> None:
         self.rejects.append(Reject(path, "discover", reason))
@@ -90,7 +86,7 @@ class Walker:
             relpath = prefix + name
             path = os.path.join(base, name)  # entry.path is the bare name: listed through fd
             if entry.is_symlink():
-                self.links.append(relpath)
+                self.symlinks += 1
                 if not os.path.exists(path):
                     self._reject(relpath, "broken symlink")
                     continue

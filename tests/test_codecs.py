@@ -206,7 +206,7 @@ def test_blosc2_chunks_are_decompressed_from_inside_their_frame(content, tmp_pat
     blosc2.decompress (no SChunk per HDF5 chunk); frames it does not recognise (an all-zero
     chunk stored as a special value, HDF5's own b2nd frames) take the SChunk path; all decode
     to the same rows as HDF5."""
-    from h5batch.codecs._blosc2 import frame_chunk
+    from h5batch.codecs.blosc2 import frame_chunk
 
     rows = {"noise": np.random.default_rng(0).normal(0, 1000, (8, 2000)), "ramp": np.arange(16000).reshape(8, 2000),
             "constant": np.full((8, 2000), 7), "zeros": np.zeros((8, 2000))}[content].astype("<f4")

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 # The codec modules register themselves when imported; their order here is the registry's,
 # which job-file errors, ``h5batch bench`` and the docs list.
 # isort: off
-from . import none, gzip, lzf, zstd, blosc2_lz4, blosc2_zstd  # noqa: F401
+from . import none, gzip, lzf, zstd, blosc2  # noqa: F401
 # isort: on
 from .base import (
     CODECS,

@@ -26,6 +26,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..registry import Registry
+
 Encoder = Callable[[np.ndarray], bytes]  # C-contiguous chunk array -> stored chunk bytes
 
 # HDF5's byte-shuffle filter (h5py.h5z.FILTER_SHUFFLE): a pre-filter, not a codec. Its decode
@@ -107,8 +109,8 @@ class Codec:
     :meth:`encoder`
         a Python function producing the bytes that pipeline would store for a chunk, or None
         when only HDF5 can encode (lzf).
-    :meth:`decode_steps`
-        the :class:`DecodeStep` of each filter id it can undo in Python (the shuffle filter
+    ``steps``
+        the :class:`DecodeStep` of each filter it can undo in Python (the shuffle filter
         needs none).
 
     Register an instance with :func:`register` in the codec's module, and import that module
@@ -120,6 +122,7 @@ class Codec:
     levels: ClassVar[range | None] = None
     filter_ids: ClassVar[tuple[int, ...]] = ()
     uses_shuffle: ClassVar[bool] = True
+    steps: ClassVar[tuple[DecodeStep, ...]] = ()
 
     def parse_level(self, level: int | None) -> int | None:
         """``level`` if this codec takes it; ``ValueError`` naming the range otherwise."""
@@ -140,7 +143,7 @@ class Codec:
 
     def decode_steps(self) -> dict[int, DecodeStep]:
         """Python decoders of this codec's filters, by filter id."""
-        return {}
+        return {step.filter_id: step for step in self.steps}
 
     def __repr__(self) -> str:
         return f"<codec {self.name}>"
@@ -150,30 +153,10 @@ class Codec:
 # The registry (re-exported by the package)
 # ---------------------------------------------------------------------------
 
-CODECS: dict[str, Codec] = {}  # name -> codec, in registration order
-
-
-def register(codec: Codec) -> Codec:
-    """Add ``codec`` to :data:`CODECS` under its name (a second codec of one name is a bug)."""
-    if not getattr(codec, "name", ""):
-        raise ValueError(f"{type(codec).__name__} has no name")
-    if codec.name in CODECS and CODECS[codec.name] is not codec:
-        raise ValueError(f"codec {codec.name!r} is registered twice")
-    CODECS[codec.name] = codec
-    return codec
-
-
-def names() -> tuple[str, ...]:
-    """The registered codec names, in registration order."""
-    return tuple(CODECS)
-
-
-def get(name: str) -> Codec:
-    """The codec called ``name``; ``ValueError`` listing the registered names otherwise."""
-    try:
-        return CODECS[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown codec {name!r} (registered: {', '.join(CODECS)})") from None
+CODECS: Registry[Codec] = Registry("codec")  # name -> codec, in registration order
+register = CODECS.register
+names = CODECS.names
+get = CODECS.lookup
 
 
 def decode_steps() -> dict[int, DecodeStep]:

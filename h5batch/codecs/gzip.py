@@ -49,6 +49,7 @@ class GzipCodec(Codec):
     default_level = 4
     levels = range(0, 10)
     filter_ids = (FILTER_SHUFFLE, FILTER_DEFLATE)
+    steps = (InflateStep(),)
 
     def dataset_kwargs(self, level: int | None, shuffle: bool, itemsize: int) -> dict[str, Any]:
         return {"compression": "gzip", "compression_opts": level, "shuffle": uses_shuffle(shuffle, itemsize)}
@@ -59,9 +60,5 @@ class GzipCodec(Codec):
             return lambda a: deflate(shuffle_bytes(a))
         return lambda a: deflate(a)
 
-    def decode_steps(self) -> dict[int, DecodeStep]:
-        return {FILTER_DEFLATE: _INFLATE}
 
-
-_INFLATE = InflateStep()
 register(GzipCodec())

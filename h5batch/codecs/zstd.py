@@ -32,6 +32,7 @@ class ZstdCodec(Codec):
     default_level = 3
     levels = range(1, 23)
     filter_ids = (FILTER_SHUFFLE, FILTER_ZSTD)
+    steps = (UnzstdStep(),)
 
     def dataset_kwargs(self, level: int | None, shuffle: bool, itemsize: int) -> dict[str, Any]:
         import hdf5plugin
@@ -46,9 +47,5 @@ class ZstdCodec(Codec):
             return lambda a: zstandard.ZstdCompressor(level=level).compress(shuffle_bytes(a))
         return lambda a: zstandard.ZstdCompressor(level=level).compress(a)
 
-    def decode_steps(self) -> dict[int, DecodeStep]:
-        return {FILTER_ZSTD: _UNZSTD}
 
-
-_UNZSTD = UnzstdStep()
 register(ZstdCodec())

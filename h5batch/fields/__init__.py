@@ -87,10 +87,7 @@ def kind_of(fc: Any) -> FieldKind:
 def kind_by_modality(modality: str) -> FieldKind | None:
     """The kind whose writer stored ``modality`` on a field; None for an unknown one (a
     file from a kind this installation lacks)."""
-    for kind in KINDS.values():
-        if kind.modality == modality:
-            return kind
-    return None
+    return next((kind for kind in KINDS.values() if kind.modality == modality), None)
 
 
 def reads_files(fc: Any) -> bool:

@@ -71,10 +71,13 @@ class AudioField:
     max_seconds: float | None = late()  # at sample_rate (or the corpus's rate)
 
 
-def _rate_reason(sr: int, target_sr: int) -> str:
-    """Why a file at another rate is a reject; the field's rate may be the job's or the corpus's
-    (learned by the trial), so the words name the field, and both settings that convert it."""
-    return f"sample rate {sr} Hz, the field stores {target_sr} Hz (set sample_rate and resample: true to convert)"
+def _check_rate(path: str, fc: AudioField, sr: int) -> None:
+    """A file at another rate than the field's is a reject unless the field resamples. The
+    field's rate may be the job's or the corpus's (learned by the trial), so the words name
+    the field, and both settings that convert it."""
+    if fc.sample_rate not in (None, sr) and not fc.resample:
+        raise DecodeError(path, f"sample rate {sr} Hz, the field stores {fc.sample_rate} Hz "
+                                "(set sample_rate and resample: true to convert)")
 
 
 def max_frames(fc: AudioField, rate: int) -> int | None:
@@ -145,13 +148,11 @@ def _open_soundfile(path: str, fc: AudioField, head: bytes, size: int):
             raise DecodeError(path, cut)
         if frames <= 0:
             raise DecodeError(path, "audio has zero frames")
-        target_sr = fc.sample_rate or sr
-        if sr != target_sr and not fc.resample:
-            raise DecodeError(path, _rate_reason(sr, target_sr))
+        _check_rate(path, fc, sr)
     except BaseException:
         f.close()
         raise
-    exact_int = fc.dtype == "int16" and sr == target_sr and (channels == 1 or fc.channels != "mono")
+    exact_int = fc.dtype == "int16" and fc.sample_rate in (None, sr) and (channels == 1 or fc.channels != "mono")
     is_float_src = f.subtype in ("FLOAT", "DOUBLE")
     return f, "int16" if exact_int and not is_float_src else "float32"
 
@@ -187,15 +188,10 @@ def decode_audio(path: str, fc: AudioField, alloc: blocks.Alloc | None = None,
         layout = None if ffmpeg else pcm16_layout(head, size)
         if ffmpeg:
             x, sr = read_with_ffmpeg(path, want_int16=fc.dtype == "int16")
-            target_sr = fc.sample_rate or sr
-            if sr != target_sr and not fc.resample:
-                raise DecodeError(path, _rate_reason(sr, target_sr))
+            _check_rate(path, fc, sr)
         elif layout is not None:
-            sr = layout.sample_rate
-            target_sr = fc.sample_rate or sr
-            if sr != target_sr and not fc.resample:
-                raise DecodeError(path, _rate_reason(sr, target_sr))
-            fc = _limited(fc, layout.frames, sr)
+            _check_rate(path, fc, layout.sample_rate)
+            fc = _limited(fc, layout.frames, layout.sample_rate)
             return blocks.from_pcm16(path, fh, layout, fc, alloc or np.empty, facts)
         else:
             f, dtype = _open_soundfile(path, fc, head, size)

@@ -162,10 +162,8 @@ def decode_image(path: str, fc: ImageField) -> np.ndarray:
             if fc.size is not None and fc.draft and im.format == "JPEG":
                 # Let libjpeg decode at 1/2, 1/4 or 1/8 scale while still covering the target
                 # (after EXIF rotation the axes may swap, so ask for the larger side both ways).
-                th, tw = fc.size
-                scale = max(th / min(w, h), tw / min(w, h), th / max(w, h), tw / max(w, h))
-                need = max(1, math.ceil(max(w, h) * scale)), max(1, math.ceil(max(w, h) * scale))
-                im.draft(fc.mode, (min(w, need[0]), min(h, need[1])))
+                side = max(1, math.ceil(max(w, h) * (max(fc.size) / min(w, h))))
+                im.draft(fc.mode, (min(w, side), min(h, side)))
             im.load()
             im = ImageOps.exif_transpose(im)
             if im.mode != fc.mode:

@@ -104,17 +104,20 @@ def _vbr_header(buf, pos: int, version: int, mono: bool) -> tuple[str, int | Non
     return None
 
 
-def _resync(buf, pos: int, end: int, kind: tuple[int, int, int]) -> int | None:
-    """The next frame of the same stream after a broken header: a valid header whose
-    successor is valid too (one alone is too easily a pattern inside the audio data)."""
-    for p in range(pos + 1, min(end, pos + _RESYNC_BYTES)):
+def _sync(buf, start: int, end: int, kind: tuple[int, int, int] | None = None) -> int | None:
+    """The first frame at or after ``start`` (of ``kind``, after a broken header) whose
+    successor is a valid header of its kind, or that ends the audio: one valid header alone
+    is too easily a pattern inside the audio data. The first frame of a file may also run
+    past the end (the walk then calls the file truncated); a resync's may not."""
+    for p in range(start, min(end, start + _RESYNC_BYTES)):
         if buf[p] != 0xFF:
             continue
         head = _mp3_frame(buf, p)
-        if head is None or head[1] != kind:
+        if head is None or kind not in (None, head[1]):
             continue
         nxt = _mp3_frame(buf, p + head[0])
-        if p + head[0] == end or (nxt is not None and nxt[1] == kind):
+        ends = p + head[0] >= end if kind is None else p + head[0] == end
+        if ends or (nxt is not None and nxt[1] == head[1]):
             return p
     return None
 
@@ -122,7 +125,7 @@ def _resync(buf, pos: int, end: int, kind: tuple[int, int, int]) -> int | None:
 def mp3_truncation(buf) -> str | None:
     """Why the MP3 in ``buf`` (bytes or a memory map) is truncated, or None."""
     end = _mp3_end(buf)
-    first = _first_frame(buf, end)
+    first = _sync(buf, _mp3_start(buf), end)  # the first frame after the ID3v2 tags
     if first is None:
         return None  # no frame found: the decoder's own error says more
     head = _mp3_frame(buf, first)
@@ -136,7 +139,7 @@ def mp3_truncation(buf) -> str | None:
             break
         head = _mp3_frame(buf, pos)
         if head is None or head[1] != kind:
-            nxt = _resync(buf, pos, end, kind)
+            nxt = _sync(buf, pos + 1, end, kind)
             if nxt is None:
                 in_sync = False  # junk after the audio: no verdict from here on
                 break
@@ -154,22 +157,6 @@ def mp3_truncation(buf) -> str | None:
         return f"truncated audio: the {name} header says {want_frames} MP3 frames, the file holds {frames}"
     if want_frames is None and want_bytes is not None and end - first < 0.99 * want_bytes:
         return f"truncated audio: the {name} header says {want_bytes} bytes of MP3 frames, the file holds {end - first}"
-    return None
-
-
-def _first_frame(buf, end: int) -> int | None:
-    """Offset of the first MPEG audio frame after the ID3v2 tags (two valid headers in a
-    row, or one that ends the file)."""
-    start = _mp3_start(buf)
-    for p in range(start, min(end, start + _RESYNC_BYTES)):
-        if buf[p] != 0xFF:
-            continue
-        head = _mp3_frame(buf, p)
-        if head is None:
-            continue
-        nxt = _mp3_frame(buf, p + head[0])
-        if p + head[0] >= end or (nxt is not None and nxt[1] == head[1]):
-            return p
     return None
 
 

@@ -5,7 +5,7 @@ decoder library (:mod:`.audio`, :mod:`.blocks`)."""
 
 from __future__ import annotations
 
-import os
+import mmap
 import struct
 from dataclasses import dataclass
 
@@ -32,34 +32,22 @@ def wav_header(path: str, head: bytes = b"", size: int | None = None) -> WavHead
     """Walk the RIFF chunks of a WAV file; None when it is not RIFF/WAVE.
 
     The declared data size is checked here because libsndfile quietly shortens a cut file.
-    ``head`` (the file's first bytes, with ``size``) saves reopening the file.
+    ``head`` (the file's first bytes, with ``size``) saves reopening the file when the data
+    chunk's header lies within it; otherwise the whole file is walked, through a memory map.
     """
-    if head and size is not None:
-        parsed = _wav_header_in(head, size)
-        if parsed is not None:
-            return parsed
-        if head[:4] != b"RIFF" or head[8:12] != b"WAVE":
-            return None
-    size = os.path.getsize(path)
-    tag = data_offset = data_size = None
-    with open(path, "rb") as fh:
-        head = fh.read(12)
-        if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
-            return None
-        pos = 12
-        while pos + 8 <= size and data_offset is None:
-            fh.seek(pos)
-            cid, clen = struct.unpack("<4sI", fh.read(8))
-            if cid == b"fmt ":
-                body = fh.read(2)
-                tag = struct.unpack("<H", body)[0] if len(body) == 2 else None
-            elif cid == b"data":
-                data_offset, data_size = pos + 8, clen
-            pos += 8 + clen + (clen & 1)
-    return WavHeader(tag, data_offset, data_size, size)
+    h = _scan(head, size) if head and size is not None else None
+    if h is not None and h.data_offset is not None:
+        return h
+    if head and h is None:
+        return None  # not RIFF/WAVE
+    try:
+        with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            return _scan(buf, len(buf))
+    except ValueError:  # an empty file cannot be mapped
+        return None
 
 
-def _riff_chunks(head: bytes, size: int):
+def _riff_chunks(head, size: int):
     """``(chunk id, header position, declared length)`` of the RIFF/WAVE chunks whose
     8-byte header lies within ``head`` (the first bytes of a file of ``size`` bytes)."""
     if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
@@ -71,16 +59,18 @@ def _riff_chunks(head: bytes, size: int):
         pos += 8 + clen + (clen & 1)
 
 
-def _wav_header_in(head: bytes, size: int) -> WavHeader | None:
-    """Like :func:`wav_header` from the first bytes only; None unless the data chunk
-    header lies within them."""
+def _scan(buf, size: int) -> WavHeader | None:
+    """What the chunks whose headers lie within ``buf`` (a file's first bytes, or all of it)
+    say: ``data_offset`` None when the data chunk's header is not among them."""
+    if len(buf) < 12 or buf[:4] != b"RIFF" or buf[8:12] != b"WAVE":
+        return None
     tag = None
-    for cid, pos, clen in _riff_chunks(head, size):
-        if cid == b"fmt " and pos + 10 <= len(head):
-            tag = struct.unpack_from("<H", head, pos + 8)[0]
+    for cid, pos, clen in _riff_chunks(buf, size):
+        if cid == b"fmt " and pos + 10 <= len(buf):
+            tag = struct.unpack_from("<H", buf, pos + 8)[0]
         elif cid == b"data":
             return WavHeader(tag, pos + 8, clen, size)
-    return None
+    return WavHeader(tag, None, None, size)
 
 
 @dataclass(frozen=True)

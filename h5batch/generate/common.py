@@ -16,7 +16,7 @@ import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +27,11 @@ from PIL import Image
 __all__ = [
     "MARKER_NAME",
     "SynthSummary",
-    "Tally",
     "atomic_write",
     "begin",
     "check_name",
     "fades",
     "finish",
-    "in_threads",
     "json_normalise",
     "png_bytes",
     "positive_float",
@@ -42,6 +40,7 @@ __all__ = [
     "stem_width",
     "to_int16",
     "wav_bytes",
+    "write_corpus",
 ]
 
 MARKER_NAME = ".h5batch-synth.json"
@@ -98,30 +97,15 @@ class SynthSummary:
     skipped: bool = False
 
 
-@dataclass
-class Tally:
-    """Mutable counters filled while writing a corpus."""
-
-    counts: dict[str, dict[str, int]] = field(default_factory=dict)
-    n_files: int = 0
-    n_bytes: int = 0
-
-    def add(self, split: str, cls: str, n_bytes: int, *, sample: bool = True) -> None:
-        by_class = self.counts.setdefault(split, {})
-        if sample:
-            by_class[cls] = by_class.get(cls, 0) + 1
-        self.n_files += 1
-        self.n_bytes += n_bytes
-
-
 def json_normalise(args: Mapping[str, Any]) -> dict[str, Any]:
     """``args`` as a marker read back from disk has them (tuples become lists, etc.)."""
     return json.loads(json.dumps(dict(args), sort_keys=True))
 
 
-def _marker_bytes(payload: Mapping[str, Any]) -> bytes:
+def _write_marker(root: Path, kind: str, args: dict[str, Any], **state: Any) -> None:
     # sort_keys + fixed indent: the marker is part of the deterministic output.
-    return (json.dumps(payload, sort_keys=True, indent=2) + "\n").encode("utf-8")
+    payload = {"kind": kind, "version": SYNTH_VERSION, "args": args, **state}
+    atomic_write(root / MARKER_NAME, (json.dumps(payload, sort_keys=True, indent=2) + "\n").encode("utf-8"))
 
 
 def begin(root: Path, kind: str, args: dict[str, Any]) -> SynthSummary | None:
@@ -136,66 +120,32 @@ def begin(root: Path, kind: str, args: dict[str, Any]) -> SynthSummary | None:
         try:
             meta = json.loads(marker.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
-            raise ValueError(
-                f"{root}: unreadable synthetic-corpus marker {MARKER_NAME}: {exc}"
-            ) from exc
-        same = (
-            isinstance(meta, dict)
-            and meta.get("kind") == kind
-            and meta.get("version") == SYNTH_VERSION
-            and meta.get("args") == args
-        )
-        if not same:
-            found = (
-                (meta.get("kind"), meta.get("version"), meta.get("args"))
-                if isinstance(meta, dict)
-                else meta
-            )
-            raise ValueError(
-                f"{root} already holds a synthetic corpus made with different arguments: "
-                f"found (kind, version, args)={found!r}, requested {(kind, SYNTH_VERSION, args)!r}; "
-                "delete the directory or choose another root"
-            )
+            raise ValueError(f"{root}: unreadable synthetic-corpus marker {MARKER_NAME}: {exc}") from exc
+        found = (meta.get("kind"), meta.get("version"), meta.get("args")) if isinstance(meta, dict) else meta
+        if found != (kind, SYNTH_VERSION, args):
+            raise ValueError(f"{root} already holds a synthetic corpus made with different arguments: "
+                             f"found (kind, version, args)={found!r}, requested {(kind, SYNTH_VERSION, args)!r}; "
+                             "delete the directory or choose another root")
         if meta.get("complete"):
-            return SynthSummary(
-                root=root,
-                kind=kind,
-                args=args,
-                counts=meta.get("counts", {}),
-                n_files=int(meta.get("n_files", 0)),
-                n_bytes=int(meta.get("n_bytes", 0)),
-                skipped=True,
-            )
+            return SynthSummary(root, kind, args, meta.get("counts", {}), int(meta.get("n_files", 0)),
+                                int(meta.get("n_bytes", 0)), skipped=True)
         # Same arguments but incomplete: fall through and regenerate.
     elif root.exists():
         if not root.is_dir():
             raise ValueError(f"{root} exists and is not a directory")
         if any(root.iterdir()):
-            raise ValueError(
-                f"{root} is not empty and has no {MARKER_NAME} marker; "
-                "refusing to write a synthetic corpus into it"
-            )
+            raise ValueError(f"{root} is not empty and has no {MARKER_NAME} marker; "
+                             "refusing to write a synthetic corpus into it")
     root.mkdir(parents=True, exist_ok=True)
-    atomic_write(
-        marker,
-        _marker_bytes({"kind": kind, "version": SYNTH_VERSION, "args": args, "complete": False}),
-    )
+    _write_marker(root, kind, args, complete=False)
     return None
 
 
-def finish(root: Path, kind: str, args: dict[str, Any], tally: Tally) -> SynthSummary:
+def finish(done: SynthSummary) -> SynthSummary:
     """Write the "complete" marker last; only then is the corpus reusable."""
-    payload = {
-        "kind": kind,
-        "version": SYNTH_VERSION,
-        "args": args,
-        "complete": True,
-        "counts": tally.counts,
-        "n_files": tally.n_files,
-        "n_bytes": tally.n_bytes,
-    }
-    atomic_write(root / MARKER_NAME, _marker_bytes(payload))
-    return SynthSummary(root, kind, args, tally.counts, tally.n_files, tally.n_bytes, skipped=False)
+    _write_marker(done.root, done.kind, done.args, complete=True, counts=done.counts, n_files=done.n_files,
+                  n_bytes=done.n_bytes)
+    return done
 
 
 # --------------------------------------------------------------------------
@@ -203,18 +153,47 @@ def finish(root: Path, kind: str, args: dict[str, Any], tally: Tally) -> SynthSu
 # --------------------------------------------------------------------------
 
 
-def in_threads(fn: Callable[[int], Any], indices: range) -> list[Any]:
-    """``[fn(i) for i in indices]`` on up to 8 threads, results in order.
+def write_corpus(
+    root: str | os.PathLike[str],
+    kind: str,
+    args: Mapping[str, Any],
+    dirs: Sequence[tuple[str, str]],
+    keys: Sequence[Any],
+    make: Callable[[Any], list[tuple[str, bytes]]],
+) -> SynthSummary:
+    """Write the corpus ``kind`` at ``root``, or return the complete one already there.
 
-    Each sample has its own generator (:func:`sample_rng`), so output does not depend on the
-    thread; numpy, Pillow and file writes release the GIL. Threads, not processes: nothing
-    is re-imported and callers' own threads (Dask, pytest) stay safe.
+    ``make(key)`` returns the files of one sample as ``(path relative to root, bytes)``
+    pairs; ``dirs`` lists every ``(split, class)`` folder, made even when it stays empty;
+    ``counts[split][class]`` counts the samples with a file in that folder.
+
+    Samples are made on up to 8 threads, results in order. Each sample has its own generator
+    (:func:`sample_rng`), so output does not depend on the thread; numpy, Pillow and file
+    writes release the GIL. Threads, not processes: nothing is re-imported and callers' own
+    threads (Dask, pytest) stay safe.
     """
+    root = Path(root)
+    args = json_normalise(args)
+    done = begin(root, kind, args)
+    if done is not None:
+        return done
+    counts: dict[str, dict[str, int]] = {}
+    for split, cls in dirs:
+        (root / split / cls).mkdir(parents=True, exist_ok=True)
+        counts.setdefault(split, {})[cls] = 0
+    n_files = n_bytes = 0
+
+    def write(key: Any) -> list[tuple[str, int]]:
+        return [(rel, atomic_write(root / rel, data)) for rel, data in make(key)]
+
     workers = min(8, os.cpu_count() or 1)
-    if workers == 1 or len(indices) < 16:
-        return [fn(i) for i in indices]
     with ThreadPoolExecutor(workers, thread_name_prefix="h5batch-generate") as pool:
-        return list(pool.map(fn, indices))
+        for written in pool.map(write, keys):
+            for split, cls in {tuple(rel.split("/")[:2]) for rel, _ in written}:
+                counts[split][cls] += 1
+            n_files += len(written)
+            n_bytes += sum(n for _, n in written)
+    return finish(SynthSummary(root, kind, args, counts, n_files, n_bytes))
 
 
 def atomic_write(path: Path, data: bytes | Sequence[Any]) -> int:

@@ -8,7 +8,6 @@ classes and two splits, small enough to make when a conversion starts.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -17,17 +16,13 @@ from ..argcheck import integer
 from .common import (
     TAG_DEMO,
     SynthSummary,
-    Tally,
-    atomic_write,
-    begin,
     fades,
-    finish,
-    json_normalise,
     png_bytes,
     sample_rng,
     stem_width,
     to_int16,
     wav_bytes,
+    write_corpus,
 )
 
 __all__ = ["DEMO_CLASSES", "DEMO_SAMPLE_RATE", "DEMO_SPLITS", "make_demo_corpus"]
@@ -85,12 +80,9 @@ def _demo_image(cls: str, rng: np.random.Generator) -> Image.Image:
     fill = tuple(int(c) for c in fg)
     if cls == "circle":
         draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=fill)
-    elif cls == "square":
-        draw.regular_polygon((cx, cy, r), 4, rotation=rng.uniform(0.0, 90.0), fill=fill)
-    elif cls == "triangle":
-        draw.regular_polygon((cx, cy, r), 3, rotation=rng.uniform(0.0, 120.0), fill=fill)
-    else:  # pragma: no cover - guarded by DEMO_CLASSES
-        raise ValueError(cls)
+    else:  # a square or a triangle, turned by up to its symmetry angle
+        sides = {"square": 4, "triangle": 3}[cls]
+        draw.regular_polygon((cx, cy, r), sides, rotation=rng.uniform(0.0, 360.0 / sides), fill=fill)
     return img
 
 
@@ -133,26 +125,19 @@ def make_demo_corpus(
     test_fraction = float(test_fraction)
     if not 0.0 <= test_fraction <= 1.0:
         raise ValueError(f"test_fraction must be in [0, 1], got {test_fraction}")
-    root = Path(root)
-    args = json_normalise({"per_class": per_class, "test_fraction": test_fraction, "seed": seed})
-    done = begin(root, "demo", args)
-    if done is not None:
-        return done
-
-    n_test = int(round(per_class * test_fraction))
-    n_train = per_class - n_test
+    n_train = per_class - int(round(per_class * test_fraction))
     width = stem_width(per_class)
-    tally = Tally()
-    for ci, cls in enumerate(DEMO_CLASSES):
-        for split in DEMO_SPLITS:
-            (root / split / cls).mkdir(parents=True, exist_ok=True)
-            tally.counts.setdefault(split, {})[cls] = 0
-        for i in range(per_class):
-            split = "train" if i < n_train else "test"
-            rng = sample_rng(seed, TAG_DEMO, ci, i)
-            png = png_bytes(_demo_image(cls, rng))
-            wav = wav_bytes(_demo_waveform(cls, rng), DEMO_SAMPLE_RATE)
-            stem = root / split / cls / f"{cls}_{i:0{width}d}"
-            tally.add(split, cls, atomic_write(stem.with_suffix(".png"), png))
-            tally.add(split, cls, atomic_write(stem.with_suffix(".wav"), wav), sample=False)
-    return finish(root, "demo", args, tally)
+
+    def make(key: tuple[int, int]) -> list[tuple[str, bytes]]:
+        ci, i = key
+        cls = DEMO_CLASSES[ci]
+        rng = sample_rng(seed, TAG_DEMO, ci, i)
+        png = png_bytes(_demo_image(cls, rng))
+        wav = wav_bytes(_demo_waveform(cls, rng), DEMO_SAMPLE_RATE)
+        stem = f"{'train' if i < n_train else 'test'}/{cls}/{cls}_{i:0{width}d}"
+        return [(stem + ".png", png), (stem + ".wav", wav)]
+
+    args = {"per_class": per_class, "test_fraction": test_fraction, "seed": seed}
+    dirs = [(split, cls) for cls in DEMO_CLASSES for split in DEMO_SPLITS]
+    keys = [(ci, i) for ci in range(len(DEMO_CLASSES)) for i in range(per_class)]
+    return write_corpus(root, "demo", args, dirs, keys, make)

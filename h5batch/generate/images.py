@@ -13,7 +13,6 @@ import io
 import math
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from types import MappingProxyType
 
 import numpy as np
@@ -23,16 +22,11 @@ from ..argcheck import integer
 from .common import (
     TAG_IMAGES,
     SynthSummary,
-    Tally,
-    atomic_write,
-    begin,
     check_name,
-    finish,
-    in_threads,
-    json_normalise,
     sample_rng,
     split_counts,
     stem_width,
+    write_corpus,
 )
 
 __all__ = ["make_image_corpus"]
@@ -158,44 +152,32 @@ def make_image_corpus(
         raise ValueError(
             f"splits must map names to non-negative weights with a positive sum, got {dict(splits)!r}"
         )
-    root = Path(root)
-    args = json_normalise(
-        {
-            "n_per_class": n_per_class,
-            "classes": _CLASSES,
-            # A list of pairs, not a dict: the order decides which indices go where.
-            "splits": [[k, v] for k, v in split_items],
-            "min_side": _MIN_SIDE,
-            "max_side": _MAX_SIDE,
-            "fmt": "JPEG",  # fixed now; still in the marker, so corpora made before are reused
-            "quality": 90,
-            "seed": seed,
-        }
-    )
-    done = begin(root, "images", args)
-    if done is not None:
-        return done
-
+    args = {
+        "n_per_class": n_per_class,
+        "classes": _CLASSES,
+        # A list of pairs, not a dict: the order decides which indices go where.
+        "splits": [[k, v] for k, v in split_items],
+        "min_side": _MIN_SIDE,
+        "max_side": _MAX_SIDE,
+        "fmt": "JPEG",  # fixed now; still in the marker, so corpora made before are reused
+        "quality": 90,
+        "seed": seed,
+    }
     per_split = split_counts(n_per_class, [v for _, v in split_items])
     # split_of[i] = split name of class-local index i
     split_of = [name for (name, _), c in zip(split_items, per_split, strict=True) for _ in range(c)]
     width = stem_width(n_per_class)
-    tally = Tally()
-    for ci, cls in enumerate(_CLASSES):
-        for name, _ in split_items:
-            (root / name / cls).mkdir(parents=True, exist_ok=True)
-            tally.counts.setdefault(name, {})[cls] = 0
 
-        def write_image(i: int, ci: int = ci, cls: str = cls) -> int:
-            img = _textured_image(
-                sample_rng(seed, TAG_IMAGES, ci, i), ci, len(_CLASSES), _MIN_SIDE, _MAX_SIDE
-            )
-            buf = io.BytesIO()
-            # Explicit settings: output must not depend on Pillow defaults changing.
-            img.save(buf, format="JPEG", quality=90, subsampling=2, optimize=False, progressive=False)
-            path = root / split_of[i] / cls / f"{cls}_{i:0{width}d}.jpg"
-            return atomic_write(path, buf.getvalue())
+    def make(key: tuple[int, int]) -> list[tuple[str, bytes]]:
+        ci, i = key
+        rng = sample_rng(seed, TAG_IMAGES, ci, i)
+        img = _textured_image(rng, ci, len(_CLASSES), _MIN_SIDE, _MAX_SIDE)
+        buf = io.BytesIO()
+        # Explicit settings: output must not depend on Pillow defaults changing.
+        img.save(buf, format="JPEG", quality=90, subsampling=2, optimize=False, progressive=False)
+        cls = _CLASSES[ci]
+        return [(f"{split_of[i]}/{cls}/{cls}_{i:0{width}d}.jpg", buf.getvalue())]
 
-        for i, written in enumerate(in_threads(write_image, range(n_per_class))):
-            tally.add(split_of[i], cls, written)
-    return finish(root, "images", args, tally)
+    dirs = [(name, cls) for cls in _CLASSES for name, _ in split_items]
+    keys = [(ci, i) for ci in range(len(_CLASSES)) for i in range(n_per_class)]
+    return write_corpus(root, "images", args, dirs, keys, make)

@@ -8,7 +8,6 @@ fields can be stored fixed-shape or variable.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 
@@ -16,16 +15,11 @@ from ..argcheck import integer
 from .common import (
     TAG_PAIRED,
     SynthSummary,
-    Tally,
-    atomic_write,
-    begin,
     fades,
-    finish,
-    in_threads,
-    json_normalise,
     positive_float,
     sample_rng,
     wav_bytes,
+    write_corpus,
 )
 
 __all__ = ["make_paired_audio"]
@@ -97,35 +91,22 @@ def make_paired_audio(
     n = int(round(seconds * sample_rate))
     if n < 1:
         raise ValueError(f"seconds * sample_rate rounds to {n} frames")
-    root = Path(root)
-    args = json_normalise(
-        {
-            "n_train": n_train,
-            "n_test": n_test,
-            "seconds": seconds,
-            "sample_rate": sample_rate,
-            "seed": seed,
-            "subtype": "PCM_16",  # every file is 16-bit PCM; corpora made so far say so
-        }
-    )
-    done = begin(root, "paired", args)
-    if done is not None:
-        return done
+    args = {
+        "n_train": n_train,
+        "n_test": n_test,
+        "seconds": seconds,
+        "sample_rate": sample_rate,
+        "seed": seed,
+        "subtype": "PCM_16",  # every file is 16-bit PCM; corpora made so far say so
+    }
+    splits = ("train", "test")
 
-    tally = Tally()
-    for si, (split, count) in enumerate((("train", n_train), ("test", n_test))):
-        for sub in ("data", "label"):
-            (root / split / sub).mkdir(parents=True, exist_ok=True)
-            tally.counts.setdefault(split, {})[sub] = 0
+    def make(key: tuple[int, int]) -> list[tuple[str, bytes]]:
+        si, i = key
+        clean, noisy = _paired_waveforms(sample_rng(seed, TAG_PAIRED, si, i), n, sample_rate)
+        return [(f"{splits[si]}/data/{i}.wav", wav_bytes(noisy, sample_rate)),
+                (f"{splits[si]}/label/{i}.wav", wav_bytes(clean, sample_rate))]
 
-        def write_pair(i: int, split: str = split, si: int = si) -> tuple[int, int]:
-            clean, noisy = _paired_waveforms(sample_rng(seed, TAG_PAIRED, si, i), n, sample_rate)
-            data = root / split / "data" / f"{i}.wav"
-            label = root / split / "label" / f"{i}.wav"
-            return (atomic_write(data, wav_bytes(noisy, sample_rate)),
-                    atomic_write(label, wav_bytes(clean, sample_rate)))
-
-        for n_data, n_label in in_threads(write_pair, range(count)):
-            tally.add(split, "data", n_data)
-            tally.add(split, "label", n_label)
-    return finish(root, "paired", args, tally)
+    dirs = [(split, sub) for split in splits for sub in ("data", "label")]
+    keys = [(si, i) for si, count in enumerate((n_train, n_test)) for i in range(count)]
+    return write_corpus(root, "paired", args, dirs, keys, make)

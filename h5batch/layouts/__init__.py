@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from . import class_folders, paired_folders, pattern, table  # noqa: F401
 # isort: on
 from ..manifest import Manifest
-from . import annotate, exclude, limit
+from . import annotate, exclude
 from . import splits as split_rules
 from .base import LAYOUTS, Builder, Layout, get, names, register
 
@@ -52,7 +52,7 @@ def discover(job: JobConfig) -> Manifest:
     exclude.apply(job.source, b, str(root))
     cols = annotate.join(root, job, b)
     splits = split_rules.apply(root, job, b, cols) or splits
-    limit.apply(job.source, b)
+    exclude.limit(job.source, b)
     return b.finish(str(root), splits)
 
 

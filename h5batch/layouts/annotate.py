@@ -22,7 +22,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import glob
-import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +32,7 @@ from ..fields.multilabel import ALL
 from ..manifest import Item, Reject
 from . import exclude
 from .base import stem
+from .table import json_rows
 
 if TYPE_CHECKING:
     from ..config_types import JobConfig, TableSpec
@@ -109,18 +109,11 @@ def _parse(path: Path, fmt: str, spec: TableSpec, name: str) -> tuple[list[str],
     start = spec.skip
     out: list[tuple[int, dict]] = []
     if fmt == "jsonl":
-        cols: list[str] = []
-        for n, line in enumerate(lines[start:], start=start + 1):
-            if line.strip():
-                try:
-                    row = json.loads(line)
-                except ValueError as e:
-                    raise ValueError(f"{name}:{n}: not valid JSON: {e}") from None
-                for c in row:
-                    if c not in cols:
-                        cols.append(c)
-                out.append((n, {k: v for k, v in row.items()}))
-        return cols, out
+        for n, row in json_rows(lines[start:], start):
+            if isinstance(row, str):
+                raise ValueError(f"{name}:{n}: {row}")
+            out.append((n, row))
+        return list(dict.fromkeys(c for _, row in out for c in row)), out
     if fmt == "transcript":
         for n, line in enumerate(lines[start:], start=start + 1):
             if line.strip():
@@ -217,13 +210,9 @@ def _expand_all(job: JobConfig, tables: list[Table]) -> dict[str, Any]:
 
 def _check_columns(job: JobConfig, fields: dict[str, Any], known: list[str]) -> None:
     s = job.source
-    wanted: list[tuple[str, str]] = []
-    if s.label_column:
-        wanted.append(("source.label_column", s.label_column))
-    if s.split.column:
-        wanted.append(("source.split.column", s.split.column))
-    if s.split.hash_key:
-        wanted.append(("source.split.hash_key", s.split.hash_key))
+    wanted = [(key, col) for key, col in (("source.label_column", s.label_column),
+                                          ("source.split.column", s.split.column),
+                                          ("source.split.hash_key", s.split.hash_key)) if col]
     for name, fc in fields.items():
         if reads_files(fc):
             continue

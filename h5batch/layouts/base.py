@@ -17,11 +17,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, ClassVar
 
 from ..fields import file_fields, reads_files
 from ..manifest import Item, Manifest, Memo, Reject, natural_key
+from ..registry import Registry
 from ..walker import Walker
 from .records import hash_inputs, hash_rejects, input_stats, item_record
 
@@ -52,8 +54,11 @@ class Layout:
     def walk(self, root: Path, src: SourceConfig, b: Builder) -> tuple[list[tuple[str, int, int]], list[str] | None]:
         """(an incremental layout) Every file :meth:`build` looks at, as ``(relative path,
         size, mtime_ns)``, the walk's rejects put in ``b``; and the split order when the
-        folders fix it (None when the items' splits do)."""
-        raise NotImplementedError
+        folders fix it (None when the items' splits do). Default: every file under ``root``."""
+        walker = Walker(root, b.ordered_walk)
+        files = walker.walk()
+        b.walked(walker)
+        return files, None
 
     def build(self, root: Path, src: SourceConfig, b: Builder, files: list[tuple[str, int, int]],
               splits: list[str] | None) -> list[str]:
@@ -69,30 +74,10 @@ class Layout:
         return f"<layout {self.name}>"
 
 
-LAYOUTS: dict[str, Layout] = {}  # name -> layout, in registration order
-
-
-def register(layout: Layout) -> Layout:
-    """Add ``layout`` to :data:`LAYOUTS` under its name (a second one of a name is a bug)."""
-    if not getattr(layout, "name", ""):
-        raise ValueError(f"{type(layout).__name__} has no name")
-    if layout.name in LAYOUTS and LAYOUTS[layout.name] is not layout:
-        raise ValueError(f"layout {layout.name!r} is registered twice")
-    LAYOUTS[layout.name] = layout
-    return layout
-
-
-def names() -> tuple[str, ...]:
-    """The registered layout names, in registration order."""
-    return tuple(LAYOUTS)
-
-
-def get(name: str) -> Layout:
-    """The layout called ``name``; ``ValueError`` listing the registered names otherwise."""
-    try:
-        return LAYOUTS[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown layout {name!r} (registered: {', '.join(LAYOUTS)})") from None
+LAYOUTS: Registry[Layout] = Registry("layout")  # name -> layout, in registration order
+register = LAYOUTS.register
+names = LAYOUTS.names
+get = LAYOUTS.lookup
 
 
 # ---------------------------------------------------------------------------
@@ -108,24 +93,22 @@ def _suffix_at(name: str) -> int:
     return i if 0 < i < len(name) - 1 else len(name)
 
 
-def ext(path: str) -> str:
-    """The lower-cased suffix of a relative path's file name (``""`` for none)."""
-    name = path.rpartition("/")[2]
-    return name[_suffix_at(name):].lower()
-
-
-def stem(path: str) -> str:
-    """A relative path without its file name's suffix."""
-    name = path.rpartition("/")[2]
-    return path[: len(path) - len(name) + _suffix_at(name)]
-
-
 def stem_ext(path: str) -> tuple[str, str]:
     """``(stem(path), ext(path))`` from one look at the file name (a layout's loop over
     every file of the corpus needs both)."""
     name = path.rpartition("/")[2]
     i = _suffix_at(name)
     return path[: len(path) - len(name) + i], name[i:].lower()
+
+
+def ext(path: str) -> str:
+    """The lower-cased suffix of a relative path's file name (``""`` for none)."""
+    return stem_ext(path)[1]
+
+
+def stem(path: str) -> str:
+    """A relative path without its file name's suffix."""
+    return stem_ext(path)[0]
 
 
 def not_accepted(path: str, accepted: str, field_name: str | None = None) -> str:
@@ -180,31 +163,34 @@ class Builder:
         """Whether ``path``'s extension is one of the field's (case-insensitive)."""
         return ext(path) in self.exts[field_name]
 
-    def group_by_stem(self, split: str, files: list[str], label: str | None, key_prefix: str,
-                      field_of: dict[str, str]) -> None:
+    def group_by_stem(self, split: str, files: list[str], label: str | None, field_of: dict[str, str]) -> None:
         """Group ``files`` (relative paths) by stem; ``field_of[path]`` says its field. With
         one field, two files of a stem are two samples (:meth:`finish` keys them apart)."""
+        self.pair(split, [(path, field_of[path], stem(path)) for path in files], label,
+                  lambda fname: "the same stem and field", lambda key: f"for stem {PurePosixPath(key).name!r}")
+
+    def pair(self, split: str, files: list[tuple[str, str, str]], label: str | None,
+             shared: Callable[[str], str], named: Callable[[str], str]) -> None:
+        """One item per key of ``files`` (``(path, field, key)``) with a file of every field. A
+        second file of one key and field is a duplicate (``shared(field)`` says what the two
+        share) and the files of a key that lacks a field are rejects (``named(key)`` names it)."""
         groups: dict[str, dict[str, str]] = {}
-        for path in files:
-            s = stem(path)
-            fname = field_of[path]
-            slot = groups.setdefault(s, {})
+        for path, fname, key in files:
+            slot = groups.setdefault(key, {})
             if fname in slot and len(self.fields) == 1:
-                key = f"{key_prefix}{PurePosixPath(s).name}" if key_prefix else s
                 self.items.append(Item(key, split, (path,), label))
                 continue
             if fname in slot:
-                self.rejects.append(Reject(path, "discover", f"duplicate key: {slot[fname]} has the same stem and field"))
+                self.rejects.append(Reject(path, "discover", f"duplicate key: {slot[fname]} has {shared(fname)}"))
                 continue
             slot[fname] = path
-        for s, slot in groups.items():
+        for key, slot in groups.items():
             missing = [f for f in self.fields if f not in slot]
             if missing:
                 for path in slot.values():
                     self.rejects.append(Reject(path, "discover",
-                                               f"paired sample incomplete: no {'/'.join(missing)} file for stem {PurePosixPath(s).name!r}"))
+                                               f"paired sample incomplete: no {'/'.join(missing)} file {named(key)}"))
                 continue
-            key = f"{key_prefix}{PurePosixPath(s).name}" if key_prefix else s
             self.items.append(Item(key, split, tuple(slot[f] for f in self.fields), label))
 
     def _drop_aliases(self, root: str, items: list[Item]) -> list[Item]:
@@ -250,16 +236,12 @@ class Builder:
         return [it for i, it in enumerate(items) if i not in dropped] if dropped else items
 
     def finish(self, root: str, splits: list[str]) -> Manifest:
-        plain = not self.symlinks
-        if len(self.fields) == 1:
-            keyed = keys_with_extensions(self.items)
-            plain = plain and keyed is self.items
-            self.items = keyed
+        keyed = keys_with_extensions(self.items) if len(self.fields) == 1 else self.items
+        plain = not self.symlinks and keyed is self.items  # without symlinks no alias is dropped
+        self.items = keyed
         unique = self._in_order(splits)
         plain = self._drop_duplicates(unique) and plain
-        kept = self._drop_aliases(root, unique)
-        plain = plain and kept is unique
-        unique = kept
+        unique = self._drop_aliases(root, unique)
         present = {it.split for it in unique}
         all_splits = list(splits) + sorted(present - set(splits))
         labels = sorted({it.label for it in unique if it.label is not None}, key=natural_key)

@@ -48,11 +48,9 @@ class ClassFolders(Layout):
         return order
 
     def walk(self, root: Path, src: SourceConfig, b: Builder) -> tuple[list[tuple[str, int, int]], list[str] | None]:
-        walker = Walker(root, b.ordered_walk)
         if not src.split_folders:
-            files = walker.walk()
-            b.walked(walker)
-            return files, None
+            return super().walk(root, src, b)
+        walker = Walker(root, b.ordered_walk)
         splits = split_dirs(root, src, b)
         files = [f for split in splits for f in walker.walk(split)]
         b.walked(walker)
@@ -84,7 +82,7 @@ class ClassFolders(Layout):
                 field_of[rel] = fname
                 by_class.setdefault(parts[top], []).append(rel)
             for cls, group in by_class.items():
-                b.group_by_stem(split, group, cls, "", field_of)
+                b.group_by_stem(split, group, cls, field_of)
         if len(depths) > 1 and not src.nested:
             found = ", ".join(f"{d} folder(s) down: {p}" for d, p in sorted(depths.items()))
             raise ConfigError(b.job.file, "source.layout",

@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import glob
 import hashlib
 import json
+from collections.abc import Callable
 from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -79,27 +81,21 @@ class Rediscovery:
         return self.items + len(self.manifest.rejects)
 
 
-class _OldKeys:
-    """The sort keys of the stored manifest's items, decoded from their records on demand
-    (a bisection reads a few of them)."""
+def _stored_items(mem: Memory, order: dict[str, int]) -> tuple[Callable[[int], tuple], Callable[[int], tuple]]:
+    """Two functions of a stored item's position: its ``(split, key)``, decoded from its record,
+    and its sort key, cached (a bisection reads a few of them)."""
+    record, ends = mem.record.data, mem.record_end.tolist()
 
-    def __init__(self, mem: Memory, order: dict[str, int]):
-        self.mem, self.order, self._cache = mem, order, {}
-        self._record, self._ends = mem.record.data, mem.record_end.tolist()
-
-    def __len__(self) -> int:
-        return len(self.mem.record_end)
-
-    def item(self, i: int) -> tuple[str, str]:
-        """(split, key) of stored item ``i``."""
-        rec = bytes(self._record[(self._ends[i - 1] if i else 0):self._ends[i]])
+    def item(i: int) -> tuple:
+        rec = bytes(record[(ends[i - 1] if i else 0):ends[i]])
         return tuple(_JSON.raw_decode(rec.decode())[0][:2])
 
-    def __getitem__(self, i: int) -> tuple:
-        if i not in self._cache:
-            split, key = self.item(i)
-            self._cache[i] = (self.order.get(split, len(self.order)), split, natural_key(key))
-        return self._cache[i]
+    @functools.cache
+    def sort_key(i: int) -> tuple:
+        split, key = item(i)
+        return order.get(split, len(order)), split, natural_key(key)
+
+    return item, sort_key
 
 
 def why_not_incremental(job: JobConfig) -> str | None:
@@ -189,14 +185,14 @@ def _rediscover(job, layout, mem: Memory, old_rejects, root: Path, walk: Builder
     order = {s: i for i, s in enumerate(mem.splits)}
     if any(it.split not in order for it in b.items):
         return "a new split appeared"
-    old = _OldKeys(mem, order)
+    old_item, old_key = _stored_items(mem, order)
     position = np.empty(n, dtype=np.int64)
     position[mem.order] = np.arange(n)
     by_path = {it.paths[0]: it for it in b.items}
     replaced: dict[int, Item] = {}
     for key_at, path in zip(at[changed_at].tolist(), changed):
         it, p = by_path.pop(path, None), int(position[key_at])
-        if it is None or old.item(p) != (it.split, it.key):
+        if it is None or old_item(p) != (it.split, it.key):
             return f"the item of the changed file {path} is not the one it was"
         replaced[p] = it
     found_new = list(by_path.values())
@@ -205,10 +201,10 @@ def _rediscover(job, layout, mem: Memory, old_rejects, root: Path, walk: Builder
     new = [found_new[i] for i in rank]
     gone = position[~present]
     wanted = [sort_keys[i] for i in rank]
-    # Each bisection reads a few stored records (decoded once, then cached by ``old``).
-    where = [bisect.bisect_left(old, k) for k in wanted]
+    # Each bisection reads a few stored records (decoded once, then cached by ``old_key``).
+    where = [bisect.bisect_left(range(n), k, key=old_key) for k in wanted]
     for i, (it, k, p) in enumerate(zip(new, wanted, where)):
-        if (p < n and old[p] == k and present[mem.order[p]]) or (i and k == wanted[i - 1]):
+        if (p < n and old_key(p) == k and present[mem.order[p]]) or (i and k == wanted[i - 1]):
             return f"the key {it.key!r} of {it.paths[0]} clashes with another item's"
     return _merge(mem, b, new, where, replaced, gone, changed, removed, root)
 

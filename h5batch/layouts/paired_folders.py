@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..manifest import Item, Reject
+from ..manifest import Reject
 from .base import Builder, Layout, Walker, not_accepted, register, split_dirs, stem_ext
 
 if TYPE_CHECKING:
@@ -41,28 +41,11 @@ class PairedFolders(Layout):
                     continue
                 stats[rel] = (size, mtime)
                 files.append((rel, fname, inner_stem))
-            self._pair(b, split, files)
+            # Keyed by the path inside the field folder, so data/a/1.wav pairs with label/a/1.wav.
+            b.pair(split, files, None, lambda fname: f"the same name in field {fname!r}",
+                   lambda key: f"named {key!r}")
         b.walked(walker)
         return splits
-
-    @staticmethod
-    def _pair(b: Builder, split: str, files: list[tuple[str, str, str]]) -> None:
-        """Group by the path inside the field folder, so data/a/1.wav pairs with label/a/1.wav."""
-        groups: dict[str, dict[str, str]] = {}
-        for rel, fname, key in files:
-            slot = groups.setdefault(key, {})
-            if fname in slot:
-                b.rejects.append(Reject(rel, "discover", f"duplicate key: {slot[fname]} has the same name in field {fname!r}"))
-                continue
-            slot[fname] = rel
-        fields = b.fields
-        for key, slot in groups.items():
-            if len(slot) != len(fields):
-                missing = [f for f in fields if f not in slot]
-                for rel in slot.values():
-                    b.rejects.append(Reject(rel, "discover", f"paired sample incomplete: no {'/'.join(missing)} file named {key!r}"))
-                continue
-            b.items.append(Item(key, split, tuple([slot[f] for f in fields]), None))
 
 
 register(PairedFolders())

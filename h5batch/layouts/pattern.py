@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..manifest import Item, Reject
-from .base import Builder, Layout, Walker, declared_then_found, not_accepted, register, stem_ext
+from .base import Builder, Layout, declared_then_found, not_accepted, register, stem_ext
 
 if TYPE_CHECKING:
     from ..config_types import SourceConfig
@@ -24,12 +24,6 @@ if TYPE_CHECKING:
 class Pattern(Layout):
     name = "pattern"
     incremental = True  # a file's item depends on its own path: h5batch sync rediscovers incrementally
-
-    def walk(self, root: Path, src: SourceConfig, b: Builder) -> tuple[list[tuple[str, int, int]], None]:
-        walker = Walker(root, b.ordered_walk)
-        files = walker.walk()
-        b.walked(walker)
-        return files, None
 
     def build(self, root: Path, src: SourceConfig, b: Builder, files: list[tuple[str, int, int]],
               splits: list[str] | None) -> list[str]:

@@ -27,22 +27,26 @@ if TYPE_CHECKING:
 def read_rows(path: Path) -> list[tuple[int, dict | str]]:
     """``(line number, row)`` of a CSV or JSONL table; a row that cannot be parsed is
     returned as a string saying why (it becomes a reject, not a crash)."""
-    rows: list[tuple[int, dict | str]] = []
     if path.suffix.lower() in (".jsonl", ".ndjson"):
-        for n, line in enumerate(path.read_text().splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as e:
-                rows.append((n, f"not valid JSON: {e}"))
-                continue
-            rows.append((n, row if isinstance(row, dict) else f"not a JSON object: {line.strip()[:60]}"))
-        return rows
+        return json_rows(path.read_text().splitlines())
     with open(path, newline="") as fh:
         reader = csv.DictReader(fh)
-        for row in reader:
-            rows.append((reader.line_num, row))
+        return [(reader.line_num, row) for row in reader]
+
+
+def json_rows(lines: list[str], start: int = 0) -> list[tuple[int, dict | str]]:
+    """``(line number, row)`` of JSONL ``lines`` (numbered from ``start + 1``), blank lines
+    skipped; a line that is not a JSON object is returned as a string saying why."""
+    rows: list[tuple[int, dict | str]] = []
+    for n, line in enumerate(lines, start=start + 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            rows.append((n, f"not valid JSON: {e}"))
+            continue
+        rows.append((n, row if isinstance(row, dict) else f"not a JSON object: {line.strip()[:60]}"))
     return rows
 
 

@@ -1,10 +1,15 @@
-"""What the two Blosc2 codecs share: the Blosc2 plugin filter (32026), the frame the filter
-stores per chunk, and its decode step.
+"""Codecs ``blosc2-lz4`` and ``blosc2-zstd``: the Blosc2 plugin filter (32026) with LZ4 or
+Zstd and byte shuffle, the frame the filter stores per chunk, and its decode step.
 
-Rule: no codec is registered here; ``blosc2_lz4.py`` and ``blosc2_zstd.py`` each define one
-:class:`Blosc2Codec` subclass naming its inner compressor. Reason: both store the same filter
-id (the compressor is a filter parameter), so they must share one decode step, and the
-registry gives each filter id one step.
+Rule: both codecs live here, as two :class:`Blosc2Codec` instances naming their inner
+compressor. Reason: both store the same filter id (the compressor is a filter parameter), so
+they must share one decode step, and the registry gives each filter id one step.
+
+``blosc2-lz4`` is the training-input default (what ``auto`` picks when a trial shows
+compression pays): fast to write and to read. ``blosc2-zstd`` makes smaller files at some
+write cost; its levels are Blosc2's 0..9 (Blosc2 maps them onto Zstd's own levels; the plugin
+refuses anything above 9). Both are readable by tools that load the HDF5 plugin (``import
+hdf5plugin``).
 
 Decoding (the reader's hot path): the filter stores each HDF5 chunk as a one-chunk
 super-chunk frame (a header of ~100 bytes, the Blosc2 chunk, an index, a trailer). Building a
@@ -14,17 +19,17 @@ new thread pool, per HDF5 chunk: a sizeable share of decoding the chunk.
 ``frame.h``) and :meth:`Blosc2Step.decode_into` hands it to ``blosc2.decompress``, straight
 into the chunk buffer, with blosc2's kept global context (``blosc2.nthreads`` threads). A
 frame that does not look exactly like that (another layout, a ``b2nd`` array, an all-zero
-chunk stored as a special value) goes through ``SChunk`` as before; either way the reader
+chunk stored as a special value) goes through ``SChunk``; either way the reader
 compares the first chunk of each dataset with HDF5's own read.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
-from .base import Codec, DecodeStep, Encoder, uses_shuffle
+from .base import Codec, DecodeStep, Encoder, register, uses_shuffle
 
 FILTER_BLOSC2 = 32026  # registered HDF5 filter id of Blosc2
 
@@ -87,17 +92,16 @@ class Blosc2Step(DecodeStep):
         return "blosc2"
 
 
-BLOSC2_STEP = Blosc2Step()
-
-
 class Blosc2Codec(Codec):
-    """Blosc2 with byte shuffle done inside Blosc2 (not HDF5's shuffle filter). A subclass
-    sets ``name``, ``default_level``, ``levels`` and ``cname``, the inner compressor as both
-    hdf5plugin and blosc2 spell it (``lz4``, ``zstd``)."""
+    """Blosc2 with byte shuffle done inside Blosc2 (not HDF5's shuffle filter). ``cname`` is
+    the inner compressor as both hdf5plugin and blosc2 spell it (``lz4``, ``zstd``)."""
 
-    cname: ClassVar[str]
     levels = range(0, 10)  # Blosc2's clevel, whatever the inner compressor
     filter_ids = (FILTER_BLOSC2,)
+    steps = (Blosc2Step(),)  # one instance: the two codecs share the filter and its step
+
+    def __init__(self, name: str, cname: str, default_level: int):
+        self.name, self.cname, self.default_level = name, cname, default_level  # type: ignore[misc]
 
     def dataset_kwargs(self, level: int | None, shuffle: bool, itemsize: int) -> dict[str, Any]:
         import hdf5plugin
@@ -119,5 +123,6 @@ class Blosc2Codec(Codec):
 
         return enc
 
-    def decode_steps(self) -> dict[int, DecodeStep]:
-        return {FILTER_BLOSC2: BLOSC2_STEP}
+
+register(Blosc2Codec("blosc2-lz4", "lz4", 5))
+register(Blosc2Codec("blosc2-zstd", "zstd", 3))
