@@ -91,14 +91,6 @@ class ChunkAppender:
             return self.ds.shape[0]
         return self.next_chunk * self.k
 
-    def store_encoded(self, data) -> None:
-        """Store one whole chunk encoded elsewhere (a worker); the buffer must be empty."""
-        if self.fill:
-            raise RuntimeError("store_encoded called with a partial chunk in progress")
-        self._store(self.next_chunk, data)
-        self.next_chunk += 1
-        self.n += self.k
-
     def _emit(self, chunk: np.ndarray) -> None:
         if self.raw:
             self._drain()

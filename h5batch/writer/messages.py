@@ -16,7 +16,7 @@ Writer -> driver: :class:`Stored` per batch part, then :class:`Done`, :class:`Ab
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotations only: the writer's imports stay what its work needs
     from ..batches import BatchResult
@@ -131,7 +131,6 @@ class Done:
     bytes_decoded: int
     rejects_file: str
     ok: bool
-    stats: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
