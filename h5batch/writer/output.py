@@ -141,10 +141,6 @@ class OutputWriter:
             self.next_batch = r.index + 1
         return len(keep), late
 
-    def after_store(self) -> None:
-        """Called once a batch is stored and acknowledged, while the driver decodes the next
-        ones: work of the end that can be done early (a sync's, :mod:`.sync`). None here."""
-
     def add_rejects(self, rejects: list[Reject]) -> None:
         if not rejects:
             return

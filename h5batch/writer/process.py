@@ -98,7 +98,6 @@ class _Session:
         r = msg.result
         n, _ = self.out.write_batch(r)
         self.outbox.put(Stored(r.index, n))
-        self.out.after_store()
         self.stored += 1
         faults.pause(f"store:{self.stored}", self.spec.partial_path)
         # Commit between whole batches only: a commit inside a split batch would record a
