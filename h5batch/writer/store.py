@@ -185,30 +185,21 @@ class SplitStore:
         # One source path per field of files; fields of annotation values have none.
         files = file_fields(dict(spec.fields))
         nf, ns = len(spec.fields), len(files)
-        # Buffered: written once per commit and at the end (SmallAppender says why).
         self.source = SmallAppender(small_dataset(self.group, fmt.SOURCE, (ns,) if ns > 1 else (), STR,
-                                                  small_rows(1024, rows)), True)
-        self.checksum = SmallAppender(small_dataset(self.group, fmt.CHECKSUM, (nf,), np.uint32, small_rows(8192, rows)),
-                                      True)
+                                                  small_rows(1024, rows)))
+        self.checksum = SmallAppender(small_dataset(self.group, fmt.CHECKSUM, (nf,), np.uint32, small_rows(8192, rows)))
         self.source.ds.attrs["fields"] = fmt.dumps(files)
         self.checksum.ds.attrs["fields"] = fmt.dumps(self.names)
         self.checksum.ds.attrs["algorithm"] = "crc32"
-        self.label = (SmallAppender(small_dataset(self.group, fmt.LABEL, (), np.int64, small_rows(8192, rows)), True)
+        self.label = (SmallAppender(small_dataset(self.group, fmt.LABEL, (), np.int64, small_rows(8192, rows)))
                       if spec.labelled else None)
         self.n = self.source.n
 
-    def _flush_metadata(self) -> None:
-        for a in (self.source, self.checksum, self.label):
-            if a is not None:
-                a.flush()
-
     def checkpoint(self) -> dict[str, tuple[int, np.ndarray | None]]:
-        self._flush_metadata()
         self.group.attrs[fmt.ATTR_NUM_SAMPLES] = self.n
         return {name: fs.checkpoint() for name, fs in self.fields.items()}
 
     def finish(self) -> None:
-        self._flush_metadata()
         for fs in self.fields.values():
             fs.finish()
         self.group.attrs[fmt.ATTR_NUM_SAMPLES] = self.n
