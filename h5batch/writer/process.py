@@ -38,7 +38,6 @@ from .messages import (
     Aborted,
     Failed,
     Finish,
-    Quit,
     Start,
     Store,
     Stored,
@@ -145,7 +144,7 @@ def _wait_for_start(inbox, lifeline) -> WriterSpec | None:
             msg = _next(inbox, lifeline)
         except (EOFError, OSError):
             return None
-        if msg is None or isinstance(msg, (Quit, Abort)):
+        if msg is None or isinstance(msg, Abort):
             return None
         if isinstance(msg, Start):
             return msg.spec
@@ -300,7 +299,7 @@ class WriterHandle:
     def stop(self, timeout: float = 10.0) -> None:
         """Ask a writer that never got a job to go, and make sure it does."""
         with contextlib.suppress(OSError):  # gone already
-            self.inbox.put(Quit())
+            self.inbox.put(Abort())
         self.process.join(timeout=timeout)
         if self.process.is_alive():
             self.process.kill()
