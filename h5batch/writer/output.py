@@ -113,12 +113,9 @@ class OutputWriter:
             per_field = {b.name: (b, att.samples(b)) for b in r.packed.blocks}
             keep = list(range(r.n_samples))
             late: list[Reject] = []
-            for name, (block, samples) in per_field.items():
-                fs = store.fields[name]
-                if fs.block_fits(block):
-                    continue  # every sample of the block passes: none to check one by one
+            for name, (_block, samples) in per_field.items():
                 for i in list(keep):
-                    why = fs.check(samples[i])
+                    why = store.fields[name].check(samples[i])
                     if why:
                         keep.remove(i)
                         late.extend(Reject(p, "write", f"field {name}: {why}") for p in r.sources[i])

@@ -118,17 +118,6 @@ class FieldStore:
             return f"shape {tuple(sample.shape)} differs from the field's {tuple(self.shape)}"
         return None
 
-    def block_fits(self, block) -> bool:
-        """Whether every sample of ``block`` (a :class:`~h5batch.transport.packing.Block`:
-        one dtype, a shape per sample) passes :meth:`check`: the writer then checks the
-        block once instead of each of its samples."""
-        if self.dtype is not None and np.dtype(block.dtype) != self.dtype:
-            return False
-        if self.fixed and self.shape is not None:
-            shape = tuple(self.shape)
-            return all(s == shape for s in block.shapes)
-        return True
-
     def append(self, samples: list[np.ndarray], flat: np.ndarray | None) -> None:
         """Append samples (all passed :meth:`check`). ``flat`` is their bytes back to back
         when every sample is kept (saves a concatenation)."""
