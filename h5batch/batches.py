@@ -19,7 +19,6 @@ from .manifest import Reject
 from .transport.packing import Packed
 
 if TYPE_CHECKING:
-    from .codecs import CodecSpec
     from .fields import FieldConfig
 
 
@@ -42,17 +41,13 @@ class BatchTask:
     transport: str = "auto"
     writer_host: str = ""
     timeout: float = 120.0  # seconds one file may take to decode
-    # Compression in the worker, per fixed-shape compressed field: (name, predicted
-    # dataset row of this batch's first sample, rows per chunk, codec).
-    align: tuple[tuple[str, int, int, CodecSpec], ...] = ()
     # The largest file of each field of files (bytes, as discovery saw them), in the items'
     # path order; () where not known, and the worker stats the files to learn it.
     largest: tuple[int, ...] = ()
 
     def sub(self, lo: int, hi: int) -> BatchTask:
-        """The task for items ``[lo, hi)`` of this one (used to isolate a crashing file);
-        its rows are not predictable, so it ships them raw."""
-        return dataclasses.replace(self, start=self.start + lo, items=self.items[lo:hi], align=())
+        """The task for items ``[lo, hi)`` of this one (used to isolate a crashing file)."""
+        return dataclasses.replace(self, start=self.start + lo, items=self.items[lo:hi])
 
 
 @dataclass

@@ -145,9 +145,8 @@ class ClusterConfig:
     batch_size: int | Literal["auto"] = "auto"  # items per task; auto: ~16 MB decoded (processes), 32 MB (Dask)
     max_in_flight: int | None = None
     transport: Literal["auto", "shm", "network"] = "auto"
-    # Where whole chunks of fixed-shape fields are compressed. "auto": in the writer on one
-    # machine (processes, local: every core already decodes), in the workers on other
-    # clusters (spreads the codec over the cluster's cores).
+    # Kept so that older job files stay valid: chunks are always compressed in the writer's
+    # thread pool, whatever the value (``workers`` is ignored, with a warning).
     compress_on: Literal["auto", "writer", "workers"] = "auto"
     dashboard: bool = True
     # dask-jobqueue keyword arguments (cores, memory, walltime, queue, jobs, ...)

@@ -1,5 +1,5 @@
 """Forked helper processes: whether this process may fork (:func:`can_fork`), and the one
-rule every forked helper of a run follows (:func:`close_inherited`).
+rule the forked decoder processes follow (:func:`close_inherited`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def start_context() -> mp.context.BaseContext:
 
 def close_inherited(*keep: int) -> None:
     """(a forked helper) Close every descriptor but the standard three and ``keep``: the
-    rule of every process h5batch forks (the writer, the in-process decoders).
+    rule of the local decoder processes (the writer keeps the output's lock it inherits).
     Reason: an inherited descriptor outlives its owner, an output's lock among them (the
     lock would not go with a killed sync), and a pipe's write end held elsewhere keeps its
     reader from seeing EOF."""
@@ -43,11 +43,4 @@ def close_inherited(*keep: int) -> None:
     for fd in sorted(keep):
         os.closerange(low, fd)
         low = fd + 1
-    os.closerange(low, _max_fd())
-
-
-def _max_fd() -> int:
-    try:
-        return os.sysconf("SC_OPEN_MAX")
-    except (ValueError, OSError):
-        return 1 << 16
+    os.closerange(low, os.sysconf("SC_OPEN_MAX"))  # a forked helper runs on Linux (can_fork)

@@ -250,7 +250,7 @@ def test_missing_pyav_is_a_reject_naming_the_extra(files):
 def test_pyav_is_a_decisive_package_of_fields_that_need_it():
     from h5batch.conversion.preflight import DECISIVE, collect_versions
 
-    assert "av" in DECISIVE and collect_versions(["av"])[0]["av"] == av.__version__
+    assert "av" in DECISIVE and collect_versions(("av",))[0]["av"] == av.__version__
     assert "av" in needed_packages(AudioField(extensions=[".wav", ".m4a"]))
     assert "av" not in needed_packages(AudioField(extensions=[".wav", ".mp3", ".ogg"]))
 

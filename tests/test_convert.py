@@ -226,33 +226,6 @@ def test_conversion_does_not_need_torch(paired_root, tmp_path):
         assert f["train/source"].shape[0] == 24
 
 
-@pytest.mark.parametrize("codec", ["blosc2-lz4", "gzip", "zstd"])
-def test_chunks_compressed_in_workers_give_the_same_file(paired_root, tmp_path, codec):
-    """Workers compress whole chunks at a predicted row; rejects make later predictions
-    wrong (the writer then decodes and re-chunks). Either way the file is the same."""
-    import shutil
-
-    root = tmp_path / "corpus"
-    shutil.copytree(paired_root, root)
-    (root / "train" / "data" / "3.wav").write_bytes(b"RIFF not really a wav")
-    (root / "train" / "data" / "11.wav").write_bytes(b"")
-    common = [f"source.root={root}", "fields.data.length=4000", "fields.target.length=4000",
-              f"output.codec={codec}", "output.chunk_bytes=32768", "cluster.batch_size=5",
-              "cluster.workers=2", "policy.max_reject_fraction=0.5"]
-    a = run_job(REPO / "jobs" / "paired_audio.yaml", tmp_path / "writer.h5", *common, "cluster.compress_on=writer")
-    b = run_job(REPO / "jobs" / "paired_audio.yaml", tmp_path / "workers.h5", *common, "cluster.compress_on=workers")
-    assert a.counts == b.counts == {"train": 22, "test": 8}
-    assert_same_h5(tmp_path / "writer.h5", tmp_path / "workers.h5")
-    # Both paths ran: chunks stored as the workers made them, and chunks redone after a reject.
-    assert a.extra["writer"].get("worker_chunks_stored", 0) == 0
-    assert b.extra["writer"]["worker_chunks_stored"] > 0 and b.extra["writer"]["worker_chunks_redone"] > 0
-    with h5py.File(tmp_path / "workers.h5", "r") as f:
-        assert f["train/data"].chunks == (4, 4000)
-        for i, (d, t) in enumerate(f["train/source"].asstr()[...]):
-            assert np.array_equal(f["train/data"][i], sf.read(root / d, dtype="int16")[0][:4000])
-            assert np.array_equal(f["train/target"][i], sf.read(root / t, dtype="int16")[0][:4000])
-
-
 def test_writer_follows_the_drivers_cwd_and_umask(demo_root, tmp_path, monkeypatch):
     """The writer is forked from a fork server whose cwd and umask were fixed when it
     started (the first conversion in this process): a later conversion in another

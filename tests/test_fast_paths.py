@@ -93,7 +93,7 @@ def outputs(corpus, tmp_path_factory):
     return {
         "auto": _convert(root, d / "auto.h5", "auto"),
         "none": _convert(root, d / "none.h5", "none"),
-        # Compressed in the writer and in the workers.
+        # compress_on: workers (older job files) is ignored: the writer compresses.
         "lz4-writer": _convert(root, d / "lz4w.h5", "blosc2-lz4", compress_on="writer"),
         "lz4-workers": _convert(root, d / "lz4k.h5", "blosc2-lz4", compress_on="workers"),
     }
@@ -143,8 +143,11 @@ def target_size(path) -> int:
         return f["train/target"].id.get_storage_size()
 
 
-def test_compression_in_writer_or_workers_gives_the_same_file(outputs):
+def test_compress_on_workers_is_ignored_with_a_warning(outputs):
     assert_same_h5(outputs["lz4-writer"][0].path, outputs["lz4-workers"][0].path)
+    warning = "cluster.compress_on: workers is ignored: chunks are compressed in the writer"
+    assert outputs["lz4-workers"][1].count(warning) == 1
+    assert warning not in outputs["lz4-writer"][1]
 
 
 def test_hung_decode_rejects_its_pair_and_keeps_the_rest(corpus, tmp_path, monkeypatch):

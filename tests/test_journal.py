@@ -1,6 +1,6 @@
-"""The undo journal of an in-place sync (h5batch/writer/journal.py): overwrites of the old
-bytes are held back until their records are durable, reads see them meanwhile, and a crash
-at any point is undone byte for byte by ``rollback``."""
+"""The undo journal of an in-place sync (h5batch/writer/journal.py): no old byte is
+overwritten before its record is durable, and a crash at any point is undone byte for byte
+by ``rollback``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import textwrap
 import h5py
 import numpy as np
 
-from h5batch.writer import journal
 from h5batch.writer.journal import JournalFile, has_journal, rollback
 
 
@@ -22,77 +21,52 @@ def _old_file(path) -> bytes:
     return data
 
 
-def test_overwrites_are_held_back_and_read_back_until_applied(tmp_path):
+def test_writes_are_made_after_their_old_bytes_are_journaled(tmp_path):
     path = tmp_path / "out.h5"
     old = _old_file(path)
     jf = JournalFile(str(path))
     jf.seek(100)
-    jf.write(b"A" * 50)  # old bytes: held back
+    jf.write(b"A" * 50)
     jf.seek(len(old) - 10)
-    jf.write(b"B" * 30)  # 10 old bytes held back, 20 past the old end written at once
+    jf.write(b"B" * 30)  # 10 old bytes, 20 past the old end
     jf.seek(120)
-    jf.write(b"C" * 10)  # over a held-back write: the later one wins
-    assert path.read_bytes()[:len(old)] == old, "no old byte is overwritten before its record is durable"
-    assert path.read_bytes()[len(old):] == b"B" * 20
+    jf.write(b"C" * 10)  # over bytes journaled already
     want = bytearray(old + b"B" * 20)
     want[100:150] = b"A" * 50
     want[len(old) - 10:] = b"B" * 30
     want[120:130] = b"C" * 10
-    jf.seek(0)
-    assert jf.read() == bytes(want), "reads see the held-back writes"
+    assert path.read_bytes() == bytes(want)
     jf.seek(90)
     buf = bytearray(70)
     assert jf.readinto(buf) == 70 and bytes(buf) == bytes(want[90:160])
-    jf.flush()  # h5py's flush: the records fsync'ed, then the writes made
-    assert not jf.pending and path.read_bytes() == bytes(want)
     jf.commit()
     assert not has_journal(str(path)) and path.read_bytes() == bytes(want)
 
 
-def test_a_crash_before_or_after_the_writes_is_undone_byte_for_byte(tmp_path):
-    for applied in (False, True):
-        path = tmp_path / f"out-{applied}.h5"
-        old = _old_file(path)
-        jf = JournalFile(str(path))
-        for off in (0, 4000, 8000, 16000):
-            jf.seek(off)
-            jf.write(b"x" * 1000)
-        if applied:
-            jf.flush()
-            jf.seek(200)
-            jf.write(b"y" * 10)  # journaled, held back, never made: the crash comes first
-            assert path.read_bytes() != old
-        os.close(jf.jfd)  # the process dies: no commit
-        os.close(jf.fd)
-        assert has_journal(str(path))
-        assert rollback(str(path))
-        assert path.read_bytes() == old
-        assert not has_journal(str(path))
-
-
-def test_held_back_writes_are_made_once_they_add_up(tmp_path, monkeypatch):
-    monkeypatch.setattr(journal, "PENDING_MAX", 4096)
+def test_a_crash_is_undone_byte_for_byte(tmp_path):
     path = tmp_path / "out.h5"
     old = _old_file(path)
     jf = JournalFile(str(path))
-    jf.seek(0)
-    jf.write(b"z" * 3000)
-    assert path.read_bytes() == old
-    jf.write(b"z" * 2000)
-    assert path.read_bytes()[:5000] == b"z" * 5000 and not jf.pending
-    jf.truncate(1000)  # below the old end: from here on each overwrite is made at once
+    for off in (0, 4000, 8000, 16000):
+        jf.seek(off)
+        jf.write(b"x" * 1000)
+    jf.seek(200)
+    jf.write(b"y" * 10)
+    jf.truncate(1000)  # below the old end, then written again
     jf.seek(500)
     jf.write(b"w" * 1000)
-    assert path.read_bytes() == b"z" * 500 + b"w" * 1000
-    os.close(jf.jfd)
+    assert path.read_bytes() != old
+    os.close(jf.jfd)  # the process dies: no commit
     os.close(jf.fd)
-    rollback(str(path))
+    assert has_journal(str(path))
+    assert rollback(str(path))
     assert path.read_bytes() == old
+    assert not has_journal(str(path))
 
 
 def test_an_hdf5_file_changed_through_the_journal_is_read_back_and_undone(tmp_path):
     """h5py writing through the journal (appends, a resize, new datasets, attributes) reads
-    its own held-back metadata correctly; a process killed before the commit leaves a file
+    its own metadata back; a process killed before the commit leaves a file
     that rollback makes the old one again, byte for byte."""
     path = tmp_path / "out.h5"
     with h5py.File(path, "w", libver=("earliest", "v110")) as f:

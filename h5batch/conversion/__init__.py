@@ -14,7 +14,7 @@ plan                   :mod:`.plan` (+ :mod:`.auto`, :mod:`.trial` on the engine
                        batches, the writer's spec
 drive                  :mod:`.driver`: submit, isolate crashes, forward in manifest order
 worker decode          :mod:`.worker` (runs on the engine's workers; decoders in
-                       :mod:`h5batch.fields`), whole chunks compressed there
+                       :mod:`h5batch.fields`)
 transport              :mod:`h5batch.transport`: shared memory, descriptors through a pipe
 writer                 :mod:`h5batch.writer`: one process appends, commits, finalizes
 =====================  ==================================================================

@@ -46,7 +46,7 @@ from .cluster import Connection
 from .cluster_watch import ClusterWatch
 from .decoder_warnings import WarningLog
 from .options import ConvertOptions, ConvertSummary, Progress
-from .plan import Plan, RowPredictor
+from .plan import Plan
 from .worker import decode_batch
 
 WINDOW_BYTES = 1 << 30  # decoded bytes waiting in shared memory, at most (about)
@@ -142,9 +142,8 @@ class Driver:
         self.rejects = 0
         self.bytes_decoded = 0
         self.progress: Progress | None = None
-        # Worker-side compression: where each split's next batch will start, assuming the
-        # batches in flight lose no samples (a wrong guess only costs the writer a decode).
-        self.rows = RowPredictor(job, plan.written, plan.spec.codecs)
+        if job.cluster.compress_on == "workers":
+            say("cluster.compress_on: workers is ignored: chunks are compressed in the writer")
         # Decoder warnings of the stored batches, in a log beside the output (not the console).
         self.warning_log = WarningLog(fmt.warnings_file(plan.spec.final_path), resume=plan.start > 0)
 
@@ -185,7 +184,7 @@ class Driver:
             while self.acked < len(tasks):
                 signals.raise_pending()
                 while next_submit < len(tasks) and next_submit - self.acked < window:
-                    self.slots[next_submit] = Slot(self.rows.place(tasks[next_submit]))
+                    self.slots[next_submit] = Slot(tasks[next_submit])
                     self._submit(next_submit, 0, len(tasks[next_submit].items))
                     next_submit += 1
                 kind, payload = self._next_event()
@@ -211,7 +210,7 @@ class Driver:
             summary = ConvertSummary(
                 path=s.path, counts=s.counts, rejects=s.rejects, excluded=excluded, inputs=self.plan.num_inputs, seconds=0.0,
                 bytes_decoded=s.bytes_decoded, output_bytes=os.path.getsize(s.path), rejects_file=s.rejects_file,
-                cluster=conn.description, dashboard=conn.dashboard, ok=s.ok, extra={"writer": s.stats},
+                cluster=conn.description, dashboard=conn.dashboard, ok=s.ok,
                 warnings=self.warning_log.files, warnings_file=self.warning_log.path if self.warning_log.files else "")
             if not s.ok:
                 self.writer.process.join(timeout=30)
@@ -269,7 +268,6 @@ class Driver:
         slot.acked += 1
         slot.written += msg.samples
         if slot.acked == len(slot.parts):
-            self.rows.correct(slot.task, slot.written)
             self.rejects += sum(len(p.result.rejects) for p in slot.parts)
             self.bytes_decoded += sum(p.result.packed.nbytes for p in slot.parts)
             self.warning_log.add(w for p in slot.parts for w in p.result.warnings)

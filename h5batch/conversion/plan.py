@@ -4,13 +4,12 @@
 what the interrupted run used, when resuming: its datasets already have their filters and
 its progress is counted in batches), cuts the manifest into :class:`TaskList` batches, and
 fills the writer's :class:`~h5batch.writer.messages.WriterSpec`, with the versions of what
-shapes the output's bytes. :class:`RowPredictor` lets workers compress whole chunks.
+shapes the output's bytes.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import sys
@@ -22,9 +21,8 @@ from functools import cache
 import numpy as np
 
 from ..batches import BatchTask
-from ..codecs import CodecSpec, self_check
+from ..codecs import CodecSpec
 from ..config import JobConfig
-from ..fields import fixed_sample_shape, rows_per_chunk
 from ..manifest import Manifest
 from ..transport.segments import hostname
 from ..writer.commit import CommitRecord
@@ -43,7 +41,6 @@ class Plan:
     tasks: TaskList
     spec: WriterSpec
     start: int  # first batch to submit (batches before it are committed)
-    written: dict[str, int]  # samples per split already in the file
     batch_bytes: int  # decoded bytes of one batch, about
     num_inputs: int  # input files, rejects included
 
@@ -93,8 +90,7 @@ def make_plan(job: JobConfig, manifest: Manifest, record: CommitRecord | None, f
         field_bytes=dict(auto.field_bytes), cwd=os.getcwd(), umask=current_umask(), annotations=manifest.annotations,
     )
     tasks = make_tasks(run, manifest, run_id, hostname(), batch_size)
-    written = {split: p.samples for split, p in record.splits.items()} if record else {}
-    return Plan(tasks, spec, record.next_batch if record else 0, written, batch_size * auto.item_bytes, num_inputs)
+    return Plan(tasks, spec, record.next_batch if record else 0, batch_size * auto.item_bytes, num_inputs)
 
 
 @cache
@@ -192,34 +188,3 @@ def make_tasks(job: JobConfig, manifest: Manifest, run_id: str, writer_host: str
         batch_size = resolve(job, manifest).batch_size  # the job's integer, or auto's choice
     return TaskList(job, manifest, run_id, writer_host, batch_size)
 
-
-class RowPredictor:
-    """Predicts the dataset row at which each batch's first sample will land, so workers
-    can compress whole chunks of fixed-shape fields (see ``transport.ChunkSet``)."""
-
-    def __init__(self, job: JobConfig, written: dict[str, int], codecs: dict[str, CodecSpec]):
-        self.fields: list[tuple[str, int, CodecSpec]] = []
-        where = job.cluster.compress_on
-        if where == "writer" or (where == "auto" and job.cluster.kind in ("processes", "local")):
-            names: list[str] = []
-        else:
-            names = list(job.fields)
-        for name, fc in ((n, job.fields[n]) for n in names):
-            fixed = fixed_sample_shape(fc)
-            codec = codecs[name]
-            # Uncompressed chunks need no work anywhere: the writer stores the rows as they are.
-            if fixed and codec.name != "none" and self_check(codec, fixed[1].str):
-                self.fields.append((name, rows_per_chunk(fixed[0], fixed[1], job.output.chunk_bytes), codec))
-        self.next_row = dict(written)
-
-    def place(self, task: BatchTask) -> BatchTask:
-        if not self.fields:
-            return task
-        row = self.next_row.get(task.split, 0)
-        self.next_row[task.split] = row + len(task.items)
-        return dataclasses.replace(task, align=tuple((n, row, k, c) for n, k, c in self.fields))
-
-    def correct(self, task: BatchTask, written: int) -> None:
-        """A batch is stored: its rejects shift every later batch of its split."""
-        if self.fields:
-            self.next_row[task.split] -= len(task.items) - written

@@ -33,7 +33,7 @@ import os
 import platform
 import secrets
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,8 @@ DECISIVE = ("python", "h5batch", "numpy", "soundfile", "libsndfile", "pillow", "
 DASK_STACK = ("dask", "distributed", "cloudpickle", "msgpack", "tornado", "toolz")
 
 _PROBE_BYTES = 16
+# Where a package's version is, where not in ``<package>.__version__``.
+_VERSION_ATTRS = {"libsndfile": ("soundfile", "__libsndfile_version__"), "pillow": ("PIL", "__version__")}
 
 
 # -- worker side ---------------------------------------------------------------------------
@@ -73,34 +75,21 @@ def _version(name: str) -> str:
         from .. import __version__
 
         return f"{__version__} (src {source_digest()})"
-    if name == "libsndfile":
-        import soundfile
-
-        return str(soundfile.__libsndfile_version__)
-    if name == "pillow":
-        import PIL
-
-        return str(PIL.__version__)
     if name in DASK_STACK:
         from importlib.metadata import version
 
         return version(name)
-    mod = importlib.import_module(name)
-    return str(getattr(mod, "__version__", "unknown"))
-
-
-def collect_versions(names: Iterable[str] = DECISIVE + DASK_STACK) -> tuple[dict[str, str], dict[str, str]]:
-    """``(versions, import errors)`` of ``names`` in this process.
-
-    Cached per process (copies returned): imports do not change while it runs, and hashing
-    sources for every conversion would be wasted work.
-    """
-    versions, errors = _versions_of(tuple(names))
-    return dict(versions), dict(errors)
+    module, attr = _VERSION_ATTRS.get(name, (name, "__version__"))
+    return str(getattr(importlib.import_module(module), attr, "unknown"))
 
 
 @cache
-def _versions_of(names: tuple[str, ...]) -> tuple[dict[str, str], dict[str, str]]:
+def collect_versions(names: tuple[str, ...] = DECISIVE + DASK_STACK) -> tuple[dict[str, str], dict[str, str]]:
+    """``(versions, import errors)`` of ``names`` in this process (callers do not change them).
+
+    Cached per process: imports do not change while it runs, and hashing sources for every
+    conversion would be wasted work.
+    """
     versions: dict[str, str] = {}
     errors: dict[str, str] = {}
     for name in names:
@@ -305,7 +294,7 @@ def check_engine(conn, job, manifest, say: Callable[[str], None]) -> None:
     if job.cluster.kind != "processes":
         preflight(conn.client, job, manifest, say)
         return
-    versions, errors = collect_versions(sorted(needed_packages(job) - {"python", "h5batch"}))
+    versions, errors = collect_versions(tuple(sorted(needed_packages(job) - {"python", "h5batch"})))
     if errors:
         raise PreflightError([f"driver: cannot import {name}: {why}" for name, why in sorted(errors.items())], 1, 1)
     shown = ", ".join(f"{k} {versions[k]}" for k in ("numpy", "soundfile", "libsndfile", "pillow") if k in versions)

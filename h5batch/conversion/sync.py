@@ -248,7 +248,6 @@ def _plan(job, found: _Found, old, d, final: str, partial: str, in_place: bool, 
     plan = make_plan(job, work, None, final, partial, run_id, lambda _text: None, keep_codecs=keep,
                      new_file=False, run_trial=run_trial, known_rates=rates)
     spec = plan.spec
-    plan.written = dict(old.n_rows)
     spec.discovery_rejects = list(manifest.rejects)
     spec.num_inputs = found.num_inputs
     spec.commit_every = math.inf

@@ -15,7 +15,6 @@ import os
 import signal
 import threading
 import time
-from functools import cache
 from typing import Any
 
 import numpy as np
@@ -27,13 +26,12 @@ except ImportError:  # pragma: no cover
 
 from .. import faults
 from ..batches import BatchResult, BatchTask
-from ..codecs import CodecSpec, make_encoder, self_check
 from ..errors import DecodeError
 from ..fields import decode_field, kind_of, reads_files, value_array
 from ..fields.audio import TrueLength
 from ..fields.blocks import streams
 from ..manifest import Reject
-from ..transport.packing import ChunkSet, Packed, fill, layout, pack
+from ..transport.packing import Packed, fill, layout, pack
 from ..transport.segments import FREE, abandon_segment, grow_segment, hostname, take_segment
 from . import decoder_warnings, readahead
 
@@ -188,7 +186,7 @@ class _StreamRows:
 
     @classmethod
     def maybe(cls, task: BatchTask, mode: str) -> _StreamRows | None:
-        if mode != "shm" or task.align or not task.items:
+        if mode != "shm" or not task.items:
             return None
         files = [k for k, (_, fc) in enumerate(task.fields) if reads_files(fc)]
         k = next((k for k in files if streams(task.fields[k][1])), None)
@@ -238,44 +236,6 @@ class _StreamRows:
         self.seg.mark(FREE)
 
 
-@cache
-def _encoder(codec: CodecSpec, dtype: str):
-    if codec.name.startswith("blosc2"):
-        import blosc2
-
-        # One compression thread per worker process: the workers already fill the cores.
-        blosc2.set_nthreads(1)
-    return make_encoder(codec, np.dtype(dtype)) if self_check(codec, dtype) else None
-
-
-def compress_chunks(task: BatchTask, arrays: dict[str, list[np.ndarray]]) -> tuple[ChunkSet, ...]:
-    """Compress the whole chunks of each aligned field here, so the writer only stores bytes.
-
-    Rule: a batch whose task carries ``align`` (the driver predicted the dataset row of its
-    first sample, ``BatchTask.align``) has its rows from the first chunk boundary on encoded
-    chunk by chunk; the head and tail rows travel raw and the writer's appender completes
-    their chunks. Reason: HDF5 runs filters in one thread, and so does the Blosc2 frame
-    encoder; on a cluster the workers' cores encode in parallel. Replaces those samples in
-    ``arrays`` by the head and tail rows and adds a ``<field>#chunks`` entry."""
-    out = []
-    for name, pred, k, codec in task.align:
-        samples = arrays[name]
-        n = len(samples)
-        head = min((-pred) % k, n)
-        n_chunks = (n - head) // k
-        if n_chunks == 0 or any(a.shape != samples[0].shape or a.dtype != samples[0].dtype for a in samples):
-            continue
-        enc = _encoder(codec, samples[0].dtype.str)
-        if enc is None:
-            continue
-        rows = np.stack(samples[head: head + n_chunks * k])
-        encoded = [np.frombuffer(enc(rows[i * k:(i + 1) * k]), dtype=np.uint8) for i in range(n_chunks)]
-        arrays[name] = samples[:head] + samples[head + n_chunks * k:]
-        arrays[f"{name}#chunks"] = encoded
-        out.append(ChunkSet(name, pred, head, n_chunks, k, tuple(samples[0].shape), samples[0].dtype.str))
-    return tuple(out)
-
-
 def _worker_address() -> str:
     try:
         from distributed import get_worker
@@ -302,8 +262,7 @@ def decode_batch(task: BatchTask) -> BatchResult:
         if stream is not None and not stuck:
             packed = stream.packed(arrays)
         else:
-            chunks = compress_chunks(task, arrays) if task.align else ()
-            packed = pack(arrays, mode, task.run_id, chunks)
+            packed = pack(arrays, mode, task.run_id)
     except BaseException:
         if stream is not None:
             stream.free()

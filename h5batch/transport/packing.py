@@ -34,29 +34,6 @@ class Block:
     nbytes: int
 
 
-@dataclass(frozen=True)
-class ChunkSet:
-    """Whole chunks of a fixed-shape field, compressed by the worker.
-
-    The worker assumed the batch's first sample lands at row ``pred`` of the dataset: its
-    first ``head`` samples complete the chunk in progress and travel raw, then come
-    ``n_chunks`` compressed chunks of ``k`` rows (block ``<name>#chunks``), then the rest
-    raw. When the writer finds the prediction wrong it decodes the chunks and appends rows.
-    """
-
-    name: str
-    pred: int
-    head: int
-    n_chunks: int
-    k: int
-    row_shape: tuple[int, ...]
-    dtype: str
-
-    @property
-    def block(self) -> str:
-        return f"{self.name}#chunks"
-
-
 @dataclass
 class Packed:
     """Descriptor of a packed batch. Exactly one of ``shm_name`` / ``payload`` is set
@@ -66,7 +43,6 @@ class Packed:
     nbytes: int
     shm_name: str | None = None
     payload: np.ndarray | None = field(default=None, repr=False)
-    chunks: tuple[ChunkSet, ...] = ()
 
 
 def layout(arrays: dict[str, list[np.ndarray]]) -> tuple[tuple[Block, ...], int]:
@@ -97,15 +73,13 @@ def fill(buf: memoryview | np.ndarray, arrays: dict[str, list[np.ndarray]], bloc
             pos += n
 
 
-def pack(arrays: dict[str, list[np.ndarray]], mode: str, run_id: str,
-         chunks: tuple[ChunkSet, ...] = ()) -> Packed:
-    """Pack per-field sample lists. ``mode`` is ``shm`` or ``network``. Compressed chunks
-    ride as uint8 "samples" of a ``<field>#chunks`` entry described by ``chunks``."""
+def pack(arrays: dict[str, list[np.ndarray]], mode: str, run_id: str) -> Packed:
+    """Pack per-field sample lists. ``mode`` is ``shm`` or ``network``."""
     blocks, total = layout(arrays)
     if mode == "network":
         payload = np.empty(total, dtype=np.uint8)
         fill(payload, arrays, blocks)
-        return Packed(blocks, total, payload=payload, chunks=chunks)
+        return Packed(blocks, total, payload=payload)
     seg = take_segment(run_id, total)
     try:
         fill(seg.data, arrays, blocks)
@@ -113,14 +87,14 @@ def pack(arrays: dict[str, list[np.ndarray]], mode: str, run_id: str,
         seg.mark(FREE)
         raise
     seg.drop_pages(total)  # a big batch: the writer's mapping is the one that counts now
-    return Packed(blocks, total, shm_name=seg.name, chunks=chunks)
+    return Packed(blocks, total, shm_name=seg.name)
 
 
 def to_shm(packed: Packed, run_id: str) -> Packed:
     """Driver side of the network path: put a payload into a segment for the writer."""
     seg = take_segment(run_id, packed.nbytes)
     seg.data[: packed.nbytes] = packed.payload
-    return Packed(packed.blocks, packed.nbytes, shm_name=seg.name, chunks=packed.chunks)
+    return Packed(packed.blocks, packed.nbytes, shm_name=seg.name)
 
 
 class Attached:

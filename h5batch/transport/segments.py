@@ -159,7 +159,7 @@ def pid_alive(pid: int) -> bool:
 
 def remove_segments(run_id: str) -> list[str]:
     """Unlink every segment of one run (end of a job, success or failure)."""
-    return _unlink(list_segments(run_id))
+    return unlink_shm(list_segments(run_id))
 
 
 def owner_pid(segment: str) -> int | None:
@@ -177,11 +177,11 @@ def stale_segments() -> list[str]:
 
 def remove_stale_segments() -> list[str]:
     """Unlink segments left by runs whose driver process is gone (e.g. after ``kill -9``)."""
-    return _unlink(stale_segments())
+    return unlink_shm(stale_segments())
 
 
-def _unlink(names: list[str]) -> list[str]:
-    """Unlink these segments; the names of those that were there."""
+def unlink_shm(names: list[str]) -> list[str]:
+    """Unlink these files of ``/dev/shm``; the names of those that were there."""
     removed = []
     for name in names:
         with contextlib.suppress(FileNotFoundError):

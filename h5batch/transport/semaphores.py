@@ -23,7 +23,7 @@ import multiprocessing
 import os
 from collections.abc import Iterator
 
-from .segments import SHM_DIR, pid_alive
+from .segments import SHM_DIR, pid_alive, unlink_shm
 
 TAG = "mp-h5batch."  # after "/" in the semaphore name; the file is "sem." + name
 
@@ -60,10 +60,4 @@ def list_tagged(pid: int | None = None) -> list[str]:
 
 def remove_stale() -> list[str]:
     """Unlink the tagged semaphores of processes that are gone."""
-    removed = []
-    for name in list_tagged():
-        if not pid_alive(owner(name)):  # type: ignore[arg-type]
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(SHM_DIR, name))
-                removed.append(name)
-    return removed
+    return unlink_shm([n for n in list_tagged() if not pid_alive(owner(n))])  # type: ignore[arg-type]

@@ -10,6 +10,8 @@ from typing import Any
 import h5py
 import numpy as np
 
+MAX_PENDING = 8  # chunks being encoded on the pool, at most, before the oldest are stored
+
 
 class ChunkAppender:
     """Appends rows to a chunked dataset one whole chunk at a time.
@@ -25,8 +27,8 @@ class ChunkAppender:
     ``tail`` (resume) holds the committed rows that follow the dataset's full chunks.
     """
 
-    def __init__(self, ds: h5py.Dataset, encoder, pool: ThreadPoolExecutor, max_pending: int = 8,
-                 tail: np.ndarray | None = None, raw: bool = False):
+    def __init__(self, ds: h5py.Dataset, encoder, pool: ThreadPoolExecutor, tail: np.ndarray | None = None,
+                 raw: bool = False):
         self.ds = ds
         # Uncompressed: a chunk's stored bytes are its rows, so whole chunks are written
         # straight from the caller's array (shared memory) without a copy or the pool.
@@ -35,7 +37,6 @@ class ChunkAppender:
         self.row_shape = ds.shape[1:]
         self.encoder = encoder
         self.pool = pool
-        self.max_pending = max_pending
         self.next_chunk = ds.shape[0] // self.k
         self.buf = np.zeros((self.k, *self.row_shape), dtype=ds.dtype)
         self.fill = 0
@@ -91,22 +92,14 @@ class ChunkAppender:
             return self.ds.shape[0]
         return self.next_chunk * self.k
 
-    def store_encoded(self, data) -> None:
-        """Store one whole chunk encoded elsewhere (a worker); the buffer must be empty."""
-        if self.fill:
-            raise RuntimeError("store_encoded called with a partial chunk in progress")
-        self._store(self.next_chunk, data)
-        self.next_chunk += 1
-        self.n += self.k
-
     def _emit(self, chunk: np.ndarray) -> None:
         if self.raw:
             self._drain()
             self._store(self.next_chunk, chunk)
             return
         self.pending.append((self.next_chunk, self.pool.submit(self.encoder, chunk)))
-        if len(self.pending) > self.max_pending:
-            self._drain(keep=self.max_pending // 2)
+        if len(self.pending) > MAX_PENDING:
+            self._drain(keep=MAX_PENDING // 2)
 
     def _drain(self, keep: int = 0) -> None:
         while len(self.pending) > keep:
@@ -149,42 +142,19 @@ class ChunkAppender:
 
 
 class SmallAppender:
-    """Appends rows to a small dataset with ordinary h5py writes (goes through the cache).
+    """Appends rows to a small dataset with ordinary h5py writes (goes through the cache)."""
 
-    ``buffered``: rows are kept in memory and written by :meth:`flush` in one resize and one
-    write; the owner flushes before every commit and at the end (:class:`~.store.SplitStore`).
-    Reason: a split's per-sample metadata (sources, checksums, labels) is appended once per
-    batch, and each append cost the writer, the conversion's critical path, an HDF5 resize
-    and a selection write."""
-
-    def __init__(self, ds: h5py.Dataset, buffered: bool = False):
+    def __init__(self, ds: h5py.Dataset):
         self.ds = ds
         self.n = ds.shape[0]
-        self.written = self.n
-        self.pending: list[Any] | None = [] if buffered else None
 
     def append(self, rows: Any) -> None:
         m = len(rows)
         if m == 0:
             return
-        if self.pending is not None:
-            self.pending.append(rows)
-            self.n += m
-            return
         self.ds.resize(self.n + m, axis=0)
         self.ds[self.n: self.n + m] = rows
         self.n += m
-        self.written = self.n
-
-    def flush(self) -> None:
-        """Write the buffered rows (nothing to do unbuffered)."""
-        if not self.pending:
-            return
-        rows = np.concatenate(self.pending) if len(self.pending) > 1 else self.pending[0]
-        self.ds.resize(self.n, axis=0)
-        self.ds[self.written: self.n] = rows
-        self.written = self.n
-        self.pending = []
 
 
 def small_dataset(group: h5py.Group, name: str, shape: tuple[int, ...], dtype, chunk_rows: int) -> h5py.Dataset:

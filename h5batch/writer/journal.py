@@ -5,12 +5,9 @@ can leave a file HDF5 cannot open. Rule: before any old byte of ``X.h5`` is over
 content goes to ``X.h5.sync-journal`` and the journal is fsync'ed; h5py writes through
 :class:`JournalFile` (``fileobj`` driver), which does this. A sync commits by fsyncing the
 file and removing the journal; until then :func:`rollback` restores the old file byte for
-byte (a record cut short was never followed by its write).
-
-Overwrites are held in memory (reads see them) and made together after one journal
-``fsync``, at ``flush``, ``truncate``, commit, or at :data:`PENDING_MAX` bytes. Reason: HDF5
-flushes metadata in dozens of small writes, and an ``fsync`` each was a disk round trip per
-write. Writes past the old end go straight to the file.
+byte (a record cut short was never followed by its write). Old bytes are journaled once:
+a later overwrite of the same range costs no ``fsync``. Writes past the old end go straight
+to the file.
 
 Journal layout: a header line ``h5batch-journal 1 <old size>``, then records of
 ``offset (8 bytes LE) | length (8) | crc32 of the bytes (4) | the old bytes``.
@@ -30,7 +27,6 @@ import zlib
 SUFFIX = ".sync-journal"
 _MAGIC = b"h5batch-journal 1 "
 _REC = struct.Struct("<QQI")
-PENDING_MAX = 16 << 20  # held-back overwrites (bytes) that are made at once, without waiting for a flush
 
 
 def journal_path(path: str) -> str:
@@ -86,9 +82,6 @@ class JournalFile:
         self.old_size = os.fstat(self.fd).st_size
         self.pos = 0
         self.saved: list[tuple[int, int]] = []  # sorted, disjoint [start, end) ranges already journaled
-        self.pending: list[tuple[int, bytes]] = []  # held-back overwrites of old bytes, in write order
-        self.pending_bytes = 0
-        self.hold = True  # overwrites held back (module docstring); off after a truncate below the old end
         jp = journal_path(path)
         self.jfd = os.open(jp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.write(self.jfd, _MAGIC + str(self.old_size).encode() + b"\n")
@@ -113,8 +106,6 @@ class JournalFile:
     def readinto(self, buf) -> int:
         mv = memoryview(buf).cast("B")
         n = os.preadv(self.fd, [mv], self.pos)
-        if self.pending:
-            self._overlay(mv, self.pos, n)
         self.pos += n
         return n
 
@@ -129,43 +120,29 @@ class JournalFile:
         mv = memoryview(data).cast("B")
         n = len(mv)
         start = self.pos
+        if start < self.old_size and self._save(start, min(start + n, self.old_size)):
+            os.fsync(self.jfd)  # the old bytes' record is durable before they are overwritten
         done = 0
-        if start < self.old_size:  # the old bytes: journaled now, overwritten later (module docstring)
-            end = min(start + n, self.old_size)
-            if self.hold:
-                self._save(start, end)
-                self.pending.append((start, bytes(mv[:end - start])))
-                self.pending_bytes += end - start
-                done = end - start
-            elif self._save(start, end):
-                os.fsync(self.jfd)
         while done < n:
             done += os.pwrite(self.fd, mv[done:], start + done)
         self.pos += n
-        if self.pending_bytes >= PENDING_MAX:
-            self._apply()
         return n
 
     def truncate(self, size: int | None = None) -> int:
         size = self.pos if size is None else size
-        self._apply()
-        if size < self.old_size:
-            if self._save(size, self.old_size):
-                os.fsync(self.jfd)
-            # Bytes written below the old end from here on may lie past the file's end, where
-            # a read could not see them held back: each is made at once, as it comes.
-            self.hold = False
+        if size < self.old_size and self._save(size, self.old_size):
+            os.fsync(self.jfd)
         os.ftruncate(self.fd, size)
         return size
 
     def flush(self) -> None:
-        self._apply()
+        """Nothing is buffered here: every write is made as it comes."""
 
     # -- journal -----------------------------------------------------------------------------
 
     def _save(self, start: int, end: int) -> bool:
-        """Journal the old bytes of ``[start, end)`` not journaled yet (made durable by the
-        next :meth:`_apply`, before any of them is overwritten); whether any were."""
+        """Journal the old bytes of ``[start, end)`` not journaled yet; whether any were (the
+        caller then fsyncs the journal before overwriting them)."""
         todo, pos = [], start
         for a, b in self.saved:
             if b <= pos:
@@ -185,28 +162,8 @@ class JournalFile:
         self.saved = _merge(self.saved + todo)
         return True
 
-    def _apply(self) -> None:
-        """Make the held-back overwrites: their records durable first, then the writes."""
-        if not self.pending:
-            return
-        os.fsync(self.jfd)
-        for off, data in self.pending:
-            done = 0
-            while done < len(data):
-                done += os.pwrite(self.fd, data[done:], off + done)
-        self.pending.clear()
-        self.pending_bytes = 0
-
-    def _overlay(self, mv: memoryview, pos: int, n: int) -> None:
-        """The held-back overwrites that fall in ``[pos, pos + n)``, copied over ``mv``."""
-        for off, data in self.pending:
-            a, b = max(off, pos), min(off + len(data), pos + n)
-            if a < b:
-                mv[a - pos:b - pos] = data[a - off:b - off]
-
     def commit(self) -> None:
         """Make the new file durable, then drop the journal: from here on it is the file."""
-        self._apply()
         os.fsync(self.fd)
         os.close(self.jfd)
         os.unlink(journal_path(self.path))

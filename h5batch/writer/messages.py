@@ -6,7 +6,7 @@ every message is small: decoded samples stay in shared memory and only their des
 type through a handler table (``writer.process.HANDLERS``, the driver's
 ``Driver._on_writer``), so a new message is a new class here plus one handler.
 
-Driver -> writer, in this order: one :class:`Start` (or :class:`Quit` when no job came of it), then :class:`Store` for every batch part in manifest order, and :class:`Finish` or
+Driver -> writer, in this order: one :class:`Start` (or :class:`Abort` when no job came of it), then :class:`Store` for every batch part in manifest order, and :class:`Finish` or
 :class:`Abort` last. The writer commits on its own, every ``policy.commit_every`` seconds.
 
 Writer -> driver: :class:`Stored` per batch part, then :class:`Done`, :class:`Aborted` or
@@ -16,7 +16,7 @@ Writer -> driver: :class:`Stored` per batch part, then :class:`Done`, :class:`Ab
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotations only: the writer's imports stay what its work needs
     from ..batches import BatchResult
@@ -101,12 +101,8 @@ class Finish:
 
 @dataclass(frozen=True)
 class Abort:
-    """Commit what is stored and stop (the partial stays, to be resumed)."""
-
-
-@dataclass(frozen=True)
-class Quit:
-    """Stop without having started: the driver found nothing to write."""
+    """Commit what is stored and stop (the partial stays, to be resumed); before
+    :class:`Start`, stop without a job (the driver found nothing to write)."""
 
 
 # -- writer -> driver ---------------------------------------------------------------------
@@ -131,7 +127,6 @@ class Done:
     bytes_decoded: int
     rejects_file: str
     ok: bool
-    stats: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from .commit import (
 )
 from .journal import fsync_path
 from .messages import Done, WriterSpec
-from .store import STATS, STR, FieldStore, SplitStore
+from .store import STR, FieldStore, SplitStore
 
 
 class OutputWriter:
@@ -111,26 +111,16 @@ class OutputWriter:
         att = Attached(r.packed)
         try:
             per_field = {b.name: (b, att.samples(b)) for b in r.packed.blocks}
-            chunked = {c.name: (c, per_field.pop(c.block)[1]) for c in r.packed.chunks}
             keep = list(range(r.n_samples))
             late: list[Reject] = []
-            for name, (block, samples) in per_field.items():
-                if name in chunked:
-                    continue  # the worker checked these rows' shape and dtype
-                fs = store.fields[name]
-                if fs.block_fits(block):
-                    continue  # every sample of the block passes: none to check one by one
+            for name, (_block, samples) in per_field.items():
                 for i in list(keep):
-                    why = fs.check(samples[i])
+                    why = store.fields[name].check(samples[i])
                     if why:
                         keep.remove(i)
                         late.extend(Reject(p, "write", f"field {name}: {why}") for p in r.sources[i])
             all_kept = len(keep) == r.n_samples
             for name, (block, samples) in per_field.items():
-                if name in chunked:
-                    cs, encoded = chunked[name]
-                    store.fields[name].append_chunked(samples, cs, encoded, keep if not all_kept else None)
-                    continue
                 flat = att.field_bytes(block) if all_kept else None
                 store.fields[name].append([samples[i] for i in keep], flat)
             srcs = r.sources if all_kept else [r.sources[i] for i in keep]
@@ -147,10 +137,6 @@ class OutputWriter:
         if r.final_part:  # a batch split into parts counts as done with its last part
             self.next_batch = r.index + 1
         return len(keep), late
-
-    def after_store(self) -> None:
-        """Called once a batch is stored and acknowledged, while the driver decodes the next
-        ones: work of the end that can be done early (a sync's, :mod:`.sync`). None here."""
 
     def add_rejects(self, rejects: list[Reject]) -> None:
         if not rejects:
@@ -221,7 +207,7 @@ class OutputWriter:
     def summary(self, path: str, rejects: list[Reject], ok: bool) -> Done:
         return Done(path=path, counts={name: s.n for name, s in self.splits.items()}, rejects=len(rejects),
                             bytes_decoded=self.bytes_written, rejects_file=fmt.rejects_file(self.spec.final_path),
-                            ok=ok, stats=dict(STATS))
+                            ok=ok)
 
     def store_inventory(self) -> None:
         """``/inventory`` from the driver's sidecar (h5batch.inventory), when it wrote one."""

@@ -38,7 +38,6 @@ from .messages import (
     Aborted,
     Failed,
     Finish,
-    Quit,
     Start,
     Store,
     Stored,
@@ -98,7 +97,6 @@ class _Session:
         r = msg.result
         n, _ = self.out.write_batch(r)
         self.outbox.put(Stored(r.index, n))
-        self.out.after_store()
         self.stored += 1
         faults.pause(f"store:{self.stored}", self.spec.partial_path)
         # Commit between whole batches only: a commit inside a split batch would record a
@@ -146,7 +144,7 @@ def _wait_for_start(inbox, lifeline) -> WriterSpec | None:
             msg = _next(inbox, lifeline)
         except (EOFError, OSError):
             return None
-        if msg is None or isinstance(msg, (Quit, Abort)):
+        if msg is None or isinstance(msg, Abort):
             return None
         if isinstance(msg, Start):
             return msg.spec
@@ -301,7 +299,7 @@ class WriterHandle:
     def stop(self, timeout: float = 10.0) -> None:
         """Ask a writer that never got a job to go, and make sure it does."""
         with contextlib.suppress(OSError):  # gone already
-            self.inbox.put(Quit())
+            self.inbox.put(Abort())
         self.process.join(timeout=timeout)
         if self.process.is_alive():
             self.process.kill()

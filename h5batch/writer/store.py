@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -12,7 +11,7 @@ import h5py
 import numpy as np
 
 from .. import format as fmt
-from ..codecs import ChunkDecoder, CodecSpec, make_encoder, self_check
+from ..codecs import CodecSpec, make_encoder, self_check
 from ..fields import (
     FieldConfig,
     field_attrs,
@@ -27,10 +26,6 @@ from .append import ChunkAppender, SmallAppender, small_dataset
 from .messages import WriterSpec
 
 STR = h5py.string_dtype("utf-8")
-
-
-# The writer process's counters (chunks stored as workers made them / redone here).
-STATS: Counter = Counter()
 
 
 def small_rows(default: int, rows: int) -> int:
@@ -123,17 +118,6 @@ class FieldStore:
             return f"shape {tuple(sample.shape)} differs from the field's {tuple(self.shape)}"
         return None
 
-    def block_fits(self, block) -> bool:
-        """Whether every sample of ``block`` (a :class:`~h5batch.transport.packing.Block`:
-        one dtype, a shape per sample) passes :meth:`check`: the writer then checks the
-        block once instead of each of its samples."""
-        if self.dtype is not None and np.dtype(block.dtype) != self.dtype:
-            return False
-        if self.fixed and self.shape is not None:
-            shape = tuple(self.shape)
-            return all(s == shape for s in block.shapes)
-        return True
-
     def append(self, samples: list[np.ndarray], flat: np.ndarray | None) -> None:
         """Append samples (all passed :meth:`check`). ``flat`` is their bytes back to back
         when every sample is kept (saves a concatenation)."""
@@ -152,40 +136,6 @@ class FieldStore:
         self.offsets.append(self.end + np.cumsum(sizes))
         self.end += int(sizes.sum())
         self.shapes.append(np.asarray([s.shape for s in samples], dtype=np.int64))
-
-    def append_chunked(self, raw: list[np.ndarray], cs, encoded: list[np.ndarray],
-                       keep: list[int] | None) -> None:
-        """Append a batch whose middle rows arrive as chunks compressed by the worker.
-
-        When the worker's guess of where the batch starts holds (the usual case), the
-        head rows complete the chunk in progress, the chunks are stored as they are, and the
-        tail rows start the next one. Otherwise (an earlier batch had rejects, or some rows
-        of this one were dropped) the chunks are decoded and the rows appended."""
-        if self.data is None:
-            self._create(np.dtype(cs.dtype), tuple(cs.row_shape))
-        app = self.data
-        assert app is not None
-        head, tail = raw[: cs.head], raw[cs.head:]
-        if keep is None and app.encoder is not None and app.n == cs.pred:
-            app._grow((app.next_chunk + (app.fill + len(raw) + len(encoded) * cs.k) // cs.k) * cs.k)
-            if head:
-                app.append(np.stack(head))
-            for data in encoded:
-                app.store_encoded(data)
-            if tail:
-                app.append(np.stack(tail))
-            STATS["worker_chunks_stored"] += len(encoded)
-            return
-        STATS["worker_chunks_redone"] += len(encoded)
-        decoder = ChunkDecoder.for_dataset(app.ds)
-        rows = np.empty((cs.n_chunks * cs.k, *cs.row_shape), dtype=np.dtype(cs.dtype))
-        for i, data in enumerate(encoded):
-            decoder.decode(data.tobytes(), 0, rows[i * cs.k:(i + 1) * cs.k])
-        samples = head + list(rows) + tail
-        if keep is not None:
-            samples = [samples[i] for i in keep]
-        if samples:
-            app.append(np.stack(samples))
 
     def checkpoint(self) -> tuple[int, np.ndarray | None]:
         """(rows of the data dataset in the file, rows held back in the tail)."""
@@ -224,30 +174,21 @@ class SplitStore:
         # One source path per field of files; fields of annotation values have none.
         files = file_fields(dict(spec.fields))
         nf, ns = len(spec.fields), len(files)
-        # Buffered: written once per commit and at the end (SmallAppender says why).
         self.source = SmallAppender(small_dataset(self.group, fmt.SOURCE, (ns,) if ns > 1 else (), STR,
-                                                  small_rows(1024, rows)), True)
-        self.checksum = SmallAppender(small_dataset(self.group, fmt.CHECKSUM, (nf,), np.uint32, small_rows(8192, rows)),
-                                      True)
+                                                  small_rows(1024, rows)))
+        self.checksum = SmallAppender(small_dataset(self.group, fmt.CHECKSUM, (nf,), np.uint32, small_rows(8192, rows)))
         self.source.ds.attrs["fields"] = fmt.dumps(files)
         self.checksum.ds.attrs["fields"] = fmt.dumps(self.names)
         self.checksum.ds.attrs["algorithm"] = "crc32"
-        self.label = (SmallAppender(small_dataset(self.group, fmt.LABEL, (), np.int64, small_rows(8192, rows)), True)
+        self.label = (SmallAppender(small_dataset(self.group, fmt.LABEL, (), np.int64, small_rows(8192, rows)))
                       if spec.labelled else None)
         self.n = self.source.n
 
-    def _flush_metadata(self) -> None:
-        for a in (self.source, self.checksum, self.label):
-            if a is not None:
-                a.flush()
-
     def checkpoint(self) -> dict[str, tuple[int, np.ndarray | None]]:
-        self._flush_metadata()
         self.group.attrs[fmt.ATTR_NUM_SAMPLES] = self.n
         return {name: fs.checkpoint() for name, fs in self.fields.items()}
 
     def finish(self) -> None:
-        self._flush_metadata()
         for fs in self.fields.values():
             fs.finish()
         self.group.attrs[fmt.ATTR_NUM_SAMPLES] = self.n

@@ -11,11 +11,6 @@ back and completed). Because a sync is one atomic change of a file in use, it di
   decode's), ``/class_names`` (old names keep their numbers), changed field attributes,
   tombstones, the inventory, and the root attributes (``manifest_hash``, ``num_inputs``,
   ``splits``, ``annotations``, ``synced``).
-
-Two end steps start after the first stored batch, off the critical path: ``/inventory`` is
-written, and :class:`_Writeback` ``fdatasync``s on a thread after each batch so the commit's
-``fsync`` has little left. Both are safe at any moment: every overwrite of old bytes is
-journaled and fsync'ed first.
 """
 
 from __future__ import annotations
@@ -23,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import threading
 from datetime import UTC, datetime
 
 import h5py
@@ -46,8 +40,6 @@ class SyncWriter(OutputWriter):
 
     def __init__(self, spec: WriterSpec):
         self.journal: JournalFile | None = None
-        self.inventory_stored = False
-        self.writeback: _Writeback | None = None
         super().__init__(spec)
         # The rejects are rebuilt: those carried over first, the new ones are appended.
         for k in self.rej_ds.values():
@@ -63,21 +55,6 @@ class SyncWriter(OutputWriter):
 
     def commit(self):  # noqa: D102 - a sync does not commit part-way (module docstring)
         return None
-
-    def after_store(self) -> None:
-        """The end's early steps (module docstring)."""
-        if not self.inventory_stored:
-            self.store_inventory()
-            self.inventory_stored = True
-        if self.writeback is None:
-            self.writeback = _Writeback(self.spec.final_path if self.spec.sync.in_place else self.spec.partial_path)
-        self.writeback.kick()
-
-    def close(self) -> None:
-        if self.writeback is not None:
-            self.writeback.close()
-            self.writeback = None
-        super().close()
 
     def abort(self) -> None:
         """Undo everything: the output is as it was before the sync."""
@@ -127,8 +104,7 @@ class SyncWriter(OutputWriter):
                 del g[fmt.TOMBSTONES]
             g.create_dataset(fmt.TOMBSTONES, data=dead)
         self._field_configs()
-        if not self.inventory_stored:  # no batch was stored (a sync that only removes)
-            self.store_inventory()
+        self.store_inventory()
         a = f.attrs
         a[fmt.ATTR_MANIFEST_HASH] = spec.manifest_hash
         a[fmt.ATTR_INPUTS] = spec.num_inputs
@@ -157,36 +133,3 @@ class SyncWriter(OutputWriter):
                 node = f[s].get(name)
                 if node is not None and node.attrs.get("config") != config:
                     node.attrs.update(now)
-
-
-class _Writeback:
-    """``fdatasync`` of the file at ``path`` on a thread, asked for by :meth:`kick` and done
-    once per ask that finds it idle (asks while it runs fold into one more). Reason and
-    safety: the module docstring. An error is left for the commit's own ``fsync`` to raise."""
-
-    def __init__(self, path: str):
-        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        self.wanted = threading.Event()
-        self.stopped = False
-        self.thread = threading.Thread(target=self._run, name="h5batch-writeback", daemon=True)
-        self.thread.start()
-
-    def kick(self) -> None:
-        self.wanted.set()
-
-    def _run(self) -> None:
-        while True:
-            self.wanted.wait()
-            self.wanted.clear()
-            if self.stopped:
-                return
-            try:
-                os.fdatasync(self.fd)
-            except OSError:
-                return
-
-    def close(self) -> None:
-        self.stopped = True
-        self.wanted.set()
-        self.thread.join()
-        os.close(self.fd)
