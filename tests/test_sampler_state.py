@@ -15,7 +15,7 @@ from benchmarks.audio_corpus import make_audio_corpus
 from h5batch import ConvertOptions, convert
 from h5batch.config import load_job
 from h5batch.torch import ChunkShuffleSampler, GlobalBatchSampler, H5Dataset, collate, sampler_state
-from h5batch.torch.quality import batch_label_kl, chunks_touched, label_batches_kl
+from benchmarks.quality import batch_label_kl, chunks_touched, label_batches_kl
 
 REPO = Path(__file__).resolve().parents[1]
 EPOCHS = 3
