@@ -197,21 +197,12 @@ class H5Dataset(Dataset):
         ``values`` chunk. Loads that field's offsets (8 bytes a sample) when variable. With a
         ``view``: the positions in the view where its rows enter a new file chunk group.
         """
-        starts = self._file_chunk_starts()
-        if self._rows is None or not len(self._rows):
-            return starts if self._rows is None else np.zeros(0, dtype=np.int64)
-        # A view: its rows (sorted) grouped by the file chunk group each falls in.
-        group = np.searchsorted(starts, self._rows, side="right")
-        return np.concatenate([[0], np.flatnonzero(np.diff(group)) + 1]).astype(np.int64)
-
-    def _file_chunk_starts(self) -> np.ndarray:
         fi = self._grouping_field()
         if fi is None:
             return np.zeros(0, dtype=np.int64)
-        if fi.fixed:
-            return np.arange(0, self._n, fi.chunk_len, dtype=np.int64)
-        first = self._offsets(fi)[:-1] // fi.chunk_len
-        return np.concatenate([[0], np.flatnonzero(first[1:] != first[:-1]) + 1]).astype(np.int64)
+        rows = np.arange(self._n) if self._rows is None else self._rows  # sorted file rows
+        chunk = rows // fi.chunk_len if fi.fixed else self._offsets(fi)[rows] // fi.chunk_len
+        return np.flatnonzero(np.diff(chunk, prepend=-1)).astype(np.int64)
 
     def __len__(self) -> int:
         return self._n if self._rows is None else len(self._rows)
