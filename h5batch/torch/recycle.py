@@ -78,7 +78,7 @@ class _WorkerSlots:
         # its lease) it drops it, so a count of 1 means ``issued`` is already up to date.
         if torch._C._storage_Use_Count(slot.storage._cdata) != 1:
             return False
-        return slot.issued is None or int(self.pool._released()[self.worker, k]) == slot.issued
+        return slot.issued is None or int(self.pool.released[self.worker, k]) == slot.issued
 
     def take(self, nbytes: int) -> torch.UntypedStorage | None:
         with self.lock:
@@ -127,13 +127,7 @@ class SharedBatchPool:
     def _clear_process_state(self) -> None:
         self._pid: int | None = None
         self._worker: _WorkerSlots | None = None
-        self._view: Any = None
-
-    def _released(self) -> Any:
-        """``(MAX_WORKERS, MAX_SLOTS)`` int64 numpy view of the control block."""
-        if self._view is None:
-            self._view = self._control.numpy()
-        return self._view
+        self.released = self._control.numpy()  # (MAX_WORKERS, MAX_SLOTS) int64 view of the control block
 
     def __getstate__(self) -> dict[str, Any]:
         # The control tensor goes by file descriptor under torch's multiprocessing pickler
@@ -242,7 +236,7 @@ class _Releases:
                 key = (token, pid, k)
                 h = self.held.get(key)
                 if h is None or h.storage.data_ptr() != storage.data_ptr():
-                    h = self.held[key] = _Held(storage, pool._released(), worker)
+                    h = self.held[key] = _Held(storage, pool.released, worker)
                 h.gen, h.released = gen, False
             for (_, _, slot), h in self.held.items():
                 if not h.released and torch._C._storage_Use_Count(h.storage._cdata) == 1:
