@@ -22,20 +22,10 @@ from .recycle import SharedBatchPool
 from .reuse import PrivatePool
 from .rows import rows, variable_rows
 
-_TORCH_DTYPES = {
-    np.dtype(np.uint8): torch.uint8, np.dtype(np.int8): torch.int8,
-    np.dtype(np.int16): torch.int16, np.dtype(np.int32): torch.int32,
-    np.dtype(np.int64): torch.int64, np.dtype(np.float16): torch.float16,
-    np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64,
-}
-
 
 def torch_dtype(dtype: Any) -> torch.dtype:
-    """The torch dtype of a numpy dtype (those h5batch stores)."""
-    try:
-        return _TORCH_DTYPES[np.dtype(dtype)]
-    except KeyError:
-        raise TypeError(f"no torch dtype for numpy dtype {np.dtype(dtype)}") from None
+    """The torch dtype of a numpy dtype."""
+    return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
 
 
 def numpy_dtype(dtype: torch.dtype) -> np.dtype:
@@ -127,12 +117,6 @@ def copy_all(tasks: Sequence[tuple[np.ndarray, np.ndarray]], copy: Copy | None =
     finally:
         for f in futures:
             f.result()
-
-
-def empty(shape: Sequence[int], dtype: Any, shared: bool) -> torch.Tensor:
-    """An uninitialised CPU tensor, in shared memory when ``shared`` (one column of
-    :func:`empty_columns`)."""
-    return empty_columns([(shape, dtype)], shared)[0]
 
 
 COLUMN_ALIGN = 64  # bytes: each column of a shared batch starts on a cache line
