@@ -88,11 +88,9 @@ class GlobalBatchSampler(EpochState, Sampler[list[int]]):
 
     def global_batches(self, epoch: int | None = None) -> np.ndarray:
         """``(num_batches, global_batch_size)`` int64: every global batch of the epoch."""
-        order = self.epoch_order(epoch)
-        total = self.num_batches * self.global_batch_size
-        if total > len(order):  # complete the last batch from the start (wraps for tiny n)
-            order = np.tile(order, -(-total // max(len(order), 1)))
-        return order[:total].reshape(self.num_batches, self.global_batch_size)
+        # The last batch completed from the start (wraps for tiny n), or dropped.
+        order = np.resize(self.epoch_order(epoch), self.num_batches * self.global_batch_size)
+        return order.reshape(self.num_batches, self.global_batch_size)
 
     def local_batches(self, epoch: int | None = None) -> np.ndarray:
         """``(num_batches, local_batch_size)`` int64: this rank's part of every global batch."""

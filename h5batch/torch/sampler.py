@@ -98,13 +98,8 @@ class ChunkShuffleSampler(EpochState, Sampler[int]):
 
     def indices(self, epoch: int | None = None) -> np.ndarray:
         """This rank's indices for ``epoch`` (default: the current one)."""
-        order = self.epoch_order(epoch)
-        total = self.num_samples * self.world_size
-        if total > len(order):  # pad by repeating the start (may wrap for tiny n)
-            reps = -(-total // max(len(order), 1))
-            order = np.tile(order, reps)[:total]
-        else:
-            order = order[:total]
+        # Padded by repeating its start (may wrap for tiny n), or its end dropped.
+        order = np.resize(self.epoch_order(epoch), self.num_samples * self.world_size)
         lo = self.rank * self.num_samples
         return order[lo: lo + self.num_samples]
 
