@@ -20,7 +20,7 @@ import torch
 
 from .recycle import SharedBatchPool
 from .reuse import PrivatePool
-from .rows import rows, variable_rows
+from .rows import rows
 
 
 def torch_dtype(dtype: Any) -> torch.dtype:
@@ -226,11 +226,11 @@ class Batch(Sequence):
         j %= self.size
         if self._rows is None:
             # Every sample's views at once: one unbind per column, not B indexing calls.
-            self._rows = {name: variable_rows(col.items()) if isinstance(col, Ragged)
-                          else col if isinstance(col, list) else rows(col)  # a list: text (Ragged.strings)
+            self._rows = {name: rows(col.items()) if isinstance(col, Ragged)
+                          else col if isinstance(col, list) else rows(col.unbind(0))  # a list: text (Ragged.strings)
                           for name, col in self.columns.items()}
             if self.label is not None:
-                self._rows["label"] = rows(self.label)
+                self._rows["label"] = rows(self.label.unbind(0))
         sample = {name: r[j] for name, r in self._rows.items()}
         if self.source is not None:
             sample["source"] = self.source[j]
