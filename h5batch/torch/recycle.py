@@ -257,17 +257,12 @@ class _Releases:
                     self.watcher = None
                     return
 
-    def after_fork_in_child(self) -> None:
-        # A forked child (the next epoch's DataLoader workers) would otherwise keep the
-        # previous workers' storages mapped for its whole life; and the lock may have been
-        # held by the watcher thread, which does not exist in the child.
-        self.lock = threading.Lock()
-        self.held = {}
-        self.watcher = None
-
 
 _RELEASES = _Releases()
-os.register_at_fork(after_in_child=_RELEASES.after_fork_in_child)
+# Started afresh in a forked child (the next epoch's DataLoader workers), which would otherwise
+# keep the previous workers' storages mapped for its whole life; and the lock may have been
+# held by the watcher thread, which does not exist in the child.
+os.register_at_fork(after_in_child=_RELEASES.__init__)
 
 
 def _rebuild_leased(rebuild: Callable[..., torch.Tensor], args: tuple[Any, ...],
