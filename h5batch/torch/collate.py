@@ -62,9 +62,7 @@ class Collate:
         out: dict[str, Any] = {}
         for name, col in batch.columns.items():
             if isinstance(col, Ragged):
-                if self.variable == "list":
-                    out[name] = col.items()
-                elif self.pad_value == 0 or col.shapes.shape[1] == 1:
+                if self.variable == "pad" and (self.pad_value == 0 or col.shapes.shape[1] == 1):
                     out[name] = _refill(col, self.pad_value)  # already padded with zeros
                     out[name + "_lengths"] = col.lengths()
                 else:
