@@ -90,11 +90,6 @@ def _feature(hf: Any, fs: FieldSpec, sample: Any, as_float: bool) -> Any:
 # ------------------------------------------------------------------ Arrow columns
 
 
-def _audio(fs: FieldSpec, s: Any, as_float: bool) -> np.ndarray:
-    v = s.data[fs.name]
-    return v.astype(np.float32) * np.float32(1 / 32768) if as_float and v.dtype == np.int16 else v
-
-
 def _table(reader: SampleReader, split: str, feats: Any, run: list[Any], as_float: bool) -> Any:
     """One Arrow table of a run of samples, each column built from numpy in one call."""
     import pyarrow as pa
@@ -118,7 +113,9 @@ def _column(fs: FieldSpec, run: list[Any], t: Any, as_float: bool) -> Any:
     import pyarrow as pa
 
     if fs.modality == "audio":
-        samples = [_audio(fs, s, as_float) for s in run]
+        samples = [s.data[fs.name] for s in run]
+        if as_float:  # int16 -> float32 x / 32768
+            samples = [v.astype(np.float32) * np.float32(1 / 32768) if v.dtype == np.int16 else v for v in samples]
         frame_t = t.field("array").type.value_type
         flat = np.concatenate([a.reshape(-1) for a in samples]) if samples else np.zeros(0, np.int16)
         values = pa.array(flat, frame_t if not pa.types.is_fixed_size_list(frame_t) else frame_t.value_type)

@@ -73,15 +73,13 @@ class FieldSpec:
 class Sample:
     """One live sample of a split.
 
-    ``index`` is its position among the split's live samples (what ``H5Dataset`` indexes),
-    ``row`` its row in the file (stable across syncs: tombstoning never moves a row).
+    ``row`` is its row in the file (stable across syncs: tombstoning never moves a row).
     ``data`` maps each field to a numpy array (audio, image, value, multilabel) or a ``str``
     (text). ``label`` is the integer label (None when the split is unlabelled or the sample
     has label -1) and ``class_name`` its name.
     """
 
     split: str
-    index: int
     row: int
     label: int | None
     class_name: str | None
@@ -167,9 +165,9 @@ class SampleReader:
             for start in range(0, len(ds), READ_RUN):
                 batch = ds.__getitems__(list(range(start, min(start + READ_RUN, len(ds)))))
                 for j in range(len(batch)):
-                    yield self._sample(split, start + j, int(rows[start + j]), batch.sample(j))
+                    yield self._sample(split, int(rows[start + j]), batch.sample(j))
 
-    def _sample(self, split: str, index: int, row: int, s: dict[str, Any]) -> Sample:
+    def _sample(self, split: str, row: int, s: dict[str, Any]) -> Sample:
         label = int(s["label"]) if "label" in s else None
         if label is not None and label < 0:
             label = None
@@ -178,7 +176,7 @@ class SampleReader:
         data = {fs.name: (s[fs.name] if isinstance(s[fs.name], str) else s[fs.name].numpy())
                 for fs in self.fields}
         name = self.class_names[label] if label is not None and label < len(self.class_names) else None
-        return Sample(split, index, row, label, name, sources, data)
+        return Sample(split, row, label, name, sources, data)
 
     def first_source(self, split: str, sample: Sample) -> str | None:
         """The source path of the sample's first file field that is exported, else its first."""
