@@ -4,7 +4,7 @@ Mosaic Streaming calls it elastic determinism: with a fixed *global* batch size 
 batch ``b`` of an epoch holds the same samples whether 1, 2, 4 or 8 ranks train, so a run
 resumed on another world size continues the same order and optimisation sees the same
 batches. The epoch order is :class:`~h5batch.torch.ChunkShuffleSampler`'s (chunk windows,
-:mod:`h5batch.torch.order`), a function of ``(seed, epoch)`` only; global batch ``b`` is
+:mod:`h5batch.torch.sampler`), a function of ``(seed, epoch)`` only; global batch ``b`` is
 positions ``[b*G, (b+1)*G)`` of it; rank ``r`` of ``W`` gets ``G / W`` of them.
 
 How a global batch is split between ranks is the locality trade-off (``split=``):
@@ -32,8 +32,7 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from ..argcheck import integer, rank_of
-from .order import check_mixing
-from .sampler import DEFAULT_WINDOW, ChunkShuffleSampler, chunk_groups
+from .sampler import DEFAULT_WINDOW, ChunkShuffleSampler, check_mixing, chunk_groups
 from .state import EpochState
 
 SPLITS = ("by_chunk", "interleaved")
