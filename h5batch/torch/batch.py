@@ -18,8 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .recycle import SharedBatchPool
-from .reuse import PrivatePool
+from .recycle import PrivatePool, SharedBatchPool
 from .rows import rows
 
 
@@ -133,7 +132,7 @@ def empty_columns(specs: Sequence[tuple[Sequence[int], Any]], shared: bool,
     sends one file descriptor per batch, not one round trip per column. With a ``pool``, a
     worker reuses storages the main process has released (:mod:`h5batch.torch.recycle`).
     Not ``shared``, with a ``private`` pool, the columns are views of one private storage
-    that is reused once the caller has dropped every tensor on it (:mod:`h5batch.torch.reuse`).
+    that is reused once the caller has dropped every tensor on it (:mod:`h5batch.torch.recycle`).
     """
     sizes = [tuple(int(n) for n in shape) for shape, _ in specs]
     dtypes = [np.dtype(dtype) for _, dtype in specs]

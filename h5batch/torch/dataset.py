@@ -30,8 +30,7 @@ from .batch import Batch, Ragged, divide_in_place, empty_columns, float_copy, st
 from .chunks import ChunkStore, gather_padded, gather_rows, gather_span
 from .encoded import encoded_fields
 from .fieldinfo import FieldInfo, field_info
-from .recycle import shared_pool
-from .reuse import PrivatePool
+from .recycle import PrivatePool, shared_pool
 from .single import read_one
 
 DEFAULT_WINDOW = 12  # chunk groups the default cache holds: one ChunkShuffleSampler window
@@ -81,9 +80,8 @@ class H5Dataset(Dataset):
         Uncompressed chunks used in place from a read-only mapping of the file, compressed
         ones decoded from it (:mod:`h5batch.torch.chunks`).
     recycle : bool
-        Reuse a batch's memory once every tensor on it is dropped (:mod:`h5batch.torch.recycle`,
-        :mod:`h5batch.torch.reuse`). Turn off if the main process hands batch tensors to another
-        process without copying them.
+        Reuse a batch's memory once every tensor on it is dropped (:mod:`h5batch.torch.recycle`).
+        Turn off if the main process hands batch tensors to another process without copying them.
     view : str, optional
         Read only the rows of the split's view ``name`` (``/<split>/views/<name>``): ``len`` is
         the view's size, index ``i`` its ``i``-th row, :meth:`chunk_starts` groups them by chunk.
@@ -241,7 +239,7 @@ class H5Dataset(Dataset):
         self._stores: dict[str, ChunkStore] = {}
         self._sources: h5py.Dataset | None = None
         self._mapping: mmap.mmap | None = None
-        self._private = PrivatePool() if self._pool is not None else None  # torch/reuse.py
+        self._private = PrivatePool() if self._pool is not None else None  # torch/recycle.py
 
     def _ensure_open(self) -> None:
         pid = os.getpid()
