@@ -28,8 +28,7 @@ from ..tools.index import check_complete, live_rows, offsets_key, open_file, rea
 from ..tools.views import read_view
 from .batch import Batch, Ragged, divide_in_place, empty_columns, float_copy, stored_axes
 from .chunks import ChunkStore, gather_padded, gather_rows, gather_span
-from .encoded import encoded_fields
-from .fieldinfo import FieldInfo, field_info
+from .fieldinfo import FieldInfo, encoded_fields, field_info
 from .recycle import PrivatePool, shared_pool
 from .single import read_one
 
@@ -147,7 +146,7 @@ class H5Dataset(Dataset):
         # Checked once, here; the arrays are kept (forked workers share them; _index_array).
         self._n, self._index = read_index(f, self.path, self.split, wanted)
         self.fields: tuple[FieldInfo, ...] = tuple(field_info(g, n) for n in wanted)
-        # store: encoded fields are read as bytes and decoded per sample (torch/encoded.py).
+        # store: encoded fields are read as bytes and decoded per sample (torch/fieldinfo.py).
         self.fields, self._encoded = encoded_fields(g, self.fields, self.path)
         self._text = tuple(fi.name for fi in self.fields if fi.modality == "text" and not fi.fixed)
         self.labelled = fmt.LABEL in g
@@ -343,7 +342,7 @@ class H5Dataset(Dataset):
                 columns[fi.name] = self._read_fixed(fi, idx, order, out)
             else:
                 columns[fi.name] = self._read_variable(fi, idx, order, out, shapes[fi.name])
-        for name, enc in self._encoded.items():  # stored bytes -> decoded column (torch/encoded.py)
+        for name, enc in self._encoded.items():  # stored bytes -> decoded column (torch/fieldinfo.py)
             columns[name] = enc.column(columns[name], idx, self.as_float, self.channels_first, shared, self._pool)
         for name in self._text:
             columns[name] = columns[name].strings()
