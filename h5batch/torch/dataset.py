@@ -145,9 +145,8 @@ class H5Dataset(Dataset):
             raise KeyError(f"{self.path}: bad fields {list(wanted)!r} (fields: {', '.join(stored)})")
         # Checked once, here; the arrays are kept (forked workers share them; _index_array).
         self._n, self._index = read_index(f, self.path, self.split, wanted)
-        self.fields: tuple[FieldInfo, ...] = tuple(field_info(g, n) for n in wanted)
         # store: encoded fields are read as bytes and decoded per sample (torch/fieldinfo.py).
-        self.fields, self._encoded = encoded_fields(g, self.fields, self.path)
+        self.fields, self._encoded = encoded_fields(g, [field_info(g, n) for n in wanted], self.path)
         self._text = tuple(fi.name for fi in self.fields if fi.modality == "text" and not fi.fixed)
         self.labelled = fmt.LABEL in g
         self.class_names: tuple[str, ...] = (

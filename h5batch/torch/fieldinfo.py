@@ -123,7 +123,8 @@ class EncodedColumn:
         return out if fixed else Ragged(out, shapes[:, perm])
 
 
-def encoded_fields(g: Any, fields: Sequence[Any], path: str) -> tuple[tuple[Any, ...], dict[str, EncodedColumn]]:
+def encoded_fields(g: Any, fields: Sequence[FieldInfo],
+                   path: str) -> tuple[tuple[FieldInfo, ...], dict[str, EncodedColumn]]:
     """``(fields, decoders)`` for a split group ``g``: every encoded field's ``FieldInfo``
     set to read its bytes as stored, and its :class:`EncodedColumn` by name (empty for a
     file without encoded fields)."""
