@@ -54,9 +54,8 @@ def features(reader: SampleReader, split: str, as_float: bool = False, probe: di
     dtype and rank of audio and values come from it)."""
     import datasets as hf
 
-    cols: dict[str, Any] = {}
-    for fs in reader.fields:
-        cols[fs.name] = _feature(hf, fs, None if probe is None else probe.get(fs.name), as_float)
+    cols = {fs.name: _feature(hf, fs, None if probe is None else probe.get(fs.name), as_float)
+            for fs in reader.fields}
     if reader.labelled.get(split):
         cols["label"] = hf.ClassLabel(names=list(reader.class_names))
     if reader.file_fields.get(split):
