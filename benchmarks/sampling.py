@@ -70,8 +70,9 @@ def _read_epoch(path: Path, batches: list[list[int]]) -> tuple[float, int, list[
 
 
 def shuffle_rows(path: Path) -> list[dict[str, Any]]:
-    from h5batch.torch import ChunkShuffleSampler, GlobalBatchSampler, H5Dataset
     from quality import batch_label_kl, chunks_touched, label_batches_kl
+
+    from h5batch.torch import ChunkShuffleSampler, GlobalBatchSampler, H5Dataset
 
     ds = H5Dataset(path, "train")
     labels = ds._index_array("label")
@@ -108,8 +109,9 @@ def shuffle_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def rank_rows(path: Path) -> list[dict[str, Any]]:
-    from h5batch.torch import ChunkShuffleSampler, GlobalBatchSampler, H5Dataset
     from quality import chunks_touched
+
+    from h5batch.torch import ChunkShuffleSampler, GlobalBatchSampler, H5Dataset
 
     ds = H5Dataset(path, "train")
     starts = ds.chunk_starts()
