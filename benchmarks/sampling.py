@@ -6,7 +6,7 @@
 * **shuffle**: on a class-sorted corpus (FSDD-style, 10 digits x 270 train files, chunk
   groups of 64 samples, blosc2-lz4 so that reading a chunk means decoding it), per sampler:
   the mean KL divergence in bits of the batch label histogram (batches of 64) from the
-  corpus' (:func:`h5batch.torch.quality.batch_label_kl`), chunks decoded in one epoch with
+  corpus' (:func:`quality.batch_label_kl`), chunks decoded in one epoch with
   ``H5Dataset``'s default cache (its own counter), and samples/s of that epoch at 0 workers;
 * **ranks**: per world size 1, 2, 4, 8 and way of splitting, the distinct chunk groups each
   rank touches in an epoch and the chunks each rank decodes with the default cache;
@@ -70,8 +70,9 @@ def _read_epoch(path: Path, batches: list[list[int]]) -> tuple[float, int, list[
 
 
 def shuffle_rows(path: Path) -> list[dict[str, Any]]:
+    from quality import batch_label_kl, chunks_touched, label_batches_kl
+
     from h5batch.torch import ChunkShuffleSampler, GlobalBatchSampler, H5Dataset
-    from h5batch.torch.quality import batch_label_kl, chunks_touched, label_batches_kl
 
     ds = H5Dataset(path, "train")
     labels = ds._index_array("label")
@@ -108,8 +109,9 @@ def shuffle_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def rank_rows(path: Path) -> list[dict[str, Any]]:
+    from quality import chunks_touched
+
     from h5batch.torch import ChunkShuffleSampler, GlobalBatchSampler, H5Dataset
-    from h5batch.torch.quality import chunks_touched
 
     ds = H5Dataset(path, "train")
     starts = ds.chunk_starts()

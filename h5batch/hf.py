@@ -12,7 +12,7 @@ the .h5 is never loaded whole. Not ``Dataset.from_generator``: it converts row b
 slower (docs/interop.md). The Arrow file is named by a hash of the output's identity (path,
 size, mtime, job and corpus hashes) and the arguments, so a changed output is never served
 stale; it is written under a temporary name and renamed. ``streaming=True`` returns an
-``IterableDataset`` instead: no cache, nothing written.
+``IterableDataset`` of the rows of the same tables instead: no cache, nothing written.
 
 Features, per column:
 
@@ -54,9 +54,8 @@ def features(reader: SampleReader, split: str, as_float: bool = False, probe: di
     dtype and rank of audio and values come from it)."""
     import datasets as hf
 
-    cols: dict[str, Any] = {}
-    for fs in reader.fields:
-        cols[fs.name] = _feature(hf, fs, None if probe is None else probe.get(fs.name), as_float)
+    cols = {fs.name: _feature(hf, fs, None if probe is None else probe.get(fs.name), as_float)
+            for fs in reader.fields}
     if reader.labelled.get(split):
         cols["label"] = hf.ClassLabel(names=list(reader.class_names))
     if reader.file_fields.get(split):
@@ -90,11 +89,6 @@ def _feature(hf: Any, fs: FieldSpec, sample: Any, as_float: bool) -> Any:
 # ------------------------------------------------------------------ Arrow columns
 
 
-def _audio(fs: FieldSpec, s: Any, as_float: bool) -> np.ndarray:
-    v = s.data[fs.name]
-    return v.astype(np.float32) * np.float32(1 / 32768) if as_float and v.dtype == np.int16 else v
-
-
 def _table(reader: SampleReader, split: str, feats: Any, run: list[Any], as_float: bool) -> Any:
     """One Arrow table of a run of samples, each column built from numpy in one call."""
     import pyarrow as pa
@@ -118,7 +112,9 @@ def _column(fs: FieldSpec, run: list[Any], t: Any, as_float: bool) -> Any:
     import pyarrow as pa
 
     if fs.modality == "audio":
-        samples = [_audio(fs, s, as_float) for s in run]
+        samples = [s.data[fs.name] for s in run]
+        if as_float:  # int16 -> float32 x / 32768
+            samples = [v.astype(np.float32) * np.float32(1 / 32768) if v.dtype == np.int16 else v for v in samples]
         frame_t = t.field("array").type.value_type
         flat = np.concatenate([a.reshape(-1) for a in samples]) if samples else np.zeros(0, np.int16)
         values = pa.array(flat, frame_t if not pa.types.is_fixed_size_list(frame_t) else frame_t.value_type)
@@ -140,6 +136,20 @@ def _column(fs: FieldSpec, run: list[Any], t: Any, as_float: bool) -> Any:
     return pa.array(stacked.reshape(len(run)), t)
 
 
+def _tables(reader: SampleReader, split: str, feats: Any, as_float: bool) -> Iterator[Any]:
+    """The split's rows as Arrow tables of up to :data:`READ_RUN` samples; an empty split
+    still gives one (empty) table, which carries the schema."""
+    run: list[Any] = []
+    whole = False
+    for s in reader.samples(split):
+        run.append(s)
+        if len(run) == READ_RUN:
+            yield _table(reader, split, feats, run, as_float)
+            run, whole = [], True
+    if run or not whole:
+        yield _table(reader, split, feats, run, as_float)
+
+
 def _write_split(reader: SampleReader, split: str, feats: Any, dest: str, as_float: bool) -> None:
     """The split's rows into the Arrow file ``dest`` (written beside it, then renamed)."""
     from datasets.arrow_writer import ArrowWriter
@@ -147,15 +157,8 @@ def _write_split(reader: SampleReader, split: str, feats: Any, dest: str, as_flo
     tmp = f"{dest}.partial-{os.getpid()}"
     writer = ArrowWriter(features=feats, path=tmp)
     try:
-        run: list[Any] = []
-        written = 0
-        for s in reader.samples(split):
-            run.append(s)
-            if len(run) == READ_RUN:
-                writer.write_table(_table(reader, split, feats, run, as_float))
-                written, run = written + len(run), []
-        if run or not written:  # an empty split still gets its (empty) table and schema
-            writer.write_table(_table(reader, split, feats, run, as_float))
+        for table in _tables(reader, split, feats, as_float):
+            writer.write_table(table)
         writer.finalize()
     finally:
         writer.close()
@@ -165,31 +168,13 @@ def _write_split(reader: SampleReader, split: str, feats: Any, dest: str, as_flo
 # --------------------------------------------------------------------- streaming
 
 
-def _row(reader: SampleReader, s: Any, as_float: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for fs in reader.fields:
-        v = s.data[fs.name]
-        if fs.modality == "audio":
-            out[fs.name] = {"array": _audio(fs, s, as_float), "sampling_rate": fs.sample_rate}
-        elif fs.modality == "image":
-            out[fs.name] = {"bytes": png_bytes(fs, v, s.row), "path": None}
-        elif isinstance(v, str):
-            out[fs.name] = v
-        else:
-            a = np.asarray(v)
-            out[fs.name] = dict(zip(fs.names, a.tolist())) if fs.names and a.ndim == 1 else a.item()
-    if reader.labelled.get(s.split):
-        out["label"] = -1 if s.label is None else s.label
-    if reader.file_fields.get(s.split):
-        out["source"] = s.sources[0] if len(reader.file_fields[s.split]) == 1 else list(s.sources)
-    return out
-
-
-def _generate(path: str, split: str, fields: tuple[str, ...] | None, as_float: bool) -> Iterator[dict[str, Any]]:
-    """The rows of one split, one at a time (``streaming=True``)."""
+def _generate(path: str, split: str, fields: tuple[str, ...] | None, as_float: bool,
+              feats: Any) -> Iterator[dict[str, Any]]:
+    """The rows of one split, one at a time (``streaming=True``): the rows of the tables
+    the Arrow file would hold."""
     reader = SampleReader(path, fields)
-    for s in reader.samples(split):
-        yield _row(reader, s, as_float)
+    for table in _tables(reader, split, feats, as_float):
+        yield from table.to_pylist()
 
 
 # ------------------------------------------------------------------------ public
@@ -241,7 +226,7 @@ def to_dataset(path: str | os.PathLike[str], split: str | None = None, *,
     for name in splits:
         feats = features(reader, name, as_float, next((s.data for s in reader.samples(name)), None))
         if streaming:
-            kwargs = {"path": path, "split": name, "fields": fields_t, "as_float": as_float}
+            kwargs = {"path": path, "split": name, "fields": fields_t, "as_float": as_float, "feats": feats}
             built[name] = hf.IterableDataset.from_generator(_generate, features=feats, gen_kwargs=kwargs,
                                                             split=hf.NamedSplit(name))
             continue

@@ -1,4 +1,4 @@
-"""``store: encoded`` (h5batch/fields/encoded.py, transcode.py, torch/encoded.py): the file
+"""``store: encoded`` (h5batch/fields/encoded.py, transcode.py, torch/fieldinfo.py): the file
 keeps the source's bytes (or their transcode), a file that does not decode is still a
 reject, ``H5Dataset`` returns what decoded storage of the same files returns (and what
 Pillow / soundfile give on the sources), in the main process and in DataLoader workers,

@@ -1,6 +1,6 @@
 """The reader at the memory limit: uncompressed chunks used in place from the file mapping
 with bounded resident memory, and batch memory reused without workers
-(h5batch/torch/reuse.py), on real files made by the real converter."""
+(h5batch/torch/recycle.py), on real files made by the real converter."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 
 from h5batch import generate
 from h5batch.torch import H5Dataset, collate
-from h5batch.torch.reuse import MAX_SLOTS, PrivatePool
+from h5batch.torch.recycle import PRIVATE_SLOTS, PrivatePool
 from tests.test_reader import make_h5
 
 SMALL_CHUNKS = "output.chunk_bytes=65536"
@@ -126,7 +126,7 @@ def test_batches_reuse_memory_only_once_dropped(storages):
     for _ in range(3):
         for b in loader:
             seen.add(b["data"].untyped_storage().data_ptr())
-    assert len(seen) <= MAX_SLOTS and ds._private.reused > 0
+    assert len(seen) <= PRIVATE_SLOTS and ds._private.reused > 0
     kept = list(loader)  # held: none may be overwritten by a later batch
     assert len({b["data"].untyped_storage().data_ptr() for b in kept}) == len(kept)
     for k in FIELDS:

@@ -132,7 +132,7 @@ def test_recycling_under_the_file_system_sharing_strategy(paired120):
     torch.multiprocessing.set_sharing_strategy("file_system")
     try:
         ds = H5Dataset(paired120, "train", with_source=True)
-        released_before = ds._pool._released().copy()
+        released_before = ds._pool.released.copy()
         loader = DataLoader(ds, batch_size=8, sampler=ChunkShuffleSampler(ds, seed=2), num_workers=2,
                             collate_fn=collate, persistent_workers=True)
         for _ in range(2):
@@ -143,7 +143,7 @@ def test_recycling_under_the_file_system_sharing_strategy(paired120):
                     kept.append(b)
             for b in kept:
                 check(b, ref)
-        released = ds._pool._released()
+        released = ds._pool.released
         assert (released != released_before).any(), "the main process never released a lease"
     finally:
         torch.multiprocessing.set_sharing_strategy(before)

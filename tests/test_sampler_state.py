@@ -12,10 +12,10 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from benchmarks.audio_corpus import make_audio_corpus
+from benchmarks.quality import batch_label_kl, chunks_touched, label_batches_kl
 from h5batch import ConvertOptions, convert
 from h5batch.config import load_job
 from h5batch.torch import ChunkShuffleSampler, GlobalBatchSampler, H5Dataset, collate, sampler_state
-from h5batch.torch.quality import batch_label_kl, chunks_touched, label_batches_kl
 
 REPO = Path(__file__).resolve().parents[1]
 EPOCHS = 3

@@ -50,13 +50,7 @@ def _folder_name(text: str) -> str:
 def _columns(reader: SampleReader) -> list[str]:
     files = [fs.name for fs in reader.fields if fs.is_file]
     cols = ["path", *(files if len(files) > 1 else []), "split", "label", "source", "row"]
-    for fs in reader.fields:
-        if fs.is_file:
-            continue
-        if fs.names:
-            cols += list(fs.names)
-        else:
-            cols.append(fs.name)
+    cols += [c for fs in reader.fields if not fs.is_file for c in (fs.names or (fs.name,))]
     clash = [c for c, k in Counter(cols).items() if k > 1]
     if clash:
         owner = next((fs.name for fs in reader.fields if clash[0] == fs.name or clash[0] in fs.names), clash[0])

@@ -6,8 +6,8 @@ int16/float32 audio and uint8 pixels, encoded fields decoded with their recorded
 text as ``str``), read in runs of consecutive samples; never from the datasets directly.
 Reason: the reader is the one place that knows which rows are live (rows ``h5batch sync``
 tombstoned are skipped), how an encoded field decodes and how text is stored, so an export
-holds exactly what a training script would see. The file rows of the live samples come from
-:func:`h5batch.tools.samples.file_rows`, over the same function the reader uses.
+holds exactly what a training script would see. The file row of each sample is the one the
+reader itself maps its index to.
 
 An encoded field (``store: encoded``) is decoded and encoded again, never copied as its
 stored bytes: its ``decode`` settings (a resize, a resample, a length) may make the reader's
@@ -73,15 +73,13 @@ class FieldSpec:
 class Sample:
     """One live sample of a split.
 
-    ``index`` is its position among the split's live samples (what ``H5Dataset`` indexes),
-    ``row`` its row in the file (stable across syncs: tombstoning never moves a row).
+    ``row`` is its row in the file (stable across syncs: tombstoning never moves a row).
     ``data`` maps each field to a numpy array (audio, image, value, multilabel) or a ``str``
     (text). ``label`` is the integer label (None when the split is unlabelled or the sample
     has label -1) and ``class_name`` its name.
     """
 
     split: str
-    index: int
     row: int
     label: int | None
     class_name: str | None
@@ -154,14 +152,6 @@ class SampleReader:
 
     # ---------------------------------------------------------------- reading
 
-    def file_rows(self, split: str) -> np.ndarray:
-        """File rows of the split's live samples, in order."""
-        from ..tools.index import open_file
-        from ..tools.samples import file_rows
-
-        with open_file(self.path) as f:
-            return file_rows(f, self.path, split)
-
     def samples(self, split: str) -> Iterator[Sample]:
         """Every live sample of ``split``, in file order."""
         from ..torch import H5Dataset
@@ -170,17 +160,14 @@ class SampleReader:
         with_source = bool(self.file_fields.get(split))
         ds = H5Dataset(self.path, split, fields=names, as_float=False, with_source=with_source,
                        recycle=False, shared_memory=False)
-        rows = self.file_rows(split)
-        if len(rows) != len(ds):  # the reader and live_rows must agree (same function)
-            raise ExportError(f"{self.path}: split {split!r}: reader yields {len(ds)} samples, "
-                              f"{len(rows)} rows are live")
+        rows = ds._check(np.arange(len(ds)))  # the file row of every sample the reader yields
         with ds:
             for start in range(0, len(ds), READ_RUN):
                 batch = ds.__getitems__(list(range(start, min(start + READ_RUN, len(ds)))))
                 for j in range(len(batch)):
-                    yield self._sample(split, start + j, int(rows[start + j]), batch.sample(j))
+                    yield self._sample(split, int(rows[start + j]), batch.sample(j))
 
-    def _sample(self, split: str, index: int, row: int, s: dict[str, Any]) -> Sample:
+    def _sample(self, split: str, row: int, s: dict[str, Any]) -> Sample:
         label = int(s["label"]) if "label" in s else None
         if label is not None and label < 0:
             label = None
@@ -189,7 +176,7 @@ class SampleReader:
         data = {fs.name: (s[fs.name] if isinstance(s[fs.name], str) else s[fs.name].numpy())
                 for fs in self.fields}
         name = self.class_names[label] if label is not None and label < len(self.class_names) else None
-        return Sample(split, index, row, label, name, sources, data)
+        return Sample(split, row, label, name, sources, data)
 
     def first_source(self, split: str, sample: Sample) -> str | None:
         """The source path of the sample's first file field that is exported, else its first."""

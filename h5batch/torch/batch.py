@@ -18,24 +18,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from .recycle import SharedBatchPool
-from .reuse import PrivatePool
-from .rows import rows, variable_rows
-
-_TORCH_DTYPES = {
-    np.dtype(np.uint8): torch.uint8, np.dtype(np.int8): torch.int8,
-    np.dtype(np.int16): torch.int16, np.dtype(np.int32): torch.int32,
-    np.dtype(np.int64): torch.int64, np.dtype(np.float16): torch.float16,
-    np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64,
-}
+from .recycle import PrivatePool, SharedBatchPool
+from .rows import rows
 
 
 def torch_dtype(dtype: Any) -> torch.dtype:
-    """The torch dtype of a numpy dtype (those h5batch stores)."""
-    try:
-        return _TORCH_DTYPES[np.dtype(dtype)]
-    except KeyError:
-        raise TypeError(f"no torch dtype for numpy dtype {np.dtype(dtype)}") from None
+    """The torch dtype of a numpy dtype."""
+    return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
 
 
 def numpy_dtype(dtype: torch.dtype) -> np.dtype:
@@ -129,12 +118,6 @@ def copy_all(tasks: Sequence[tuple[np.ndarray, np.ndarray]], copy: Copy | None =
             f.result()
 
 
-def empty(shape: Sequence[int], dtype: Any, shared: bool) -> torch.Tensor:
-    """An uninitialised CPU tensor, in shared memory when ``shared`` (one column of
-    :func:`empty_columns`)."""
-    return empty_columns([(shape, dtype)], shared)[0]
-
-
 COLUMN_ALIGN = 64  # bytes: each column of a shared batch starts on a cache line
 
 
@@ -149,7 +132,7 @@ def empty_columns(specs: Sequence[tuple[Sequence[int], Any]], shared: bool,
     sends one file descriptor per batch, not one round trip per column. With a ``pool``, a
     worker reuses storages the main process has released (:mod:`h5batch.torch.recycle`).
     Not ``shared``, with a ``private`` pool, the columns are views of one private storage
-    that is reused once the caller has dropped every tensor on it (:mod:`h5batch.torch.reuse`).
+    that is reused once the caller has dropped every tensor on it (:mod:`h5batch.torch.recycle`).
     """
     sizes = [tuple(int(n) for n in shape) for shape, _ in specs]
     dtypes = [np.dtype(dtype) for _, dtype in specs]
@@ -242,11 +225,11 @@ class Batch(Sequence):
         j %= self.size
         if self._rows is None:
             # Every sample's views at once: one unbind per column, not B indexing calls.
-            self._rows = {name: variable_rows(col.items()) if isinstance(col, Ragged)
-                          else col if isinstance(col, list) else rows(col)  # a list: text (Ragged.strings)
+            self._rows = {name: rows(col.items()) if isinstance(col, Ragged)
+                          else col if isinstance(col, list) else rows(col.unbind(0))  # a list: text (Ragged.strings)
                           for name, col in self.columns.items()}
             if self.label is not None:
-                self._rows["label"] = rows(self.label)
+                self._rows["label"] = rows(self.label.unbind(0))
         sample = {name: r[j] for name, r in self._rows.items()}
         if self.source is not None:
             sample["source"] = self.source[j]

@@ -10,7 +10,7 @@ Rules:
 * Lengths come from the file's index (:func:`field_lengths`), never sample data; any
   sequence of ints works too.
 * ``num_buckets`` length ranges of equal sample counts (quantiles, fixed for the run).
-* Chunk-aware: the epoch walks :mod:`h5batch.torch.order`'s order in pools of ``window``
+* Chunk-aware: the epoch walks :mod:`h5batch.torch.sampler`'s order in pools of ``window``
   chunk groups; in a pool (plus earlier left-overs) each bucket's samples, sorted by length,
   are packed greedily; a bucket's incomplete batch waits for the next pool. A pool's batches
   come in random order, so a cache holding a window decodes almost every chunk once.
@@ -32,8 +32,7 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from ..argcheck import integer, rank_of
-from .order import chunk_order, epoch_rng
-from .sampler import DEFAULT_WINDOW, chunk_groups
+from .sampler import DEFAULT_WINDOW, chunk_groups, chunk_order, epoch_rng
 from .state import EpochState
 
 _BUCKET_TAG = 0x42554B54  # the bucketing sampler's own random stream

@@ -78,12 +78,10 @@ class ChunkStore:
         self.mapping = mapping if unfiltered and chunks is not None else None
         # Compressed chunks decoded from the mapping: (offset, size, filter mask) per chunk.
         self.packed = mapping if self.decoder is not None and not unfiltered and chunks is not None else None
-        self.locations: dict[int, tuple[int, int, int] | None] = {}
         self.table: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # see _chunk_info
         self.listed = False  # the table was tried (built, or chunk_iter is missing or failed)
+        self.located: dict[int, tuple[int | None, int, int]] = {}  # lookups without a table
         self.row_bytes = int(np.prod(self.row, dtype=np.int64)) * ds.dtype.itemsize
-        self.offsets: dict[int, int] = {}  # file offset of each mapped block in the cache
-        self.addresses: dict[int, int] = {}  # every block looked up: file offset, -1 = not plain
         self.evicted = 0  # bytes of mapped blocks evicted since their pages were last dropped
 
     @property
@@ -99,9 +97,9 @@ class ChunkStore:
         buf = self.cache.pop(c, None)
         if buf is None:
             if len(self.cache) >= self.capacity:
-                old_c, buf = self.cache.popitem(last=False)
+                buf = self.cache.popitem(last=False)[1]
                 if not buf.flags.writeable:  # a mapped block: not a buffer to reuse
-                    self._drop(old_c, buf)
+                    self._drop(buf)
                     buf = np.empty((self.k, *self.row), dtype=self.dtype)
             else:
                 buf = np.empty((self.k, *self.row), dtype=self.dtype)
@@ -114,13 +112,12 @@ class ChunkStore:
         """Block ``c`` as a view of the file mapping (None: read it the other way)."""
         view = self.cache.pop(c, None)
         if view is None:
-            offset = self._address(c)
-            if offset < 0:
+            offset, size, mask = self._chunk_info(c)
+            if offset is None or size != self.k * self.row_bytes or mask:
                 return None  # not written, or not a plain chunk: let _load handle it
             if len(self.cache) >= self.capacity:
-                self._drop(*self.cache.popitem(last=False))
+                self._drop(self.cache.popitem(last=False)[1])
             view = self._view(offset)
-            self.offsets[c] = offset
             self.loads += 1
             if "mapped" not in self.verified:
                 if not np.array_equal(view[: min(self.k, self.n - c * self.k)], self._hdf5_rows(c)):
@@ -129,16 +126,6 @@ class ChunkStore:
                 self.verified.add("mapped")
         self.cache[c] = view
         return view
-
-    def _address(self, c: int) -> int:
-        offset = self.addresses.get(c)
-        if offset is None:
-            # Looked up once per chunk and process (an HDF5 call per row otherwise, which
-            # dominates a fully shuffled batch); the file is read-only and never rewritten.
-            byte_offset, size, mask = self._chunk_info(c)
-            plain = byte_offset is not None and size == self.k * self.row_bytes and not mask
-            offset = self.addresses[c] = byte_offset if plain else -1
-        return offset
 
     def _chunk_info(self, c: int) -> tuple[int | None, int, int]:
         """Block ``c``'s stored chunk: ``(file offset, stored bytes, filter mask)``, offset
@@ -149,7 +136,7 @@ class ChunkStore:
         Reason: HDF5 2.0's ``get_chunk_info_by_coord`` walks the chunk index, so one lookup
         per chunk is quadratic (minutes per process on a 100,000-chunk field); the listing
         is linear. Where h5py lacks it (HDF5 before 1.14) or it fails, each chunk is looked
-        up on its own."""
+        up on its own, once per process (the file is read-only and never rewritten)."""
         if not self.listed:
             self.listed = True
             self.table = self._list_chunks()
@@ -158,8 +145,10 @@ class ChunkStore:
             if c < len(offsets):
                 return (int(offsets[c]) if offsets[c] >= 0 else None), int(sizes[c]), int(masks[c])
             return None, 0, 0
-        info = self.ds.id.get_chunk_info_by_coord((c * self.k, *self.zeros))
-        return info.byte_offset, info.size, info.filter_mask
+        if c not in self.located:
+            info = self.ds.id.get_chunk_info_by_coord((c * self.k, *self.zeros))
+            self.located[c] = info.byte_offset, info.size, info.filter_mask
+        return self.located[c]
 
     def _list_chunks(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """:func:`h5batch.format.chunk_table` of this dataset, or None where ``chunk_iter``
@@ -173,13 +162,14 @@ class ChunkStore:
         return np.frombuffer(self.mapping, dtype=self.dtype, count=self.k * self.row_bytes // self.dtype.itemsize,
                              offset=offset).reshape(self.k, *self.row)
 
-    def _drop(self, c: int, view: np.ndarray) -> None:
-        """Forget an evicted mapped block. Resident pages are released in bulk: once the
-        blocks evicted since the last release add up to the cache's size, one
-        ``madvise(MADV_DONTNEED)`` drops every page of the mapping from this process (they
-        stay in the page cache). Bulk, because a shuffled batch evicts a block per row and a
-        system call each would dominate; resident memory stays under about twice the cache."""
-        if self.offsets.pop(c, None) is not None and self.mapping is not None:
+    def _drop(self, view: np.ndarray) -> None:
+        """Forget an evicted block. A mapped one (read-only) counts towards the next bulk
+        release of resident pages: once the blocks evicted since the last release add up
+        to the cache's size, one ``madvise(MADV_DONTNEED)`` drops every page of the mapping
+        from this process (they stay in the page cache). Bulk, because a shuffled batch
+        evicts a block per row and a system call each would dominate; resident memory stays
+        under about twice the cache."""
+        if not view.flags.writeable and self.mapping is not None:
             self._evict(view.nbytes, self.mapping)
 
     def _evict(self, nbytes: int, mapping: mmap.mmap) -> None:
@@ -195,7 +185,6 @@ class ChunkStore:
                       RuntimeWarning, stacklevel=4)
         self.mapping = None
         self.cache.clear()
-        self.offsets.clear()
 
     def _load(self, c: int, buf: np.ndarray) -> None:
         if self.decoder is not None:
@@ -237,14 +226,9 @@ class ChunkStore:
         """Decode compressed chunk ``c`` from the file mapping into ``buf`` (None: not written,
         read it the other way). Pages read through the mapping count towards the next bulk
         release (:meth:`_drop`), so resident memory stays bounded as for mapped blocks."""
-        if c not in self.locations:
-            byte_offset, size, mask = self._chunk_info(c)
-            written = byte_offset is not None and size > 0
-            self.locations[c] = (byte_offset, size, mask) if written else None
-        loc = self.locations[c]
-        if loc is None:
+        offset, size, mask = self._chunk_info(c)
+        if offset is None or size <= 0:
             return None
-        offset, size, mask = loc
         with memoryview(self.packed)[offset: offset + size] as raw:  # no read, no copy
             kind = self.decoder.decode(raw, mask, buf)
         self._evict(size, self.packed)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.utils.data import default_collate, get_worker_info
 
-from .batch import Batch, Ragged, empty, numpy_dtype
+from .batch import Batch, Ragged, empty_columns, numpy_dtype
 
 
 class Collate:
@@ -62,9 +62,7 @@ class Collate:
         out: dict[str, Any] = {}
         for name, col in batch.columns.items():
             if isinstance(col, Ragged):
-                if self.variable == "list":
-                    out[name] = col.items()
-                elif self.pad_value == 0 or col.shapes.shape[1] == 1:
+                if self.variable == "pad" and (self.pad_value == 0 or col.shapes.shape[1] == 1):
                     out[name] = _refill(col, self.pad_value)  # already padded with zeros
                     out[name + "_lengths"] = col.lengths()
                 else:
@@ -86,7 +84,8 @@ class Collate:
                 out[key] = values
             elif isinstance(first, torch.Tensor) and all(isinstance(v, torch.Tensor) for v in values):
                 if all(v.shape == first.shape for v in values):
-                    dst = empty((len(values), *first.shape), numpy_dtype(first.dtype), self._shared())
+                    spec = ((len(values), *first.shape), numpy_dtype(first.dtype))
+                    dst = empty_columns([spec], self._shared())[0]
                     out[key] = torch.stack(values, out=dst)
                 else:
                     lengths = torch.tensor([list(v.shape) for v in values], dtype=torch.int64)
@@ -120,7 +119,7 @@ def pad(items: Sequence[torch.Tensor], value: float = 0.0, shared: bool = False)
         raise ValueError("cannot pad tensors of different ranks: "
                          f"{sorted({t.dim() for t in items})}")
     shape = [max(t.shape[d] for t in items) for d in range(ndim)]
-    out = empty((len(items), *shape), numpy_dtype(items[0].dtype), shared)
+    out = empty_columns([((len(items), *shape), numpy_dtype(items[0].dtype))], shared)[0]
     if ndim == 1:
         for j, t in enumerate(items):
             n = t.shape[0]

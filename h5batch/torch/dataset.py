@@ -28,10 +28,8 @@ from ..tools.index import check_complete, live_rows, offsets_key, open_file, rea
 from ..tools.views import read_view
 from .batch import Batch, Ragged, divide_in_place, empty_columns, float_copy, stored_axes
 from .chunks import ChunkStore, gather_padded, gather_rows, gather_span
-from .encoded import encoded_fields
-from .fieldinfo import FieldInfo, field_info
-from .recycle import shared_pool
-from .reuse import PrivatePool
+from .fieldinfo import FieldInfo, encoded_fields, field_info
+from .recycle import PrivatePool, shared_pool
 from .single import read_one
 
 DEFAULT_WINDOW = 12  # chunk groups the default cache holds: one ChunkShuffleSampler window
@@ -81,9 +79,8 @@ class H5Dataset(Dataset):
         Uncompressed chunks used in place from a read-only mapping of the file, compressed
         ones decoded from it (:mod:`h5batch.torch.chunks`).
     recycle : bool
-        Reuse a batch's memory once every tensor on it is dropped (:mod:`h5batch.torch.recycle`,
-        :mod:`h5batch.torch.reuse`). Turn off if the main process hands batch tensors to another
-        process without copying them.
+        Reuse a batch's memory once every tensor on it is dropped (:mod:`h5batch.torch.recycle`).
+        Turn off if the main process hands batch tensors to another process without copying them.
     view : str, optional
         Read only the rows of the split's view ``name`` (``/<split>/views/<name>``): ``len`` is
         the view's size, index ``i`` its ``i``-th row, :meth:`chunk_starts` groups them by chunk.
@@ -148,9 +145,8 @@ class H5Dataset(Dataset):
             raise KeyError(f"{self.path}: bad fields {list(wanted)!r} (fields: {', '.join(stored)})")
         # Checked once, here; the arrays are kept (forked workers share them; _index_array).
         self._n, self._index = read_index(f, self.path, self.split, wanted)
-        self.fields: tuple[FieldInfo, ...] = tuple(field_info(g, n) for n in wanted)
-        # store: encoded fields are read as bytes and decoded per sample (torch/encoded.py).
-        self.fields, self._encoded = encoded_fields(g, self.fields, self.path)
+        # store: encoded fields are read as bytes and decoded per sample (torch/fieldinfo.py).
+        self.fields, self._encoded = encoded_fields(g, [field_info(g, n) for n in wanted], self.path)
         self._text = tuple(fi.name for fi in self.fields if fi.modality == "text" and not fi.fixed)
         self.labelled = fmt.LABEL in g
         self.class_names: tuple[str, ...] = (
@@ -197,21 +193,12 @@ class H5Dataset(Dataset):
         ``values`` chunk. Loads that field's offsets (8 bytes a sample) when variable. With a
         ``view``: the positions in the view where its rows enter a new file chunk group.
         """
-        starts = self._file_chunk_starts()
-        if self._rows is None or not len(self._rows):
-            return starts if self._rows is None else np.zeros(0, dtype=np.int64)
-        # A view: its rows (sorted) grouped by the file chunk group each falls in.
-        group = np.searchsorted(starts, self._rows, side="right")
-        return np.concatenate([[0], np.flatnonzero(np.diff(group)) + 1]).astype(np.int64)
-
-    def _file_chunk_starts(self) -> np.ndarray:
         fi = self._grouping_field()
         if fi is None:
             return np.zeros(0, dtype=np.int64)
-        if fi.fixed:
-            return np.arange(0, self._n, fi.chunk_len, dtype=np.int64)
-        first = self._offsets(fi)[:-1] // fi.chunk_len
-        return np.concatenate([[0], np.flatnonzero(first[1:] != first[:-1]) + 1]).astype(np.int64)
+        rows = np.arange(self._n) if self._rows is None else self._rows  # sorted file rows
+        chunk = rows // fi.chunk_len if fi.fixed else self._offsets(fi)[rows] // fi.chunk_len
+        return np.flatnonzero(np.diff(chunk, prepend=-1)).astype(np.int64)
 
     def __len__(self) -> int:
         return self._n if self._rows is None else len(self._rows)
@@ -250,7 +237,7 @@ class H5Dataset(Dataset):
         self._stores: dict[str, ChunkStore] = {}
         self._sources: h5py.Dataset | None = None
         self._mapping: mmap.mmap | None = None
-        self._private = PrivatePool() if self._pool is not None else None  # torch/reuse.py
+        self._private = PrivatePool() if self._pool is not None else None  # torch/recycle.py
 
     def _ensure_open(self) -> None:
         pid = os.getpid()
@@ -354,7 +341,7 @@ class H5Dataset(Dataset):
                 columns[fi.name] = self._read_fixed(fi, idx, order, out)
             else:
                 columns[fi.name] = self._read_variable(fi, idx, order, out, shapes[fi.name])
-        for name, enc in self._encoded.items():  # stored bytes -> decoded column (torch/encoded.py)
+        for name, enc in self._encoded.items():  # stored bytes -> decoded column (torch/fieldinfo.py)
             columns[name] = enc.column(columns[name], idx, self.as_float, self.channels_first, shared, self._pool)
         for name in self._text:
             columns[name] = columns[name].strings()

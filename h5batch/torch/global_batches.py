@@ -4,7 +4,7 @@ Mosaic Streaming calls it elastic determinism: with a fixed *global* batch size 
 batch ``b`` of an epoch holds the same samples whether 1, 2, 4 or 8 ranks train, so a run
 resumed on another world size continues the same order and optimisation sees the same
 batches. The epoch order is :class:`~h5batch.torch.ChunkShuffleSampler`'s (chunk windows,
-:mod:`h5batch.torch.order`), a function of ``(seed, epoch)`` only; global batch ``b`` is
+:mod:`h5batch.torch.sampler`), a function of ``(seed, epoch)`` only; global batch ``b`` is
 positions ``[b*G, (b+1)*G)`` of it; rank ``r`` of ``W`` gets ``G / W`` of them.
 
 How a global batch is split between ranks is the locality trade-off (``split=``):
@@ -32,8 +32,7 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from ..argcheck import integer, rank_of
-from .order import check_mixing
-from .sampler import DEFAULT_WINDOW, ChunkShuffleSampler, chunk_groups
+from .sampler import DEFAULT_WINDOW, ChunkShuffleSampler, check_mixing, chunk_groups
 from .state import EpochState
 
 SPLITS = ("by_chunk", "interleaved")
@@ -88,11 +87,9 @@ class GlobalBatchSampler(EpochState, Sampler[list[int]]):
 
     def global_batches(self, epoch: int | None = None) -> np.ndarray:
         """``(num_batches, global_batch_size)`` int64: every global batch of the epoch."""
-        order = self.epoch_order(epoch)
-        total = self.num_batches * self.global_batch_size
-        if total > len(order):  # complete the last batch from the start (wraps for tiny n)
-            order = np.tile(order, -(-total // max(len(order), 1)))
-        return order[:total].reshape(self.num_batches, self.global_batch_size)
+        # The last batch completed from the start (wraps for tiny n), or dropped.
+        order = np.resize(self.epoch_order(epoch), self.num_batches * self.global_batch_size)
+        return order.reshape(self.num_batches, self.global_batch_size)
 
     def local_batches(self, epoch: int | None = None) -> np.ndarray:
         """``(num_batches, local_batch_size)`` int64: this rank's part of every global batch."""

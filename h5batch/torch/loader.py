@@ -108,14 +108,11 @@ def make_loader(dataset: Any, batch_size: int = 64, shuffle: bool = True, num_wo
     if getattr(dataset, "_object", None) is not None and num_workers > 0:
         # s3://: obstore does not survive fork() (h5batch/remote/client.py)
         kwargs.setdefault("multiprocessing_context", "forkserver")
-    if pin_memory is None:
-        pin_memory = accelerator_available()
-    if persistent_workers is None:
-        persistent_workers = num_workers > 0
-    loader_kw: dict[str, Any] = dict(
+    loader_kw: dict[str, Any] = dict(  # None: pinned with an accelerator, workers kept if any
         num_workers=num_workers, collate_fn=collate if collate_fn is None else collate_fn,
-        pin_memory=bool(pin_memory) and accelerator_available(),
-        persistent_workers=bool(persistent_workers) and num_workers > 0, **kwargs)
+        pin_memory=(pin_memory is None or bool(pin_memory)) and accelerator_available(),
+        persistent_workers=(persistent_workers is None or bool(persistent_workers)) and num_workers > 0,
+        **kwargs)
     if batch_sampler is not None:
         return H5DataLoader(dataset, batch_sampler=batch_sampler, **loader_kw)
     return H5DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last, **loader_kw)

@@ -118,11 +118,7 @@ class MixedDataset(Dataset):
     def _assemble(self, parts: list[tuple[np.ndarray, Any]], b: int) -> Any:
         """One batch out of per-source batches (``pos``: where each one's samples go)."""
         if not all(isinstance(p, Batch) for _, p in parts):  # transforms: per-sample items
-            items: list[Any] = [None] * b
-            for pos, p in parts:
-                for j, item in zip(pos.tolist(), p, strict=True):
-                    items[j] = item
-            return items
+            return _scatter(parts, b, lambda p: p)
         first = parts[0][1]
         specs: list[tuple[tuple[int, ...], Any]] = []
         for name, col in first.columns.items():
@@ -153,13 +149,17 @@ class MixedDataset(Dataset):
             label = outs[-1]
             for pos, p in parts:
                 label[torch.from_numpy(pos)] = p.label
-        source = None
-        if first.source is not None:
-            source = [None] * b
-            for pos, p in parts:
-                for j, s in zip(pos.tolist(), p.source, strict=True):
-                    source[j] = s
+        source = None if first.source is None else _scatter(parts, b, lambda p: p.source)
         return Batch(columns, label, source, b)
+
+
+def _scatter(parts: list[tuple[np.ndarray, Any]], b: int, items: Any) -> list[Any]:
+    """A list of ``b``: each part's ``items(part)`` at its positions ``pos``."""
+    out: list[Any] = [None] * b
+    for pos, p in parts:
+        for j, item in zip(pos.tolist(), items(p), strict=True):
+            out[j] = item
+    return out
 
 
 def _check_compatible(datasets: Sequence[Any]) -> None:

@@ -1,4 +1,6 @@
-"""Shared-memory batch buffers that DataLoader workers reuse once the main process is done.
+"""Batch memory reused once nothing holds it: shared-memory buffers that DataLoader workers
+reuse once the main process is done (:class:`SharedBatchPool`), and private ones the main
+process reuses without workers (:class:`PrivatePool`).
 
 Why: with a fresh shared storage per batch, every page is faulted in and zeroed when the
 worker fills it and freed when the main process drops it, which caps ``num_workers > 0``
@@ -20,6 +22,17 @@ main process knows:
 A slot still leased is not used (another one or a fresh storage is taken). BEWARE: if the
 main process passes a batch tensor to *another* process and drops its own reference, the
 worker may overwrite it while that process reads it; copy such tensors, or turn recycling off.
+
+Without workers (:class:`PrivatePool`) each batch would be a fresh allocation in the main
+process. Whether the C library hands back the pages of the last one or maps fresh ones (each
+4 KiB page then faulted in and zeroed by the kernel as the batch is filled) depends on its
+heap's history, so the same loop's speed varied from one process to the next. Reusing the
+storage of a batch the caller has dropped removes that cost and that variance. A private
+storage is reused only when the pool holds the only reference to it (torch's use count of the
+storage is 1: no tensor, view or numpy array of the caller's is left on it), so a batch the
+caller still holds is never overwritten. The pool keeps at most :data:`PRIVATE_SLOTS` storages
+and :data:`MAX_POOLED_BYTES`; past that (a caller who keeps many batches), batches get fresh
+memory as before. It belongs to one process: after a fork it starts empty.
 """
 
 from __future__ import annotations
@@ -43,7 +56,8 @@ from ..transport.segments import pid_alive
 
 MAX_WORKERS = 64  # rows of the control block; loaders with more workers do not recycle
 MAX_SLOTS = 32  # storages one worker keeps per pool
-MAX_POOLED_BYTES = 1 << 30  # per worker and pool; past it, fresh storages as before
+PRIVATE_SLOTS = 4  # a training loop holds one batch while the next is read: 2 are enough, 4 spare
+MAX_POOLED_BYTES = 1 << 30  # per worker and pool (or private pool); past it, fresh storages as before
 ALIGN = 64  # bytes; slot capacities are rounded up to this
 
 #: pools created or unpickled in this process, by token (the main process looks leases up here)
@@ -78,7 +92,7 @@ class _WorkerSlots:
         # its lease) it drops it, so a count of 1 means ``issued`` is already up to date.
         if torch._C._storage_Use_Count(slot.storage._cdata) != 1:
             return False
-        return slot.issued is None or int(self.pool._released()[self.worker, k]) == slot.issued
+        return slot.issued is None or int(self.pool.released[self.worker, k]) == slot.issued
 
     def take(self, nbytes: int) -> torch.UntypedStorage | None:
         with self.lock:
@@ -127,13 +141,7 @@ class SharedBatchPool:
     def _clear_process_state(self) -> None:
         self._pid: int | None = None
         self._worker: _WorkerSlots | None = None
-        self._view: Any = None
-
-    def _released(self) -> Any:
-        """``(MAX_WORKERS, MAX_SLOTS)`` int64 numpy view of the control block."""
-        if self._view is None:
-            self._view = self._control.numpy()
-        return self._view
+        self.released = self._control.numpy()  # (MAX_WORKERS, MAX_SLOTS) int64 view of the control block
 
     def __getstate__(self) -> dict[str, Any]:
         # The control tensor goes by file descriptor under torch's multiprocessing pickler
@@ -242,7 +250,7 @@ class _Releases:
                 key = (token, pid, k)
                 h = self.held.get(key)
                 if h is None or h.storage.data_ptr() != storage.data_ptr():
-                    h = self.held[key] = _Held(storage, pool._released(), worker)
+                    h = self.held[key] = _Held(storage, pool.released, worker)
                 h.gen, h.released = gen, False
             for (_, _, slot), h in self.held.items():
                 if not h.released and torch._C._storage_Use_Count(h.storage._cdata) == 1:
@@ -263,17 +271,12 @@ class _Releases:
                     self.watcher = None
                     return
 
-    def after_fork_in_child(self) -> None:
-        # A forked child (the next epoch's DataLoader workers) would otherwise keep the
-        # previous workers' storages mapped for its whole life; and the lock may have been
-        # held by the watcher thread, which does not exist in the child.
-        self.lock = threading.Lock()
-        self.held = {}
-        self.watcher = None
-
 
 _RELEASES = _Releases()
-os.register_at_fork(after_in_child=_RELEASES.after_fork_in_child)
+# Started afresh in a forked child (the next epoch's DataLoader workers), which would otherwise
+# keep the previous workers' storages mapped for its whole life; and the lock may have been
+# held by the watcher thread, which does not exist in the child.
+os.register_at_fork(after_in_child=_RELEASES.__init__)
 
 
 def _rebuild_leased(rebuild: Callable[..., torch.Tensor], args: tuple[Any, ...],
@@ -281,3 +284,35 @@ def _rebuild_leased(rebuild: Callable[..., torch.Tensor], args: tuple[Any, ...],
     tensor = rebuild(*args)
     _RELEASES.track(tensor.untyped_storage(), lease)
     return tensor
+
+
+# ------------------------------------------------- main process without workers
+
+class PrivatePool:
+    """Up to :data:`PRIVATE_SLOTS` private storages, each handed out again once only the pool
+    holds it (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.slots: list[torch.UntypedStorage] = []
+        self.reused = 0  # storages handed out again (for tests and tuning)
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"pid": None, "slots": [], "reused": 0}
+
+    def storage(self, nbytes: int) -> torch.UntypedStorage:
+        """A storage of at least ``nbytes`` (at most about twice that) nobody else holds."""
+        if self.pid != os.getpid():  # a forked copy: the parent's storages are not ours
+            self.pid, self.slots = os.getpid(), []
+        free = [k for k, s in enumerate(self.slots) if torch._C._storage_Use_Count(s._cdata) == 1]
+        fits = [k for k in free if nbytes <= self.slots[k].nbytes() <= 2 * nbytes + ALIGN]
+        if fits:
+            self.reused += 1
+            return self.slots[min(fits, key=lambda k: self.slots[k].nbytes())]
+        new = torch.UntypedStorage(-(-max(nbytes, 1) // ALIGN) * ALIGN)
+        pooled = sum(s.nbytes() for s in self.slots)
+        if len(self.slots) < PRIVATE_SLOTS and pooled + new.nbytes() <= MAX_POOLED_BYTES:
+            self.slots.append(new)
+        elif free:  # make room: the largest free slot goes
+            self.slots[max(free, key=lambda k: self.slots[k].nbytes())] = new
+        return new

@@ -90,13 +90,9 @@ def _identity(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def rows(column: torch.Tensor) -> tuple[BatchRow, ...]:
-    """``column[0], column[1], ...`` as :class:`BatchRow` views (one C call for the views)."""
-    return tuple(r.as_subclass(BatchRow) for r in column.unbind(0))
-
-
-def variable_rows(items: Sequence[torch.Tensor]) -> tuple[BatchRow, ...]:
-    """Views of one variable-length column (:meth:`Ragged.items`) as :class:`BatchRow`."""
+def rows(items: Sequence[torch.Tensor]) -> tuple[BatchRow, ...]:
+    """The samples' views of one column (``column.unbind(0)``, or :meth:`Ragged.items`) as
+    :class:`BatchRow`."""
     return tuple(t.as_subclass(BatchRow) for t in items)
 
 

@@ -128,22 +128,15 @@ class EpochState:
         return self._units()
 
     def __iter__(self) -> Iterator[Any]:
-        return self._iterate()
-
-    def _begin(self) -> tuple[int, int]:
-        """``(epoch, start)`` of a new iterator, by the rules of the module docstring."""
+        """A new iterator: its epoch and start by the rules of the module docstring."""
         if self._resume:
             self._resume = False
         elif self._position and self._position >= self._units():
             self.epoch, self._position = self.epoch + 1, 0
         else:
             self._position = 0
-        return self.epoch, self._position
-
-    def _iterate(self) -> Iterator[Any]:
-        epoch, start = self._begin()
         self._generation += 1
-        return self._count(self._generation, epoch, start)
+        return self._count(self._generation, self.epoch, self._position)
 
     def _count(self, generation: int, epoch: int, start: int) -> Iterator[Any]:
         position = start

@@ -1,7 +1,8 @@
-"""Measures of a sampler's order: how well batches mix, and how local its reads are.
+"""Measures of a sampler's order: how well batches mix, and how local its reads are (used by
+``sampling.py`` and the sampler tests; not installed).
 
-``batch_label_kl`` is the shuffle-quality figure of ``docs/reader.md`` and the bench: the mean,
-over batches, of the KL divergence (bits) of a batch's label histogram from the corpus'.
+``batch_label_kl`` is the shuffle-quality figure of ``docs/reader.md`` and ``sampling.py``: the
+mean, over batches, of the KL divergence (bits) of a batch's label histogram from the corpus'.
 A batch that holds the corpus' class proportions scores 0; a full random permutation of a
 10-class corpus scores about 0.10 with batches of 64 (multinomial noise), a batch of a single
 class ``log2(10) = 3.3``. ``chunks_touched`` counts the distinct chunk groups a sequence of
