@@ -32,7 +32,7 @@ def converted(job) -> None:
     between two conversions of one test process (a shared checkout) would fail the second."""
     from h5batch.conversion import preflight
 
-    preflight._versions_of.cache_clear()
+    preflight.collect_versions.cache_clear()
     convert(job, ConvertOptions(progress=False))
 
 

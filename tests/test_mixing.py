@@ -130,3 +130,18 @@ def test_sources_with_a_transform(paired):  # noqa: F811
     assert torch.equal(out["energy"][1], m.datasets[0][1]["energy"])
     with pytest.raises(ValueError, match="exclude each other"):
         MixingSampler(m, weights=[1, 1], in_turn=True)
+
+
+def test_a_batch_of_two_sources_keeps_their_text_fields(tmp_path):
+    """A text field is a list column: the mixed batch holds each sample's own string."""
+    from tests.test_export import make_annotated
+
+    path = make_annotated(tmp_path)
+    train, test = H5Dataset(path, "train"), H5Dataset(path, "test")
+    mixed = MixedDataset([train, test])
+    idx = [len(train), 0, len(train) + 1, 1]
+    batch = collate(mixed.__getitems__(idx))
+    want = [test[0], train[0], test[1], train[1]]
+    assert batch["caption"] == [w["caption"] for w in want]
+    assert batch["dataset"].tolist() == [1, 0, 1, 0]
+    assert all(torch.equal(batch["audio"][j][: len(w["audio"])], w["audio"]) for j, w in enumerate(want))

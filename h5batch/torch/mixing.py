@@ -120,8 +120,11 @@ class MixedDataset(Dataset):
         if not all(isinstance(p, Batch) for _, p in parts):  # transforms: per-sample items
             return _scatter(parts, b, lambda p: p)
         first = parts[0][1]
+        # A list column (text, stored bytes) is scattered as a list; the others are
+        # gathered into one new tensor each.
+        tensors = [(name, col) for name, col in first.columns.items() if not isinstance(col, list)]
         specs: list[tuple[tuple[int, ...], Any]] = []
-        for name, col in first.columns.items():
+        for name, col in tensors:
             if isinstance(col, Ragged):
                 top = np.max(np.stack([p.columns[name].shapes.max(axis=0) for _, p in parts]), axis=0)
                 specs.append(((b, *top.tolist()), numpy_dtype(col.padded.dtype)))
@@ -130,8 +133,9 @@ class MixedDataset(Dataset):
         if first.label is not None:
             specs.append(((b,), np.int64))
         outs = empty_columns(specs, get_worker_info() is not None, self._pool)
-        columns: dict[str, torch.Tensor | Ragged] = {}
-        for (name, col), out in zip(first.columns.items(), outs, strict=False):
+        columns: dict[str, Any] = {name: _scatter(parts, b, lambda p, name=name: p.columns[name])
+                                   for name, col in first.columns.items() if isinstance(col, list)}
+        for (name, col), out in zip(tensors, outs, strict=False):
             if isinstance(col, Ragged):
                 out.zero_()
                 shapes = np.zeros((b, col.shapes.shape[1]), dtype=np.int64)
@@ -150,7 +154,7 @@ class MixedDataset(Dataset):
             for pos, p in parts:
                 label[torch.from_numpy(pos)] = p.label
         source = None if first.source is None else _scatter(parts, b, lambda p: p.source)
-        return Batch(columns, label, source, b)
+        return Batch({name: columns[name] for name in first.columns}, label, source, b)
 
 
 def _scatter(parts: list[tuple[np.ndarray, Any]], b: int, items: Any) -> list[Any]:
