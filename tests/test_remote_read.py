@@ -100,6 +100,21 @@ def test_bounded_cache_stays_within_its_bound_and_serves_the_samples(served, loc
     print("fetched per epoch / file:", [round(f / size, 2) for f in fetched])
 
 
+def test_a_cache_filled_without_a_bound_shrinks_to_one_when_opened_with_it(served, local_file, tmp_path):
+    size = local_file.stat().st_size
+    ds = H5Dataset(URL, split="train", cache_dir=tmp_path / "cache")
+    assert sum(len(b["data"]) for b in ds.loader(batch_size=16, shuffle=True, num_workers=0)) == 256
+
+    def held() -> int:
+        return sum(e.stat().st_size for e in os.scandir(ds._object.dir)
+                   if e.is_file() and "-" in e.name and ".lock" not in e.name)
+
+    assert held() > size // 2  # the whole file's chunks
+    bounded = H5Dataset(URL, split="train", cache_dir=tmp_path / "cache", cache_dir_bytes=size // 4)
+    assert bounded._object.dir == ds._object.dir and held() <= size // 4
+    assert bounded[255]["data"].shape == ds[255]["data"].shape
+
+
 def test_replaced_object_between_epochs_is_detected_never_mixed(served, local_file, tmp_path):
     srv, _ = served
     ds = H5Dataset(URL, split="train", cache_dir=tmp_path / "cache")

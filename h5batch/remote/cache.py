@@ -61,6 +61,8 @@ class ObjectCache:
         self._map: tuple[np.ndarray, np.ndarray] | None = None  # chunk starts and ends, once listed
         self.gets = 0  # GETs made by this process (tests, the bench)
         self.fetched = 0  # bytes they returned
+        if max_bytes is not None:
+            self.bound()  # a folder filled under a larger bound (or none) shrinks now
 
     def path(self, offset: int, size: int) -> str:
         # Metadata blocks (META_BLOCK-aligned) live in meta/, outside the bound.

@@ -92,7 +92,7 @@ class Prefetcher:
         self.cache.write_order(np.concatenate([offs, nxt]))
         # The first chunks at once, while the workers start: a worker that needs one of them
         # waits on its lock rather than fetching it again.
-        k = max(1, int(FIRST_BYTES / mean))
+        k = max(1, int(min(FIRST_BYTES, budget) / mean))
         first_group = [c for c in chunks[:k] if not self.cache.has(*c)]
         first = [self.pool.submit(self._fetch, run) for run in self.cache.runs(sorted(first_group))]
         self.thread = threading.Thread(target=self._run, args=(self.generation, chunks, first_sample, offs, per, nxt, ahead, k, first),
