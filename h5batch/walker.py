@@ -84,9 +84,9 @@ class Walker:
             if name.startswith("."):
                 continue
             relpath = prefix + name
-            path = os.path.join(base, name)  # entry.path is the bare name: listed through fd
             if entry.is_symlink():
                 self.symlinks += 1
+                path = os.path.join(base, name)  # entry.path is the bare name: listed through fd
                 if not os.path.exists(path):
                     self._reject(relpath, "broken symlink")
                     continue
@@ -95,7 +95,7 @@ class Walker:
                     continue
             try:
                 if entry.is_dir():
-                    if entry.is_symlink() and os.path.realpath(path) in _stack:
+                    if entry.is_symlink() and os.path.realpath(os.path.join(base, name)) in _stack:
                         self._reject(relpath, "symlink loop: points to a folder that contains it")
                         continue
                     out.extend(self.walk(relpath, _stack))
