@@ -244,9 +244,8 @@ def test_s3_rows_count_the_servers_gets_and_bytes(tmp_path):
     # every byte once, plus the 256 KiB metadata blocks that overlap data (a larger share of a small file)
     assert rows["first epoch"]["gets"] > 0 and 0.99 <= rows["first epoch"]["fetched_over_stored"] <= 1.2
     assert rows["second epoch, fresh process"]["gets"] == 0
-    # the optimum of a quarter-size cache: the first epoch reads every chunk once, later ones less
-    best = [rows[f"bounded cache, epoch {e}"]["optimum"] for e in (1, 2, 3)]
-    assert 0.9 < best[0] <= 1.0 and all(0 < b < best[0] for b in best[1:])
     results = {"records": [r.to_dict() for r in bench.records.values()]}
     assert report.s3_table(results)[2].startswith("| h5batch | first epoch |")
-    assert report.s3_table(results)[-1].endswith(f"| {best[2]:.3f} |")
+    last = rows["bounded cache, epoch 3"]["fetched_over_stored"]
+    line = report.s3_table(results)[-1]
+    assert line.startswith("| h5batch | bounded cache, epoch 3 |") and line.endswith(f"| {last:.3f} |")

@@ -165,10 +165,9 @@ def read_table(results: dict[str, Any], corpus: str) -> list[str]:
 def s3_table(results: dict[str, Any]) -> list[str]:
     """The object-storage rows (``--s3``, :mod:`.s3`): medians of the runs."""
     recs = [r for r in results["records"] if r["phase"] == "s3" and r["runs"]]
-    return ["| reader | epoch | samples/s | GETs | fetched / stored | optimum |", "|---|---|---:|---:|---:|---:|"] + [
+    return ["| reader | epoch | samples/s | GETs | fetched / stored |", "|---|---|---:|---:|---:|"] + [
         f"| {r['method']} | {r['variant']} | {_fmt(rate(r))} | {_fmt(_median(r, 'gets'))} "
-        f"| {_fmt(_median(r, 'fetched_over_stored'), 3)} "
-        f"| {_fmt(_median(r, 'optimum'), 3)} |" for r in recs] if recs else []
+        f"| {_fmt(_median(r, 'fetched_over_stored'), 3)} |" for r in recs] if recs else []
 
 
 def markdown(results: dict[str, Any]) -> str:

@@ -8,8 +8,8 @@ process of its own (:func:`.measure.call`), batch 64, 2 workers, shuffled:
 * ``first epoch``: a cold node cache, h5batch and LitData alternating, ``reps`` times;
 * ``second epoch, fresh process``: h5batch again on the cache the first epoch filled;
 * ``bounded cache, epoch N``: ``cache_dir_bytes`` a quarter of the file, a fresh process per
-  epoch (only the node cache carries over): bytes fetched over bytes stored, beside the
-  optimum (:func:`optimum`: what a cache of that bound that knew every future read would fetch).
+  epoch (only the node cache carries over): bytes fetched over bytes stored (the best a
+  cache of that bound can do: ``benchmarks/cache_optimum.py``).
 
 BEWARE: moto copies the whole object for every ranged GET, so its cost per GET grows with
 the object (one h5batch file against LitData's 64 MB chunk files); a real store does not.
@@ -27,8 +27,6 @@ import tempfile
 import time
 from typing import Any
 from urllib.parse import urlsplit
-
-import numpy as np
 
 BUCKET = "bench"
 CREDS = {"AWS_ACCESS_KEY_ID": "bench-key", "AWS_SECRET_ACCESS_KEY": "bench-secret", "AWS_DEFAULT_REGION": "us-east-1"}
@@ -119,38 +117,6 @@ def litdata_epoch(url: str, cache: str, endpoint: str) -> dict[str, Any]:
     return _timed(ld.StreamingDataLoader(ds, batch_size=64, num_workers=2))
 
 
-def optimum(path: str, epochs: int, bound: int) -> list[float]:
-    """Bytes over stored that a node cache of ``bound`` bytes fetches per epoch of the reads of
-    :func:`h5batch_epoch` at best: each chunk read once an epoch, in its order of first use (the
-    readers' decoded-chunk caches serve the rest), evicting the chunk read furthest in the
-    future (Belady's rule). An epoch's reads that fill the bound by themselves leave little to
-    carry into the next, so the optimum depends on the order."""
-    from ..remote.prefetch import chunk_sequence, epoch_indices
-    from ..torch import H5Dataset
-
-    ds = H5Dataset(path, split="train", as_float=False)
-    sampler = ds.loader(batch_size=64, shuffle=True, num_workers=0).sampler
-    seq = []  # (epoch, offset, size), each chunk once an epoch
-    for e in range(epochs):
-        offs, sizes = chunk_sequence(ds, epoch_indices(sampler, e))
-        first = np.sort(np.unique(offs, return_index=True)[1])
-        seq += [(e, int(offs[i]), int(sizes[i])) for i in first]
-    later: dict[int, int] = {}
-    following = [0] * len(seq)  # the position of each read's chunk's next read
-    for i in range(len(seq) - 1, -1, -1):
-        following[i] = later.get(seq[i][1], len(seq))
-        later[seq[i][1]] = i
-    held: dict[int, tuple[int, int]] = {}  # offset -> (next read, size)
-    fetched = [0] * epochs
-    for i, (e, off, n) in enumerate(seq):
-        if off not in held:
-            fetched[e] += n
-        held[off] = (following[i], n)
-        while sum(size for _, size in held.values()) > bound and len(held) > 1:  # the chunk read stays
-            del held[max((k for k in held if k != off), key=lambda k: held[k][0])]
-    return [f / os.path.getsize(path) for f in fetched]
-
-
 def measure_rows(bench: Any, corpus: str, h5_path: str, lit_dir: str | None, reps: int) -> None:
     """The rows of the module docstring, recorded in ``bench`` (phase ``s3``)."""
     from . import measure
@@ -165,13 +131,13 @@ def measure_rows(bench: Any, corpus: str, h5_path: str, lit_dir: str | None, rep
         url = f"s3://{BUCKET}/h5batch.h5"
         srv.counting()
 
-        def row(method: str, variant: str, fn: Any, *args: Any, **extra: float) -> None:
+        def row(method: str, variant: str, fn: Any, *args: Any) -> None:
             before = srv.counts()
             r = measure.call(fn, *args)
             gets, got = (now - was for now, was in zip(srv.counts(), before))
             bench.record("s3", corpus, method, variant=variant).runs.append(
                 {"items": r["result"]["samples"], "seconds": r["result"]["seconds"], "peak_rss": r["peak_rss"],
-                 "gets": gets, "fetched_over_stored": got / stored[method], **extra})
+                 "gets": gets, "fetched_over_stored": got / stored[method]})
 
         cache = ""
         for _ in range(reps):
@@ -182,10 +148,9 @@ def measure_rows(bench: Any, corpus: str, h5_path: str, lit_dir: str | None, rep
                     srv.env["AWS_ENDPOINT_URL"])
         row("h5batch", "second epoch, fresh process", h5batch_epoch, url, cache, 1)
         bounded = tempfile.mkdtemp(dir=bench.work)
-        best = optimum(h5_path, 3, stored["h5batch"] // 4)
         for epoch in range(3):
             row("h5batch", f"bounded cache, epoch {epoch + 1}", h5batch_epoch, url, bounded, epoch,
-                stored["h5batch"] // 4, optimum=best[epoch])
+                stored["h5batch"] // 4)
     finally:
         srv.close()
         os.environ.clear()
