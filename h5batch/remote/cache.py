@@ -20,11 +20,16 @@ Rules:
   milliseconds on S3, about the time to stream a few MB), and a store bills per request.
   A bounded cache takes gaps up to :data:`BOUNDED_GAP` only: a chunk fetched because it lay in
   a gap could push out one read sooner, and be evicted itself before its turn.
+* A forked child never holds its parent's locks: a flock belongs to the open file, which a
+  fork shares, so a DataLoader worker forked while the prefetcher held one would keep it
+  (and wait on it forever). The lock descriptors held are closed in the child at fork
+  (:func:`_forget_held`, the fork hook of this module), leaving the lock to the parent.
 * Bounded by ``max_bytes`` (None: unbounded). Past it, entries are evicted by the order file
   ``order.npy`` (the offsets the sampler will read next, written by the prefetcher of
   :mod:`h5batch.remote.prefetch`): first those not read again, least recently used first,
-  then those read furthest in the future (Belady's rule). Without an order file: least
-  recently used (by modification time, refreshed on each hit). Metadata blocks are kept.
+  then those read furthest in the future (Belady's rule); chunks under :data:`SMALL` bytes
+  only when no other is left. Without an order file: least recently used (by modification
+  time, refreshed on each hit). Metadata blocks are kept.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import fcntl
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Iterable
 
 import numpy as np
@@ -44,6 +50,27 @@ GAP = 4 << 20  # ranges this close are fetched in one GET (the chunks in the gap
 BOUNDED_GAP = 64 << 10  # the same, in a cache bounded by max_bytes
 MAX_GET = 32 << 20  # bytes per coalesced GET
 META_BLOCK = 256 << 10  # the file's metadata is read in aligned blocks of this size
+SMALL = 64 << 10  # chunks below this are evicted last (a GET's cost is per request as much as per byte)
+
+
+_HELD: set[int] = set()  # the lock descriptors this process holds
+_HELD_LOCK = threading.Lock()  # held while one is opened or closed, and across a fork
+
+
+def _forget_held() -> None:
+    for fd in _HELD:
+        os.close(fd)  # not LOCK_UN: that would release the parent's lock
+    _HELD.clear()
+    _HELD_LOCK.release()
+
+
+os.register_at_fork(before=_HELD_LOCK.acquire, after_in_parent=_HELD_LOCK.release, after_in_child=_forget_held)
+
+
+def _close_lock(fd: int) -> None:
+    with _HELD_LOCK:
+        _HELD.discard(fd)
+        os.close(fd)  # releases the flock
 
 
 class ObjectCache:
@@ -98,11 +125,13 @@ class ObjectCache:
         try:
             got = []
             for off, n in todo:
-                fd = os.open(self.path(off, n) + ".lock", os.O_CREAT | os.O_RDWR, 0o644)
+                with _HELD_LOCK:
+                    fd = os.open(self.path(off, n) + ".lock", os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o644)
+                    _HELD.add(fd)
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
                 except BlockingIOError:
-                    os.close(fd)  # another process fetches it now
+                    _close_lock(fd)  # another process fetches it now
                     continue
                 locks.append(fd)
                 if not self.has(off, n):  # published while we waited
@@ -121,7 +150,7 @@ class ObjectCache:
                         self._publish(off, n, data[off - lo: off - lo + n])
         finally:
             for fd in locks:
-                os.close(fd)  # releases the flock
+                _close_lock(fd)
         if out and self.max_bytes is not None:
             self.bound(keep={self.path(*r) for r in out})
         return out
@@ -206,7 +235,8 @@ class ObjectCache:
             return
         nxt = self._next_use()
         # Not read again (least recently used first), then read furthest away; no order: LRU.
-        entries.sort(key=lambda t: (t[0] in nxt, -nxt.get(t[0], 0), t[2]))
+        # Small chunks (labels, lengths) last: each costs a GET for next to nothing freed.
+        entries.sort(key=lambda t: (t[1] < SMALL, t[0] in nxt, -nxt.get(t[0], 0), t[2]))
         for _, n, _, p in entries:
             if total <= self.max_bytes:
                 break

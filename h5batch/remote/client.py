@@ -36,9 +36,16 @@ DEFAULT_RETRIES = 10
 PART_BYTES = 16 << 20  # multipart part size: 16 MiB (S3 allows 10,000 parts: 160 GB)
 UPLOAD_THREADS = 8
 # BEWARE: obstore's runtime (tokio) does not survive fork(): a process forked after obstore
-# was used here hangs or crashes on its first request. Such a child gets an error saying so;
-# readers start DataLoader workers with the fork server instead (h5batch/torch/loader.py).
+# was used here hangs or crashes on its first request. Such a child gets an error saying so.
+# The reader's main process therefore makes its requests in a helper process
+# (h5batch/remote/helper.py), and its DataLoader workers fork; one that made requests itself
+# starts them from the fork server (h5batch/torch/loader.py).
 _USED_IN: int | None = None
+
+
+def runtime_started() -> bool:
+    """Whether this process has made a request itself (so it must not fork a child that would)."""
+    return _USED_IN == os.getpid()
 _S3FS_KEYS = {"key", "secret", "token", "endpoint_url", "client_kwargs", "retries"}
 
 
@@ -77,10 +84,15 @@ class ObjectClient:
         ``s3://BUCKET/KEY``.
     storage_options : dict, optional
         s3fs-style keys (module docstring); None: the AWS environment alone.
+    helper : bool
+        HEADs and GETs made in this process go through :mod:`h5batch.remote.helper` (the
+        reader's main process, which forks its DataLoader workers); a copy of this client in
+        another process (a worker, the helper itself) makes its own.
     """
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None):
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, helper: bool = False):
         self.url = url
+        self._via = os.getpid() if helper else None
         self.bucket, self.key = split_url(url)
         self.storage_options = dict(storage_options or {})
         unknown = sorted(set(self.storage_options) - _S3FS_KEYS)
@@ -147,6 +159,8 @@ class ObjectClient:
 
     def head(self) -> tuple[str, int] | None:
         """``(etag, size)`` of the object, None when it does not exist."""
+        if self._via == os.getpid():
+            return self._helper("head")
         ob = _obstore()
         try:
             meta = ob.head(self.store, self.key)
@@ -161,6 +175,8 @@ class ObjectClient:
     def get(self, start: int, end: int, etag: str | None = None) -> bytes:
         """Bytes ``[start, end)``; with ``etag``, only of that version of the object
         (:class:`ObjectChangedError` when it was replaced)."""
+        if self._via == os.getpid():
+            return self._helper("get", start, end, etag)
         ob = _obstore()
         opts: dict[str, Any] = {"range": (start, end)}
         if etag:
@@ -175,6 +191,11 @@ class ObjectClient:
         if len(data) != end - start:
             raise RemoteError(self.url, f"GET bytes {start}-{end - 1} returned {len(data)} bytes")
         return bytes(data) if not isinstance(data, bytes) else data
+
+    def _helper(self, method: str, *args: Any) -> Any:
+        from .helper import helper
+
+        return helper().call(self, method, *args)
 
     def upload(self, path: str | os.PathLike[str]) -> tuple[str, int]:
         """Upload the local file ``path`` as this object: one multipart upload of
@@ -212,4 +233,4 @@ class ObjectClient:
         return ObjectClient(url, self.storage_options)
 
 
-__all__ = ["DEFAULT_RETRIES", "PART_BYTES", "ObjectClient"]
+__all__ = ["DEFAULT_RETRIES", "PART_BYTES", "ObjectClient", "runtime_started"]

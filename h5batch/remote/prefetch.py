@@ -26,7 +26,6 @@ from ..errors import ObjectChangedError
 from .cache import ObjectCache
 
 AHEAD_BYTES = 256 << 20  # fetched ahead of the batches delivered (a quarter of a bounded cache at most)
-FIRST_BYTES = 16 << 20  # fetched before the first batch is asked for
 THREADS = 4  # GETs in flight
 
 
@@ -90,12 +89,7 @@ class Prefetcher:
         budget = AHEAD_BYTES if self.cache.max_bytes is None else min(AHEAD_BYTES, self.cache.max_bytes // 4)
         ahead = max(2, int(budget / mean))
         self.cache.write_order(np.concatenate([offs, nxt]))
-        # The first chunks at once, while the workers start: a worker that needs one of them
-        # waits on its lock rather than fetching it again.
-        k = max(1, int(min(FIRST_BYTES, budget) / mean))
-        first_group = [c for c in chunks[:k] if not self.cache.has(*c)]
-        first = [self.pool.submit(self._fetch, run) for run in self.cache.runs(sorted(first_group))]
-        self.thread = threading.Thread(target=self._run, args=(self.generation, chunks, first_sample, offs, per, nxt, ahead, k, first),
+        self.thread = threading.Thread(target=self._run, args=(self.generation, chunks, first_sample, offs, per, nxt, ahead),
                                        daemon=True, name="h5batch-prefetch-plan")
         self.thread.start()
 
@@ -105,9 +99,10 @@ class Prefetcher:
             self.cond.notify_all()
 
     def _run(self, gen: int, chunks: list[tuple[int, int]], first_sample: list[int], offs: np.ndarray,
-             per: int, nxt: np.ndarray, ahead: int, i: int, pending: list[Any]) -> None:
-        for f in pending:  # the first chunks, before planning runs whose gaps may hold them
-            f.result()
+             per: int, nxt: np.ndarray, ahead: int) -> None:
+        # The first group at once, the next when the batches delivered have moved past it:
+        # fewer, wider GETs (a worker that needs a chunk being fetched waits on its lock).
+        i, pending = 0, []
         while i < len(chunks):
             with self.cond:
                 while gen == self.generation and i > 0 and _consumed(first_sample, self.samples) + ahead <= i:

@@ -27,9 +27,10 @@ from .client import ObjectClient
 
 
 def open_object(url: str, storage_options: dict[str, Any] | None = None, cache_dir: str | None = None,
-                cache_dir_bytes: int | None = None) -> ObjectCache:
-    """The node cache of the object at ``url`` as it is now (one HEAD)."""
-    client = ObjectClient(url, storage_options)
+                cache_dir_bytes: int | None = None, helper: bool = False) -> ObjectCache:
+    """The node cache of the object at ``url`` as it is now (one HEAD); ``helper``: this
+    process's requests made by :mod:`h5batch.remote.helper`."""
+    client = ObjectClient(url, storage_options, helper)
     head = client.head()
     if head is None:
         raise FileNotFoundError(f"{url}: no such object")
@@ -38,10 +39,11 @@ def open_object(url: str, storage_options: dict[str, Any] | None = None, cache_d
 
 def node_object(path: str, storage_options: dict[str, Any] | None, cache_dir: Any,
                 cache_dir_bytes: int | None) -> ObjectCache | None:
-    """:func:`open_object` for an ``s3://`` path, None for a local one (H5Dataset's hook)."""
+    """:func:`open_object` for an ``s3://`` path, None for a local one (H5Dataset's hook: its
+    process starts DataLoader workers, so its own requests go through the helper)."""
     if not is_s3(path):
         return None
-    return open_object(path, storage_options, cache_dir and os.fspath(cache_dir), cache_dir_bytes)
+    return open_object(path, storage_options, cache_dir and os.fspath(cache_dir), cache_dir_bytes, helper=True)
 
 
 class RemoteFile:

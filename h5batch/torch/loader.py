@@ -16,8 +16,10 @@ The rules:
   ``shuffle=True`` of a plain DataLoader (the sampler rolls on by itself, and its
   ``state_dict()`` resumes it: :mod:`h5batch.torch.state`); ``loader.set_epoch(e)`` makes the
   next one epoch ``e``. The order of epoch ``e`` is a pure function of ``(seed, e)``.
-* An ``s3://`` dataset's workers start from the fork server (``multiprocessing_context``):
-  its object-storage client cannot run in a forked copy of a process that used it.
+* An ``s3://`` dataset's workers fork as a local one's: the main process's own requests run in
+  a helper process (:mod:`h5batch.remote.helper`). Only where this process made requests
+  itself do they start from the fork server (``multiprocessing_context``): the object-storage
+  client cannot run in a forked copy of a process that used it.
 * ``collate_fn`` defaults to :data:`h5batch.torch.collate`; ``persistent_workers`` to
   ``num_workers > 0``.
 * ``pin_memory=None`` pins where torch has an accelerator. Where it has none (CPU builds),
@@ -106,8 +108,10 @@ def make_loader(dataset: Any, batch_size: int = 64, shuffle: bool = True, num_wo
     elif world_size != 1 or rank != 0:
         raise ValueError("rank/world_size split the shuffled order: pass shuffle=True, or your own sampler")
     if getattr(dataset, "_object", None) is not None and num_workers > 0:
-        # s3://: obstore does not survive fork() (h5batch/remote/client.py)
-        kwargs.setdefault("multiprocessing_context", "forkserver")
+        from ..remote.client import runtime_started
+
+        if runtime_started():  # s3://: obstore does not survive fork() (h5batch/remote/client.py)
+            kwargs.setdefault("multiprocessing_context", "forkserver")
     loader_kw: dict[str, Any] = dict(  # None: pinned with an accelerator, workers kept if any
         num_workers=num_workers, collate_fn=collate if collate_fn is None else collate_fn,
         pin_memory=(pin_memory is None or bool(pin_memory)) and accelerator_available(),
