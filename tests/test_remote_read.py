@@ -263,6 +263,25 @@ def test_forked_workers_read_and_a_process_that_made_requests_says_to_use_the_fo
     assert "multiprocessing_context='forkserver'" in r.stdout
 
 
+def test_a_killed_helper_process_fails_its_request_naming_the_url_and_a_new_one_serves(served, local_file,
+                                                                                      tmp_path):
+    from h5batch.errors import RemoteError
+    from h5batch.remote import helper
+
+    ds = H5Dataset(URL, split="train", cache_dir=tmp_path / "cache")
+    h = helper.helper()
+    assert h.proc.poll() is None  # the dataset's HEAD and metadata went through it
+    client = ds._object.client
+    os.kill(h.proc.pid, signal.SIGKILL)
+    h.proc.wait()
+    with pytest.raises(RemoteError, match="s3://bench/p.h5"):
+        h.call(client, "head")
+    got = np.concatenate([b["data"].numpy() for b in ds.loader(batch_size=64, shuffle=False)])
+    assert helper.helper() is not h
+    with H5Dataset(local_file, split="train") as local:
+        assert np.array_equal(got, np.stack([local[i]["data"] for i in range(len(local))]))
+
+
 def test_batch_samplers_orders_are_prefetched(served, local_file, tmp_path):
     from h5batch.torch import BucketingBatchSampler, GlobalBatchSampler
     from h5batch.torch.loader import make_loader
