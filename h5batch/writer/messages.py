@@ -62,6 +62,7 @@ class WriterSpec:
     umask: int | None = None
     inventory: str = ""  # the driver's inventory sidecar (h5batch.inventory), stored at finalize
     sync: SyncSpec | None = None  # set for `h5batch sync`: the finished output is extended
+    shard: tuple[int, int] | None = None  # (K, N): this file is shard K of N (h5batch/shards.py)
 
 
 @dataclass
@@ -148,6 +149,7 @@ class WriterDied:
     gone without a word (killed, or crashed in native code)."""
 
     exit_code: int | None
+    name: str = "writer"  # the writer, or the shard it wrote (several writers)
 
 
 #: Messages after which the writer sends nothing more.
