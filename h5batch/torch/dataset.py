@@ -23,6 +23,8 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from .. import format as fmt
+from .. import shards
+from ..errors import CorruptFileError
 from ..remote.rfile import node_object, open_h5
 from ..tools.index import check_complete, live_rows, offsets_key, open_file, read_index, shapes_key
 from ..tools.views import read_view
@@ -30,6 +32,7 @@ from .batch import Batch, Ragged, divide_in_place, empty_columns, float_copy, st
 from .chunks import ChunkStore, gather_padded, gather_rows, gather_span
 from .fieldinfo import FieldInfo, encoded_fields, field_info
 from .recycle import PrivatePool, shared_pool
+from .sharded import Shards
 from .single import read_one
 
 DEFAULT_WINDOW = 12  # chunk groups the default cache holds: one ChunkShuffleSampler window
@@ -120,6 +123,7 @@ class H5Dataset(Dataset):
         if cache_bytes is not None and int(cache_bytes) < 0:
             raise ValueError(f"cache_bytes must be >= 0, got {cache_bytes}")
         self.cache_bytes = None if cache_bytes is None else int(cache_bytes)
+        self._shards: Shards | None = None  # a sharded output's shards (torch/sharded.py)
         with self._open(metadata_only=True) as f:
             self._read_layout(f, fields)
         self._clear_process_state()
@@ -128,6 +132,8 @@ class H5Dataset(Dataset):
 
     def _read_layout(self, f: h5py.File, fields: Sequence[str] | None) -> None:
         version = f.attrs.get(fmt.ATTR_FORMAT)
+        if version == fmt.SHARDED_FORMAT and self._object is None:
+            return self._read_shards(f, fields)
         if version not in fmt.READABLE_FORMATS:
             raise ValueError(f"{self.path}: not an h5batch file of format {fmt.READABLE_FORMATS} "
                              f"(root attribute {fmt.ATTR_FORMAT}={version!r})")
@@ -163,6 +169,33 @@ class H5Dataset(Dataset):
         nbytes = [fi.chunk_nbytes for fi in self.fields] or [1 << 20]
         self._h5_cache = fmt.cache_settings(max(nbytes), min(nbytes))
 
+    def _read_shards(self, f: h5py.File, fields: Sequence[str] | None) -> None:
+        """A sharded output: every shard checked, then each opened as a dataset of its own."""
+        check_complete(f, self.path)
+        splits = json.loads(f.attrs[fmt.ATTR_SPLITS])
+        if self.split not in splits:
+            raise KeyError(f"{self.path}: no split {self.split!r} (splits: {', '.join(splits)})")
+        if self.view is not None:
+            raise KeyError(f"{self.path}: no view {self.view!r} (a sharded output has no views)")
+        kw = dict(fields=fields, transform=self.transform, as_float=self.as_float, with_source=self.with_source,
+                  cache_bytes=self.cache_bytes, channels_first=self.channels_first, locking=self.locking,
+                  direct_chunks=self.direct_chunks, shared_memory=self.shared_memory, mmap=self.mmap,
+                  recycle=self._pool is not None)
+        parts = []
+        for p, r in zip(shards.check(self.path, f), shards.records(f), strict=True):
+            if not r.rows[self.split]:  # no sample of this split: its fields' datasets were never made
+                continue
+            part = H5Dataset(p, self.split, **kw)
+            if len(part) != r.rows[self.split]:
+                raise CorruptFileError(self.path, f"shard {p}", f"{len(part)} samples of split {self.split!r}, the "
+                                                                f"output recorded {r.rows[self.split]}")
+            parts.append(part)
+        self._shards = Shards(parts)
+        first = parts[0]
+        for name in ("fields", "_encoded", "_text", "labelled", "class_names", "_source_tuple", "_h5_cache"):
+            setattr(self, name, getattr(first, name))
+        self._n, self._index, self._rows = len(self._shards), {}, None
+
     @property
     def field_names(self) -> tuple[str, ...]:
         return tuple(fi.name for fi in self.fields)
@@ -181,6 +214,8 @@ class H5Dataset(Dataset):
     @property
     def chunk_rows(self) -> int:
         """Average samples per chunk of the grouping field (the one with the most)."""
+        if self._shards is not None:
+            return self._shards.parts[0].chunk_rows
         fi = self._grouping_field()
         return max(1, round(self._rows_per_chunk(fi))) if fi else DEFAULT_SAMPLER_CHUNK
 
@@ -193,6 +228,8 @@ class H5Dataset(Dataset):
         ``values`` chunk. Loads that field's offsets (8 bytes a sample) when variable. With a
         ``view``: the positions in the view where its rows enter a new file chunk group.
         """
+        if self._shards is not None:
+            return self._shards.chunk_starts()
         fi = self._grouping_field()
         if fi is None:
             return np.zeros(0, dtype=np.int64)
@@ -285,6 +322,8 @@ class H5Dataset(Dataset):
         # Small per-sample arrays (8 bytes a sample) are kept in memory; they are plain numpy,
         # valid in any process, so a forked worker shares the parent's checked copy. Pickling
         # drops them: this process loads and checks them again, once.
+        if self._shards is not None:
+            return self._shards.index_array(key, key.endswith("/" + fmt.OFFSETS))
         if not self._index:
             self._ensure_open()
             self._index = read_index(self._file, self.path, self.split, self.field_names)[1]
@@ -297,6 +336,8 @@ class H5Dataset(Dataset):
         """Close this process's file handle and drop the caches (reopened on next access)."""
         if self._file is not None and self._pid == os.getpid():
             self._file.close()
+        if self._shards is not None:
+            self._shards.close()
         self._clear_process_state()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -313,6 +354,8 @@ class H5Dataset(Dataset):
     # ----------------------------------------------------------------- reading
 
     def __getitem__(self, i: int) -> Any:
+        if self._shards is not None:
+            return self._shards.getitem(i)
         one = read_one(self, i)  # fixed fields: straight from the cached chunk (torch/single.py)
         if one is not None:
             return one
@@ -321,6 +364,8 @@ class H5Dataset(Dataset):
 
     def __getitems__(self, indices: Sequence[int]) -> Any:
         """Read a whole batch; returns a :class:`Batch` (or a list when ``transform``)."""
+        if self._shards is not None:
+            return self._shards.getitems(indices)
         idx = self._check(indices)
         self._ensure_open()
         in_worker = get_worker_info() is not None
