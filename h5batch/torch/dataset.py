@@ -23,8 +23,6 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from .. import format as fmt
-from .. import shards
-from ..errors import CorruptFileError
 from ..remote.rfile import node_object, open_h5
 from ..tools.index import check_complete, live_rows, offsets_key, open_file, read_index, shapes_key
 from ..tools.views import read_view
@@ -132,8 +130,9 @@ class H5Dataset(Dataset):
 
     def _read_layout(self, f: h5py.File, fields: Sequence[str] | None) -> None:
         version = f.attrs.get(fmt.ATTR_FORMAT)
-        if version == fmt.SHARDED_FORMAT and self._object is None:
-            return self._read_shards(f, fields)
+        if version == fmt.SHARDED_FORMAT and self._object is None:  # its shards read as datasets of their own
+            self._shards = Shards.open(self, f, fields)
+            return
         if version not in fmt.READABLE_FORMATS:
             raise ValueError(f"{self.path}: not an h5batch file of format {fmt.READABLE_FORMATS} "
                              f"(root attribute {fmt.ATTR_FORMAT}={version!r})")
@@ -168,33 +167,6 @@ class H5Dataset(Dataset):
             self._rows = live if self._rows is None else np.intersect1d(self._rows, live, assume_unique=True)
         nbytes = [fi.chunk_nbytes for fi in self.fields] or [1 << 20]
         self._h5_cache = fmt.cache_settings(max(nbytes), min(nbytes))
-
-    def _read_shards(self, f: h5py.File, fields: Sequence[str] | None) -> None:
-        """A sharded output: every shard checked, then each opened as a dataset of its own."""
-        check_complete(f, self.path)
-        splits = json.loads(f.attrs[fmt.ATTR_SPLITS])
-        if self.split not in splits:
-            raise KeyError(f"{self.path}: no split {self.split!r} (splits: {', '.join(splits)})")
-        if self.view is not None:
-            raise KeyError(f"{self.path}: no view {self.view!r} (a sharded output has no views)")
-        kw = dict(fields=fields, transform=self.transform, as_float=self.as_float, with_source=self.with_source,
-                  cache_bytes=self.cache_bytes, channels_first=self.channels_first, locking=self.locking,
-                  direct_chunks=self.direct_chunks, shared_memory=self.shared_memory, mmap=self.mmap,
-                  recycle=self._pool is not None)
-        parts = []
-        for p, r in zip(shards.check(self.path, f), shards.records(f), strict=True):
-            if not r.rows[self.split]:  # no sample of this split: its fields' datasets were never made
-                continue
-            part = H5Dataset(p, self.split, **kw)
-            if len(part) != r.rows[self.split]:
-                raise CorruptFileError(self.path, f"shard {p}", f"{len(part)} samples of split {self.split!r}, the "
-                                                                f"output recorded {r.rows[self.split]}")
-            parts.append(part)
-        self._shards = Shards(parts)
-        first = parts[0]
-        for name in ("fields", "_encoded", "_text", "labelled", "class_names", "_source_tuple", "_h5_cache"):
-            setattr(self, name, getattr(first, name))
-        self._n, self._index, self._rows = len(self._shards), {}, None
 
     @property
     def field_names(self) -> tuple[str, ...]:

@@ -15,11 +15,17 @@ A batch across shards is read shard by shard and assembled as a
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
+import h5py
 import numpy as np
 
+from .. import format as fmt
+from .. import shards
+from ..errors import CorruptFileError
+from ..tools.index import check_complete
 from .mixing import MixedDataset
 
 
@@ -31,6 +37,35 @@ class Shards:
         self.mixed = MixedDataset(self.parts)  # its locate() and _assemble()
         self.base = self.mixed.offsets
         self._index: dict[str, np.ndarray] = {}
+
+    @classmethod
+    def open(cls, ds: Any, f: h5py.File, fields: Sequence[str] | None) -> Shards:
+        """The shards of the joined output ``f`` that hold samples of ``ds.split``, each
+        opened as ``type(ds)`` with ``ds``'s settings, once all of them are checked; ``ds``
+        takes the first's layout (fields, labels, ...) and the split's length."""
+        check_complete(f, ds.path)
+        splits = json.loads(f.attrs[fmt.ATTR_SPLITS])
+        if ds.split not in splits:
+            raise KeyError(f"{ds.path}: no split {ds.split!r} (splits: {', '.join(splits)})")
+        if ds.view is not None:
+            raise KeyError(f"{ds.path}: no view {ds.view!r} (a sharded output has no views)")
+        kw = dict(fields=fields, transform=ds.transform, as_float=ds.as_float, with_source=ds.with_source,
+                  cache_bytes=ds.cache_bytes, channels_first=ds.channels_first, locking=ds.locking,
+                  direct_chunks=ds.direct_chunks, shared_memory=ds.shared_memory, mmap=ds.mmap,
+                  recycle=ds._pool is not None)
+        parts = []
+        for p, r in zip(shards.check(ds.path, f), shards.records(f), strict=True):
+            if not r.rows[ds.split]:  # no sample of this split: its fields' datasets were never made
+                continue
+            part = type(ds)(p, ds.split, **kw)
+            if len(part) != r.rows[ds.split]:
+                raise CorruptFileError(ds.path, f"shard {p}", f"{len(part)} samples of split {ds.split!r}, the "
+                                                              f"output recorded {r.rows[ds.split]}")
+            parts.append(part)
+        for name in ("fields", "_encoded", "_text", "labelled", "class_names", "_source_tuple", "_h5_cache"):
+            setattr(ds, name, getattr(parts[0], name))
+        ds._n, ds._index, ds._rows = sum(len(p) for p in parts), {}, None
+        return cls(parts)
 
     def __len__(self) -> int:
         return len(self.mixed)
