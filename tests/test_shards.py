@@ -112,6 +112,9 @@ def test_h5dataset_gives_the_same_sample_at_every_index(outputs, n):
                 _same(a.sample(j), b.sample(j))
         seen = [s for batch in many.loader(batch_size=16, num_workers=2) for s in batch["data"]]
         assert len(seen) == len(many)
+        # A transform applies to the joined batch, as to one file's.
+        total = H5Dataset(outputs[n], split, transform=lambda s: float(s["data"].sum()))
+        assert total.__getitems__(idx[:32]) == [float(one[int(i)]["data"].sum()) for i in idx[:32]]
 
 
 def test_verify_passes_and_a_moved_shard_fails_verify_and_the_reader_naming_it(outputs, tmp_path):

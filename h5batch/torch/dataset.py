@@ -326,9 +326,8 @@ class H5Dataset(Dataset):
     # ----------------------------------------------------------------- reading
 
     def __getitem__(self, i: int) -> Any:
-        if self._shards is not None:
-            return self._shards.getitem(i)
-        one = read_one(self, i)  # fixed fields: straight from the cached chunk (torch/single.py)
+        # fixed fields: straight from the cached chunk (torch/single.py)
+        one = read_one(self, i) if self._shards is None else None
         if one is not None:
             return one
         batch = self.__getitems__([operator.index(i)])
@@ -336,8 +335,6 @@ class H5Dataset(Dataset):
 
     def __getitems__(self, indices: Sequence[int]) -> Any:
         """Read a whole batch; returns a :class:`Batch` (or a list when ``transform``)."""
-        if self._shards is not None:
-            return self._shards.getitems(indices)
         idx = self._check(indices)
         self._ensure_open()
         in_worker = get_worker_info() is not None
@@ -353,11 +350,13 @@ class H5Dataset(Dataset):
         # private pool there would reuse (overwrite) a batch the main process still holds.
         outs = empty_columns(specs, shared, self._pool, None if in_worker else self._private)
         columns: dict[str, torch.Tensor | Ragged] = {}
+        # (dataset, its rows, the batch positions it fills in file order): a sharded output's
+        # shards each fill their samples' rows of the one batch (torch/sharded.py).
+        parts = [(self, idx, order)] if self._shards is None else self._shards.split(idx, order)
         for fi, out in zip(self.fields, outs):
-            if fi.fixed:
-                columns[fi.name] = self._read_fixed(fi, idx, order, out)
-            else:
-                columns[fi.name] = self._read_variable(fi, idx, order, out, shapes[fi.name])
+            for ds, rows, pos in parts:
+                columns[fi.name] = (ds._read_fixed(fi, rows, pos, out) if fi.fixed else
+                                    ds._read_variable(fi, rows, pos, out, shapes[fi.name]))
         for name, enc in self._encoded.items():  # stored bytes -> decoded column (torch/fieldinfo.py)
             columns[name] = enc.column(columns[name], idx, self.as_float, self.channels_first, shared, self._pool)
         for name in self._text:
@@ -367,7 +366,7 @@ class H5Dataset(Dataset):
             labels = self._index_array(fmt.LABEL)
             label = outs[-1]
             np.take(labels, idx, out=label.numpy())
-        source = self._read_sources(idx) if self.with_source else None
+        source = (self._shards or self)._read_sources(idx) if self.with_source else None
         batch = Batch(columns, label, source, len(idx))
         if self.transform is not None:
             return [self.transform(batch.sample(j)) for j in range(len(batch))]
@@ -433,15 +432,15 @@ class H5Dataset(Dataset):
         if fi.ndim == 1:  # each sample converted straight into its padded row
             gather_padded(store, lo, hi, order, view, float_copy(how) if how else None)
             return Ragged(out, shapes[:, perm])
-        view.fill(0)
+        view[order] = 0  # the rows of this call only: a sharded output's shards share the batch
         for j in order.tolist():
             a, e = int(lo[j]), int(hi[j])
             if e > a:
                 tmp = np.empty(e - a, dtype=fi.dtype)
                 gather_span(store, a, e, tmp)
                 stored_view[(j, *(slice(0, int(n)) for n in shapes[j]))] = tmp.reshape(shapes[j])
-        if how:
-            divide_in_place(view, how)
+        for j in order.tolist() if how else ():
+            divide_in_place(view[j], how)
         return Ragged(out, shapes[:, perm])
 
     def _read_sources(self, idx: np.ndarray) -> list[Any]:

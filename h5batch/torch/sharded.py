@@ -6,11 +6,10 @@ values HDF5 gives a missing virtual source), then opens each shard as an ``H5Dat
 own, with all of its fast paths; the joined file's virtual datasets are never read. Index
 ``i`` of the split is row ``i - base[k]`` of shard ``k``, the shard holding it.
 
-A batch within one shard is that shard's batch, with no copy: a
-:class:`~h5batch.torch.ChunkShuffleSampler`'s are, but where a chunk group of its window
-meets another shard's, since chunk groups never span shards (:meth:`Shards.chunk_starts`).
-A batch across shards is read shard by shard and assembled as a
-:class:`~h5batch.torch.MixedDataset` assembles one (one copy more).
+A batch is read as from one file: one allocation for the batch, and each shard holding some
+of its samples copies them straight into their rows (:meth:`Shards.split`), so a batch across
+shards costs what a batch of one file does. The index arrays the batch needs first (offsets,
+shapes, labels) are the shards' joined, offsets rebased.
 """
 
 from __future__ import annotations
@@ -26,16 +25,14 @@ from .. import format as fmt
 from .. import shards
 from ..errors import CorruptFileError
 from ..tools.index import check_complete
-from .mixing import MixedDataset
 
 
 class Shards:
-    """``parts``: one H5Dataset per shard, in order, same split and settings."""
+    """``parts``: one H5Dataset per shard holding samples of the split, in order, same settings."""
 
     def __init__(self, parts: Sequence[Any]):
         self.parts = list(parts)
-        self.mixed = MixedDataset(self.parts)  # its locate() and _assemble()
-        self.base = self.mixed.offsets
+        self.base = np.cumsum([0] + [len(p) for p in self.parts]).astype(np.int64)
         self._index: dict[str, np.ndarray] = {}
 
     @classmethod
@@ -49,7 +46,7 @@ class Shards:
             raise KeyError(f"{ds.path}: no split {ds.split!r} (splits: {', '.join(splits)})")
         if ds.view is not None:
             raise KeyError(f"{ds.path}: no view {ds.view!r} (a sharded output has no views)")
-        kw = dict(fields=fields, transform=ds.transform, as_float=ds.as_float, with_source=ds.with_source,
+        kw = dict(fields=fields, transform=None, as_float=ds.as_float, with_source=ds.with_source,
                   cache_bytes=ds.cache_bytes, channels_first=ds.channels_first, locking=ds.locking,
                   direct_chunks=ds.direct_chunks, shared_memory=ds.shared_memory, mmap=ds.mmap,
                   recycle=ds._pool is not None)
@@ -68,23 +65,39 @@ class Shards:
         return cls(parts)
 
     def __len__(self) -> int:
-        return len(self.mixed)
+        return int(self.base[-1])
 
-    def getitem(self, i: int) -> Any:
-        k, local = self.mixed.locate([i])
-        return self.parts[int(k[0])][int(local[0])]
+    def locate(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(shard, row in it)`` of split rows ``idx`` (in range)."""
+        k = np.searchsorted(self.base, idx, side="right") - 1
+        return k, idx - self.base[k]
 
-    def getitems(self, indices: Sequence[int]) -> Any:
-        k, local = self.mixed.locate(indices)
-        if not k.size or np.all(k == k[0]):
-            return self.parts[int(k[0]) if k.size else 0].__getitems__(local)
-        parts = [(pos, self.parts[src].__getitems__(local[pos]))
-                 for src in np.unique(k).tolist() for pos in [np.flatnonzero(k == src)]]
-        return self.mixed._assemble(parts, len(k))
+    def split(self, idx: np.ndarray, order: np.ndarray) -> list[tuple[Any, np.ndarray, np.ndarray]]:
+        """Per shard holding samples of the batch ``idx`` (split rows; ``order`` sorts them):
+        ``(shard, rows, positions)``: ``rows[j]`` is batch sample ``j``'s row in that shard
+        (0 where another shard holds it), ``positions`` the batch positions it fills, in
+        file order, as :meth:`H5Dataset._read_fixed` and ``_read_variable`` take them."""
+        k, local = self.locate(idx)
+        out = []
+        for s in np.unique(k).tolist():
+            mine = k == s
+            self.parts[s]._ensure_open()
+            out.append((self.parts[s], np.where(mine, local, 0), order[mine[order]]))
+        return out
+
+    def _read_sources(self, idx: np.ndarray) -> list[Any]:
+        k, local = self.locate(idx)
+        out: list[Any] = [None] * len(idx)
+        for s in np.unique(k).tolist():
+            pos = np.flatnonzero(k == s)
+            self.parts[s]._ensure_open()
+            for j, src in zip(pos.tolist(), self.parts[s]._read_sources(local[pos]), strict=True):
+                out[j] = src
+        return out
 
     def chunk_starts(self) -> np.ndarray:
         """Every shard's chunk groups, shifted to split positions: a shard starts a group."""
-        out = [p.chunk_starts() + b for p, b in zip(self.parts, self.base[:-1].tolist(), strict=True) if len(p)]
+        out = [p.chunk_starts() + b for p, b in zip(self.parts, self.base[:-1].tolist(), strict=True)]
         return np.concatenate(out).astype(np.int64) if out else np.zeros(0, np.int64)
 
     def index_array(self, key: str, offsets: bool) -> np.ndarray:
