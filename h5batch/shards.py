@@ -45,6 +45,7 @@ class ShardRecord:
     sha256: str
     host: str  # the host whose writer wrote it
     rows: dict[str, int]  # samples per split
+    created: str  # its root attribute: a shard written again since differs (the reader checks it)
 
 
 class ShardedNotSupported(H5batchError):
@@ -103,6 +104,11 @@ def check(path: str, f: h5py.File, digest: bool = False) -> list[str]:
         if size != r.bytes:
             raise CorruptFileError(path, f"shard {p}", f"{size} bytes, the output recorded {r.bytes}: "
                                                        f"the shard changed since the output was joined")
+        with h5py.File(p, "r") as sf:
+            created = str(sf.attrs.get(fmt.ATTR_CREATED, ""))
+        if created != r.created:
+            raise CorruptFileError(path, f"shard {p}", f"created {created}, the output recorded {r.created}: "
+                                                       f"the shard was written again since the output was joined")
         if digest and sha256(p) != r.sha256:
             raise CorruptFileError(path, f"shard {p}", "its sha256 differs from the one the output recorded: "
                                                        "the shard changed since the output was joined")
@@ -143,7 +149,8 @@ def join(final: str, shard_files: list[str], num_inputs: int) -> None:
                 _join_group(out.create_group(split), [s[split] for s in shards], shard_files, folder)
             records = [ShardRecord(os.path.relpath(os.path.abspath(p), folder), os.path.getsize(p), sha256(p),
                                    json.loads(s.attrs[fmt.ATTR_SHARD])["host"],
-                                   {sp: int(s[sp].attrs[fmt.ATTR_NUM_SAMPLES]) for sp in splits})
+                                   {sp: int(s[sp].attrs[fmt.ATTR_NUM_SAMPLES]) for sp in splits},
+                                   str(s.attrs[fmt.ATTR_CREATED]))
                        for p, s in zip(shard_files, shards, strict=True)]
             out.attrs[fmt.ATTR_SHARDS] = fmt.dumps([asdict(r) for r in records])
     finally:

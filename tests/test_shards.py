@@ -131,6 +131,14 @@ def test_verify_passes_and_a_moved_shard_fails_verify_and_the_reader_naming_it(o
     with pytest.raises(FileNotFoundError, match=str(moved)):
         H5Dataset(out, "train")
     (tmp_path / "elsewhere.h5").rename(moved)
+    assert len(H5Dataset(out, "train")) == 199
+    with h5py.File(moved, "r") as f:  # written again: another creation time, same size
+        created = f.attrs[fmt.ATTR_CREATED].encode()
+    data = moved.read_bytes()
+    assert data.count(created) == 1
+    moved.write_bytes(data.replace(created, b"2000-01-01T00:00:00+00:00"))
+    with pytest.raises(ValueError, match=f"{moved}.*written again"):
+        H5Dataset(out, "train")
     with moved.open("ab") as fh:  # changed: a byte more
         fh.write(b"\0")
     res = run(h5batch_cmd("verify", str(out)))
