@@ -194,8 +194,8 @@ class Driver:
             # one waiting for the writer), and not more decoded samples waiting in shared
             # memory than WINDOW_BYTES.
             window = job.cluster.max_in_flight or max(4, min(2 * n_workers, WINDOW_BYTES // max(1, self.plan.batch_bytes)))
-            # Several writers share the window; each gets batches in turn, so all of them work.
-            window = max(2, -(-window // len(self.lanes)))
+            if len(self.lanes) > 1:  # several writers share it, each fed in turn: all of them work
+                window = max(2, -(-window // len(self.lanes)))
             starts = tasks.starts
             done_items = len(tasks.manifest.items) - sum(int(starts[ln.hi] - starts[ln.start]) for ln in self.lanes)
             self.progress = Progress(len(tasks.manifest.items), done_items, mode=self.opts.progress, log=self.opts.log)
