@@ -66,6 +66,19 @@ def ranges(n_batches: int, n: int) -> list[tuple[int, int]]:
     return list(zip(cuts[:-1], cuts[1:], strict=True))
 
 
+def check_items(path: str, lo: int, hi: int, batch_size: int) -> None:
+    """The complete shard ``path`` holds manifest items ``[lo, hi)``, as this run would cut
+    them; else :class:`~h5batch.errors.ConvertError` (exit 2): another batch size cut it."""
+    from .errors import ConvertError
+
+    with h5py.File(path, "r") as f:
+        a, b = json.loads(f.attrs[fmt.ATTR_SHARD])["items"]
+    if (a, b) != (lo, hi):
+        raise ConvertError(f"{path} holds manifest items {a}..{b - 1}, but this run's batches of {batch_size} items give "
+                           f"it {lo}..{hi - 1} (another cluster.batch_size, or engine for batch_size auto): run with "
+                           f"the interrupted run's settings to finish it, or --restart", EXIT_BAD_INPUT)
+
+
 def is_sharded(f: h5py.File) -> bool:
     return f.attrs.get(fmt.ATTR_FORMAT) == fmt.SHARDED_FORMAT
 

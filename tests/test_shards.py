@@ -214,3 +214,16 @@ def test_kill_9_of_one_writer_then_rerun_gives_the_uninterrupted_output(corpus, 
         assert_same_h5(shard_path(str(outputs[4]), k, 4), shard_path(str(out), k, 4))
     ref = Path(str(outputs[4]).replace(".h5", ".rejects.jsonl")).read_text()
     assert Path(str(out).replace(".h5", ".rejects.jsonl")).read_text() == ref
+
+
+def test_a_complete_shard_cut_by_another_batch_size_is_refused_not_joined(corpus, outputs, tmp_path):
+    out = tmp_path / "out.h5"
+    assert run(cmd(corpus, out, 2)).returncode == 0
+    out.unlink()
+    Path(shard_path(str(out), 1, 2)).unlink()  # shard 0 complete, shard 1 to write again
+    res = run(convert_cmd(JOB, output=out, root=corpus, settings=("output.writers=2", "cluster.batch_size=6",
+                                                                  "output.chunk_bytes=65536")))
+    assert res.returncode == 2 and "out.shard-0-of-2.h5 holds manifest items" in res.stderr, res.stderr
+    res = run(cmd(corpus, out, 2))
+    assert res.returncode == 0, res.stderr
+    assert digest(out) == digest(outputs[1])

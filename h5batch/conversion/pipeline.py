@@ -119,7 +119,7 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
                     started.add(next(k for k, w in writers.items() if w is lane.writer))
             except WriterGone as e:
                 raise ConvertError(f"{e} before the job started; run the same command again") from None
-            resumed = sum(ln.start - ln.lo for ln in lanes)
+            resumed = len(plan.tasks) - sum(ln.hi - ln.start for ln in lanes)
             if resumed:
                 say(f"resuming {where}: {resumed} of {len(plan.tasks)} batches already committed")
             try:
@@ -171,13 +171,15 @@ def _lanes(plan, outs: list[OutputFiles], todo: dict, writers: dict, manifest) -
     starts, items = plan.tasks.starts, manifest.items
     lanes = []
     for k, (lo, hi) in enumerate(shards.ranges(len(plan.tasks), n)):
-        if k not in todo:
+        if k not in todo:  # complete: made of the items this run would give it?
+            shards.check_items(outs[k].final, int(starts[lo]), int(starts[hi]), plan.tasks.batch_size)
             continue
         last = k == n - 1
         record = todo[k]
         mine = items[int(starts[lo]):int(starts[hi])]
         spec = dataclasses.replace(
-            plan.spec, partial_path=outs[k].partial, final_path=outs[k].final, resume=record, shard=(k, n),
+            plan.spec, partial_path=outs[k].partial, final_path=outs[k].final, resume=record,
+            shard={"index": k, "of": n, "items": [int(starts[lo]), int(starts[hi])]},
             discovery_rejects=plan.spec.discovery_rejects if last else [],
             num_inputs=sum(len(it.paths) for it in mine) + (len(plan.spec.discovery_rejects) if last else 0),
             inventory=inventory.sidecar(outs[k].partial) if last else "")

@@ -62,7 +62,9 @@ class WriterSpec:
     umask: int | None = None
     inventory: str = ""  # the driver's inventory sidecar (h5batch.inventory), stored at finalize
     sync: SyncSpec | None = None  # set for `h5batch sync`: the finished output is extended
-    shard: tuple[int, int] | None = None  # (K, N): this file is shard K of N (h5batch/shards.py)
+    # This file is a shard (h5batch/shards.py): its root attribute ``shard`` (index, of,
+    # manifest items), to which the writer adds its host.
+    shard: dict | None = None
 
 
 @dataclass
