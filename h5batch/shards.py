@@ -15,13 +15,13 @@ host that wrote it). :func:`join` then writes ``NAME.h5`` (format
 
 Sample ``i`` of a split is the same for any N: the shards hold consecutive manifest ranges
 in order. BEWARE: HDF5 reads a missing virtual source as fill values without an error
-(hdf5#5088); h5batch's reader and ``verify`` check the shards themselves (:func:`check`) and
-read them directly, never through the virtual datasets, which are there for other tools.
+(hdf5#5088): h5batch checks the shards itself (:func:`check`) before it reads anything, and
+its reader then reads them directly, never through the virtual datasets (``verify`` reads
+through them once every shard's sha256 matched).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -31,7 +31,7 @@ import h5py
 import numpy as np
 
 from . import format as fmt
-from .errors import EXIT_BAD_INPUT, CorruptFileError, H5batchError
+from .errors import EXIT_BAD_INPUT, CorruptFileError, ShardedNotSupported
 
 JOIN_SUFFIX = ".joining"  # NAME.h5 is written as NAME.h5.joining, renamed when whole
 
@@ -48,13 +48,7 @@ class ShardRecord:
     created: str  # its root attribute: a shard written again since differs (the reader checks it)
 
 
-class ShardedNotSupported(H5batchError):
-    """A command that cannot handle a sharded output yet (exit code 2)."""
-
-    exit_code = EXIT_BAD_INPUT
-
-
-def shard_path(final: str, k: int, n: int) -> str:
+def shard_path(final: str, k: int | str, n: int) -> str:
     """``out/x.h5`` -> ``out/x.shard-K-of-N.h5``."""
     stem, ext = os.path.splitext(final)
     return f"{stem}.shard-{k}-of-{n}{ext}"
@@ -229,13 +223,3 @@ def _virtual(out: h5py.Group, name: str, members: list[h5py.Dataset], files: lis
         ds = out.create_virtual_dataset(name, layout)
     for k, v in first.attrs.items():
         ds.attrs[k] = v
-
-
-def remove_files(final: str, n: int) -> None:
-    """Remove the shard files of ``final`` for ``n`` writers and their rejects lists (before
-    a fresh run, or when the output is replaced)."""
-    for k in range(n):
-        p = shard_path(final, k, n)
-        for q in (p, fmt.rejects_file(p)):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(q)
