@@ -127,6 +127,10 @@ class OutputConfig:
     cache_bytes: int | None = None
     overwrite: bool = False
     staging: str | None = None  # s3:// outputs: the local folder they are built in (remote/upload.py)
+    # Writer processes, each writing one shard file of a contiguous range of the manifest,
+    # joined into the output (h5batch/shards.py). Part of the job: a sharded file is another
+    # layout, and a resume with another number is refused.
+    writers: int = late(1)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ __all__ = [
     "ObjectChangedError",
     "PreflightError",
     "RemoteError",
+    "ShardedNotSupported",
     "VerifyError",
 ]
 
@@ -114,6 +115,12 @@ class DecodeError(H5batchError):
 
 class VerifyError(H5batchError):
     """The file cannot be verified at all (missing, not HDF5, not an h5batch file)."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class ShardedNotSupported(H5batchError):
+    """A command that does not handle sharded outputs (``output.writers`` > 1) yet."""
 
     exit_code = EXIT_BAD_INPUT
 

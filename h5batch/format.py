@@ -11,6 +11,9 @@ from typing import Any
 
 FORMAT_VERSION = 1  # a file without encoded fields; 2 with one (h5batch.fields.format_version)
 READABLE_FORMATS = (1, 2)  # what the reader, inspect and verify accept
+# An output joined from shard files (output.writers > 1, h5batch/shards.py); each shard is
+# itself a file of a version above. The readers that know shards accept it too.
+SHARDED_FORMAT = 3
 
 # Root attributes
 ATTR_FORMAT = "h5batch_format"
@@ -24,6 +27,8 @@ ATTR_FIELDS = "fields"
 ATTR_COMPLETE = "complete"
 ATTR_INPUTS = "num_inputs"  # files discovered (samples x files per sample + rejects)
 ATTR_ANNOTATIONS = "annotations"  # annotation files read (tables, split lists), root-relative
+ATTR_SHARDS = "shards"  # a sharded output: JSON list of its shard files (h5batch/shards.py)
+ATTR_SHARD = "shard"  # a shard file: JSON {"index", "of", "host"}
 STAGE_EXCLUDED = "excluded"  # the reject stage of files set aside by source.exclude (not failures)
 
 PARTIAL_SUFFIX = ".partial"  # X.h5 is written as X.h5.partial, renamed when finished

@@ -125,19 +125,36 @@ def after_failure(slot: Slot, pos: int, fired_as: str, exc: BaseException) -> li
     return []
 
 
+@dataclass
+class Lane:
+    """One writer and its batches ``[start, hi)`` (a sharded output has one per shard
+    still to write, h5batch/shards.py): submitted, forwarded in order, and stored."""
+
+    writer: WriterHandle
+    start: int
+    hi: int
+    name: str = "writer"  # in messages: the writer, or the shard it writes
+    lo: int = 0  # its first batch (batches before start were committed by an earlier run)
+    spec: Any = None  # the WriterSpec it was started with
+
+    def __post_init__(self) -> None:
+        self.next_submit = self.next_forward = self.acked = self.start
+
+
 class Driver:
     """Runs a :class:`~.plan.Plan` on an engine's :class:`~.cluster.Connection`, feeding the
-    writer. Use :meth:`run`."""
+    writer (or each shard's writer: ``lanes``). Use :meth:`run`."""
 
-    def __init__(self, job: JobConfig, opts: ConvertOptions, plan: Plan, writer: WriterHandle, run_id: str,
-                 say, conn: Connection):
-        self.job, self.opts, self.plan, self.writer, self.run_id, self.say = job, opts, plan, writer, run_id, say
+    def __init__(self, job: JobConfig, opts: ConvertOptions, plan: Plan, writer: WriterHandle | None, run_id: str,
+                 say, conn: Connection, lanes: list[Lane] | None = None):
+        self.job, self.opts, self.plan, self.run_id, self.say = job, opts, plan, run_id, say
+        self.sharded = lanes is not None  # the summary's path and counts then come from the join
+        self.lanes = lanes or [Lane(writer, plan.start, len(plan.tasks))]
         self.conn, self.client = conn, conn.client
         self.events: queue.Queue = queue.Queue()
         self.slots: dict[int, Slot] = {}
         self.futures: dict[Any, tuple[int, int]] = {}  # future -> (batch index, part position)
         self.watch: ClusterWatch | None = None  # started at the first wait on a LocalCluster
-        self.acked = plan.start
         self.submissions = 0
         self.rejects = 0
         self.bytes_decoded = 0
@@ -177,43 +194,59 @@ class Driver:
             # one waiting for the writer), and not more decoded samples waiting in shared
             # memory than WINDOW_BYTES.
             window = job.cluster.max_in_flight or max(4, min(2 * n_workers, WINDOW_BYTES // max(1, self.plan.batch_bytes)))
-            self.progress = Progress(len(tasks.manifest.items), int(tasks.starts[self.plan.start]),
-                                     mode=self.opts.progress, log=self.opts.log)
-            threading.Thread(target=self._pump_writer, daemon=True).start()
-            next_submit = next_forward = self.plan.start
-            while self.acked < len(tasks):
+            if len(self.lanes) > 1:  # several writers share it, each fed in turn: all of them work
+                window = max(2, -(-window // len(self.lanes)))
+            starts = tasks.starts
+            done_items = len(tasks.manifest.items) - sum(int(starts[ln.hi] - starts[ln.start]) for ln in self.lanes)
+            self.progress = Progress(len(tasks.manifest.items), done_items, mode=self.opts.progress, log=self.opts.log)
+            for lane in self.lanes:
+                threading.Thread(target=self._pump_writer, args=(lane,), daemon=True).start()
+            while any(ln.acked < ln.hi for ln in self.lanes):
                 signals.raise_pending()
-                while next_submit < len(tasks) and next_submit - self.acked < window:
-                    self.slots[next_submit] = Slot(tasks[next_submit])
-                    self._submit(next_submit, 0, len(tasks[next_submit].items))
-                    next_submit += 1
+                for lane in self.lanes:
+                    while lane.next_submit < lane.hi and lane.next_submit - lane.acked < window:
+                        i = lane.next_submit
+                        self.slots[i] = Slot(tasks[i])
+                        self._submit(i, 0, len(tasks[i].items))
+                        lane.next_submit += 1
                 kind, payload = self._next_event()
                 if kind == "future":
                     self._on_future(payload)
-                    while next_forward in self.slots and self.slots[next_forward].complete():
-                        slot = self.slots[next_forward]
-                        for k, part in enumerate(slot.parts):
-                            part.result.final_part = k == len(slot.parts) - 1
-                            self._send(Store(part.result))
-                        next_forward += 1
+                    for lane in self.lanes:
+                        while (lane.next_forward < lane.hi and lane.next_forward in self.slots
+                               and self.slots[lane.next_forward].complete()):
+                            slot = self.slots[lane.next_forward]
+                            for k, part in enumerate(slot.parts):
+                                part.result.final_part = k == len(slot.parts) - 1
+                                self._send(lane, Store(part.result))
+                            lane.next_forward += 1
                 else:
                     self._on_writer(payload)
             signals.raise_pending()
             self.progress.close()
             # The writer counts every reject (discovery, decode, write, and those of batches
             # committed by an earlier run) and keeps the file partial when there are too many.
-            self._send(Finish(job.policy.max_reject_fraction))
-            s = self._wait_for(Done)
+            # Shards are judged together once joined (h5batch/shards.py): each is finished.
+            for lane in self.lanes:
+                self._send(lane, Finish(1.0 if self.sharded else job.policy.max_reject_fraction))
+            dones = [self._wait_for(Done) for _ in self.lanes]
+            s = dones[0]
             if self.warning_log.files:
                 self.say(f"{self.warning_log.files} files gave decoder warnings, see {self.warning_log.path}")
             excluded = sum(1 for r in self.plan.spec.discovery_rejects if r.stage == fmt.STAGE_EXCLUDED)
+            if self.sharded:  # the shards' files; the pipeline joins them and tells the output's
+                return ConvertSummary(
+                    path=self.plan.spec.final_path, counts={}, rejects=0, excluded=excluded, inputs=self.plan.num_inputs,
+                    seconds=0.0, bytes_decoded=sum(d.bytes_decoded for d in dones), output_bytes=0, rejects_file="",
+                    cluster=conn.description, dashboard=conn.dashboard, ok=True, warnings=self.warning_log.files,
+                    warnings_file=self.warning_log.path if self.warning_log.files else "")
             summary = ConvertSummary(
                 path=s.path, counts=s.counts, rejects=s.rejects, excluded=excluded, inputs=self.plan.num_inputs, seconds=0.0,
                 bytes_decoded=s.bytes_decoded, output_bytes=os.path.getsize(s.path), rejects_file=s.rejects_file,
                 cluster=conn.description, dashboard=conn.dashboard, ok=s.ok,
                 warnings=self.warning_log.files, warnings_file=self.warning_log.path if self.warning_log.files else "")
             if not s.ok:
-                self.writer.process.join(timeout=30)
+                self.lanes[0].writer.process.join(timeout=30)
                 # against every input of the corpus, as the writer judged it (a sync decodes fewer)
                 n, bad = self.plan.spec.num_inputs - excluded, s.rejects - excluded
                 # A sync undoes itself (writer/sync.py); a conversion keeps its partial.
@@ -241,15 +274,15 @@ class Driver:
 
     # -- writer messages -----------------------------------------------------------------
 
-    def _pump_writer(self) -> None:
-        """Forward writer messages to the event queue; report a writer that died."""
-        outbox, process = self.writer.outbox, self.writer.process
+    def _pump_writer(self, lane: Lane) -> None:
+        """Forward a writer's messages to the event queue; report a writer that died."""
+        outbox, process = lane.writer.outbox, lane.writer.process
         while True:
             try:
                 msg = outbox.get(timeout=1.0)
             except queue.Empty:
                 if not process.is_alive():
-                    self.events.put(("writer", WriterDied(process.exitcode)))
+                    self.events.put(("writer", WriterDied(process.exitcode, lane.name)))
                     return
                 continue
             except (EOFError, OSError):
@@ -273,19 +306,22 @@ class Driver:
             self.warning_log.add(w for p in slot.parts for w in p.result.warnings)
             self.progress.update(len(slot.task.items), rejects=self.rejects, nbytes=self.bytes_decoded)
             del self.slots[msg.index]
-            self.acked += 1
+            self._lane(msg.index).acked += 1
 
     def _on_failed(self, msg: Failed) -> None:
         raise ConvertError(f"writer failed: {msg.text}")
 
-    def _send(self, msg: Any) -> None:
+    def _lane(self, index: int) -> Lane:
+        return next(ln for ln in self.lanes if ln.start <= index < ln.hi)
+
+    def _send(self, lane: Lane, msg: Any) -> None:
         try:
-            self.writer.send(msg)
+            lane.writer.send(msg)
         except WriterGone as e:
-            self._on_died(WriterDied(e.exit_code))
+            self._on_died(WriterDied(e.exit_code, lane.name))
 
     def _on_died(self, msg: WriterDied) -> None:
-        raise ConvertError(f"writer process died (exit code {msg.exit_code}); "
+        raise ConvertError(f"{msg.name} process died (exit code {msg.exit_code}); "
                            f"rerun the same command to resume from the last commit")
 
     def _wait_for(self, kind: type) -> Any:

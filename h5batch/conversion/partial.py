@@ -11,12 +11,15 @@ commit record it can trust, or start afresh after removing a partial it cannot t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import glob
 import json
 import os
+import re
 from collections.abc import Callable
 
 from .. import format as fmt
-from .. import inventory
+from .. import inventory, shards
 from ..config import JobConfig
 from ..errors import EXIT_BAD_INPUT, ConvertError
 from ..manifest import Manifest
@@ -178,6 +181,58 @@ class OutputFiles:
             self.say(f"--overwrite replaces {self.final} when this run ends; the interrupted run of the same "
                      f"job and corpus ({self.partial}) is resumed first, not redone (--restart redoes it)")
         return record
+
+    def check_writers(self) -> None:
+        """Refuse to resume an interrupted run made with another ``output.writers`` (its
+        partial, or its shard files without the joined output); with ``--restart`` they are
+        discarded. Shard files of another number beside a finished output this run replaces
+        are removed."""
+        n = self.job.output.writers
+        others: dict[int, list[str]] = {}
+        if n > 1 and os.path.exists(self.partial):
+            others[1] = [self.partial]
+        stem, ext = os.path.splitext(self.final)
+        for p in glob.glob(glob.escape(stem) + ".shard-*-of-*" + ext + "*"):
+            m = re.fullmatch(re.escape(stem) + r"\.shard-\d+-of-(\d+)" + re.escape(ext) + r".*", p)
+            if m and int(m.group(1)) != n:
+                others.setdefault(int(m.group(1)), []).append(p)
+        for m, files in sorted(others.items()):
+            if self.opts.restart or (m > 1 and os.path.exists(self.final)):
+                self.say(f"removing {len(files)} files of a run with output.writers {m}")
+                for p in files:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(p)
+                if m == 1:
+                    self.discard_partial()
+                continue
+            raise ConvertError(
+                f"{files[0]} is left by an interrupted run with output.writers {m}; this job has output.writers "
+                f"{n}: run it with output.writers {m} to resume that run, or pass --restart to discard it",
+                EXIT_BAD_INPUT)
+
+    def shard(self, k: int) -> OutputFiles:
+        """The output files of shard ``k`` (h5batch/shards.py) as an output of their own."""
+        path = shards.shard_path(self.final, k, self.job.output.writers)
+        job = dataclasses.replace(self.job, output=dataclasses.replace(self.job.output, path=path))
+        return OutputFiles(job, self.opts, self.say)
+
+    def shard_done(self, manifest: Manifest) -> bool:
+        """This output (a shard) is complete, of this job and corpus; else any file of that
+        name is removed."""
+        if not os.path.exists(self.final):
+            return False
+        import h5py
+
+        try:
+            with h5py.File(self.final, "r") as f:
+                a = f.attrs
+                ok = (bool(a.get(fmt.ATTR_COMPLETE)) and a.get(fmt.ATTR_JOB_HASH) == self.job.hash()
+                      and a.get(fmt.ATTR_MANIFEST_HASH) == manifest.hash)
+        except OSError:
+            ok = False
+        if not ok:
+            os.unlink(self.final)
+        return ok
 
     def discard_partial(self) -> None:
         with contextlib.suppress(FileNotFoundError):

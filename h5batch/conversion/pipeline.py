@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import os
 import sys
 import time
 
-from .. import inventory
+from .. import format as fmt
+from .. import inventory, shards
 from ..config import JobConfig
 from ..errors import ConvertError
 from ..layouts import discover, resolved_job
@@ -17,7 +21,7 @@ from ..writer.messages import Start
 from ..writer.process import WriterGone, WriterHandle
 from . import signals, trial
 from .cluster import open_engine
-from .driver import Driver, abort
+from .driver import Driver, Lane, abort
 from .generate import generate_corpus
 from .lock import OutputLock
 from .options import ConvertOptions, ConvertSummary, Say
@@ -84,51 +88,141 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
     if done is not None:
         return done
     output.require_samples(manifest)
-    record = output.resume_record(manifest)
-    # The writer first: it is forked while this process has no other thread (the engine
-    # starts threads), and holds the output's lock with us.
-    writer = WriterHandle.start(lock.fd)
-    started = finished = False
+    output.check_writers()
+    n = job.output.writers
+    # Per writer: its output files, and None (done: a complete shard), or the commit record
+    # to resume from (None inside: start afresh).
+    outs = [output] if n == 1 else [output.shard(k) for k in range(n)]
+    fresh = opts.restart or not opts.resume
+    todo = {k: o.resume_record(manifest) for k, o in enumerate(outs) if n == 1 or fresh or not o.shard_done(manifest)}
+    if not todo:  # every shard is written: only the join was left
+        summary = _joined(job, output, outs, manifest, None, say)
+        output.check_finished(summary)
+        return summary
+    record = next((r for r in todo.values() if r is not None), None)
+    # The writers first: forked while this process has no other thread (the engine
+    # starts threads); they hold the output's lock with us.
+    writers = {k: WriterHandle.start(lock.fd) for k in todo}
+    started: set[int] = set()
+    finished = False
+    where = output.partial if n == 1 else "the shard files " + shards.shard_path(output.final, "K", n)
     try:
         with open_engine(job) as conn:
             say(f"decoding on {conn.description}" + (f"; dashboard {conn.dashboard}" if conn.dashboard else ""))
             check_engine(conn, job, manifest, say)
             plan = make_plan(job, manifest, record, output.final, output.partial, run_id, say,
                              run_trial=trial.on_engine(conn, say))
-            plan.spec.inventory = inventory.sidecar(output.partial)
+            lanes = _lanes(plan, outs, todo, writers, manifest)
             try:
-                writer.send(Start(plan.spec))
+                for lane in lanes:
+                    lane.writer.send(Start(lane.spec))
+                    started.add(next(k for k, w in writers.items() if w is lane.writer))
             except WriterGone as e:
                 raise ConvertError(f"{e} before the job started; run the same command again") from None
-            started = True
-            if plan.start:
-                say(f"resuming {output.partial}: {plan.start} of {len(plan.tasks)} batches already committed")
+            resumed = len(plan.tasks) - sum(ln.hi - ln.start for ln in lanes)
+            if resumed:
+                say(f"resuming {where}: {resumed} of {len(plan.tasks)} batches already committed")
             try:
                 # Said here, inside: a stop from now on is a committed one (the message below).
-                say.detail(f"plan: {len(plan.tasks)} batches of up to {plan.tasks.batch_size} items")
+                say.detail(f"plan: {len(plan.tasks)} batches of up to {plan.tasks.batch_size} items"
+                           + (f", {n} writers" if n > 1 else ""))
                 # In place (written whole, then renamed) before the first Store; the writer
-                # folds it into the file at Finish.
-                inventory.write_sidecar(output.partial, manifest)
-                summary = Driver(job, opts, plan, writer, run_id, say, conn).run()
+                # (of the last shard) folds it into the file at Finish.
+                for lane in lanes:
+                    if lane.spec.inventory:
+                        inventory.write_sidecar(lane.spec.partial_path, manifest)
+                summary = Driver(job, opts, plan, lanes[0].writer, run_id, say, conn, lanes if n > 1 else None).run()
             except KeyboardInterrupt as e:
-                abort(writer)
+                for w in writers.values():
+                    abort(w)
                 why = "interrupted" if signals.signal_name(e) == "SIGINT" else f"stopped by {signals.signal_name(e)}"
-                raise ConvertError(f"{why}; progress is committed in {output.partial}. "
+                raise ConvertError(f"{why}; progress is committed in {where}. "
                                    f"Run the same command again to resume.", signals.exit_code(e)) from None
             except BaseException:
-                abort(writer)
+                for w in writers.values():
+                    abort(w)
                 raise
+        if n > 1:
+            summary = _joined(job, output, outs, manifest, summary, say)
         output.check_finished(summary)
         finished = True
-        summary.resumed_from = plan.start
+        summary.resumed_from = resumed
         return summary
     finally:
         # Once the engine is closed: a late copy of a task (Dask may run one twice) cannot
         # make a segment of this run after this.
         remove_segments(run_id)
-        if not started:  # never got a job: let it go
-            writer.stop()
-        writer.lifeline.close()
-        if started and not finished:  # a run that failed after Done (the output's checks): the writer exits by itself
-            writer.process.join(timeout=30)
+        for k, w in writers.items():
+            if k not in started:  # never got a job: let it go
+                w.stop()
+            w.lifeline.close()
+            if k in started and not finished:  # a run that failed after Done (the output's checks): it exits by itself
+                w.process.join(timeout=30)
+
+
+def _lanes(plan, outs: list[OutputFiles], todo: dict, writers: dict, manifest) -> list[Lane]:
+    """A :class:`~.driver.Lane` per writer with work: its batches and its writer's spec (one
+    writer: the plan's own; several: the plan's for a shard, h5batch/shards.py)."""
+    n = len(outs)
+    if n == 1:
+        spec = plan.spec
+        spec.inventory = inventory.sidecar(spec.partial_path)
+        return [Lane(writers[0], plan.start, len(plan.tasks), spec=spec)]
+    starts, items = plan.tasks.starts, manifest.items
+    lanes = []
+    for k, (lo, hi) in enumerate(shards.ranges(len(plan.tasks), n)):
+        if k not in todo:  # complete: made of the items this run would give it?
+            shards.check_items(outs[k].final, int(starts[lo]), int(starts[hi]), plan.tasks.batch_size)
+            continue
+        last = k == n - 1
+        record = todo[k]
+        mine = items[int(starts[lo]):int(starts[hi])]
+        spec = dataclasses.replace(
+            plan.spec, partial_path=outs[k].partial, final_path=outs[k].final, resume=record,
+            shard={"index": k, "of": n, "items": [int(starts[lo]), int(starts[hi])]},
+            discovery_rejects=plan.spec.discovery_rejects if last else [],
+            num_inputs=sum(len(it.paths) for it in mine) + (len(plan.spec.discovery_rejects) if last else 0),
+            inventory=inventory.sidecar(outs[k].partial) if last else "")
+        lanes.append(Lane(writers[k], record.next_batch if record else lo, hi, f"writer of {outs[k].final}", lo, spec))
+    return lanes
+
+
+def _joined(job: JobConfig, output: OutputFiles, outs: list[OutputFiles], manifest, summary: ConvertSummary | None,
+            say) -> ConvertSummary:
+    """Join the complete shards into the output (h5batch/shards.py) unless more than
+    ``policy.max_reject_fraction`` of the inputs were rejected; the run's summary."""
+    import h5py
+
+    from ..writer.output import read_rejects
+
+    files = [o.final for o in outs]
+    rejects, counts = [], {}
+    for p in files:
+        with h5py.File(p, "r") as f:
+            rejects += read_rejects(f)
+            for s in manifest.splits:
+                counts[s] = counts.get(s, 0) + int(f[s].attrs[fmt.ATTR_NUM_SAMPLES])
+    num_inputs = sum(len(it.paths) for it in manifest.items) + len(manifest.rejects)
+    excluded = sum(1 for r in rejects if r.stage == fmt.STAGE_EXCLUDED)
+    bad = len(rejects) - excluded
+    frac = job.policy.max_reject_fraction
+    rejects_file = fmt.rejects_file(output.final)
+    fmt.write_rejects(rejects_file, rejects)
+    if bad > frac * max(1, num_inputs - excluded):
+        raise ConvertError(
+            f"{bad} of {num_inputs - excluded} input files rejected ({bad / max(1, num_inputs - excluded):.1%}), above "
+            f"policy.max_reject_fraction {frac:.1%}; the shards are kept, not joined into {output.final}, reasons in "
+            f"{rejects_file} (raise policy.max_reject_fraction and run again to accept it)", 1)
+    shards.join(output.final, files, num_inputs)
+    for p in files:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(fmt.rejects_file(p))
+    say.detail(f"joined {len(files)} shards into {output.final}")
+    if summary is None:
+        summary = ConvertSummary(path=output.final, counts={}, rejects=0, inputs=num_inputs, seconds=0.0,
+                                 bytes_decoded=0, output_bytes=0, rejects_file="")
+    summary.path, summary.counts, summary.rejects, summary.excluded = output.final, counts, len(rejects), excluded
+    summary.output_bytes = sum(os.path.getsize(p) for p in [output.final, *files])
+    summary.rejects_file = rejects_file
+    return summary
 

@@ -103,10 +103,11 @@ def _locked(exc: OSError) -> bool:
             or "unable to lock file" in str(exc))
 
 
-def open_output(path: str, error: type[Exception], **kw: Any) -> h5py.File:
+def open_output(path: str, error: type[Exception], sharded: bool = False, **kw: Any) -> h5py.File:
     """``h5py.File(path, "r", **kw)`` of an h5batch output for the commands that look into
     one (inspect --sample, preview, verify, view): a missing file, one that is not HDF5 or
-    one without a readable format raises ``error`` saying which."""
+    one without a readable format raises ``error`` saying which. ``sharded``: the caller
+    also reads a sharded output (h5batch/shards.py)."""
     if not os.path.isfile(path):
         raise error(f"{path}: no such file")
     try:
@@ -114,7 +115,7 @@ def open_output(path: str, error: type[Exception], **kw: Any) -> h5py.File:
     except OSError as e:
         raise error(f"{path}: not an h5batch file (cannot open as HDF5: {e})") from e
     version = f.attrs.get(fmt.ATTR_FORMAT)
-    if version not in fmt.READABLE_FORMATS:
+    if version not in fmt.READABLE_FORMATS and not (sharded and version == fmt.SHARDED_FORMAT):
         f.close()
         raise error(f"{path}: not an h5batch file (root attribute {fmt.ATTR_FORMAT}={version!r}, "
                     f"expected one of {fmt.READABLE_FORMATS})")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Any
@@ -10,10 +11,22 @@ import h5py
 import numpy as np
 
 from .. import format as fmt
+from .. import shards
 from .compact import dataset_bytes
 
 
 def _storage(ds: h5py.Dataset) -> dict[str, Any]:
+    """Shape, chunks, filters and bytes of a dataset; of a virtual one (a sharded output,
+    h5batch/shards.py): its shards' chunks and filters, and the bytes they store."""
+    if ds.is_virtual:
+        folder = os.path.dirname(os.path.abspath(ds.file.filename))
+        with contextlib.ExitStack() as stack:
+            parts = [stack.enter_context(h5py.File(os.path.join(folder, vs.file_name), "r"))[vs.dset_name]
+                     for vs in ds.virtual_sources()]
+            out = _storage(parts[0])
+            out.update(shape=list(ds.shape), stored_bytes=sum(int(p.id.get_storage_size()) for p in parts),
+                       raw_bytes=int(ds.size * ds.dtype.itemsize))
+            return out
     plist = ds.id.get_create_plist()
     filters = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
     stored = ds.id.get_storage_size()
@@ -40,6 +53,9 @@ def describe(path: str) -> dict[str, Any]:
         a = f.attrs
         out["format"] = int(a.get(fmt.ATTR_FORMAT, 0))
         out["complete"] = bool(a.get(fmt.ATTR_COMPLETE, False))
+        if shards.is_sharded(f):  # checked first: the datasets below read through them
+            shards.check(path, f)
+            out["shards"] = [vars(r) for r in shards.records(f)]
         out["created"] = str(a.get(fmt.ATTR_CREATED, ""))
         out["versions"] = json.loads(a.get(fmt.ATTR_VERSIONS, "{}"))
         out["job"] = json.loads(a.get(fmt.ATTR_JOB, "{}"))
@@ -109,7 +125,7 @@ def sample(path: str, i: int, split: str | None = None) -> dict[str, Any]:
     :class:`~h5batch.tools.samples.SampleError`."""
     from .samples import check_output, pick_splits, sample_record
 
-    splits = check_output(path)
+    splits = check_output(path, sharded=True)
     if split is None:
         split = "train" if "train" in splits else (splits[0] if splits else "train")
     return sample_record(path, pick_splits(path, splits, [split])[0], i)
@@ -127,6 +143,10 @@ def render(d: dict[str, Any], max_rejects: int = 20) -> str:
     """The text shown by ``h5batch inspect``."""
     lines = [f"{d['path']}  ({_human(d['file_bytes'])} on disk, format v{d['format']}, "
              f"{'complete' if d['complete'] else 'INCOMPLETE'}, created {d['created']})"]
+    if d.get("shards"):
+        lines.append(f"shards: {len(d['shards'])} files beside it, "
+                     f"{_human(sum(r['bytes'] for r in d['shards']))}: "
+                     + ", ".join(f"{r['path']} (host {r['host']})" for r in d["shards"]))
     job = d.get("job", {})
     if job:
         lines.append(f"job: {job.get('name')}  layout={job.get('source', {}).get('layout')}  "

@@ -32,11 +32,12 @@ class SampleError(H5batchError, ValueError):
     exit_code = EXIT_BAD_INPUT
 
 
-def check_output(path: str) -> list[str]:
-    """The splits of the h5batch output ``path``; :class:`SampleError` when it is none."""
+def check_output(path: str, sharded: bool = False) -> list[str]:
+    """The splits of the h5batch output ``path``; :class:`SampleError` when it is none
+    (``sharded``: a sharded output is one, h5batch/shards.py)."""
     from .index import open_output
 
-    with open_output(path, SampleError) as f:
+    with open_output(path, SampleError, sharded) as f:
         return [s for s in json.loads(f.attrs.get(fmt.ATTR_SPLITS, "[]")) if s in f]
 
 

@@ -41,6 +41,7 @@ import h5py
 import numpy as np
 
 from .. import format as fmt
+from .. import shards
 from ..errors import CorruptFileError, VerifyError
 from . import index, views
 
@@ -420,10 +421,19 @@ def verify_file(path: str, sources: bool = False, root: str | None = None,
     """
     import hdf5plugin  # noqa: F401  (plugin filters for reading)
 
-    f = index.open_output(path, VerifyError, rdcc_nbytes=2 * read_bytes, rdcc_nslots=fmt.next_prime(10007))
+    f = index.open_output(path, VerifyError, sharded=True, rdcc_nbytes=2 * read_bytes,
+                          rdcc_nslots=fmt.next_prime(10007))
     report = VerifyReport(path)
     pool = None
     with f:
+        if shards.is_sharded(f):
+            # Every shard there with its recorded size and sha256 before anything is read
+            # through the virtual datasets (a missing source would read as fill values).
+            try:
+                shards.check(path, f, digest=True)
+            except (OSError, CorruptFileError) as e:
+                report.problems.append(Problem("/", str(e)))
+                return report
         decode = None
         if sources:
             r, configs = _field_configs(f, path, root)

@@ -322,7 +322,7 @@ def gather_padded(store: ChunkStore | None, lo: np.ndarray, hi: np.ndarray, orde
     tasks: list[tuple[np.ndarray, np.ndarray]] = []
     width = out.shape[1]
     n = hi - lo
-    for j in np.flatnonzero(n < width).tolist():  # the padding (none when all lengths agree)
+    for j in order[n[order] < width].tolist():  # the padding (none when all lengths agree)
         out[j, int(n[j]):] = 0
     if store is None:
         return

@@ -30,6 +30,7 @@ from .batch import Batch, Ragged, divide_in_place, empty_columns, float_copy, st
 from .chunks import ChunkStore, gather_padded, gather_rows, gather_span
 from .fieldinfo import FieldInfo, encoded_fields, field_info
 from .recycle import PrivatePool, shared_pool
+from .sharded import Shards
 from .single import read_one
 
 DEFAULT_WINDOW = 12  # chunk groups the default cache holds: one ChunkShuffleSampler window
@@ -120,6 +121,7 @@ class H5Dataset(Dataset):
         if cache_bytes is not None and int(cache_bytes) < 0:
             raise ValueError(f"cache_bytes must be >= 0, got {cache_bytes}")
         self.cache_bytes = None if cache_bytes is None else int(cache_bytes)
+        self._shards: Shards | None = None  # a sharded output's shards (torch/sharded.py)
         with self._open(metadata_only=True) as f:
             self._read_layout(f, fields)
         self._clear_process_state()
@@ -128,6 +130,9 @@ class H5Dataset(Dataset):
 
     def _read_layout(self, f: h5py.File, fields: Sequence[str] | None) -> None:
         version = f.attrs.get(fmt.ATTR_FORMAT)
+        if version == fmt.SHARDED_FORMAT and self._object is None:  # its shards read as datasets of their own
+            self._shards = Shards.open(self, f, fields)
+            return
         if version not in fmt.READABLE_FORMATS:
             raise ValueError(f"{self.path}: not an h5batch file of format {fmt.READABLE_FORMATS} "
                              f"(root attribute {fmt.ATTR_FORMAT}={version!r})")
@@ -181,6 +186,8 @@ class H5Dataset(Dataset):
     @property
     def chunk_rows(self) -> int:
         """Average samples per chunk of the grouping field (the one with the most)."""
+        if self._shards is not None:
+            return self._shards.parts[0].chunk_rows
         fi = self._grouping_field()
         return max(1, round(self._rows_per_chunk(fi))) if fi else DEFAULT_SAMPLER_CHUNK
 
@@ -193,6 +200,8 @@ class H5Dataset(Dataset):
         ``values`` chunk. Loads that field's offsets (8 bytes a sample) when variable. With a
         ``view``: the positions in the view where its rows enter a new file chunk group.
         """
+        if self._shards is not None:
+            return self._shards.chunk_starts()
         fi = self._grouping_field()
         if fi is None:
             return np.zeros(0, dtype=np.int64)
@@ -285,6 +294,8 @@ class H5Dataset(Dataset):
         # Small per-sample arrays (8 bytes a sample) are kept in memory; they are plain numpy,
         # valid in any process, so a forked worker shares the parent's checked copy. Pickling
         # drops them: this process loads and checks them again, once.
+        if self._shards is not None:
+            return self._shards.index_array(key, key.endswith("/" + fmt.OFFSETS))
         if not self._index:
             self._ensure_open()
             self._index = read_index(self._file, self.path, self.split, self.field_names)[1]
@@ -297,6 +308,8 @@ class H5Dataset(Dataset):
         """Close this process's file handle and drop the caches (reopened on next access)."""
         if self._file is not None and self._pid == os.getpid():
             self._file.close()
+        if self._shards is not None:
+            self._shards.close()
         self._clear_process_state()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -313,7 +326,8 @@ class H5Dataset(Dataset):
     # ----------------------------------------------------------------- reading
 
     def __getitem__(self, i: int) -> Any:
-        one = read_one(self, i)  # fixed fields: straight from the cached chunk (torch/single.py)
+        # fixed fields: straight from the cached chunk (torch/single.py)
+        one = read_one(self, i) if self._shards is None else None
         if one is not None:
             return one
         batch = self.__getitems__([operator.index(i)])
@@ -336,11 +350,13 @@ class H5Dataset(Dataset):
         # private pool there would reuse (overwrite) a batch the main process still holds.
         outs = empty_columns(specs, shared, self._pool, None if in_worker else self._private)
         columns: dict[str, torch.Tensor | Ragged] = {}
+        # (dataset, its rows, the batch positions it fills in file order): a sharded output's
+        # shards each fill their samples' rows of the one batch (torch/sharded.py).
+        parts = [(self, idx, order)] if self._shards is None else self._shards.split(idx, order)
         for fi, out in zip(self.fields, outs):
-            if fi.fixed:
-                columns[fi.name] = self._read_fixed(fi, idx, order, out)
-            else:
-                columns[fi.name] = self._read_variable(fi, idx, order, out, shapes[fi.name])
+            for ds, rows, pos in parts:
+                columns[fi.name] = (ds._read_fixed(fi, rows, pos, out) if fi.fixed else
+                                    ds._read_variable(fi, rows, pos, out, shapes[fi.name]))
         for name, enc in self._encoded.items():  # stored bytes -> decoded column (torch/fieldinfo.py)
             columns[name] = enc.column(columns[name], idx, self.as_float, self.channels_first, shared, self._pool)
         for name in self._text:
@@ -350,7 +366,7 @@ class H5Dataset(Dataset):
             labels = self._index_array(fmt.LABEL)
             label = outs[-1]
             np.take(labels, idx, out=label.numpy())
-        source = self._read_sources(idx) if self.with_source else None
+        source = (self._shards or self)._read_sources(idx) if self.with_source else None
         batch = Batch(columns, label, source, len(idx))
         if self.transform is not None:
             return [self.transform(batch.sample(j)) for j in range(len(batch))]
@@ -416,15 +432,15 @@ class H5Dataset(Dataset):
         if fi.ndim == 1:  # each sample converted straight into its padded row
             gather_padded(store, lo, hi, order, view, float_copy(how) if how else None)
             return Ragged(out, shapes[:, perm])
-        view.fill(0)
+        view[order] = 0  # the rows of this call only: a sharded output's shards share the batch
         for j in order.tolist():
             a, e = int(lo[j]), int(hi[j])
             if e > a:
                 tmp = np.empty(e - a, dtype=fi.dtype)
                 gather_span(store, a, e, tmp)
                 stored_view[(j, *(slice(0, int(n)) for n in shapes[j]))] = tmp.reshape(shapes[j])
-        if how:
-            divide_in_place(view, how)
+        for j in order.tolist() if how else ():
+            divide_in_place(view[j], how)
         return Ragged(out, shapes[:, perm])
 
     def _read_sources(self, idx: np.ndarray) -> list[Any]:

@@ -62,6 +62,9 @@ class WriterSpec:
     umask: int | None = None
     inventory: str = ""  # the driver's inventory sidecar (h5batch.inventory), stored at finalize
     sync: SyncSpec | None = None  # set for `h5batch sync`: the finished output is extended
+    # This file is a shard (h5batch/shards.py): its root attribute ``shard`` (index, of,
+    # manifest items), to which the writer adds its host.
+    shard: dict | None = None
 
 
 @dataclass
@@ -148,6 +151,7 @@ class WriterDied:
     gone without a word (killed, or crashed in native code)."""
 
     exit_code: int | None
+    name: str = "writer"  # the writer, or the shard it wrote (several writers)
 
 
 #: Messages after which the writer sends nothing more.

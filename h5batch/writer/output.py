@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
@@ -79,6 +80,8 @@ class OutputWriter:
         a[fmt.ATTR_INPUTS] = self.spec.num_inputs
         if self.spec.annotations:
             a[fmt.ATTR_ANNOTATIONS] = fmt.dumps(list(self.spec.annotations))
+        if self.spec.shard is not None:
+            a[fmt.ATTR_SHARD] = fmt.dumps({**self.spec.shard, "host": socket.gethostname()})
         if self.spec.labelled:
             self.f.create_dataset(fmt.CLASS_NAMES, data=np.array(self.spec.class_names, dtype=object), dtype=STR)
 
