@@ -138,7 +138,6 @@ class Builder:
         self.items: list[Item] = []
         self.rejects: list[Reject] = []
         self.stats: dict[str, tuple[int, int]] = {}
-        self.walkers: list[Walker] = []  # the finished walks: their files' identities (Walker.ids)
         self.annotations: list[str] = []  # annotation files read (root-relative)
         self.resolved: dict = {}  # field configs completed by the annotation stage
         self.symlinks = False  # a walk met a symlink (see Memo.plain)
@@ -151,9 +150,8 @@ class Builder:
                                   or not all(reads_files(fc) for fc in job.fields.values()))
 
     def walked(self, walker: Walker) -> None:
-        """Take a finished walk's rejects and file identities (call once per walker)."""
+        """Take a finished walk's rejects and whether it met a symlink (call once per walker)."""
         self.rejects.extend(walker.rejects)
-        self.walkers.append(walker)
         self.symlinks = self.symlinks or walker.symlinks > 0
 
     def accepted(self, field_name: str) -> str:
@@ -201,19 +199,20 @@ class Builder:
         order; the others' paths become rejects naming it. Items sharing only some files are
         distinct samples, as are hard links (docs/jobs.md says why).
 
-        Only items sharing ``(st_dev, st_ino)`` have their paths resolved (inode numbers can be
-        unreliable), and only where a walk met a symlink, since grouping every item is costly.
+        Only where a walk met a symlink, and only items sharing ``(st_dev, st_ino)`` have their
+        paths resolved (inode numbers can be unreliable). The identities come from a ``stat``
+        of each file here, not from the walk. Reason: the walk would keep them for every file
+        of every corpus (~200 bytes a file), for the few corpora with symlinks.
         """
         if not self.symlinks:
             return items
-        known: dict[str, tuple[int, int]] = {}  # path -> (st_dev, st_ino)
-        for walker in self.walkers:
-            known.update(walker.ids)
         by_inode: dict[tuple, list[int]] = {}
         for i, it in enumerate(items):
-            ids = tuple(known.get(p) for p in it.paths)
-            if None not in ids:  # a layout that reports no identities is not checked
-                by_inode.setdefault(ids, []).append(i)
+            try:
+                ids = tuple((st.st_dev, st.st_ino) for st in (os.stat(os.path.join(root, p)) for p in it.paths))
+            except OSError:  # gone since the walk: its decode will say so
+                continue
+            by_inode.setdefault(ids, []).append(i)
         real_root = os.path.realpath(root)
         dropped: set[int] = set()
         for group in by_inode.values():
