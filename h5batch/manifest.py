@@ -113,8 +113,21 @@ class Memo:
 _DIGITS = re.compile(r"(\d+)")
 
 
-def natural_key(text: str) -> tuple:
-    """Sort key that orders ``2`` before ``10`` (digit runs compared as numbers)."""
+def natural_key(text: str) -> bytes:
+    """Sort key that orders ``2`` before ``10`` (digit runs compared as numbers, before text).
+
+    The order is that of the tuple ``((0, int(run), "") or (1, 0, text), ...)`` of ``text``'s
+    digit runs and text between them, as bytes: a digit run is ``00 01``, its digit count
+    (4 bytes) and its ASCII digits without leading zeros; text is its UTF-8 (surrogates kept),
+    U+0000 written ``00 02`` so that it still sorts below every other character. Reason: one
+    bytes object per key, not a tuple of tuples (~400 bytes a key), while sorting a million
+    files."""
     # isdecimal, not isdigit: '²' is a digit to str.isdigit but neither \d nor int() takes it.
-    # A list, then a tuple: faster than a generator (this sorts every item of a corpus).
-    return tuple([(0, int(t), "") if t.isdecimal() else (1, 0, t) for t in _DIGITS.split(text) if t])
+    out = []
+    for t in _DIGITS.split(text):
+        if t.isdecimal():
+            n = (t.lstrip("0") or "0") if t.isascii() else str(int(t))
+            out.append(b"\0\1%b%b" % (len(n).to_bytes(4, "big"), n.encode()))
+        elif t:
+            out.append(t.encode("utf-8", "surrogatepass").replace(b"\0", b"\0\2"))
+    return b"".join(out)
