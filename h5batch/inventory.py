@@ -46,11 +46,12 @@ def stamp(item: Item, stats: dict) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
 
 
-def stamps(m: Manifest) -> list[int]:
-    """The stamp of every item of ``m``, in item order (worked out once per manifest)."""
+def stamps(m: Manifest) -> np.ndarray:
+    """The stamp of every item of ``m``, in item order, as int64 (worked out once per manifest)."""
     cached = getattr(m, "_stamps", None)
     if cached is None or len(cached) != len(m.items):
-        cached = m._stamps = [stamp(it, m.stats) for it in m.items]  # type: ignore[attr-defined]
+        cached = m._stamps = np.fromiter((stamp(it, m.stats) for it in m.items), dtype=np.int64,  # type: ignore[attr-defined]
+                                         count=len(m.items))
     return cached
 
 
@@ -108,18 +109,17 @@ def of_manifest(m: Manifest) -> tuple[list[str], np.ndarray, dict]:
     """(keys, stamps, extra) of every item of ``m``: keys sorted (a list of str), their int64
     stamps, and version 2's arrays (:data:`EXTRA`, ``memo``) when the manifest has a memo."""
     firsts = [it.paths[0] for it in m.items]
-    stamps_ = np.asarray(stamps(m), dtype=np.int64)
+    stamps_ = stamps(m)
     stat = np.array([m.stats.get(k) or (-1, -1) for k in firsts], dtype=np.int64).reshape(-1, 2)
     order = np.array(sorted(range(len(firsts)), key=firsts.__getitem__), dtype=np.int64)
     keys = [firsts[i] for i in order.tolist()]
     memo = m.memo
-    if memo is None or len(memo.records) != len(m.items):
+    if memo is None or len(memo.record_end) != len(m.items):
         return keys, stamps_[order], {}
     position = np.empty_like(order)
     position[order] = np.arange(len(order))
-    record = np.frombuffer(b"".join(memo.records), dtype=np.uint8)
-    ends = np.cumsum([len(r) for r in memo.records], dtype=np.int64)
-    extra = {"stat": stat[order], "order": position, "record": record, "record_end": ends,
+    extra = {"stat": stat[order], "order": position, "record": np.frombuffer(memo.record, dtype=np.uint8),
+             "record_end": np.frombuffer(memo.record_end, dtype=np.int64),
              "memo": memo_json(memo.inputs, memo.splits, memo.plain)}
     return keys, stamps_[order], extra
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+from array import array
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, ClassVar
@@ -245,14 +246,17 @@ class Builder:
         all_splits = list(splits) + sorted(present - set(splits))
         labels = sorted({it.label for it in unique if it.label is not None}, key=natural_key)
         h = hashlib.sha256()
-        records = [item_record(it, self.stats) for it in unique]
-        for r in records:
+        record, ends = bytearray(), array("q")
+        for it in unique:  # each record into the hash and the memo's buffer as it is made
+            r = item_record(it, self.stats)
             h.update(r)
+            record += r
+            ends.append(len(record))
         inputs = input_stats(root, self.annotations)
         hash_inputs(h, inputs)
         rejects = self.final_rejects()
         hash_rejects(h, rejects)
-        memo = Memo(records, inputs, list(splits), plain)
+        memo = Memo(record, ends, inputs, list(splits), plain)
         return Manifest(root=root, fields=self.fields, splits=tuple(s for s in all_splits if s in present) or tuple(splits),
                         items=unique, rejects=rejects, class_names=tuple(labels), hash=h.hexdigest(),
                         resolved=dict(self.resolved), annotations=tuple(self.annotations), stats=self.stats,
