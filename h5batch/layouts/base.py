@@ -162,10 +162,12 @@ class Builder:
         """Whether ``path``'s extension is one of the field's (case-insensitive)."""
         return ext(path) in self.exts[field_name]
 
-    def group_by_stem(self, split: str, files: list[str], label: str | None, field_of: dict[str, str]) -> None:
-        """Group ``files`` (relative paths) by stem; ``field_of[path]`` says its field. With
+    def group_by_stem(self, split: str, files: list[str], label: str | None, cut: int = 0) -> None:
+        """Group ``files`` (relative paths of accepted extensions) by stem, each a sample keyed
+        by its stem less the first ``cut`` characters; a file's extension says its field. With
         one field, two files of a stem are two samples (:meth:`finish` keys them apart)."""
-        self.pair(split, [(path, field_of[path], stem(path)) for path in files], label,
+        field_of = self.ext_to_field
+        self.pair(split, [(path, field_of[se[1]], se[0][cut:]) for path in files for se in (stem_ext(path),)], label,
                   lambda fname: "the same stem and field", lambda key: f"for stem {PurePosixPath(key).name!r}")
 
     def pair(self, split: str, files: list[tuple[str, str, str]], label: str | None,
