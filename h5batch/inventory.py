@@ -38,11 +38,11 @@ STAMP = "stamp"
 SIDECAR_SUFFIX = ".inventory.npy"
 
 
-def stamp(item: Item, stats: dict) -> int:
+def stamp(item: Item) -> int:
     """The 63-bit stamp of ``item`` (see the module docstring). ``repr`` of plain tuples of
     str, int and None is stable across runs and Python versions, and several times cheaper
     than JSON: this runs once per sample of the corpus."""
-    text = repr((item.paths, tuple(stats.get(p) for p in item.paths), item.label, item.values))
+    text = repr((item.paths, item.stats, item.label, item.values))
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
 
 
@@ -50,7 +50,7 @@ def stamps(m: Manifest) -> np.ndarray:
     """The stamp of every item of ``m``, in item order, as int64 (worked out once per manifest)."""
     cached = getattr(m, "_stamps", None)
     if cached is None or len(cached) != len(m.items):
-        cached = m._stamps = np.fromiter((stamp(it, m.stats) for it in m.items), dtype=np.int64,  # type: ignore[attr-defined]
+        cached = m._stamps = np.fromiter((stamp(it) for it in m.items), dtype=np.int64,  # type: ignore[attr-defined]
                                          count=len(m.items))
     return cached
 
@@ -108,9 +108,11 @@ class Memory:
 def of_manifest(m: Manifest) -> tuple[list[str], np.ndarray, dict]:
     """(keys, stamps, extra) of every item of ``m``: keys sorted (a list of str), their int64
     stamps, and version 2's arrays (:data:`EXTRA`, ``memo``) when the manifest has a memo."""
-    firsts = [it.paths[0] for it in m.items]
+    firsts, stat = [], np.empty((len(m.items), 2), dtype=np.int64)
+    for i, it in enumerate(m.items):
+        firsts.append(it.paths[0])
+        stat[i] = it.stats[0] or (-1, -1)
     stamps_ = stamps(m)
-    stat = np.array([m.stats.get(k) or (-1, -1) for k in firsts], dtype=np.int64).reshape(-1, 2)
     order = np.array(sorted(range(len(firsts)), key=firsts.__getitem__), dtype=np.int64)
     keys = [firsts[i] for i in order.tolist()]
     memo = m.memo

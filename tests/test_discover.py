@@ -418,4 +418,4 @@ def test_an_item_record_is_json_dumps_whatever_the_names(name, label):
             if values:
                 want += _VALUES_JSON.encode(values).encode()
             want += b"".join(repr(stats.get(p)).encode() for p in paths)
-            assert item_record(it, stats) == want
+            assert item_record(it, tuple(stats.get(p) for p in paths)) == want

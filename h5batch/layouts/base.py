@@ -23,7 +23,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, ClassVar
 
 from ..fields import file_fields, reads_files
-from ..manifest import Item, Manifest, Memo, Reject, natural_key
+from ..manifest import Item, Items, Manifest, Memo, Reject, natural_key
 from ..registry import Registry
 from ..walker import Walker
 from .records import hash_inputs, hash_rejects, input_stats, item_record
@@ -241,28 +241,32 @@ class Builder:
         keyed = keys_with_extensions(self.items) if len(self.fields) == 1 else self.items
         plain = not self.symlinks and keyed is self.items  # without symlinks no alias is dropped
         self.items = keyed
+        del keyed
         unique = self._in_order(splits)
         plain = self._drop_duplicates(unique) and plain
         unique = self._drop_aliases(root, unique)
         present = {it.split for it in unique}
         all_splits = list(splits) + sorted(present - set(splits))
         labels = sorted({it.label for it in unique if it.label is not None}, key=natural_key)
+        items, get = Items(), self.stats.get
         h = hashlib.sha256()
         record, ends = bytearray(), array("q")
-        for it in unique:  # each record into the hash and the memo's buffer as it is made
-            r = item_record(it, self.stats)
+        for it in unique:  # into the manifest's columns, the hash and the memo's buffer
+            stats = tuple([get(p) for p in it.paths])
+            items.append(it, stats)
+            r = item_record(it, stats)
             h.update(r)
             record += r
             ends.append(len(record))
+        self.items, self.stats, unique = [], {}, []  # the objects go: the manifest holds columns
         inputs = input_stats(root, self.annotations)
         hash_inputs(h, inputs)
         rejects = self.final_rejects()
         hash_rejects(h, rejects)
         memo = Memo(record, ends, inputs, list(splits), plain)
         return Manifest(root=root, fields=self.fields, splits=tuple(s for s in all_splits if s in present) or tuple(splits),
-                        items=unique, rejects=rejects, class_names=tuple(labels), hash=h.hexdigest(),
-                        resolved=dict(self.resolved), annotations=tuple(self.annotations), stats=self.stats,
-                        memo=memo)
+                        items=items, rejects=rejects, class_names=tuple(labels), hash=h.hexdigest(),
+                        resolved=dict(self.resolved), annotations=tuple(self.annotations), memo=memo)
 
     def _drop_duplicates(self, items: list[Item]) -> bool:
         """Keep the first item (in manifest order) of each split and key, in place; each
