@@ -251,14 +251,17 @@ class Builder:
         items, get = Items(), self.stats.get
         h = hashlib.sha256()
         record, ends = bytearray(), array("q")
-        for it in unique:  # into the manifest's columns, the hash and the memo's buffer
+        self.items = []
+        unique.reverse()
+        while unique:  # into the manifest's columns, the hash and the memo's buffer, each
+            it = unique.pop()  # item let go as it is taken (the columns grow as the objects go)
             stats = tuple([get(p) for p in it.paths])
             items.append(it, stats)
             r = item_record(it, stats)
             h.update(r)
             record += r
             ends.append(len(record))
-        self.items, self.stats, unique = [], {}, []  # the objects go: the manifest holds columns
+        self.stats = {}
         inputs = input_stats(root, self.annotations)
         hash_inputs(h, inputs)
         rejects = self.final_rejects()
@@ -271,15 +274,16 @@ class Builder:
     def _drop_duplicates(self, items: list[Item]) -> bool:
         """Keep the first item (in manifest order) of each split and key, in place; each
         file of the others is a reject naming the kept one. True when none was dropped."""
-        seen: dict[tuple[str, str], Item] = {}
+        seen: dict[str, dict[str, Item]] = {}  # split -> key -> item (no tuple per item)
         unique: list[Item] = []
         for it in items:
-            if (it.split, it.key) in seen:
-                other = seen[(it.split, it.key)].paths[0]
+            taken = seen.setdefault(it.split, {})
+            if it.key in taken:
+                other = taken[it.key].paths[0]
                 self.rejects.extend(Reject(p, "discover", f"duplicate key {it.key!r} in split {it.split!r} "
                                                           f"(already taken by {other})") for p in it.paths)
                 continue
-            seen[(it.split, it.key)] = it
+            taken[it.key] = it
             unique.append(it)
         none = len(unique) == len(items)
         items[:] = unique
@@ -289,12 +293,13 @@ class Builder:
         """The items in manifest order: split order (``splits``, then any other split by
         name), then the natural order of the key; a stable sort, so items of one key keep the
         order they were found in."""
-        items = self.items
-        keys: list = [natural_key(it.key) for it in items]
+        items = list(self.items)
         if len({it.split for it in items}) > 1:
             order = {s: i for i, s in enumerate(splits)}
-            keys = [(order.get(it.split, len(order)), it.split, k) for it, k in zip(items, keys)]
-        return [items[i] for i in sorted(range(len(items)), key=keys.__getitem__)]
+            items.sort(key=lambda it: (order.get(it.split, len(order)), it.split, natural_key(it.key)))
+        else:
+            items.sort(key=lambda it: natural_key(it.key))
+        return items
 
     def final_rejects(self) -> list[Reject]:
         """The rejects in manifest order. Annotation files in the corpus (tables, split lists) are
@@ -313,16 +318,17 @@ def keys_with_extensions(items: list[Item]) -> list[Item]:
     split would share a key (``song.mp3``, ``song.flac``); other keys, and so outputs, stay as
     they were.
     """
-    seen: dict[tuple[str, str], int] = {}
+    seen: dict[str, dict[str, int]] = {}  # split -> key -> items (no tuple per item)
     for it in items:
-        seen[(it.split, it.key)] = seen.get((it.split, it.key), 0) + 1
-    if all(n == 1 for n in seen.values()):
+        n = seen.setdefault(it.split, {})
+        n[it.key] = n.get(it.key, 0) + 1
+    if all(n == 1 for by_key in seen.values() for n in by_key.values()):
         return items
     out = []
     for it in items:
         name = it.paths[0].rpartition("/")[2]
         suffix = name[_suffix_at(name):]
-        if seen[(it.split, it.key)] > 1 and suffix and not it.key.endswith(suffix):
+        if seen[it.split][it.key] > 1 and suffix and not it.key.endswith(suffix):
             it = dataclasses.replace(it, key=it.key + suffix)
         out.append(it)
     return out
