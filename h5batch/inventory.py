@@ -153,19 +153,26 @@ def write_arrays(partial: str, keys: list[str], stamps_: np.ndarray, extra: dict
     return path
 
 
-def read_sidecar(path: str) -> tuple[np.ndarray, np.ndarray, dict]:
-    """(keys as :func:`keys_blob` bytes, stamps, extra) of a sidecar."""
+def store_sidecar(f, path: str) -> None:
+    """Write (replace) ``/inventory`` of an open writable h5py file from a sidecar, one array
+    in memory at a time. Reason: the writer folds it in at finish, beside everything else it
+    holds; the records alone are ~100 bytes a file."""
     size = os.path.getsize(path)
+    names = (KEY, STAMP, *EXTRA, "memo")
+    g = _new_group(f)
+    count = 0
     with open(path, "rb") as fh:
-        arrays = []
-        while fh.tell() < size:
-            arrays.append(np.load(fh, allow_pickle=False))
-    if len(arrays) not in (2, 3 + len(EXTRA)):
-        raise ValueError(f"{path}: {len(arrays)} arrays, not an inventory sidecar")
-    extra = dict(zip(EXTRA, arrays[2:]))
-    if extra:
-        extra["memo"] = arrays[-1].tobytes().decode()
-    return arrays[0], arrays[1], extra
+        while fh.tell() < size and count < len(names):
+            a = np.load(fh, allow_pickle=False)
+            if names[count] == "memo":
+                g.attrs["memo"] = a.tobytes().decode()
+            else:
+                g.create_dataset(names[count], data=a)
+            del a
+            count += 1
+        if count not in (2, len(names)) or fh.tell() < size:
+            more = " and more" if fh.tell() < size else ""
+            raise ValueError(f"{path}: {count} arrays{more}, not an inventory sidecar")
 
 
 def remove_sidecar(partial: str) -> None:
@@ -175,9 +182,7 @@ def remove_sidecar(partial: str) -> None:
 def store(f, keys: np.ndarray | list[str], stamps: np.ndarray, extra: dict | None = None) -> None:
     """Write (replace) ``/inventory`` of an open writable h5py file; ``keys`` a sorted list
     of str, or their :func:`keys_blob`."""
-    if GROUP in f:
-        del f[GROUP]
-    g = f.create_group(GROUP)
+    g = _new_group(f)
     g.create_dataset(KEY, data=keys if isinstance(keys, np.ndarray) else keys_blob(keys))
     g.create_dataset(STAMP, data=np.asarray(stamps, dtype=np.int64))
     extra = extra or {}
@@ -185,6 +190,12 @@ def store(f, keys: np.ndarray | list[str], stamps: np.ndarray, extra: dict | Non
         for k in EXTRA:
             g.create_dataset(k, data=extra[k])
         g.attrs["memo"] = extra["memo"]
+
+
+def _new_group(f):
+    if GROUP in f:
+        del f[GROUP]
+    return f.create_group(GROUP)
 
 
 def load(f) -> dict[str, int] | None:
