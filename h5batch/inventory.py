@@ -36,6 +36,7 @@ GROUP = "inventory"
 KEY = "key"
 STAMP = "stamp"
 SIDECAR_SUFFIX = ".inventory.npy"
+BLOCK = 16 << 20  # bytes of a sidecar array read and stored at once
 
 
 def stamp(item: Item) -> int:
@@ -154,21 +155,26 @@ def write_arrays(partial: str, keys: list[str], stamps_: np.ndarray, extra: dict
 
 
 def store_sidecar(f, path: str) -> None:
-    """Write (replace) ``/inventory`` of an open writable h5py file from a sidecar, one array
-    in memory at a time. Reason: the writer folds it in at finish, beside everything else it
-    holds; the records alone are ~100 bytes a file."""
+    """Write (replace) ``/inventory`` of an open writable h5py file from a sidecar, read and
+    written in blocks of :data:`BLOCK` bytes. Reason: the writer folds it in at finish, beside
+    everything else it holds; the records alone are ~100 bytes a file."""
     size = os.path.getsize(path)
     names = (KEY, STAMP, *EXTRA, "memo")
     g = _new_group(f)
     count = 0
     with open(path, "rb") as fh:
         while fh.tell() < size and count < len(names):
-            a = np.load(fh, allow_pickle=False)
+            shape, _, dtype = np.lib.format.read_array_header_1_0(fh) \
+                if np.lib.format.read_magic(fh) == (1, 0) else np.lib.format.read_array_header_2_0(fh)
             if names[count] == "memo":
-                g.attrs["memo"] = a.tobytes().decode()
+                g.attrs["memo"] = fh.read(shape[0]).decode()
             else:
-                g.create_dataset(names[count], data=a)
-            del a
+                ds = g.create_dataset(names[count], shape=shape, dtype=dtype)
+                step = max(1, BLOCK // (dtype.itemsize * int(np.prod(shape[1:]))))
+                for lo in range(0, shape[0], step):
+                    rows = min(step, shape[0] - lo)
+                    ds[lo:lo + rows] = np.fromfile(fh, dtype=dtype, count=rows * int(np.prod(shape[1:]))).reshape(
+                        (rows, *shape[1:]))
             count += 1
         if count not in (2, len(names)) or fh.tell() < size:
             more = " and more" if fh.tell() < size else ""
