@@ -4,12 +4,13 @@ rule the forked decoder processes follow (:func:`close_inherited`).
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import os
 import sys
 import threading
 
-__all__ = ["can_fork", "start_context", "close_inherited"]
+__all__ = ["can_fork", "start_context", "close_inherited", "share_inherited_objects"]
 
 
 def can_fork() -> bool:
@@ -44,3 +45,13 @@ def close_inherited(*keep: int) -> None:
         os.closerange(low, fd)
         low = fd + 1
     os.closerange(low, os.sysconf("SC_OPEN_MAX"))  # a forked helper runs on Linux (can_fork)
+
+
+def share_inherited_objects() -> None:
+    """(a forked helper) Keep the objects inherited from the parent out of this process's
+    garbage collector (``gc.freeze``): the rule of the local decoder processes. Reason: a
+    collection writes into every object it looks at, and so copies each page of them (the
+    parent's manifest: hundreds of bytes a file) into the child; measured at 300,000 files,
+    ~30 MiB more per decoder without it. The objects stay shared with the parent, read-only,
+    for the child's life; what the child makes is collected as usual."""
+    gc.freeze()

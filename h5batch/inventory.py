@@ -36,21 +36,23 @@ GROUP = "inventory"
 KEY = "key"
 STAMP = "stamp"
 SIDECAR_SUFFIX = ".inventory.npy"
+BLOCK = 16 << 20  # bytes of a sidecar array read and stored at once
 
 
-def stamp(item: Item, stats: dict) -> int:
+def stamp(item: Item) -> int:
     """The 63-bit stamp of ``item`` (see the module docstring). ``repr`` of plain tuples of
     str, int and None is stable across runs and Python versions, and several times cheaper
     than JSON: this runs once per sample of the corpus."""
-    text = repr((item.paths, tuple(stats.get(p) for p in item.paths), item.label, item.values))
+    text = repr((item.paths, item.stats, item.label, item.values))
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
 
 
-def stamps(m: Manifest) -> list[int]:
-    """The stamp of every item of ``m``, in item order (worked out once per manifest)."""
+def stamps(m: Manifest) -> np.ndarray:
+    """The stamp of every item of ``m``, in item order, as int64 (worked out once per manifest)."""
     cached = getattr(m, "_stamps", None)
     if cached is None or len(cached) != len(m.items):
-        cached = m._stamps = [stamp(it, m.stats) for it in m.items]  # type: ignore[attr-defined]
+        cached = m._stamps = np.fromiter((stamp(it) for it in m.items), dtype=np.int64,  # type: ignore[attr-defined]
+                                         count=len(m.items))
     return cached
 
 
@@ -107,19 +109,20 @@ class Memory:
 def of_manifest(m: Manifest) -> tuple[list[str], np.ndarray, dict]:
     """(keys, stamps, extra) of every item of ``m``: keys sorted (a list of str), their int64
     stamps, and version 2's arrays (:data:`EXTRA`, ``memo``) when the manifest has a memo."""
-    firsts = [it.paths[0] for it in m.items]
-    stamps_ = np.asarray(stamps(m), dtype=np.int64)
-    stat = np.array([m.stats.get(k) or (-1, -1) for k in firsts], dtype=np.int64).reshape(-1, 2)
+    firsts, stat = [], np.empty((len(m.items), 2), dtype=np.int64)
+    for i, it in enumerate(m.items):
+        firsts.append(it.paths[0])
+        stat[i] = it.stats[0] or (-1, -1)
+    stamps_ = stamps(m)
     order = np.array(sorted(range(len(firsts)), key=firsts.__getitem__), dtype=np.int64)
     keys = [firsts[i] for i in order.tolist()]
     memo = m.memo
-    if memo is None or len(memo.records) != len(m.items):
+    if memo is None or len(memo.record_end) != len(m.items):
         return keys, stamps_[order], {}
     position = np.empty_like(order)
     position[order] = np.arange(len(order))
-    record = np.frombuffer(b"".join(memo.records), dtype=np.uint8)
-    ends = np.cumsum([len(r) for r in memo.records], dtype=np.int64)
-    extra = {"stat": stat[order], "order": position, "record": record, "record_end": ends,
+    extra = {"stat": stat[order], "order": position, "record": np.frombuffer(memo.record, dtype=np.uint8),
+             "record_end": np.frombuffer(memo.record_end, dtype=np.int64),
              "memo": memo_json(memo.inputs, memo.splits, memo.plain)}
     return keys, stamps_[order], extra
 
@@ -151,19 +154,31 @@ def write_arrays(partial: str, keys: list[str], stamps_: np.ndarray, extra: dict
     return path
 
 
-def read_sidecar(path: str) -> tuple[np.ndarray, np.ndarray, dict]:
-    """(keys as :func:`keys_blob` bytes, stamps, extra) of a sidecar."""
+def store_sidecar(f, path: str) -> None:
+    """Write (replace) ``/inventory`` of an open writable h5py file from a sidecar, read and
+    written in blocks of :data:`BLOCK` bytes. Reason: the writer folds it in at finish, beside
+    everything else it holds; the records alone are ~100 bytes a file."""
     size = os.path.getsize(path)
+    names = (KEY, STAMP, *EXTRA, "memo")
+    g = _new_group(f)
+    count = 0
     with open(path, "rb") as fh:
-        arrays = []
-        while fh.tell() < size:
-            arrays.append(np.load(fh, allow_pickle=False))
-    if len(arrays) not in (2, 3 + len(EXTRA)):
-        raise ValueError(f"{path}: {len(arrays)} arrays, not an inventory sidecar")
-    extra = dict(zip(EXTRA, arrays[2:]))
-    if extra:
-        extra["memo"] = arrays[-1].tobytes().decode()
-    return arrays[0], arrays[1], extra
+        while fh.tell() < size and count < len(names):
+            shape, _, dtype = np.lib.format.read_array_header_1_0(fh) \
+                if np.lib.format.read_magic(fh) == (1, 0) else np.lib.format.read_array_header_2_0(fh)
+            if names[count] == "memo":
+                g.attrs["memo"] = fh.read(shape[0]).decode()
+            else:
+                ds = g.create_dataset(names[count], shape=shape, dtype=dtype)
+                step = max(1, BLOCK // (dtype.itemsize * int(np.prod(shape[1:]))))
+                for lo in range(0, shape[0], step):
+                    rows = min(step, shape[0] - lo)
+                    ds[lo:lo + rows] = np.fromfile(fh, dtype=dtype, count=rows * int(np.prod(shape[1:]))).reshape(
+                        (rows, *shape[1:]))
+            count += 1
+        if count not in (2, len(names)) or fh.tell() < size:
+            more = " and more" if fh.tell() < size else ""
+            raise ValueError(f"{path}: {count} arrays{more}, not an inventory sidecar")
 
 
 def remove_sidecar(partial: str) -> None:
@@ -173,9 +188,7 @@ def remove_sidecar(partial: str) -> None:
 def store(f, keys: np.ndarray | list[str], stamps: np.ndarray, extra: dict | None = None) -> None:
     """Write (replace) ``/inventory`` of an open writable h5py file; ``keys`` a sorted list
     of str, or their :func:`keys_blob`."""
-    if GROUP in f:
-        del f[GROUP]
-    g = f.create_group(GROUP)
+    g = _new_group(f)
     g.create_dataset(KEY, data=keys if isinstance(keys, np.ndarray) else keys_blob(keys))
     g.create_dataset(STAMP, data=np.asarray(stamps, dtype=np.int64))
     extra = extra or {}
@@ -183,6 +196,12 @@ def store(f, keys: np.ndarray | list[str], stamps: np.ndarray, extra: dict | Non
         for k in EXTRA:
             g.create_dataset(k, data=extra[k])
         g.attrs["memo"] = extra["memo"]
+
+
+def _new_group(f):
+    if GROUP in f:
+        del f[GROUP]
+    return f.create_group(GROUP)
 
 
 def load(f) -> dict[str, int] | None:

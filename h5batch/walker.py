@@ -5,11 +5,9 @@ reject with its reason; hidden files and folders (``.name``) are skipped; symlin
 followed only while they stay inside the root (and not into a folder that contains them).
 
 Two orders, the same files, sizes, mtimes and rejects. Ordered (discovery, the default):
-each folder's entries by name, depth first, and each file's identity (``st_dev``,
-``st_ino``) kept in :attr:`Walker.ids` for finding one file reached through several
-symlinks. Unordered (a sync's stat pass, which compares the walk with the output's
-inventory in numpy, in any order): each folder's entries in the order the file system
-lists them, no identities. Reason: ``stat`` in listing order is what the file system
+each folder's entries by name, depth first. Unordered (a sync's stat pass, which compares
+the walk with the output's inventory in numpy, in any order): each folder's entries in the
+order the file system lists them. Reason: ``stat`` in listing order is what the file system
 answers fastest, and the stat pass runs on every ``sync`` and on every ``convert`` that
 finds its output already there.
 
@@ -34,11 +32,8 @@ class Walker:
     """Lists regular files under a root, following symlinks only when they stay inside it.
 
     :meth:`walk` returns ``(relative posix path, size, mtime_ns)`` per file; problems go to
-    ``rejects``, ``symlinks`` counts the symlinks met, and (ordered) ``ids`` maps each file's
-    path to the ``(st_dev, st_ino)`` of the file it resolves to (from the same ``stat`` that
-    gave its size), which :meth:`.layouts.base.Builder.finish` uses to find one file reached
-    through several symlinks. A layout hands them to the builder with
-    :meth:`.layouts.base.Builder.walked`.
+    ``rejects`` and ``symlinks`` counts the symlinks met. A layout hands them to the builder
+    with :meth:`.layouts.base.Builder.walked`.
     """
 
     def __init__(self, root: Path, ordered: bool = True):
@@ -46,7 +41,6 @@ class Walker:
         self.ordered = ordered
         self.real_root = os.path.realpath(root)
         self.rejects: list[Reject] = []
-        self.ids: dict[str, tuple[int, int]] = {}
         self.symlinks = 0  # the symlinks met (a sync rediscovers incrementally only without them)
 
     def _reject(self, path: str, reason: str) -> None:
@@ -78,7 +72,6 @@ class Walker:
 
     def _scan(self, entries, base: str, rel: str, _stack: frozenset[str], out: list) -> None:
         prefix = f"{rel}/" if rel else ""
-        ids = self.ids if self.ordered else None
         for entry in entries:
             name = entry.name
             if name.startswith("."):
@@ -107,6 +100,4 @@ class Walker:
             if not entry.is_file():
                 self._reject(relpath, "not a regular file")
                 continue
-            if ids is not None:
-                ids[relpath] = (st.st_dev, st.st_ino)
             out.append((relpath, st.st_size, st.st_mtime_ns))

@@ -314,6 +314,23 @@ def test_natural_key() -> None:
     assert sorted(names, key=natural_key) == ["a1b3", "a1b20", "a2", "a10", "b2", "b10"]
 
 
+def test_natural_key_bytes_order_as_the_tuple_of_runs() -> None:
+    """The bytes key orders every pair of names as the tuple of (number or text) runs does:
+    numbers by value and before text, leading zeros ignored, a prefix first, U+0000 and U+0001
+    below every other character, surrogate escapes in code point order."""
+    import itertools
+    import re
+
+    def runs(text: str) -> tuple:
+        return tuple((0, int(t), "") if t.isdecimal() else (1, 0, t) for t in re.split(r"(\d+)", text) if t)
+
+    names = ["", "a", "a0", "a00", "a1", "a01", "a10", "a9", "a/1", "a\0", "a\0b", "a\x01", "a\x011", "ab", "a b",
+             "1", "01", "9", "10", "٣", "3a", "²", "é", "\udce9", "😀", "a1b", "a1b2", "a1\0", "z", "Z1"]
+    for x, y in itertools.product(names, repeat=2):
+        assert (runs(x) < runs(y)) == (natural_key(x) < natural_key(y)), (x, y)
+        assert (runs(x) == runs(y)) == (natural_key(x) == natural_key(y)), (x, y)
+
+
 def test_digit_like_names_are_sorted_not_crashed_on(tmp_path: Path) -> None:
     """'²' is a digit to str.isdigit but not a decimal: int() rejects it, so a natural sort
     that tested isdigit crashed discovery on a file named ``².wav`` or ``1²2.wav``."""
@@ -401,4 +418,4 @@ def test_an_item_record_is_json_dumps_whatever_the_names(name, label):
             if values:
                 want += _VALUES_JSON.encode(values).encode()
             want += b"".join(repr(stats.get(p)).encode() for p in paths)
-            assert item_record(it, stats) == want
+            assert item_record(it, tuple(stats.get(p) for p in paths)) == want

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from h5batch import inventory
 from h5batch.config import job_from_dict
@@ -274,3 +275,28 @@ def test_an_unreadable_inventory_is_a_reason_not_a_traceback(tmp_path):
         assert isinstance(got, str) and got.startswith("the output's inventory is unreadable") and reason in got, got
         with h5py.File(path, "r+") as f:  # put the intact inventory back for the next damage
             inventory.store(f, keys, stamps, extra)
+
+
+def test_the_sidecar_stored_in_blocks_is_the_inventory(tmp_path, monkeypatch):
+    """The writer stores the driver's sidecar block by block (a few rows at a time here): the
+    same datasets, dtypes, values and memo as the arrays stored whole; a file that is not a
+    sidecar is an error naming it."""
+    import h5py
+
+    m = discover(_fsdd(tmp_path / "c"))
+    keys, stamps, extra = inventory.of_manifest(m)
+    monkeypatch.setattr(inventory, "BLOCK", 40)
+    for ex in (extra, {}):
+        side = inventory.write_arrays(str(tmp_path / "o.h5.partial"), keys, stamps, ex)
+        with h5py.File(tmp_path / "a.h5", "w") as a, h5py.File(tmp_path / "b.h5", "w") as b:
+            inventory.store_sidecar(a, side)
+            inventory.store(b, keys, stamps, ex)
+            ga, gb = a[inventory.GROUP], b[inventory.GROUP]
+            assert sorted(ga) == sorted(gb) == sorted([inventory.KEY, inventory.STAMP, *(inventory.EXTRA if ex else ())])
+            for k in ga:
+                assert ga[k].dtype == gb[k].dtype and np.array_equal(ga[k][...], gb[k][...]), k
+            assert dict(ga.attrs) == dict(gb.attrs)
+    with open(side, "ab") as fh:
+        np.save(fh, np.zeros(3))
+    with h5py.File(tmp_path / "c.h5", "w") as f, pytest.raises(ValueError, match="not an inventory sidecar"):
+        inventory.store_sidecar(f, side)

@@ -212,6 +212,7 @@ def test_the_stream_decision_takes_the_sizes_discovery_saw(tmp_path, small_block
     from h5batch.conversion.plan import largest_files, make_tasks
     from h5batch.conversion.worker import _StreamRows
     from h5batch.layouts import discover
+    from h5batch.manifest import Items
 
     big = write(tmp_path / "c" / "big.wav", 50, 48000, 2, seed=5)
     write(tmp_path / "c" / "small.wav", 1.5, 48000, 2, seed=6)
@@ -220,9 +221,9 @@ def test_the_stream_decision_takes_the_sizes_discovery_saw(tmp_path, small_block
                                               "sample_rate": 48000}},
                          "output": {"path": str(tmp_path / "o.h5")}})
     m = discover(job)
-    assert largest_files(m.items, m.stats) == (os.path.getsize(big),)
-    assert largest_files(m.items[1:], m.stats) == (os.path.getsize(tmp_path / "c" / "small.wav"),)
-    assert largest_files(m.items, {}) == ()  # sizes unknown: the worker stats the files
+    assert largest_files(m.items) == (os.path.getsize(big),)
+    assert largest_files(m.items[1:]) == (os.path.getsize(tmp_path / "c" / "small.wav"),)
+    assert largest_files(Items(dataclasses.replace(it, stats=()) for it in m.items)) == ()  # sizes unknown: the worker stats the files
     task = make_tasks(job, m, new_run_id(), "", 8)[0]
     assert task.largest == (os.path.getsize(big),)
     run_id = task.run_id

@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import sys
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -74,7 +73,7 @@ def make_plan(job: JobConfig, manifest: Manifest, record: CommitRecord | None, f
             # Progress is recorded in batches: the rest must be cut the same way.
             say(f"resuming with the interrupted run's batch size ({record.batch_size} items, not {batch_size})")
             batch_size = record.batch_size
-    num_inputs = sum(len(it.paths) for it in manifest.items) + len(manifest.rejects)
+    num_inputs = manifest.items.num_paths() + len(manifest.rejects)
     n_workers = job.cluster.workers or default_workers()
     spec = WriterSpec(
         partial_path=partial, final_path=final,
@@ -86,7 +85,7 @@ def make_plan(job: JobConfig, manifest: Manifest, record: CommitRecord | None, f
         commit_every=job.policy.commit_every, threads=max(2, min(4, n_workers)),
         # a sync keeps the file's own versions
         resume=record, versions=versions() if new_file else {}, batch_size=batch_size,
-        codec_notes=codec_notes, split_rows=dict(Counter(it.split for it in manifest.items)),
+        codec_notes=codec_notes, split_rows=manifest.items.split_counts(),
         field_bytes=dict(auto.field_bytes), cwd=os.getcwd(), umask=current_umask(), annotations=manifest.annotations,
     )
     tasks = make_tasks(run, manifest, run_id, hostname(), batch_size)
@@ -138,9 +137,9 @@ class TaskList(Sequence):
         i = 0
         while i < len(items):  # batches of batch_size items, never across splits
             starts.append(i)
-            split = items[i].split
+            split = items.split_of(i)
             j = min(i + bs, len(items))
-            while items[j - 1].split != split:
+            while items.split_of(j - 1) != split:
                 j -= 1
             i = j
         self.starts = np.asarray(starts + [len(items)], dtype=np.int64)
@@ -161,19 +160,19 @@ class TaskList(Sequence):
         chunk = tuple((it.paths, m.label_index(it.label), it.values) for it in items)
         return BatchTask(index, m.items[lo].split, lo, chunk, self.root, self.fields, self.run_id,
                          self.job.cluster.transport, self.writer_host, self.job.policy.decode_timeout,
-                         largest=largest_files(items, m.stats))
+                         largest=largest_files(items))
 
 
-def largest_files(items: list, stats: dict) -> tuple[int, ...]:
+def largest_files(items: list) -> tuple[int, ...]:
     """The largest file of each path position of ``items`` (bytes, from discovery's
-    ``stats``), or () where a file has no stats. Reason: a worker decides from it whether a
+    stats of them), or () where a file has no stats. Reason: a worker decides from it whether a
     batch streams a long recording (``worker._StreamRows``) without a ``stat`` of every
     file of every batch, a noticeable share of decoding short clips."""
     if not items:
         return ()
-    get, out = stats.get, []
+    out = []
     for j in range(len(items[0].paths)):
-        sizes = [get(it.paths[j]) for it in items]
+        sizes = [it.stats[j] for it in items]
         if None in sizes:
             return ()
         out.append(max(s[0] for s in sizes))

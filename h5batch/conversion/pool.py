@@ -37,7 +37,7 @@ from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ..forking import close_inherited, start_context
+from ..forking import close_inherited, share_inherited_objects, start_context
 
 CLOSE_SECONDS = 5.0  # how long closing waits for a decoder to finish its batch and exit
 HEARTBEAT_SECONDS = 1.0
@@ -180,6 +180,7 @@ def _serve(conn: Connection, beat: Connection, forked: bool) -> None:
         signal.signal(sig, signal.SIG_DFL)
     if forked:  # a started interpreter inherits only what it was given
         close_inherited(conn.fileno(), beat.fileno())
+        share_inherited_objects()
     threading.Thread(target=_heartbeat, args=(beat,), name="h5batch-heartbeat", daemon=True).start()
     try:
         while True:

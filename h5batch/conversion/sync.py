@@ -241,7 +241,7 @@ def _plan(job, found: _Found, old, d, final: str, partial: str, in_place: bool, 
     manifest = found.manifest
     splits = tuple(old.splits) + tuple(s for s in manifest.splits if s not in old.splits)
     work = Manifest(root=manifest.root, fields=manifest.fields, splits=splits, items=d.items,
-                    class_names=d.class_names, hash=manifest.hash, stats=manifest.stats,
+                    class_names=d.class_names, hash=manifest.hash,
                     annotations=manifest.annotations)
     keep = _codecs(old)
     rates = {n: int(a.get("sample_rate", 0)) for n, a in old.fields.items()}  # a file keeps its rates

@@ -17,12 +17,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+from array import array
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, ClassVar
 
 from ..fields import file_fields, reads_files
-from ..manifest import Item, Manifest, Memo, Reject, natural_key
+from ..manifest import Item, Items, Manifest, Memo, Reject, natural_key
 from ..registry import Registry
 from ..walker import Walker
 from .records import hash_inputs, hash_rejects, input_stats, item_record
@@ -138,7 +139,6 @@ class Builder:
         self.items: list[Item] = []
         self.rejects: list[Reject] = []
         self.stats: dict[str, tuple[int, int]] = {}
-        self.walkers: list[Walker] = []  # the finished walks: their files' identities (Walker.ids)
         self.annotations: list[str] = []  # annotation files read (root-relative)
         self.resolved: dict = {}  # field configs completed by the annotation stage
         self.symlinks = False  # a walk met a symlink (see Memo.plain)
@@ -151,9 +151,8 @@ class Builder:
                                   or not all(reads_files(fc) for fc in job.fields.values()))
 
     def walked(self, walker: Walker) -> None:
-        """Take a finished walk's rejects and file identities (call once per walker)."""
+        """Take a finished walk's rejects and whether it met a symlink (call once per walker)."""
         self.rejects.extend(walker.rejects)
-        self.walkers.append(walker)
         self.symlinks = self.symlinks or walker.symlinks > 0
 
     def accepted(self, field_name: str) -> str:
@@ -163,10 +162,12 @@ class Builder:
         """Whether ``path``'s extension is one of the field's (case-insensitive)."""
         return ext(path) in self.exts[field_name]
 
-    def group_by_stem(self, split: str, files: list[str], label: str | None, field_of: dict[str, str]) -> None:
-        """Group ``files`` (relative paths) by stem; ``field_of[path]`` says its field. With
+    def group_by_stem(self, split: str, files: list[str], label: str | None, cut: int = 0) -> None:
+        """Group ``files`` (relative paths of accepted extensions) by stem, each a sample keyed
+        by its stem less the first ``cut`` characters; a file's extension says its field. With
         one field, two files of a stem are two samples (:meth:`finish` keys them apart)."""
-        self.pair(split, [(path, field_of[path], stem(path)) for path in files], label,
+        field_of = self.ext_to_field
+        self.pair(split, [(path, field_of[se[1]], se[0][cut:]) for path in files for se in (stem_ext(path),)], label,
                   lambda fname: "the same stem and field", lambda key: f"for stem {PurePosixPath(key).name!r}")
 
     def pair(self, split: str, files: list[tuple[str, str, str]], label: str | None,
@@ -201,19 +202,20 @@ class Builder:
         order; the others' paths become rejects naming it. Items sharing only some files are
         distinct samples, as are hard links (docs/jobs.md says why).
 
-        Only items sharing ``(st_dev, st_ino)`` have their paths resolved (inode numbers can be
-        unreliable), and only where a walk met a symlink, since grouping every item is costly.
+        Only where a walk met a symlink, and only items sharing ``(st_dev, st_ino)`` have their
+        paths resolved (inode numbers can be unreliable). The identities come from a ``stat``
+        of each file here, not from the walk. Reason: the walk would keep them for every file
+        of every corpus (~200 bytes a file), for the few corpora with symlinks.
         """
         if not self.symlinks:
             return items
-        known: dict[str, tuple[int, int]] = {}  # path -> (st_dev, st_ino)
-        for walker in self.walkers:
-            known.update(walker.ids)
         by_inode: dict[tuple, list[int]] = {}
         for i, it in enumerate(items):
-            ids = tuple(known.get(p) for p in it.paths)
-            if None not in ids:  # a layout that reports no identities is not checked
-                by_inode.setdefault(ids, []).append(i)
+            try:
+                ids = tuple((st.st_dev, st.st_ino) for st in (os.stat(os.path.join(root, p)) for p in it.paths))
+            except OSError:  # gone since the walk: its decode will say so
+                continue
+            by_inode.setdefault(ids, []).append(i)
         real_root = os.path.realpath(root)
         dropped: set[int] = set()
         for group in by_inode.values():
@@ -239,38 +241,49 @@ class Builder:
         keyed = keys_with_extensions(self.items) if len(self.fields) == 1 else self.items
         plain = not self.symlinks and keyed is self.items  # without symlinks no alias is dropped
         self.items = keyed
+        del keyed
         unique = self._in_order(splits)
         plain = self._drop_duplicates(unique) and plain
         unique = self._drop_aliases(root, unique)
         present = {it.split for it in unique}
         all_splits = list(splits) + sorted(present - set(splits))
         labels = sorted({it.label for it in unique if it.label is not None}, key=natural_key)
+        items, get = Items(), self.stats.get
         h = hashlib.sha256()
-        records = [item_record(it, self.stats) for it in unique]
-        for r in records:
+        record, ends = bytearray(), array("q")
+        self.items = []
+        unique.reverse()
+        while unique:  # into the manifest's columns, the hash and the memo's buffer, each
+            it = unique.pop()  # item let go as it is taken (the columns grow as the objects go)
+            stats = tuple([get(p) for p in it.paths])
+            items.append(it, stats)
+            r = item_record(it, stats)
             h.update(r)
+            record += r
+            ends.append(len(record))
+        self.stats = {}
         inputs = input_stats(root, self.annotations)
         hash_inputs(h, inputs)
         rejects = self.final_rejects()
         hash_rejects(h, rejects)
-        memo = Memo(records, inputs, list(splits), plain)
+        memo = Memo(record, ends, inputs, list(splits), plain)
         return Manifest(root=root, fields=self.fields, splits=tuple(s for s in all_splits if s in present) or tuple(splits),
-                        items=unique, rejects=rejects, class_names=tuple(labels), hash=h.hexdigest(),
-                        resolved=dict(self.resolved), annotations=tuple(self.annotations), stats=self.stats,
-                        memo=memo)
+                        items=items, rejects=rejects, class_names=tuple(labels), hash=h.hexdigest(),
+                        resolved=dict(self.resolved), annotations=tuple(self.annotations), memo=memo)
 
     def _drop_duplicates(self, items: list[Item]) -> bool:
         """Keep the first item (in manifest order) of each split and key, in place; each
         file of the others is a reject naming the kept one. True when none was dropped."""
-        seen: dict[tuple[str, str], Item] = {}
+        seen: dict[str, dict[str, Item]] = {}  # split -> key -> item (no tuple per item)
         unique: list[Item] = []
         for it in items:
-            if (it.split, it.key) in seen:
-                other = seen[(it.split, it.key)].paths[0]
+            taken = seen.setdefault(it.split, {})
+            if it.key in taken:
+                other = taken[it.key].paths[0]
                 self.rejects.extend(Reject(p, "discover", f"duplicate key {it.key!r} in split {it.split!r} "
                                                           f"(already taken by {other})") for p in it.paths)
                 continue
-            seen[(it.split, it.key)] = it
+            taken[it.key] = it
             unique.append(it)
         none = len(unique) == len(items)
         items[:] = unique
@@ -280,12 +293,13 @@ class Builder:
         """The items in manifest order: split order (``splits``, then any other split by
         name), then the natural order of the key; a stable sort, so items of one key keep the
         order they were found in."""
-        items = self.items
-        keys: list = [natural_key(it.key) for it in items]
+        items = list(self.items)
         if len({it.split for it in items}) > 1:
             order = {s: i for i, s in enumerate(splits)}
-            keys = [(order.get(it.split, len(order)), it.split, k) for it, k in zip(items, keys)]
-        return [items[i] for i in sorted(range(len(items)), key=keys.__getitem__)]
+            items.sort(key=lambda it: (order.get(it.split, len(order)), it.split, natural_key(it.key)))
+        else:
+            items.sort(key=lambda it: natural_key(it.key))
+        return items
 
     def final_rejects(self) -> list[Reject]:
         """The rejects in manifest order. Annotation files in the corpus (tables, split lists) are
@@ -304,16 +318,17 @@ def keys_with_extensions(items: list[Item]) -> list[Item]:
     split would share a key (``song.mp3``, ``song.flac``); other keys, and so outputs, stay as
     they were.
     """
-    seen: dict[tuple[str, str], int] = {}
+    seen: dict[str, dict[str, int]] = {}  # split -> key -> items (no tuple per item)
     for it in items:
-        seen[(it.split, it.key)] = seen.get((it.split, it.key), 0) + 1
-    if all(n == 1 for n in seen.values()):
+        n = seen.setdefault(it.split, {})
+        n[it.key] = n.get(it.key, 0) + 1
+    if all(n == 1 for by_key in seen.values() for n in by_key.values()):
         return items
     out = []
     for it in items:
         name = it.paths[0].rpartition("/")[2]
         suffix = name[_suffix_at(name):]
-        if seen[(it.split, it.key)] > 1 and suffix and not it.key.endswith(suffix):
+        if seen[it.split][it.key] > 1 and suffix and not it.key.endswith(suffix):
             it = dataclasses.replace(it, key=it.key + suffix)
         out.append(it)
     return out

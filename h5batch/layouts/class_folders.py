@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from ..fields import file_fields
-from ..manifest import Item, Reject
+from ..manifest import Reject
 from .base import Builder, Layout, Walker, ext, not_accepted, register, split_dirs
 
 if TYPE_CHECKING:
@@ -63,11 +63,9 @@ class ClassFolders(Layout):
         by_split: dict[str, list[tuple[str, int, int]]] = {}
         for f in files:
             by_split.setdefault(f[0].partition("/")[0] if top else src.split.default, []).append(f)
-        start = len(b.items)
         depths: dict[int, str] = {}  # depth below the class folder -> first file met there
         for split in splits or sorted(by_split):
             by_class: dict[str, list[str]] = {}
-            field_of: dict[str, str] = {}
             for rel, size, mtime in by_split.get(split, ()):
                 parts = rel.split("/")
                 if len(parts) < top + 2:
@@ -79,19 +77,16 @@ class ClassFolders(Layout):
                     continue
                 depths.setdefault(_depth(root, rel, top) if b.symlinks else len(parts) - top - 1, rel)
                 b.stats[rel] = (size, mtime)
-                field_of[rel] = fname
                 by_class.setdefault(parts[top], []).append(rel)
             for cls, group in by_class.items():
-                b.group_by_stem(split, group, cls, field_of)
+                # Keys: class/stem-within-class, so the same stem in two classes stays distinct.
+                b.group_by_stem(split, group, cls, cut=len(split) + 1 if top else 0)
         if len(depths) > 1 and not src.nested:
             found = ", ".join(f"{d} folder(s) down: {p}" for d, p in sorted(depths.items()))
             raise ConfigError(b.job.file, "source.layout",
                               f"media files sit at varying depths below their class folder ({found}), so the "
                               "folders are not <class>/<file>; if the first folder is the label, set "
                               "source.nested: true (--set source.nested=true), else use another layout")
-        # Keys: class/stem-within-class, so the same stem in two classes stays distinct.
-        b.items[start:] = [Item("/".join(it.paths[0].split("/")[top:]).rsplit(".", 1)[0], it.split, it.paths, it.label)
-                           for it in b.items[start:]]
         return list(splits or [])
 
     def cannot_sync_incrementally(self, job: JobConfig) -> str | None:

@@ -256,12 +256,13 @@ def _merge(mem: Memory, b: Builder, new: list[Item], at: list[int], replaced: di
             continue
         s = specials[j]
         it = replaced[s] if s >= 0 else new[-s - 1]
-        rec = item_record(it, b.stats)
+        it = dataclasses.replace(it, stats=tuple(b.stats.get(p) for p in it.paths))
+        rec = item_record(it, it.stats)
         pieces.append(rec)
         items.append(it)
         kidx[j] = key_of_old[mem.order[s]] if s >= 0 else key_of_new[-s - 1]
-        stamps_[j] = stamp(it, b.stats)
-        stat[j] = b.stats[it.paths[0]]
+        stamps_[j] = stamp(it)
+        stat[j] = it.stats[0]
         lengths[j] = len(rec)
         j += 1
     h = hashlib.sha256()
@@ -278,7 +279,7 @@ def _merge(mem: Memory, b: Builder, new: list[Item], at: list[int], replaced: di
     names = tuple(mem.splits)
     manifest = Manifest(root=str(root), fields=b.fields, splits=tuple(s for s in names if any(it.split == s for it in items)),
                         items=items, rejects=rejects, class_names=tuple(sorted({it.label for it in items if it.label is not None}, key=natural_key)),
-                        hash=h.hexdigest(), annotations=tuple(b.annotations), stats=b.stats, resolved=dict(b.resolved))
+                        hash=h.hexdigest(), annotations=tuple(b.annotations), resolved=dict(b.resolved))
     return Rediscovery(manifest, changed, removed, len(src), (keys, stamps_[by_key], extra))
 
 

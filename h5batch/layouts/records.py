@@ -23,13 +23,13 @@ __all__ = ["item_record", "input_stats", "hash_inputs", "hash_rejects"]
 _VALUES_JSON = json.JSONEncoder(default=str)
 
 
-def item_record(it: Item, stats: dict) -> bytes:
-    """What the manifest hash takes from one item."""
+def item_record(it: Item, stats: tuple) -> bytes:
+    """What the manifest hash takes from one item; ``stats``: (size, mtime_ns) or None per
+    path (``it.stats`` once the item is in a manifest)."""
     r = json.dumps([it.split, it.key, it.paths, it.label])
     if it.values:  # (absent before value fields: older hashes stay the same)
         r += _VALUES_JSON.encode(it.values)
-    get = stats.get
-    return (r + "".join([repr(get(p)) for p in it.paths])).encode()
+    return (r + "".join([repr(st) for st in stats])).encode()
 
 
 def input_stats(root: str, annotations: list[str] | tuple[str, ...]) -> list:

@@ -215,7 +215,7 @@ class OutputWriter:
     def store_inventory(self) -> None:
         """``/inventory`` from the driver's sidecar (h5batch.inventory), when it wrote one."""
         if self.spec.inventory and os.path.exists(self.spec.inventory):
-            inventory.store(self.f, *inventory.read_sidecar(self.spec.inventory))
+            inventory.store_sidecar(self.f, self.spec.inventory)
 
     def abort(self) -> None:
         """Stop early (Ctrl-C, the driver gone): commit what is stored, close."""
