@@ -22,11 +22,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from h5batch import generate
 from tests.conftest import REPO
 from tests.support.h5compare import assert_same_h5
 from tests.support.processes import group_members
 from tests.support.run import convert_cmd, run, start
+from tests.support.torture import paired_with_rejects
 
 JOB = REPO / "jobs" / "paired_audio.yaml"
 CHAINS = 3  # chains of kills, each ending in a run that finishes
@@ -44,10 +44,7 @@ def cmd(root: Path, out: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("kill-writer") / "corpus"
-    generate.make_paired_audio(root, n_train=240, n_test=60, seconds=0.5, seed=7)
-    for rel in BAD:
-        (root / rel).write_bytes(b"RIFF\x00\x00\x00\x00WAVEnot a wav file at all")
-    return root
+    return paired_with_rejects(root, BAD, n_train=240, n_test=60, seconds=0.5, seed=7)
 
 
 @pytest.fixture(scope="module")

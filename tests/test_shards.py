@@ -22,12 +22,12 @@ import pytest
 import torch
 
 from h5batch import format as fmt
-from h5batch import generate
 from h5batch.shards import records, shard_path
 from h5batch.torch import H5Dataset
 from tests.conftest import REPO
 from tests.support.h5compare import assert_same_h5
 from tests.support.run import convert_cmd, h5batch_cmd, run, start
+from tests.support.torture import paired_with_rejects
 
 JOB = REPO / "jobs" / "paired_audio.yaml"
 BAD = ("train/data/17.wav",)  # a reject, so that the rejects are joined too
@@ -42,10 +42,7 @@ def cmd(root: Path, out: Path, writers: int, *extra: str) -> list[str]:
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("shards") / "corpus"
-    generate.make_paired_audio(root, n_train=200, n_test=40, seconds=0.25, seed=3)
-    for rel in BAD:
-        (root / rel).write_bytes(b"RIFF\x00\x00\x00\x00WAVEnot a wav file at all")
-    return root
+    return paired_with_rejects(root, BAD, n_train=200, n_test=40, seconds=0.25, seed=3)
 
 
 @pytest.fixture(scope="module")

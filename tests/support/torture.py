@@ -335,3 +335,17 @@ def torture_jobs(root: str | os.PathLike[str], out_dir: str | os.PathLike[str],
                                      "manifest": str(root / "lists" / "manifest.csv")},
                         {"audio": {**audio, "column": "path"}}, "zstd"),
     }
+
+
+BROKEN_WAV = b"RIFF\x00\x00\x00\x00WAVEnot a wav file at all"
+
+
+def paired_with_rejects(root: Path, bad: tuple[str, ...], **kw: Any) -> Path:
+    """:func:`h5batch.generate.make_paired_audio` under ``root`` (``kw`` its settings), the
+    files ``bad`` (relative paths) then overwritten by a broken WAV that becomes a reject."""
+    from h5batch import generate
+
+    generate.make_paired_audio(root, **kw)
+    for rel in bad:
+        (root / rel).write_bytes(BROKEN_WAV)
+    return root
