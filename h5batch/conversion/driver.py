@@ -252,10 +252,7 @@ class Driver:
                 # A sync undoes itself (writer/sync.py); a conversion keeps its partial.
                 kept = (f"the sync is undone, {self.plan.spec.final_path} is as it was" if self.plan.spec.sync
                         else f"output left as {self.plan.spec.partial_path}")
-                raise ConvertError(
-                    f"{bad} of {n} input files rejected ({bad / max(1, n):.1%}), above "
-                    f"policy.max_reject_fraction {job.policy.max_reject_fraction:.1%}; {kept}, reasons in "
-                    f"{s.rejects_file} (raise policy.max_reject_fraction and run again to accept it)", 1)
+                raise too_many_rejects(bad, n, job.policy.max_reject_fraction, kept, s.rejects_file)
             return summary
 
     def _submit(self, index: int, lo: int, hi: int) -> None:
@@ -394,6 +391,14 @@ _WRITER_HANDLERS = {
     Failed: Driver._on_failed,
     WriterDied: Driver._on_died,
 }
+
+
+def too_many_rejects(bad: int, n: int, frac: float, kept: str, rejects_file: str) -> ConvertError:
+    """The error of a run whose ``bad`` rejects of ``n`` inputs are above ``frac``; ``kept``:
+    what became of the output."""
+    return ConvertError(f"{bad} of {n} input files rejected ({bad / max(1, n):.1%}), above "
+                        f"policy.max_reject_fraction {frac:.1%}; {kept}, reasons in {rejects_file} "
+                        f"(raise policy.max_reject_fraction and run again to accept it)", 1)
 
 
 def abort(writer: WriterHandle) -> None:

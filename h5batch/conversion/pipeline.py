@@ -21,7 +21,7 @@ from ..writer.messages import Start
 from ..writer.process import WriterGone, WriterHandle
 from . import signals, trial
 from .cluster import open_engine
-from .driver import Driver, Lane, abort
+from .driver import Driver, Lane, abort, too_many_rejects
 from .generate import generate_corpus
 from .lock import OutputLock
 from .options import ConvertOptions, ConvertSummary, Say
@@ -209,10 +209,8 @@ def _joined(job: JobConfig, output: OutputFiles, outs: list[OutputFiles], manife
     rejects_file = fmt.rejects_file(output.final)
     fmt.write_rejects(rejects_file, rejects)
     if bad > frac * max(1, num_inputs - excluded):
-        raise ConvertError(
-            f"{bad} of {num_inputs - excluded} input files rejected ({bad / max(1, num_inputs - excluded):.1%}), above "
-            f"policy.max_reject_fraction {frac:.1%}; the shards are kept, not joined into {output.final}, reasons in "
-            f"{rejects_file} (raise policy.max_reject_fraction and run again to accept it)", 1)
+        raise too_many_rejects(bad, num_inputs - excluded, frac, f"the shards are kept, not joined into {output.final}",
+                               rejects_file)
     shards.join(output.final, files, num_inputs)
     for p in files:
         with contextlib.suppress(FileNotFoundError):
