@@ -2,6 +2,8 @@
 
 * :mod:`.client`: one object's client (ranged GETs, HEAD, upload), retries, errors naming
   the URL and byte range, credentials never in a message.
+* :mod:`.helper`: the helper process that makes the requests of a reader's main process
+  (its DataLoader workers then fork).
 * :mod:`.upload`: a finished local output uploaded as one multipart upload.
 * :mod:`.cache`: the node-local chunk cache shared by every process of a node.
 * :mod:`.rfile`: the file object h5py reads a remote file through.
