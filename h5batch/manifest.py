@@ -116,9 +116,9 @@ class Items(Sequence):
             n[code] += 1
         return dict(zip(self.split_names, n))
 
-    def num_paths(self) -> int:
-        """The paths of all items together."""
-        return self._pstart[-1]
+    def num_paths(self, lo: int = 0, hi: int | None = None) -> int:
+        """The paths of items ``lo`` to ``hi`` (default: all) together."""
+        return self._pstart[len(self) if hi is None else hi] - self._pstart[lo]
 
     def __eq__(self, other) -> bool:
         return isinstance(other, (Items, list, tuple)) and list(self) == list(other)

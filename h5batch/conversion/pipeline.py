@@ -176,12 +176,11 @@ def _lanes(plan, outs: list[OutputFiles], todo: dict, writers: dict, manifest) -
             continue
         last = k == n - 1
         record = todo[k]
-        mine = items[int(starts[lo]):int(starts[hi])]
         spec = dataclasses.replace(
             plan.spec, partial_path=outs[k].partial, final_path=outs[k].final, resume=record,
             shard={"index": k, "of": n, "items": [int(starts[lo]), int(starts[hi])]},
             discovery_rejects=plan.spec.discovery_rejects if last else [],
-            num_inputs=sum(len(it.paths) for it in mine) + (len(plan.spec.discovery_rejects) if last else 0),
+            num_inputs=items.num_paths(int(starts[lo]), int(starts[hi])) + (len(plan.spec.discovery_rejects) if last else 0),
             inventory=inventory.sidecar(outs[k].partial) if last else "")
         lanes.append(Lane(writers[k], record.next_batch if record else lo, hi, f"writer of {outs[k].final}", lo, spec))
     return lanes
@@ -202,7 +201,7 @@ def _joined(job: JobConfig, output: OutputFiles, outs: list[OutputFiles], manife
             rejects += read_rejects(f)
             for s in manifest.splits:
                 counts[s] = counts.get(s, 0) + int(f[s].attrs[fmt.ATTR_NUM_SAMPLES])
-    num_inputs = sum(len(it.paths) for it in manifest.items) + len(manifest.rejects)
+    num_inputs = manifest.items.num_paths() + len(manifest.rejects)
     excluded = sum(1 for r in rejects if r.stage == fmt.STAGE_EXCLUDED)
     bad = len(rejects) - excluded
     frac = job.policy.max_reject_fraction

@@ -126,7 +126,7 @@ def _discover(job: JobConfig, old, say, full: bool = True) -> _Found | None:
     if isinstance(r, str):
         say(f"sync: full discovery ({r})")
         m = discover(job)
-        return _Found(m, len(m.items), sum(len(it.paths) for it in m.items) + len(m.rejects), None, upgrade=isinstance(mem, str))
+        return _Found(m, len(m.items), m.items.num_paths() + len(m.rejects), None, upgrade=isinstance(mem, str))
     return _Found(r.manifest, r.items, r.num_inputs, r.inventory, rediscovery=r)
 
 
