@@ -235,32 +235,33 @@ def test_500_on_every_request_is_a_clear_error(served, tmp_path):
 
 def test_forked_workers_read_and_a_process_that_made_requests_says_to_use_the_fork_server(served, local_file,
                                                                                           tmp_path):
-    from torch.utils.data import DataLoader
-
+    # Each case in a fresh process: whether a process made requests itself is its history
+    # (a test run before this one in the same pytest worker may have).
+    head = ("import numpy as np\nfrom torch.utils.data import DataLoader\n"
+            "from h5batch.remote.client import ObjectClient, runtime_started\nfrom h5batch.torch import H5Dataset, collate\n")
     # The reader's main process makes its requests in the helper process: forked workers
-    # (a plain DataLoader's default) read, with a cache too small to hold anything.
-    ds = H5Dataset(URL, split="train", cache_dir=tmp_path / "cache", cache_dir_bytes=1)
-    loader = DataLoader(ds, batch_size=8, num_workers=2, collate_fn=collate, multiprocessing_context="fork")
-    got = np.concatenate([b["data"].numpy() for b in loader])
-    with H5Dataset(local_file, split="train") as local:
-        assert np.array_equal(got, np.stack([local[i]["data"] for i in range(len(local))]))
-    from h5batch.remote.client import runtime_started
-
-    assert not runtime_started()
+    # (a plain DataLoader's) read, with a cache too small to hold anything.
+    reads = head + (
+        f"ds = H5Dataset({URL!r}, split='train', cache_dir={str(tmp_path / 'c1')!r}, cache_dir_bytes=1)\n"
+        "loader = DataLoader(ds, batch_size=8, num_workers=2, collate_fn=collate, multiprocessing_context='fork')\n"
+        "got = np.concatenate([b['data'].numpy() for b in loader])\n"
+        f"local = H5Dataset({str(local_file)!r}, split='train')\n"
+        "assert np.array_equal(got, np.stack([local[i]['data'] for i in range(len(local))]))\n"
+        "assert not runtime_started()\nprint('read', len(got))\n")
     # A process that made a request itself: its forked worker is told to use the fork server,
     # and ds.loader() does so by itself.
-    code = ("import sys\nfrom torch.utils.data import DataLoader\n"
-            "from h5batch.remote.client import ObjectClient\nfrom h5batch.torch import H5Dataset, collate\n"
-            f"ObjectClient({URL!r}).head()\n"
-            f"ds = H5Dataset({URL!r}, split='train', cache_dir={str(tmp_path / 'c2')!r}, cache_dir_bytes=1)\n"
-            "assert sum(len(b['data']) for b in ds.loader(batch_size=64, num_workers=1)) == 256\n"
-            "try:\n"
-            "    next(iter(DataLoader(ds, batch_size=8, num_workers=1, collate_fn=collate, multiprocessing_context='fork')))\n"
-            "except RuntimeError as e:\n"
-            "    print(e)\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert "multiprocessing_context='forkserver'" in r.stdout
+    refused = head + (
+        f"ObjectClient({URL!r}).head()\n"
+        f"ds = H5Dataset({URL!r}, split='train', cache_dir={str(tmp_path / 'c2')!r}, cache_dir_bytes=1)\n"
+        "assert sum(len(b['data']) for b in ds.loader(batch_size=64, num_workers=1)) == 256\n"
+        "try:\n"
+        "    next(iter(DataLoader(ds, batch_size=8, num_workers=1, collate_fn=collate, multiprocessing_context='fork')))\n"
+        "except RuntimeError as e:\n"
+        "    print(e)\n")
+    for code, want in ((reads, "read 256"), (refused, "multiprocessing_context='forkserver'")):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+        assert r.returncode == 0, r.stderr
+        assert want in r.stdout
 
 
 def test_a_killed_helper_process_fails_its_request_naming_the_url_and_a_new_one_serves(served, local_file,
