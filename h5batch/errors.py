@@ -30,6 +30,7 @@ __all__ = [
     "CorruptFileError",
     "DecodeError",
     "H5batchError",
+    "MissingShardError",
     "ObjectChangedError",
     "PreflightError",
     "RemoteError",
@@ -117,6 +118,11 @@ class VerifyError(H5batchError):
     """The file cannot be verified at all (missing, not HDF5, not an h5batch file)."""
 
     exit_code = EXIT_BAD_INPUT
+
+
+class MissingShardError(H5batchError, FileNotFoundError):
+    """A shard file of a sharded output (h5batch/shards.py) is not beside it: the output
+    cannot be read (never as the fill values HDF5 would give)."""
 
 
 class ShardedNotSupported(H5batchError):

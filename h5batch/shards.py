@@ -31,7 +31,7 @@ import h5py
 import numpy as np
 
 from . import format as fmt
-from .errors import EXIT_BAD_INPUT, CorruptFileError, ShardedNotSupported
+from .errors import EXIT_BAD_INPUT, CorruptFileError, MissingShardError, ShardedNotSupported
 
 JOIN_SUFFIX = ".joining"  # NAME.h5 is written as NAME.h5.joining, renamed when whole
 
@@ -98,7 +98,7 @@ def records(f: h5py.File) -> list[ShardRecord]:
 def check(path: str, f: h5py.File, digest: bool = False) -> list[str]:
     """The shard files of the joined output ``f`` (at ``path``), after checking that each is
     there with its recorded size (and sha256 when ``digest``: reads every byte). Raises
-    ``FileNotFoundError`` / :class:`~h5batch.errors.CorruptFileError` naming the shard."""
+    :class:`~h5batch.errors.MissingShardError` / :class:`~h5batch.errors.CorruptFileError` naming the shard."""
     folder = os.path.dirname(os.path.abspath(path))
     out = []
     for r in records(f):
@@ -106,7 +106,7 @@ def check(path: str, f: h5py.File, digest: bool = False) -> list[str]:
         try:
             size = os.path.getsize(p)
         except FileNotFoundError:
-            raise FileNotFoundError(f"{path}: its shard {p} is missing (a sharded output's shard files "
+            raise MissingShardError(f"{path}: its shard {p} is missing (a sharded output's shard files "
                                     f"must stay beside it)") from None
         if size != r.bytes:
             raise CorruptFileError(path, f"shard {p}", f"{size} bytes, the output recorded {r.bytes}: "

@@ -146,8 +146,7 @@ def test_verify_passes_and_a_moved_shard_fails_verify_and_the_reader_naming_it(o
 
 def test_commands_without_shard_support_exit_2_naming_themselves(outputs, tmp_path):
     path = str(outputs[2])
-    for args in (("compact", path), ("export", path, "--to", "files", str(tmp_path / "x")),
-                 ("preview", path, "--html", str(tmp_path / "p")), ("view", "add", path, "v", "--where", "1")):
+    for args in (("compact", path),):
         res = run(h5batch_cmd(*args))
         assert res.returncode == 2, (args, res.stderr)
         assert f"`h5batch {args[0]}" in res.stderr and "does not support sharded outputs" in res.stderr

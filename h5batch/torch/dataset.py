@@ -201,7 +201,7 @@ class H5Dataset(Dataset):
         ``view``: the positions in the view where its rows enter a new file chunk group.
         """
         if self._shards is not None:
-            return self._shards.chunk_starts()
+            return self._shards.chunk_starts(self._rows)
         fi = self._grouping_field()
         if fi is None:
             return np.zeros(0, dtype=np.int64)

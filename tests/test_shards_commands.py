@@ -1,0 +1,100 @@
+"""The commands on a sharded output (``output.writers`` > 1, h5batch/shards.py): ``export``,
+``preview``, ``h5batch.hf``, ``view`` give what they give for the one-writer output of the
+same corpus; a missing shard fails each of them naming it (exit 1, never fill values).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from h5batch.export import export
+from h5batch.shards import shard_path
+from h5batch.torch import H5Dataset
+from tests.support.run import h5batch_cmd, run
+from tests.test_shards import _same, corpus, outputs  # noqa: F401  -- module fixtures: writers 1, 2, 4
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def members(folder: Path) -> dict[str, bytes]:
+    """Every member of every tar shard under ``folder``: name -> bytes (mtimes differ: each
+    export stamps its output file's)."""
+    out = {}
+    for tar in sorted(folder.glob("*.tar")):
+        with tarfile.open(tar) as t:
+            out.update({f"{tar.name}/{m.name}": t.extractfile(m).read() for m in t.getmembers()})
+    return out
+
+
+def copy_output(path: Path, n: int, dest: Path) -> Path:
+    """The output ``path`` and its ``n`` shards copied into the folder ``dest``."""
+    dest.mkdir()
+    for p in [path, *(Path(shard_path(str(path), k, n)) for k in range(n) if n > 1)]:
+        shutil.copy2(p, dest / p.name)
+    return dest / path.name
+
+
+def test_export_preview_and_hf_of_two_writers_equal_one_writers(outputs, tmp_path):  # noqa: F811
+    from h5batch.tools.preview import build_preview
+
+    got = {}
+    for n in (1, 2):
+        export(outputs[n], "files", tmp_path / f"files{n}")
+        export(outputs[n], "webdataset", tmp_path / f"wds{n}", shard_size=64)
+        build_preview(str(outputs[n]), str(tmp_path / f"page{n}"), ["test"], 6)
+        got[n] = (tree(tmp_path / f"files{n}"), members(tmp_path / f"wds{n}"),
+                  tree(tmp_path / f"page{n}" / "preview-files"))
+    assert len(got[1][0]) == 199 + 40 + 1 + 199 + 40  # data + target wavs of each pair, labels.csv
+    assert len(got[1][1]) == 3 * 239 and len(got[1][2]) > 6
+    assert got[2] == got[1]
+    datasets = pytest.importorskip("datasets")
+    from h5batch.hf import to_dataset
+
+    one, two = (to_dataset(outputs[n], "train", cache_dir=tmp_path / "hf") for n in (1, 2))
+    assert isinstance(two, datasets.Dataset) and len(two) == len(one) == 199
+    for a, b in zip(one, two, strict=True):
+        assert a["source"] == b["source"] and a["data"]["sampling_rate"] == b["data"]["sampling_rate"]
+        np.testing.assert_array_equal(a["data"]["array"], b["data"]["array"])
+        np.testing.assert_array_equal(a["target"]["array"], b["target"]["array"])
+
+
+def test_a_view_of_a_sharded_output_reads_the_same_samples(outputs, tmp_path):  # noqa: F811
+    paths = {n: copy_output(outputs[n], n, tmp_path / f"w{n}") for n in (1, 4)}
+    for path in paths.values():
+        res = run(h5batch_cmd("view", "add", str(path), "fold", "--where", "index % 3 == 1 or index > 150"))
+        assert res.returncode == 0 and "train/fold: 98 rows" in res.stderr, res.stderr
+    one, four = (H5Dataset(paths[n], "train", view="fold", with_source=True) for n in (1, 4))
+    assert len(one) == len(four) == 98
+    for i in range(len(one)):
+        _same(one[i], four[i])
+    starts = four.chunk_starts()  # positions in the view, ascending, each shard starting a group
+    assert starts[0] == 0 and np.all(np.diff(starts) > 0) and starts[-1] < len(four)
+    assert len([s for b in four.loader(batch_size=16) for s in b["data"]]) == 98
+    for k in range(4):  # the view lives in the joined file; no shard was written
+        assert Path(shard_path(str(paths[4]), k, 4)).read_bytes() == Path(shard_path(str(outputs[4]), k, 4)).read_bytes()
+    res = run(h5batch_cmd("verify", str(paths[4])))
+    assert res.returncode == 0, res.stderr
+    res = run(h5batch_cmd("view", "list", str(paths[4])))
+    assert res.stdout == "train/fold\t98\n"
+    assert run(h5batch_cmd("view", "remove", str(paths[4]), "fold")).returncode == 0
+    assert run(h5batch_cmd("view", "list", str(paths[4]))).stdout == ""
+
+
+def test_a_missing_shard_fails_each_command_naming_it(outputs, tmp_path):  # noqa: F811
+    path = copy_output(outputs[2], 2, tmp_path / "w2")
+    gone = Path(shard_path(str(path), 1, 2))
+    gone.unlink()
+    for args in (("export", str(path), "--to", "files", str(tmp_path / "x")),
+                 ("preview", str(path), "--html", str(tmp_path / "p")),
+                 ("view", "add", str(path), "v", "--where", "index < 3"), ("inspect", str(path))):
+        res = run(h5batch_cmd(*args))
+        assert res.returncode == 1, (args, res.stderr)
+        assert f"h5batch {args[0]}: {path}: its shard {gone} is missing" in res.stderr, res.stderr
+    assert not (tmp_path / "x").exists()
