@@ -1,6 +1,7 @@
 """The commands on a sharded output (``output.writers`` > 1, h5batch/shards.py): ``export``,
 ``preview``, ``h5batch.hf``, ``view`` give what they give for the one-writer output of the
-same corpus; a missing shard fails each of them naming it (exit 1, never fill values).
+same corpus; ``compact`` makes it one file with the one-writer file's values, order and
+layout; a missing shard fails each of them naming it (exit 1, never fill values).
 """
 
 from __future__ import annotations
@@ -9,14 +10,16 @@ import shutil
 import tarfile
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 
+from h5batch import format as fmt
 from h5batch.export import export
 from h5batch.shards import shard_path
 from h5batch.torch import H5Dataset
 from tests.support.run import h5batch_cmd, run
-from tests.test_shards import _same, corpus, outputs  # noqa: F401  -- module fixtures: writers 1, 2, 4
+from tests.test_shards import _same, cmd, corpus, digest, outputs  # noqa: F401  -- module fixtures: writers 1, 2, 4
 
 
 def tree(folder: Path) -> dict[str, bytes]:
@@ -87,14 +90,49 @@ def test_a_view_of_a_sharded_output_reads_the_same_samples(outputs, tmp_path):  
     assert run(h5batch_cmd("view", "list", str(paths[4]))).stdout == ""
 
 
+def layout(path: Path) -> dict[str, tuple]:
+    """Every dataset's shape, chunks, maximum shape, filters and attributes."""
+    out = {}
+    with h5py.File(path, "r") as f:
+        def visit(name, obj):
+            if isinstance(obj, h5py.Dataset):
+                plist = obj.id.get_create_plist()
+                filters = [plist.get_filter(i)[:3] for i in range(plist.get_nfilters())]
+                out[name] = (obj.shape, obj.dtype, obj.chunks, obj.maxshape, filters, dict(obj.attrs))
+        f.visititems(visit)
+    return out
+
+
+def test_compact_of_1_2_4_writers_gives_the_same_values_order_and_layout(corpus, outputs, tmp_path):  # noqa: F811
+    paths = {n: copy_output(outputs[n], n, tmp_path / f"w{n}") for n in (1, 2, 4)}
+    # gzip: the chunks across two shards are compressed again by HDF5, the others copied.
+    paths["gzip"] = tmp_path / "gzip" / "out.h5"
+    assert run(cmd(corpus, paths["gzip"], 2, "--set", "output.codec=gzip")).returncode == 0
+    for path in paths.values():
+        res = run(h5batch_cmd("compact", str(path)))
+        assert res.returncode == 0 and "checked and verified" in res.stderr, res.stderr
+        assert not list(path.parent.glob("out.shard-*"))  # the shards are gone
+    assert digest(paths[2]) == digest(paths[4]) == digest(paths["gzip"]) == digest(paths[1]) == digest(outputs[1])
+    assert str(layout(paths[2])) == str(layout(paths[4])) == str(layout(paths[1]))
+    with h5py.File(paths[4], "r") as f, h5py.File(outputs[1], "r") as g:
+        assert f.attrs[fmt.ATTR_FORMAT] == g.attrs[fmt.ATTR_FORMAT] and fmt.ATTR_SHARDS not in f.attrs
+        assert f.attrs[fmt.ATTR_INPUTS] == g.attrs[fmt.ATTR_INPUTS]
+        assert not any(f[k].is_virtual for k in layout(paths[4]))
+    one, four = (H5Dataset(paths[n], "train", with_source=True) for n in (1, 4))
+    for i in range(0, len(one), 7):
+        _same(one[i], four[i])
+
+
 def test_a_missing_shard_fails_each_command_naming_it(outputs, tmp_path):  # noqa: F811
     path = copy_output(outputs[2], 2, tmp_path / "w2")
     gone = Path(shard_path(str(path), 1, 2))
     gone.unlink()
     for args in (("export", str(path), "--to", "files", str(tmp_path / "x")),
                  ("preview", str(path), "--html", str(tmp_path / "p")),
-                 ("view", "add", str(path), "v", "--where", "index < 3"), ("inspect", str(path))):
+                 ("view", "add", str(path), "v", "--where", "index < 3"), ("inspect", str(path)),
+                 ("compact", str(path))):
         res = run(h5batch_cmd(*args))
         assert res.returncode == 1, (args, res.stderr)
         assert f"h5batch {args[0]}: {path}: its shard {gone} is missing" in res.stderr, res.stderr
     assert not (tmp_path / "x").exists()
+    assert sorted(p.name for p in path.parent.iterdir()) == ["out.h5", "out.shard-0-of-2.h5"]  # as it was
