@@ -34,7 +34,6 @@ __all__ = [
     "ObjectChangedError",
     "PreflightError",
     "RemoteError",
-    "ShardedNotSupported",
     "VerifyError",
 ]
 
@@ -123,12 +122,6 @@ class VerifyError(H5batchError):
 class MissingShardError(H5batchError, FileNotFoundError):
     """A shard file of a sharded output (h5batch/shards.py) is not beside it: the output
     cannot be read (never as the fill values HDF5 would give)."""
-
-
-class ShardedNotSupported(H5batchError):
-    """A command that does not handle sharded outputs (``output.writers`` > 1) yet."""
-
-    exit_code = EXIT_BAD_INPUT
 
 
 class RemoteError(H5batchError, OSError):

@@ -1,7 +1,9 @@
 """The commands on a sharded output (``output.writers`` > 1, h5batch/shards.py): ``export``,
 ``preview``, ``h5batch.hf``, ``view`` give what they give for the one-writer output of the
 same corpus; ``compact`` makes it one file with the one-writer file's values, order and
-layout; a missing shard fails each of them naming it (exit 1, never fill values).
+layout; ``sync`` adds a shard and gives what a sync of the one-writer output gives, and a
+``kill -9`` inside it leaves the output as it was; a missing shard fails each of them naming
+it (exit 1, never fill values).
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import pytest
 
 from h5batch import format as fmt
 from h5batch.export import export
-from h5batch.shards import shard_path
+from h5batch.shards import shard_path, sync_shard_path
 from h5batch.torch import H5Dataset
-from tests.support.run import h5batch_cmd, run
-from tests.test_shards import _same, cmd, corpus, digest, outputs  # noqa: F401  -- module fixtures: writers 1, 2, 4
+from tests.support.processes import kill_group, wait_for
+from tests.support.run import h5batch_cmd, run, start
+from tests.test_shards import JOB, _same, cmd, corpus, digest, outputs  # noqa: F401  -- module fixtures: writers 1, 2, 4
 
 
 def tree(folder: Path) -> dict[str, bytes]:
@@ -123,14 +126,55 @@ def test_compact_of_1_2_4_writers_gives_the_same_values_order_and_layout(corpus,
         _same(one[i], four[i])
 
 
-def test_a_missing_shard_fails_each_command_naming_it(outputs, tmp_path):  # noqa: F811
+def test_sync_adds_a_shard_as_a_one_writer_sync_and_a_kill_leaves_the_output(corpus, tmp_path):  # noqa: F811
+    root = tmp_path / "corpus"
+    shutil.copytree(corpus, root)
+    outs = {n: tmp_path / f"w{n}" / "out.h5" for n in (1, 2)}
+    for n, out in outs.items():
+        assert run(cmd(root, out, n)).returncode == 0
+
+    def sync(n: int) -> list[str]:
+        return ["sync" if a == "convert" else a for a in cmd(root, outs[n], n)]
+
+    for sub in ("data", "label"):  # a new pair, a removed one, a changed one
+        shutil.copy(root / "train" / sub / "3.wav", root / "train" / sub / "new.wav")
+        (root / "train" / sub / "5.wav").unlink()
+    changed = root / "train" / "data" / "7.wav"
+    changed.write_bytes(changed.read_bytes()[:-2] + b"\x01\x02")
+    before = digest(outs[2])
+    added = Path(sync_shard_path(str(outs[2]), 2))
+    proc = start(sync(2), env_extra={"H5BATCH_FAULTS": "pause_at=finalize"}, new_session=True)
+    wait_for(Path(f"{added}{fmt.PARTIAL_SUFFIX}.paused"), proc)  # the new shard written, not renamed
+    kill_group(proc)
+    assert digest(outs[2]) == before and len(H5Dataset(outs[2], "train")) == 199
+    for n in (1, 2):
+        res = run(sync(n))
+        assert res.returncode == 0 and "1 new, 1 changed, 1 removed" in res.stderr, res.stderr
+    assert f"removed {added}{fmt.PARTIAL_SUFFIX}" in res.stderr  # what the killed sync left
+    assert sorted(p.name for p in outs[2].parent.glob("out.shard-*")) == [
+        "out.shard-0-of-2.h5", "out.shard-1-of-2.h5", "out.shard-2.h5"]
+    assert digest(outs[2]) == digest(outs[1])  # values, tombstones and rejects
+    one, two = (H5Dataset(outs[n], "train", with_source=True) for n in (1, 2))
+    assert len(one) == len(two) == 199
+    for i in range(len(one)):
+        _same(one[i], two[i])
+    assert "train/data/new.wav" in two[-1]["source"]
+    assert run(h5batch_cmd("verify", str(outs[2]))).returncode == 0
+    res = run(sync(2))
+    assert res.returncode == 0 and "is up to date" in res.stderr, res.stderr
+    assert run(h5batch_cmd("compact", str(outs[2]))).returncode == 0
+    assert digest(outs[2]) == digest(outs[1]) and not list(outs[2].parent.glob("out.shard-*"))
+
+
+def test_a_missing_shard_fails_each_command_naming_it(corpus, outputs, tmp_path):  # noqa: F811
     path = copy_output(outputs[2], 2, tmp_path / "w2")
     gone = Path(shard_path(str(path), 1, 2))
     gone.unlink()
     for args in (("export", str(path), "--to", "files", str(tmp_path / "x")),
                  ("preview", str(path), "--html", str(tmp_path / "p")),
                  ("view", "add", str(path), "v", "--where", "index < 3"), ("inspect", str(path)),
-                 ("compact", str(path))):
+                 ("compact", str(path)), ("sync", str(JOB), "--output", str(path), "--set", f"source.root={corpus}",
+                                         "--set", "output.writers=2")):
         res = run(h5batch_cmd(*args))
         assert res.returncode == 1, (args, res.stderr)
         assert f"h5batch {args[0]}: {path}: its shard {gone} is missing" in res.stderr, res.stderr

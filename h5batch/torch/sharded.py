@@ -25,7 +25,6 @@ from .. import format as fmt
 from .. import shards
 from ..errors import CorruptFileError
 from ..tools.index import check_complete
-from ..tools.views import read_view
 
 
 class Shards:
@@ -61,8 +60,7 @@ class Shards:
         for name in ("fields", "_encoded", "_text", "labelled", "class_names", "_source_tuple", "_h5_cache"):
             setattr(ds, name, getattr(parts[0], name))
         ds._n, ds._index = sum(len(p) for p in parts), {}
-        # A view lives in the joined file: rows of the joined split (tools/views.py).
-        ds._rows = None if ds.view is None else read_view(f, ds.path, ds.split, ds.view, ds._n)
+        ds._rows = ds._selected_rows(f)  # the joined file's view and tombstones (rows of the joined split)
         return cls(parts)
 
     def __len__(self) -> int:
