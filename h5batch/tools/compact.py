@@ -16,8 +16,9 @@ size again in free space.
 
 A sharded output (h5batch/shards.py) compacts into one ordinary file, the format of its
 shards, laid out as one writer's: each virtual dataset becomes a real one with its first
-shard's creation properties (chunks, filters), as do ``offsets`` (rebased in the joined
-file) and the rejects (concatenated); every other object is copied as above. A chunk of
+shard's creation properties (chunks, filters), as do the other datasets the join made
+(rebased ``offsets``, the rejects, an empty split's); the copies it holds (class names,
+inventory) and its own (views, tombstones) are copied as above. A chunk of
 the output that is one whole chunk of one shard (the shard's rows start on the output's
 chunk grid) is copied as stored (``read_direct_chunk`` / ``write_direct_chunk``: nothing
 decoded); a chunk across two shards, or off the grid, is read and written (HDF5
@@ -148,12 +149,11 @@ def _join_objects(src: h5py.File, dst: h5py.File, files: list[str]) -> None:
             if obj.is_virtual:
                 srcs = _sources(obj, parts, files)
                 _fill(_like(dst, name, obj, srcs), srcs)
-            elif name.rsplit("/", 1)[-1] == fmt.OFFSETS or name.startswith(fmt.REJECTS + "/"):
-                # made by the join (rebased, concatenated): its values, with a shard's layout
+            elif name.split("/", 1)[0] in (fmt.CLASS_NAMES, "inventory") or not any(name in p for p in parts):
+                src.copy(obj, dst, name)  # the shards' copies, and the joined file's own (views, tombstones)
+            else:  # made by the join (rebased offsets, rejects, an empty split's): a shard's layout
                 out = _like(dst, name, obj, [(0, 0, next(p[name] for p in parts if name in p))])
                 out[...] = obj[...]
-            else:
-                src.copy(obj, dst, name)
 
         src.visititems(visit)
     finally:
