@@ -216,8 +216,8 @@ def _carry(old: h5py.Group, out: h5py.Group, removed) -> None:
 def _join_group(out: h5py.Group, parts: list[h5py.Group], files: list[str], folder: str) -> None:
     """One split (or a variable field's group): virtual datasets over ``parts``; ``offsets``
     rebased into a real dataset. A shard without rows of a split may lack its datasets."""
-    for k, v in parts[-1].attrs.items():  # the newest (a sync's shard: its extended categories)
-        out.attrs[k] = v
+    for k, v in [*parts[0].attrs.items(), *parts[-1].attrs.items()]:  # the newest win (a sync's
+        out.attrs[k] = v  # shard: its extended categories); what it lacks (the codec choice) kept
     if fmt.ATTR_NUM_SAMPLES in parts[0].attrs:
         out.attrs[fmt.ATTR_NUM_SAMPLES] = sum(int(p.attrs[fmt.ATTR_NUM_SAMPLES]) for p in parts)
     names = list(dict.fromkeys(name for p in parts for name in p))
