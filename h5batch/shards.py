@@ -14,11 +14,12 @@ host that wrote it). :func:`join` then writes ``NAME.h5`` (format
   ``shards``: a JSON list of :class:`ShardRecord` (file name, bytes, sha256, host, rows).
 
 ``h5batch sync`` adds a shard (:func:`sync_shard_path`: ``NAME.shard-K.h5``, K the number
-of shards so far) holding the new and changed samples and the corpus's rejects, class names
-and inventory as they are now, then joins again: the new shard's attributes and those, the
-old ``NAME.h5``'s views, and its tombstones with the removed rows (rows of the joined split).
-The old shards are never written, so the join's rename is a sync's commit too; a shard left
-by an interrupted sync is removed by the next command that takes the lock (:func:`strays`).
+of shards so far) holding the new and changed samples and the corpus's rejects, class names,
+inventory and attributes as they are now, then joins again, taking those from it and keeping
+the old ``NAME.h5``'s views and tombstones, the removed rows added (rows of the joined
+split). The old shards are never written, so the join's rename is a sync's commit too; a
+shard left by an interrupted sync is removed by the next command that takes the lock
+(:func:`strays`).
 
 Sample ``i`` of a split is the same for any N: the shards hold consecutive manifest ranges
 in order. BEWARE: HDF5 reads a missing virtual source as fill values without an error
@@ -153,7 +154,7 @@ def join(final: str, shard_files: list[str], num_inputs: int, synced: dict[str, 
     module docstring says: through ``final + JOIN_SUFFIX``, fsynced and renamed, so a kill
     at any moment leaves either no output or the whole one.
 
-    ``synced`` (a sync, :func:`add_shard`): the last shard is a sync's, ``final`` the output
+    ``synced`` (a sync, h5batch/conversion/sync.py): the last shard is a sync's, ``final`` the output
     it syncs, and ``synced`` the rows it removes per split. The last shard holds the corpus's
     whole rejects, names, inventory and attributes (as a synced file would); ``final``'s
     views are kept and its tombstones joined with ``synced``."""
@@ -175,8 +176,9 @@ def join(final: str, shard_files: list[str], num_inputs: int, synced: dict[str, 
                 if src is not None:
                     src.copy(src[name], out, name)
             rej = out.create_group(fmt.REJECTS)
+            listed = shards if old is None else [last]  # a sync's shard lists the corpus's rejects
             for k in ("path", "stage", "reason"):
-                rej.create_dataset(k, data=np.concatenate([s[fmt.REJECTS][k][...] for s in shards[-1 if old else 0:]]),
+                rej.create_dataset(k, data=np.concatenate([s[fmt.REJECTS][k][...] for s in listed]),
                                    dtype=h5py.string_dtype(), maxshape=(None,))
             for split in splits:
                 have = [(s[split], p) for s, p in zip(shards, shard_files, strict=True) if split in s]
