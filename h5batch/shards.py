@@ -72,8 +72,9 @@ def sync_shard_path(final: str, k: int) -> str:
 
 
 def strays(final: str) -> list[str]:
-    """The files of shards a sync added (``x.shard-K.h5`` and its partial files) that the
-    output ``final`` does not record: what an interrupted sync left."""
+    """What an interrupted join or sync left: ``final + JOIN_SUFFIX``, and the files of
+    shards a sync added (``x.shard-K.h5`` and its partial files) that the output ``final``
+    does not record. Call with the output's lock held (no join can be under way)."""
     folder, name = os.path.split(os.path.abspath(final))
     stem, ext = os.path.splitext(name)
     ours = re.compile(re.escape(stem) + r"\.shard-\d+" + re.escape(ext))
@@ -85,7 +86,8 @@ def strays(final: str) -> list[str]:
     if found and os.path.exists(final):
         with h5py.File(final, "r") as f:
             recorded = {r.path for r in records(f)} if is_sharded(f) else set()
-    return [os.path.join(folder, n) for n in found if n not in recorded]
+    joining = [final + JOIN_SUFFIX] if os.path.exists(final + JOIN_SUFFIX) else []
+    return joining + [os.path.join(folder, n) for n in found if n not in recorded]
 
 
 def ranges(n_batches: int, n: int) -> list[tuple[int, int]]:

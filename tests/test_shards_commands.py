@@ -147,10 +147,13 @@ def test_sync_adds_a_shard_as_a_one_writer_sync_and_a_kill_leaves_the_output(cor
     wait_for(Path(f"{added}{fmt.PARTIAL_SUFFIX}.paused"), proc)  # the new shard written, not renamed
     kill_group(proc)
     assert digest(outs[2]) == before and len(H5Dataset(outs[2], "train")) == 199
+    joining = Path(f"{outs[2]}.joining")  # as a kill inside the join's write would leave it
+    joining.write_bytes(b"half a file")
     for n in (1, 2):
         res = run(sync(n))
         assert res.returncode == 0 and "1 new, 1 changed, 1 removed" in res.stderr, res.stderr
     assert f"removed {added}{fmt.PARTIAL_SUFFIX}" in res.stderr  # what the killed sync left
+    assert f"removed {joining}" in res.stderr and not joining.exists()
     assert sorted(p.name for p in outs[2].parent.glob("out.shard-*")) == [
         "out.shard-0-of-2.h5", "out.shard-1-of-2.h5", "out.shard-2.h5"]
     assert digest(outs[2]) == digest(outs[1])  # values, tombstones and rejects

@@ -73,9 +73,9 @@ def recover(final: str, say) -> None:
     if os.path.exists(copy):
         os.unlink(copy)
         say(f"removed {copy}, left by an interrupted sync")
-    for p in shards.strays(final):  # a shard a sync added but never joined (h5batch/shards.py)
+    for p in shards.strays(final):  # a join's temporary file, a shard a sync never joined
         os.unlink(p)
-        say(f"removed {p}, left by an interrupted sync")
+        say(f"removed {p}, left by an interrupted run")
 
 
 def sync(job: JobConfig, opts: ConvertOptions | None = None, dry_run: bool = False) -> SyncSummary:
