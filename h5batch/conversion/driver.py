@@ -48,8 +48,8 @@ from .cluster_watch import ClusterWatch
 from .decoder_warnings import WarningLog
 from .options import ConvertOptions, ConvertSummary, Progress
 from .plan import Plan
-from .writer_hosts import Placement
 from .worker import decode_batch
+from .writer_hosts import Placement
 
 WINDOW_BYTES = 1 << 30  # decoded bytes waiting in shared memory, at most (about)
 ABORT_SECONDS = 60  # how long the writer may take to commit after an abort

@@ -48,7 +48,13 @@ import time
 from multiprocessing.connection import Client, Listener
 from typing import Any
 
-from ..transport.segments import hostname, list_segments, owner_pid, remove_stale_segments, unlink_shm
+from ..transport.segments import (
+    hostname,
+    list_segments,
+    owner_pid,
+    remove_stale_segments,
+    unlink_shm,
+)
 from .process import WriterHandle, writer_main
 
 ACCEPT_SECONDS = 120  # a writer no driver connects to within this ends
