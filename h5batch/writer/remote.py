@@ -69,7 +69,10 @@ class Peer:
     ``quiet`` (the writer's side): a send to a driver that is gone is dropped, and the writer
     learns it through its lifeline (it then commits), instead of failing mid-message."""
 
-    exitcode = None  # a process on another host: its exit code is not known here
+    @property
+    def exitcode(self) -> str | None:
+        """(process) None while connected; a process on another host has no exit code here."""
+        return "unknown: its connection closed" if self.gone else None
 
     def __init__(self, conn, quiet: bool = False):
         self.conn, self.quiet, self.gone = conn, quiet, False
