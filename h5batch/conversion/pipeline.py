@@ -110,7 +110,7 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
         with open_engine(job) as conn:
             say(f"decoding on {conn.description}" + (f"; dashboard {conn.dashboard}" if conn.dashboard else ""))
             check_engine(conn, job, manifest, say)
-            placed = writer_hosts.place(conn.client, job, {k: outs[k].final for k in todo if n > 1}, writers, lock,
+            placed = writer_hosts.place(conn.client, job, {k: outs[k].final for k in todo}, writers, lock,
                                         run_id, say)
             plan = make_plan(job, manifest, record, output.final, output.partial, run_id, say,
                              run_trial=trial.on_engine(conn, say))

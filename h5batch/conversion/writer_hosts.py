@@ -60,12 +60,9 @@ def worker_hosts(client, job: JobConfig) -> list[str]:
     return [] if len(hosts) == 1 and _here(hosts[0]) else hosts
 
 
-def start(client, host: str, k: int, shard_final: str, lock: OutputLock, run_id: str) -> tuple[WriterHandle, Placement]:
-    """Start the writer of shard ``k`` (file ``shard_final``) on ``host`` and connect to it.
-    Raises :class:`ConvertError` (exit code 2) when that host cannot write the output."""
-    authkey = secrets.token_bytes(32)  # travels through Dask (TLS with cluster.security)
-    fut = client.submit(remote.start_on_worker, authkey.hex(), lock_path(shard_final), lock.path, run_id,
-                        workers=[host], allow_other_workers=False, pure=False, key=f"h5batch-writer-{run_id}-{k}")
+def _started(fut, host: str, shard_final: str, authkey: bytes) -> tuple[WriterHandle, Placement]:
+    """The writer the task ``fut`` started on ``host``, connected. Raises
+    :class:`ConvertError` (exit code 2) when that host cannot write the output."""
     try:
         got = fut.result(timeout=START_SECONDS)
     except Exception as e:  # noqa: BLE001  (TimeoutError, KilledWorker, CommClosedError...)
@@ -73,8 +70,13 @@ def start(client, host: str, k: int, shard_final: str, lock: OutputLock, run_id:
                            2) from None
     if "error" in got:
         raise ConvertError(got["error"], 2)
-    return (remote.connect(tuple(got["address"]), authkey),
-            Placement(got["host"], got["hostname"], f"{got['pid']:x}x{secrets.token_hex(4)}"))
+    address = tuple(got["address"])
+    try:
+        handle = remote.connect(address, authkey)
+    except OSError as e:
+        raise ConvertError(f"cannot reach the writer of {shard_final} at {address[0]}:{address[1]} from this host: "
+                           f"{e.strerror or e}; the driver's host must reach the workers' hosts on any TCP port", 2) from None
+    return handle, Placement(got["host"], got["hostname"], f"{got['pid']:x}x{secrets.token_hex(4)}")
 
 
 def place(client, job: JobConfig, finals: dict[int, str], writers: dict[int, WriterHandle], lock: OutputLock,
@@ -82,12 +84,19 @@ def place(client, job: JobConfig, finals: dict[int, str], writers: dict[int, Wri
     """Replace the local writers of the shards in ``finals`` (index -> shard file) by writers
     on their workers' hosts where the rule above says so; their placements (``{}``: none)."""
     hosts = worker_hosts(client, job)
-    placed: dict[int, Placement] = {}
+    if not hosts:
+        return {}
+    started = {}  # every writer starting at once: each start is an interpreter and h5py's import
     for k, final in finals.items():
-        if not hosts:
-            break
+        authkey = secrets.token_bytes(32)  # travels through Dask (TLS with cluster.security)
+        host = hosts[k % len(hosts)]
+        started[k] = host, authkey, client.submit(
+            remote.start_on_worker, authkey.hex(), lock_path(final), lock.path, run_id, workers=[host],
+            allow_other_workers=False, pure=False, key=f"h5batch-writer-{run_id}-{k}")
+    placed: dict[int, Placement] = {}
+    for k, (host, authkey, fut) in started.items():
         writers[k].stop()  # never got a job
-        writers[k], placed[k] = start(client, hosts[k % len(hosts)], k, final, lock, run_id)
+        writers[k], placed[k] = _started(fut, host, finals[k], authkey)
     if placed:
         say("writers on their workers' hosts: " + ", ".join(f"shard {k} on {p.host}" for k, p in placed.items()))
     return placed

@@ -45,6 +45,7 @@ import subprocess
 import sys
 import threading
 import time
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Listener
 from typing import Any
 
@@ -77,12 +78,16 @@ class Peer:
     def __init__(self, conn, quiet: bool = False):
         self.conn, self.quiet, self.gone = conn, quiet, False
         self._lock = threading.Lock()  # readers in several threads are serialised
-        sock = socket.socket(fileno=os.dup(conn.fileno()))
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        for name, value in KEEPALIVE.items():
-            if hasattr(socket, name):
-                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
-        self._sock = sock  # a duplicate of the connection's socket, for shutdown()
+        with self._socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            for name, value in KEEPALIVE.items():
+                if hasattr(socket, name):
+                    sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+    def _socket(self) -> socket.socket:
+        """The connection's socket, through a descriptor of its own (closed after use: the
+        options and a shutdown act on the socket, not on the descriptor)."""
+        return socket.socket(fileno=os.dup(self.conn.fileno()))
 
     def put(self, msg: Any) -> None:
         try:
@@ -119,13 +124,12 @@ class Peer:
     def close(self) -> None:
         """(lifeline) Tell the writer we are gone: it commits and exits; its last words
         can still be read (a half close)."""
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_WR)
+        with contextlib.suppress(OSError), self._socket() as sock:
+            sock.shutdown(socket.SHUT_WR)
 
     def kill(self) -> None:
         self.close()
         self.conn.close()
-        self._sock.close()
         self.gone = True
 
 
@@ -206,7 +210,12 @@ def main(argv: list[str] | None = None) -> None:
     with open(os.devnull, "w") as null:  # the starter has read its line and gone
         os.dup2(null.fileno(), sys.stdout.fileno())
     signal.alarm(ACCEPT_SECONDS)  # SIGALRM ends a writer nobody connects to
-    conn = listener.accept()
+    while True:
+        try:
+            conn = listener.accept()
+            break
+        except (AuthenticationError, EOFError, OSError):  # not the driver: wait for it
+            continue
     signal.alarm(0)
     listener.close()
     peer = Peer(conn, quiet=True)
