@@ -111,3 +111,23 @@ def test_kill_9_of_a_remote_writer_stops_the_run_and_a_rerun_gives_the_same_outp
     assert res.returncode == 0, res.stderr
     assert "resuming" in res.stderr
     assert digest(out) == digest(reference)
+
+
+def test_kill_9_of_the_driver_makes_each_remote_writer_commit_and_exit(corpus, reference, two_hosts, tmp_path):
+    out = tmp_path / "out.h5"
+    proc = start(cmd(corpus, out, 2, "--scheduler", two_hosts.address, "--set", "policy.commit_every=0"))
+    records = [Path(shard_path(str(out), k, 2) + fmt.PARTIAL_SUFFIX + ".commit.json") for k in range(2)]
+    deadline = time.monotonic() + 60
+    while not all(r.exists() for r in records) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert proc.poll() is None, "the run ended before its driver could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 30  # the lifeline: each writer sees its connection close
+    while _writers() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _writers()
+    res = run(cmd(corpus, out, 2, "--scheduler", two_hosts.address))
+    assert res.returncode == 0, res.stderr
+    assert "resuming" in res.stderr
+    assert digest(out) == digest(reference)
