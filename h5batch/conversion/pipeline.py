@@ -179,13 +179,16 @@ def _lanes(plan, outs: list[OutputFiles], todo: dict, writers: dict, manifest, p
             continue
         last = k == n - 1
         record = todo[k]
+        where = placed.get(k)
+        # A writer on another host keeps its own working directory: its paths are absolute,
+        # and the driver's folder need not exist there.
         spec = dataclasses.replace(
             plan.spec, partial_path=outs[k].partial, final_path=outs[k].final, resume=record,
+            cwd="" if where else plan.spec.cwd,
             shard={"index": k, "of": n, "items": [int(starts[lo]), int(starts[hi])]},
             discovery_rejects=plan.spec.discovery_rejects if last else [],
             num_inputs=items.num_paths(int(starts[lo]), int(starts[hi])) + (len(plan.spec.discovery_rejects) if last else 0),
             inventory=inventory.sidecar(outs[k].partial) if last else "")
-        where = placed.get(k)
         name = f"writer of {outs[k].final}" + (f" on host {where.host}" if where else "")
         lanes.append(Lane(writers[k], record.next_batch if record else lo, hi, name, lo, spec, where))
     return lanes
