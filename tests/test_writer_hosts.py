@@ -4,6 +4,7 @@ loopback addresses (two hosts for Dask), ``output.writers: 2``."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import time
@@ -131,3 +132,20 @@ def test_kill_9_of_the_driver_makes_each_remote_writer_commit_and_exit(corpus, r
     assert res.returncode == 0, res.stderr
     assert "resuming" in res.stderr
     assert digest(out) == digest(reference)
+
+
+def test_a_shard_whose_lock_another_writer_holds_is_refused_naming_it(corpus, two_hosts, tmp_path):
+    out = tmp_path / "out.h5"
+    lock = Path(shard_path(str(out), 1, 2) + ".lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # as a writer of an earlier run that is still committing
+    try:
+        res = run(cmd(corpus, out, 2, "--scheduler", two_hosts.address))
+    finally:
+        os.close(fd)
+    assert res.returncode == 2 and f"{lock} is held by another writer of this shard" in res.stderr, res.stderr
+    assert "(127.0.0.3)" in res.stderr
+    deadline = time.monotonic() + 10
+    while _writers() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _writers()

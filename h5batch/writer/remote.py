@@ -163,17 +163,17 @@ def start_on_worker(authkey_hex: str, lock: str, output_lock: str, driver_run: s
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
     proc.stdin.write(authkey_hex + "\n")
     proc.stdin.close()
-    line = proc.stdout.readline()
+    line = proc.stdout.readline()  # its address, or why it cannot write the shard
     proc.stdout.close()
     if not line:
         return {"error": f"the writer process on host {hostname()} ({host}) exited with code {proc.wait()} "
                          f"before it listened (its message is in the Dask worker's log)"}
-    return {**json.loads(line), "host": host, "hostname": hostname()}
+    return {"host": host, "hostname": hostname(), **json.loads(line)}
 
 
-def _take_lock(path: str) -> int:
+def _take_lock(path: str) -> int | None:
     """Hold ``path`` locked for this process's life (waiting a while for a writer of the
-    same shard that is still committing)."""
+    same shard that is still committing); None when it stays held."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     deadline = time.monotonic() + LOCK_WAIT_SECONDS
     while True:
@@ -188,7 +188,8 @@ def _take_lock(path: str) -> int:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except BlockingIOError:
             if time.monotonic() > deadline:
-                raise SystemExit(f"h5batch writer: {path} is held by another writer of this shard") from None
+                os.close(fd)
+                return None
             time.sleep(0.2)
 
 
@@ -204,6 +205,10 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     authkey = bytes.fromhex(sys.stdin.readline().strip())
     lock_fd = _take_lock(args.lock)
+    if lock_fd is None:
+        print(json.dumps({"error": f"{args.lock} is held by another writer of this shard on host {hostname()} "
+                                   f"({args.host}) for over {LOCK_WAIT_SECONDS:.0f} s: wait for it to end, or stop it"}))
+        return
     remove_stale_segments()  # of writers on this host that were killed
     listener = Listener((args.host, 0), authkey=authkey)
     print(json.dumps({"address": listener.address, "pid": os.getpid()}), flush=True)
