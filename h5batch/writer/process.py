@@ -11,7 +11,8 @@ driver dies (``kill -9``), the writer commits what it has and exits, so the next
 resumes from there. It learns of the death through ``lifeline``, the read end of a pipe
 whose only write end the driver holds and never writes to: it turns readable (EOF) exactly
 when the driver is gone. The parent pid does not tell where the writer's parent is the fork
-server.
+server. A writer on another host than the driver's (:mod:`.remote`) runs the same loop with
+one TCP connection as its inbox, outbox and lifeline (its EOF: the driver is gone).
 """
 
 from __future__ import annotations
