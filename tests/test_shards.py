@@ -244,3 +244,18 @@ def test_kill_9_of_the_whole_run_then_rerun_gives_the_uninterrupted_output(corpu
     assert digest(out) == digest(outputs[1])
     for k in range(2):
         assert_same_h5(shard_path(str(outputs[2]), k, 2), shard_path(str(out), k, 2))
+
+
+def test_overwrite_of_a_finished_sharded_output_redoes_every_shard(corpus, tmp_path):
+    out = tmp_path / "out.h5"
+    assert run(cmd(corpus, out, 2)).returncode == 0
+    before = {k: records_of(out)[k].created for k in range(2)}
+    res = run(cmd(corpus, out, 2, "--overwrite", "--json"))
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["bytes_decoded"] > 0  # decoded again, not only joined again
+    assert all(records_of(out)[k].created != before[k] for k in range(2))
+
+
+def records_of(path: Path):
+    with h5py.File(path, "r") as f:
+        return records(f)

@@ -93,7 +93,9 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
     # Per writer: its output files, and None (done: a complete shard), or the commit record
     # to resume from (None inside: start afresh).
     outs = [output] if n == 1 else [output.shard(k) for k in range(n)]
-    fresh = opts.restart or not opts.resume
+    # --overwrite of a finished output redoes every shard (its complete shards are that output's);
+    # the complete shards of an interrupted run are kept, as one writer's partial is.
+    fresh = opts.restart or not opts.resume or (output.overwrite and os.path.exists(output.final))
     todo = {k: o.resume_record(manifest) for k, o in enumerate(outs) if n == 1 or fresh or not o.shard_done(manifest)}
     if not todo:  # every shard is written: only the join was left
         summary = _joined(job, output, outs, manifest, None, say)
