@@ -30,10 +30,10 @@ __all__ = [
     "CorruptFileError",
     "DecodeError",
     "H5batchError",
+    "MissingShardError",
     "ObjectChangedError",
     "PreflightError",
     "RemoteError",
-    "ShardedNotSupported",
     "VerifyError",
 ]
 
@@ -119,10 +119,9 @@ class VerifyError(H5batchError):
     exit_code = EXIT_BAD_INPUT
 
 
-class ShardedNotSupported(H5batchError):
-    """A command that does not handle sharded outputs (``output.writers`` > 1) yet."""
-
-    exit_code = EXIT_BAD_INPUT
+class MissingShardError(H5batchError, FileNotFoundError):
+    """A shard file of a sharded output (h5batch/shards.py) is not beside it: the output
+    cannot be read (never as the fill values HDF5 would give)."""
 
 
 class RemoteError(H5batchError, OSError):

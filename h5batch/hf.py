@@ -211,9 +211,6 @@ def to_dataset(path: str | os.PathLike[str], split: str | None = None, *,
     --------
     >>> ds = to_dataset("out/demo.h5", "train", cache_dir="/tmp/hf")  # doctest: +SKIP
     """
-    from .shards import refuse
-
-    refuse(os.fspath(path), "h5batch.hf.to_dataset")
     if "://" in os.fspath(path):  # s3://: a whole local copy in the node cache (remote/local.py)
         from .remote.local import local_copy
 

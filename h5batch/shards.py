@@ -13,6 +13,14 @@ host that wrote it). :func:`join` then writes ``NAME.h5`` (format
 * the root attributes of the shards' job, ``num_inputs`` of the whole corpus, and
   ``shards``: a JSON list of :class:`ShardRecord` (file name, bytes, sha256, host, rows).
 
+``h5batch sync`` adds a shard (:func:`sync_shard_path`: ``NAME.shard-K.h5``, K the number
+of shards so far) holding the new and changed samples and the corpus's rejects, class names,
+inventory and attributes as they are now, then joins again, taking those from it and keeping
+the old ``NAME.h5``'s views and tombstones, the removed rows added (rows of the joined
+split). The old shards are never written, so the join's rename is a sync's commit too; a
+shard left by an interrupted sync is removed by the next command that takes the lock
+(:func:`strays`).
+
 Sample ``i`` of a split is the same for any N: the shards hold consecutive manifest ranges
 in order. BEWARE: HDF5 reads a missing virtual source as fill values without an error
 (hdf5#5088): h5batch checks the shards itself (:func:`check`) before it reads anything, and
@@ -25,13 +33,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import asdict, dataclass
 
 import h5py
 import numpy as np
 
 from . import format as fmt
-from .errors import EXIT_BAD_INPUT, CorruptFileError, ShardedNotSupported
+from .errors import EXIT_BAD_INPUT, CorruptFileError, MissingShardError
 
 JOIN_SUFFIX = ".joining"  # NAME.h5 is written as NAME.h5.joining, renamed when whole
 
@@ -52,6 +61,33 @@ def shard_path(final: str, k: int | str, n: int) -> str:
     """``out/x.h5`` -> ``out/x.shard-K-of-N.h5``."""
     stem, ext = os.path.splitext(final)
     return f"{stem}.shard-{k}-of-{n}{ext}"
+
+
+def sync_shard_path(final: str, k: int) -> str:
+    """``out/x.h5`` -> ``out/x.shard-K.h5``: the shard a sync adds as the output's ``K``-th
+    (``K`` >= N: the conversion's N stays in its shards' names; the joined file's list of
+    shards, not their names, says which belong to it)."""
+    stem, ext = os.path.splitext(final)
+    return f"{stem}.shard-{k}{ext}"
+
+
+def strays(final: str) -> list[str]:
+    """What an interrupted join or sync left: ``final + JOIN_SUFFIX``, and the files of
+    shards a sync added (``x.shard-K.h5`` and its partial files) that the output ``final``
+    does not record. Call with the output's lock held (no join can be under way)."""
+    folder, name = os.path.split(os.path.abspath(final))
+    stem, ext = os.path.splitext(name)
+    ours = re.compile(re.escape(stem) + r"\.shard-\d+" + re.escape(ext))
+    try:
+        found = [n for n in os.listdir(folder) if ours.match(n)]
+    except FileNotFoundError:
+        return []
+    recorded = set()
+    if found and os.path.exists(final):
+        with h5py.File(final, "r") as f:
+            recorded = {r.path for r in records(f)} if is_sharded(f) else set()
+    joining = [final + JOIN_SUFFIX] if os.path.exists(final + JOIN_SUFFIX) else []
+    return joining + [os.path.join(folder, n) for n in found if n not in recorded]
 
 
 def ranges(n_batches: int, n: int) -> list[tuple[int, int]]:
@@ -77,19 +113,6 @@ def is_sharded(f: h5py.File) -> bool:
     return f.attrs.get(fmt.ATTR_FORMAT) == fmt.SHARDED_FORMAT
 
 
-def refuse(path: str, command: str) -> None:
-    """Raise :class:`ShardedNotSupported` when ``path`` is a sharded output (``command``:
-    what the user ran, named in the message)."""
-    try:
-        with h5py.File(path, "r") as f:
-            sharded = is_sharded(f)
-    except OSError:
-        return  # not there, not HDF5: the command says what is wrong in its own words
-    if sharded:
-        raise ShardedNotSupported(f"{path}: `{command}` does not support sharded outputs (output.writers > 1) "
-                                  f"yet; convert with output.writers: 1 to use it")
-
-
 def records(f: h5py.File) -> list[ShardRecord]:
     """The shards a joined file records."""
     return [ShardRecord(**d) for d in json.loads(f.attrs[fmt.ATTR_SHARDS])]
@@ -98,7 +121,7 @@ def records(f: h5py.File) -> list[ShardRecord]:
 def check(path: str, f: h5py.File, digest: bool = False) -> list[str]:
     """The shard files of the joined output ``f`` (at ``path``), after checking that each is
     there with its recorded size (and sha256 when ``digest``: reads every byte). Raises
-    ``FileNotFoundError`` / :class:`~h5batch.errors.CorruptFileError` naming the shard."""
+    :class:`~h5batch.errors.MissingShardError` / :class:`~h5batch.errors.CorruptFileError` naming the shard."""
     folder = os.path.dirname(os.path.abspath(path))
     out = []
     for r in records(f):
@@ -106,7 +129,7 @@ def check(path: str, f: h5py.File, digest: bool = False) -> list[str]:
         try:
             size = os.path.getsize(p)
         except FileNotFoundError:
-            raise FileNotFoundError(f"{path}: its shard {p} is missing (a sharded output's shard files "
+            raise MissingShardError(f"{path}: its shard {p} is missing (a sharded output's shard files "
                                     f"must stay beside it)") from None
         if size != r.bytes:
             raise CorruptFileError(path, f"shard {p}", f"{size} bytes, the output recorded {r.bytes}: "
@@ -128,40 +151,51 @@ def sha256(path: str) -> str:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
-def join(final: str, shard_files: list[str], num_inputs: int) -> None:
+def join(final: str, shard_files: list[str], num_inputs: int, synced: dict[str, np.ndarray] | None = None) -> None:
     """Write the output ``final`` joining complete ``shard_files`` (in manifest order) as the
     module docstring says: through ``final + JOIN_SUFFIX``, fsynced and renamed, so a kill
-    at any moment leaves either no output or the whole one."""
+    at any moment leaves either no output or the whole one.
+
+    ``synced`` (a sync, h5batch/conversion/sync.py): the last shard is a sync's, ``final`` the output
+    it syncs, and ``synced`` the rows it removes per split. The last shard holds the corpus's
+    whole rejects, names, inventory and attributes (as a synced file would); ``final``'s
+    views are kept and its tombstones joined with ``synced``."""
     tmp = final + JOIN_SUFFIX
     folder = os.path.dirname(os.path.abspath(final))
     shards = [h5py.File(p, "r") for p in shard_files]
+    old = h5py.File(final, "r") if synced is not None else None
     try:
-        first = shards[0]
+        last = shards[-1]  # the newest attributes, names, inventory (a sync's shard)
         with h5py.File(tmp, "w", libver=("earliest", "v110")) as out:
-            for k, v in first.attrs.items():
+            for k, v in last.attrs.items():
                 if k != fmt.ATTR_SHARD:
                     out.attrs[k] = v
             out.attrs[fmt.ATTR_FORMAT] = fmt.SHARDED_FORMAT
             out.attrs[fmt.ATTR_INPUTS] = num_inputs
-            splits = json.loads(first.attrs[fmt.ATTR_SPLITS])
+            splits = json.loads(last.attrs[fmt.ATTR_SPLITS])
             for name in (fmt.CLASS_NAMES, "inventory"):
-                src = next((s for s in shards if name in s), None)
+                src = next((s for s in reversed(shards) if name in s), None)
                 if src is not None:
                     src.copy(src[name], out, name)
             rej = out.create_group(fmt.REJECTS)
+            listed = shards if old is None else [last]  # a sync's shard lists the corpus's rejects
             for k in ("path", "stage", "reason"):
-                rej.create_dataset(k, data=np.concatenate([s[fmt.REJECTS][k][...] for s in shards]),
+                rej.create_dataset(k, data=np.concatenate([s[fmt.REJECTS][k][...] for s in listed]),
                                    dtype=h5py.string_dtype(), maxshape=(None,))
             for split in splits:
-                _join_group(out.create_group(split), [s[split] for s in shards], shard_files, folder)
+                have = [(s[split], p) for s, p in zip(shards, shard_files, strict=True) if split in s]
+                g = out.create_group(split)
+                _join_group(g, [h for h, _ in have], [p for _, p in have], folder)
+                if old is not None and split in old:
+                    _carry(old[split], g, synced.get(split, ()))
             records = [ShardRecord(os.path.relpath(os.path.abspath(p), folder), os.path.getsize(p), sha256(p),
                                    json.loads(s.attrs[fmt.ATTR_SHARD])["host"],
-                                   {sp: int(s[sp].attrs[fmt.ATTR_NUM_SAMPLES]) for sp in splits},
+                                   {sp: int(s[sp].attrs[fmt.ATTR_NUM_SAMPLES]) if sp in s else 0 for sp in splits},
                                    str(s.attrs[fmt.ATTR_CREATED]))
                        for p, s in zip(shard_files, shards, strict=True)]
             out.attrs[fmt.ATTR_SHARDS] = fmt.dumps([asdict(r) for r in records])
     finally:
-        for s in shards:
+        for s in [*shards, *([old] if old else [])]:
             s.close()
     with open(tmp, "rb") as fh:
         os.fsync(fh.fileno())
@@ -173,11 +207,21 @@ def join(final: str, shard_files: list[str], num_inputs: int) -> None:
         os.close(fd)
 
 
+def _carry(old: h5py.Group, out: h5py.Group, removed) -> None:
+    """A synced split: the old joined file's views, and its tombstones with ``removed``."""
+    if fmt.VIEWS in old:
+        old.copy(old[fmt.VIEWS], out, fmt.VIEWS)
+    had = old[fmt.TOMBSTONES][...] if fmt.TOMBSTONES in old else np.zeros(0, np.int64)
+    dead = np.union1d(had.astype(np.int64), np.asarray(removed, dtype=np.int64))
+    if len(dead):
+        out.create_dataset(fmt.TOMBSTONES, data=dead)
+
+
 def _join_group(out: h5py.Group, parts: list[h5py.Group], files: list[str], folder: str) -> None:
     """One split (or a variable field's group): virtual datasets over ``parts``; ``offsets``
     rebased into a real dataset. A shard without rows of a split may lack its datasets."""
-    for k, v in parts[0].attrs.items():
-        out.attrs[k] = v
+    for k, v in [*parts[0].attrs.items(), *parts[-1].attrs.items()]:  # the newest win (a sync's
+        out.attrs[k] = v  # shard: its extended categories); what it lacks (the codec choice) kept
     if fmt.ATTR_NUM_SAMPLES in parts[0].attrs:
         out.attrs[fmt.ATTR_NUM_SAMPLES] = sum(int(p.attrs[fmt.ATTR_NUM_SAMPLES]) for p in parts)
     names = list(dict.fromkeys(name for p in parts for name in p))
@@ -200,7 +244,7 @@ def _rebased_offsets(out: h5py.Group, members: list[h5py.Dataset]) -> None:
         pieces.append(o[1:] + base)
         base += int(o[-1])
     ds = out.create_dataset(fmt.OFFSETS, data=np.concatenate(pieces))
-    for k, v in members[0].attrs.items():
+    for k, v in members[-1].attrs.items():
         ds.attrs[k] = v
 
 
@@ -221,5 +265,5 @@ def _virtual(out: h5py.Group, name: str, members: list[h5py.Dataset], files: lis
                 layout[at:at + m] = h5py.VirtualSource(rel, d.name, shape=d.shape)[:m]
             at += m
         ds = out.create_virtual_dataset(name, layout)
-    for k, v in first.attrs.items():
+    for k, v in members[-1].attrs.items():
         ds.attrs[k] = v

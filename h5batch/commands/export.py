@@ -37,9 +37,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from ..export import TARGETS, ExportError, export
-    from ..shards import refuse
 
-    refuse(args.path, "h5batch export")
     if args.target not in TARGETS:
         raise ExportError(f"--to {args.target!r}: unknown target (targets: {', '.join(TARGETS)})")
     options = {}

@@ -35,10 +35,8 @@ def run(args) -> int:
 
         raise ConvertError(f"needs matplotlib and torch ({e}): pip install 'h5batch[preview]'",
                            EXIT_BAD_INPUT) from None
-    from ..shards import refuse
     from ..tools.preview import build_preview
 
-    refuse(args.path, "h5batch preview")
     s = build_preview(args.path, args.html, args.split, args.n)
     shown = ", ".join(f"{k} {v}" for k, v in s.shown.items())
     print(f"h5batch preview: wrote {s.index} ({shown} samples shown, {s.files} files) in {s.seconds:.1f} s",

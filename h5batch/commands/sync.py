@@ -32,9 +32,7 @@ def run(args) -> int:
         print(f"h5batch sync: {job.output.path}: cannot change an object in place; sync a local output "
               "and convert it to the object again (--overwrite)", file=sys.stderr)
         return 2
-    from ..shards import refuse
 
-    refuse(job.output.path, "h5batch sync")
     s = sync(job, ConvertOptions(progress=args.progress, verbose=args.verbose), dry_run=args.dry_run)
     counts = ", ".join(f"{k} {v}" for k, v in s.counts.items())
     if s.dry_run and not s.up_to_date:

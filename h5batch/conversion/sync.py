@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 
 from .. import format as fmt
-from .. import inventory
+from .. import inventory, shards
 from ..config import JobConfig
 from ..errors import EXIT_BAD_INPUT, ConvertError
 from ..layouts import discover, resolved_job
@@ -73,6 +73,9 @@ def recover(final: str, say) -> None:
     if os.path.exists(copy):
         os.unlink(copy)
         say(f"removed {copy}, left by an interrupted sync")
+    for p in shards.strays(final):  # a join's temporary file, a shard a sync never joined
+        os.unlink(p)
+        say(f"removed {p}, left by an interrupted run")
 
 
 def sync(job: JobConfig, opts: ConvertOptions | None = None, dry_run: bool = False) -> SyncSummary:
@@ -180,6 +183,7 @@ def compare(job: JobConfig, final: str, say, full: bool = True) -> Comparison | 
 
 def _sync(job: JobConfig, opts: ConvertOptions, final: str, lock: OutputLock, run_id: str, say,
           dry_run: bool = False) -> SyncSummary:
+    files = _shard_files(final)  # before anything reads a sharded output's virtual datasets
     c = compare(job, final, say)
     assert c is not None  # full=True: a full discovery where an incremental one cannot vouch
     old, found, job, t_discover = c.old, c.found, c.job, c.seconds
@@ -206,36 +210,55 @@ def _sync(job: JobConfig, opts: ConvertOptions, final: str, lock: OutputLock, ru
     # The writer first: forked while this process has no other thread (the engine starts some).
     writer = WriterHandle.start(lock.fd)
     say(f"sync: {d.new} new, {d.changed} changed, {d.removed} removed, {d.unchanged} unchanged")
-    in_place = not readers_present(final)
-    partial = final if in_place else final + COPY_SUFFIX
+    # A sharded output gets a new shard (h5batch/shards.py): its shards are never written.
+    added = shards.sync_shard_path(final, len(files)) if files else None
+    in_place = added is None and not readers_present(final)
+    partial = added + fmt.PARTIAL_SUFFIX if added else final if in_place else final + COPY_SUFFIX
     t1 = time.perf_counter()
     started = [False]  # set by _write once the writer has its Start
     try:
-        if not in_place:
+        if not in_place and not added:
             say(f"{final} is open in another process: syncing a copy, renamed over it at the end")
             shutil.copyfile(final, partial)
         with open_engine(job) if d.items else contextlib.nullcontext() as conn:
             if conn is not None:
                 check_engine(conn, job, found.manifest, say)
-            plan = _plan(job, found, old, d, final, partial, in_place, run_id,
-                         trial.on_engine(conn, say) if conn is not None else None)
-            summary = _write(job, plan, d, found, final, writer, run_id, opts, say, conn, started)
+            plan = _plan(job, found, old, d, added or final, partial, in_place, run_id,
+                         trial.on_engine(conn, say) if conn is not None else None, len(files) if added else None)
+            summary = _write(job, plan, d, found, added or final, writer, run_id, opts, say, conn, started)
     except BaseException:
         if not started[0]:
-            inventory.remove_sidecar(final)
+            inventory.remove_sidecar(added or final)
             writer.stop()
             writer.lifeline.close()
         raise
     finally:
         remove_segments(run_id)  # once the engine is closed (see conversion/pipeline.py)
-    counts = _live(old, d.tombstones, summary.counts)
+    stored = summary.counts
+    if added:  # the output is joined again with its new shard: the commit of this sync
+        shards.join(final, [*files, added], found.num_inputs, d.tombstones)
+        os.replace(fmt.rejects_file(added), fmt.rejects_file(final))
+        stored = {s: old.n_rows.get(s, 0) + n for s, n in summary.counts.items()}
+    counts = _live(old, d.tombstones, stored)
     return SyncSummary(final, d.new, d.changed, d.removed, d.unchanged, counts, summary.rejects, 0.0,
-                       in_place=in_place, discover_seconds=t_discover, convert_seconds=time.perf_counter() - t1,
-                       output_bytes=os.path.getsize(final))
+                       in_place=in_place or bool(added), discover_seconds=t_discover,
+                       convert_seconds=time.perf_counter() - t1, output_bytes=os.path.getsize(final))
 
 
-def _plan(job, found: _Found, old, d, final: str, partial: str, in_place: bool, run_id, run_trial=None):
-    """The writer's spec and the batches of new and changed items."""
+def _shard_files(final: str) -> list[str]:
+    """The shard files of the sharded output ``final`` (checked: there, unchanged); [] for
+    one file."""
+    import h5py
+
+    with h5py.File(final, "r") as f:
+        return shards.check(final, f) if shards.is_sharded(f) else []
+
+
+def _plan(job, found: _Found, old, d, final: str, partial: str, in_place: bool, run_id, run_trial=None,
+          shard: int | None = None):
+    """The writer's spec and the batches of new and changed items. ``shard``: they go into a
+    new file, the ``shard``-th of a sharded output, with the corpus's rejects, names and
+    inventory (h5batch/shards.py, :func:`~h5batch.shards.join` then joins it)."""
     from .plan import make_plan
 
     manifest = found.manifest
@@ -246,7 +269,7 @@ def _plan(job, found: _Found, old, d, final: str, partial: str, in_place: bool, 
     keep = _codecs(old)
     rates = {n: int(a.get("sample_rate", 0)) for n, a in old.fields.items()}  # a file keeps its rates
     plan = make_plan(job, work, None, final, partial, run_id, lambda _text: None, keep_codecs=keep,
-                     new_file=False, run_trial=run_trial, known_rates=rates)
+                     new_file=shard is not None, run_trial=run_trial, known_rates=rates)
     spec = plan.spec
     spec.discovery_rejects = list(manifest.rejects)
     spec.num_inputs = found.num_inputs
@@ -254,6 +277,10 @@ def _plan(job, found: _Found, old, d, final: str, partial: str, in_place: bool, 
     spec.inventory = inventory.sidecar(final)  # written by _write, once the writer has its Start
     from ..writer.messages import SyncSpec
 
+    if shard is not None:  # a new file: the rejects of unchanged files carried over into it
+        spec.discovery_rejects = list(d.kept_rejects) + spec.discovery_rejects
+        spec.shard = {"index": shard, "of": shard + 1, "items": [0, len(d.items)]}
+        return plan
     spec.sync = SyncSpec(in_place=in_place, tombstones=d.tombstones, kept_rejects=d.kept_rejects)
     return plan
 

@@ -99,16 +99,19 @@ class SampleReader:
     """
 
     def __init__(self, path: str | os.PathLike[str], fields: Sequence[str] | None = None):
+        from ..shards import check, is_sharded
         from ..tools.index import check_complete, open_file
 
         self.path = os.fspath(path)
         if not os.path.isfile(self.path):
             raise ExportError(f"{self.path}: no such file")
         with open_file(self.path) as f:
-            if f.attrs.get(fmt.ATTR_FORMAT) not in fmt.READABLE_FORMATS:
+            if f.attrs.get(fmt.ATTR_FORMAT) not in (*fmt.READABLE_FORMATS, fmt.SHARDED_FORMAT):
                 raise ExportError(f"{self.path}: not an h5batch output (root attribute {fmt.ATTR_FORMAT} "
                                   f"is {f.attrs.get(fmt.ATTR_FORMAT)!r})")
             check_complete(f, self.path)
+            if is_sharded(f):  # its virtual datasets are read below: every shard there, unchanged
+                check(self.path, f)
             self.splits: tuple[str, ...] = tuple(json.loads(f.attrs[fmt.ATTR_SPLITS]))
             stored = json.loads(f.attrs[fmt.ATTR_FIELDS])
             wanted = list(stored if fields is None else fields)

@@ -41,6 +41,7 @@ import h5py
 import numpy as np
 
 from .. import format as fmt
+from .. import shards
 from . import preview_page as pg
 from . import preview_plots as plots
 from .samples import (
@@ -328,12 +329,14 @@ def build_preview(path: str, out_dir: str, splits: list[str] | None = None, n: i
     t0 = time.perf_counter()
     if int(n) < 1:
         raise SampleError(f"--n must be at least 1, got {n}")
-    chosen = pick_splits(path, check_output(path), splits)
+    chosen = pick_splits(path, check_output(path, sharded=True), splits)
     os.makedirs(out_dir, exist_ok=True)
     _prepare(out_dir)
     summary = PreviewSummary(os.path.join(out_dir, "index.html"))
     sections = []
     with h5py.File(path, "r") as f:
+        if shards.is_sharded(f):  # read through its virtual datasets: every shard there, unchanged
+            shards.check(path, f)
         a = f.attrs
         job = json.loads(a.get(fmt.ATTR_JOB, "{}"))
         versions = json.loads(a.get(fmt.ATTR_VERSIONS, "{}"))

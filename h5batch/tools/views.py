@@ -12,6 +12,8 @@ file's size in free space); after the edit it is reopened read-only and every vi
 (:func:`check_rows`) and the row counts are checked before it replaces ``OUT``.
 
 ``verify`` checks every view with :func:`check_rows`; the reader checks the view it opens.
+A sharded output's views live in its joined file, as any output's (rows of the joined split;
+h5batch/shards.py): the copy is of that small file only, the shards are never written.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import h5py
 import numpy as np
 
 from .. import format as fmt
+from .. import shards
 from ..errors import CorruptFileError, H5batchError
 from .index import open_output
 from .replace import replaced
@@ -91,9 +94,22 @@ def read_view(f: h5py.File, path: str, split: str, name: str, n: int) -> np.ndar
     return rows.astype(np.int64, copy=False)
 
 
+def _open(path: str) -> h5py.File:
+    """The output ``path`` read-only; a sharded one once its shards are checked (its
+    virtual datasets are read: a missing shard would read as fill values)."""
+    f = open_output(path, ViewError, sharded=True)
+    try:
+        if shards.is_sharded(f):
+            shards.check(path, f)
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
 def list_views(path: str) -> dict[str, dict[str, int]]:
     """``{split: {view: rows}}`` of a file."""
-    with open_output(path, ViewError) as f:
+    with _open(path) as f:
         splits = json.loads(f.attrs.get(fmt.ATTR_SPLITS, "[]"))
         return {s: {v: int(f[s][fmt.VIEWS][v].shape[0]) for v in names(f[s])} for s in splits if s in f}
 
@@ -242,7 +258,7 @@ def add_view(path: str, name: str, split: str, *, where: str | None = None,
         raise ViewError(f"view name {name!r}: use letters, digits, _ . - (at most 128, not starting with . or -)")
     if (where is None) == (rows is None):
         raise ViewError("give exactly one of --where EXPR or --rows FILE")
-    with open_output(path, ViewError) as f:
+    with _open(path) as f:
         _check_split(f, path, split)
         n = num_samples(f[split])
         if name in names(f[split]) and not overwrite:
@@ -267,7 +283,7 @@ def add_view(path: str, name: str, split: str, *, where: str | None = None,
 
 def remove_view(path: str, name: str, split: str) -> None:
     """Delete view ``name`` of ``split`` (same safe rewrite as :func:`add_view`)."""
-    with open_output(path, ViewError) as f:
+    with _open(path) as f:
         _check_split(f, path, split)
         if name not in names(f[split]):
             raise ViewError(f"{path}: split {split!r} has no view {name!r} (views: "

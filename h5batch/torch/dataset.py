@@ -159,14 +159,19 @@ class H5Dataset(Dataset):
         if self.with_source and fmt.SOURCE not in g:
             raise KeyError(f"{self.path}: split {self.split!r} has no {fmt.SOURCE} dataset")
         self._source_tuple = fmt.SOURCE in g and g[fmt.SOURCE].ndim == 2
-        # The file rows read, or None: every row. A view selects rows (checked: sorted,
-        # unique, in range); rows `h5batch sync` tombstoned are never yielded.
-        self._rows = None if self.view is None else read_view(f, self.path, self.split, self.view, self._n)
-        live = live_rows(f, self.path, self.split, self._n)
-        if live is not None:
-            self._rows = live if self._rows is None else np.intersect1d(self._rows, live, assume_unique=True)
+        self._rows = self._selected_rows(f)
         nbytes = [fi.chunk_nbytes for fi in self.fields] or [1 << 20]
         self._h5_cache = fmt.cache_settings(max(nbytes), min(nbytes))
+
+    def _selected_rows(self, f: h5py.File) -> np.ndarray | None:
+        """The file rows read, or None: every row. A view selects rows (checked: sorted,
+        unique, in range); rows `h5batch sync` tombstoned are never yielded. A sharded
+        output's views and tombstones are its joined file's (``f``)."""
+        rows = None if self.view is None else read_view(f, self.path, self.split, self.view, self._n)
+        live = live_rows(f, self.path, self.split, self._n)
+        if live is not None:
+            rows = live if rows is None else np.intersect1d(rows, live, assume_unique=True)
+        return rows
 
     @property
     def field_names(self) -> tuple[str, ...]:
@@ -201,7 +206,7 @@ class H5Dataset(Dataset):
         ``view``: the positions in the view where its rows enter a new file chunk group.
         """
         if self._shards is not None:
-            return self._shards.chunk_starts()
+            return self._shards.chunk_starts(self._rows)
         fi = self._grouping_field()
         if fi is None:
             return np.zeros(0, dtype=np.int64)

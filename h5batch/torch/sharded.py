@@ -44,8 +44,6 @@ class Shards:
         splits = json.loads(f.attrs[fmt.ATTR_SPLITS])
         if ds.split not in splits:
             raise KeyError(f"{ds.path}: no split {ds.split!r} (splits: {', '.join(splits)})")
-        if ds.view is not None:
-            raise KeyError(f"{ds.path}: no view {ds.view!r} (a sharded output has no views)")
         kw = dict(fields=fields, transform=None, as_float=ds.as_float, with_source=ds.with_source,
                   cache_bytes=ds.cache_bytes, channels_first=ds.channels_first, locking=ds.locking,
                   direct_chunks=ds.direct_chunks, shared_memory=ds.shared_memory, mmap=ds.mmap,
@@ -61,7 +59,8 @@ class Shards:
             parts.append(part)
         for name in ("fields", "_encoded", "_text", "labelled", "class_names", "_source_tuple", "_h5_cache"):
             setattr(ds, name, getattr(parts[0], name))
-        ds._n, ds._index, ds._rows = sum(len(p) for p in parts), {}, None
+        ds._n, ds._index = sum(len(p) for p in parts), {}
+        ds._rows = ds._selected_rows(f)  # the joined file's view and tombstones (rows of the joined split)
         return cls(parts)
 
     def __len__(self) -> int:
@@ -95,10 +94,15 @@ class Shards:
                 out[j] = src
         return out
 
-    def chunk_starts(self) -> np.ndarray:
-        """Every shard's chunk groups, shifted to split positions: a shard starts a group."""
+    def chunk_starts(self, rows: np.ndarray | None) -> np.ndarray:
+        """Every shard's chunk groups, shifted to split positions: a shard starts a group.
+        ``rows`` (a view's, sorted): the positions in it where its rows enter a new group."""
         out = [p.chunk_starts() + b for p, b in zip(self.parts, self.base[:-1].tolist(), strict=True)]
-        return np.concatenate(out).astype(np.int64) if out else np.zeros(0, np.int64)
+        starts = np.concatenate(out).astype(np.int64) if out else np.zeros(0, np.int64)
+        if rows is None:
+            return starts
+        group = np.searchsorted(starts, rows, side="right")
+        return np.flatnonzero(np.diff(group, prepend=-1)).astype(np.int64)
 
     def index_array(self, key: str, offsets: bool) -> np.ndarray:
         """A per-sample index array of the whole split (``offsets``: the shards' rebased)."""
