@@ -259,7 +259,7 @@ class ChunkStore:
 
 
 def gather_rows(store: ChunkStore, src: np.ndarray, dst_pos: np.ndarray, out: np.ndarray,
-                copy: Copy | None = None) -> None:
+                copy: Copy | None = None, tasks: list[tuple[np.ndarray, np.ndarray]] | None = None) -> None:
     """``out[dst_pos[j]] = rows[src[j]]`` for ``src`` sorted ascending (duplicates allowed).
 
     One block fetch per distinct block; contiguous source and destination ranges are copied as
@@ -271,20 +271,25 @@ def gather_rows(store: ChunkStore, src: np.ndarray, dst_pos: np.ndarray, out: np
     Big-row copies are collected and run together by :func:`copy_all` (on several threads
     in the main process); they are flushed before a block fetch could recycle the cache
     buffer of a block still waiting to be copied (mapped blocks are never recycled).
+    Given ``tasks``, the copies still pending at the end are left there for the caller's
+    ``copy_all(tasks, copy)``: the shards of a sharded output then fill one batch column with
+    one hand-over to the copy threads, not one per shard.
     """
     copy = copy or np.copyto
+    caller_runs = tasks is not None
+    tasks = [] if tasks is None else tasks
     k = store.k
     big_rows = out[0].nbytes >= 4096 if len(out) else False
     blocks = src // k
     cut = np.flatnonzero(blocks[1:] != blocks[:-1]) + 1
     starts = [0, *cut.tolist()]
     ends = [*cut.tolist(), len(src)]
-    tasks: list[tuple[np.ndarray, np.ndarray]] = []
     pending = 0  # cache buffers (not mapped views) that tasks still read
     for s, e in zip(starts, ends, strict=True):
         if pending and pending >= store.capacity - 1:
             copy_all(tasks, copy)
-            tasks, pending = [], 0
+            tasks.clear()
+            pending = 0
         c = int(blocks[s])
         r = src[s:e] - c * k
         d = dst_pos[s:e]
@@ -302,7 +307,8 @@ def gather_rows(store: ChunkStore, src: np.ndarray, dst_pos: np.ndarray, out: np
             out[d] = tmp
             continue
         pending += bool(chunk.flags.writeable)
-    copy_all(tasks, copy)
+    if not caller_runs:
+        copy_all(tasks, copy)
 
 
 def _strictly_consecutive(r: np.ndarray, d: np.ndarray) -> bool:
@@ -311,15 +317,17 @@ def _strictly_consecutive(r: np.ndarray, d: np.ndarray) -> bool:
 
 
 def gather_padded(store: ChunkStore | None, lo: np.ndarray, hi: np.ndarray, order: np.ndarray,
-                  out: np.ndarray, copy: Copy | None = None) -> None:
+                  out: np.ndarray, copy: Copy | None = None,
+                  tasks: list[tuple[np.ndarray, np.ndarray]] | None = None) -> None:
     """``out[j] = copy(values[lo[j]:hi[j]])`` zero-padded, for the samples ``j`` of a 1-D
     variable field, visited in ``order`` (ascending ``lo``: file order).
 
-    Copies convert, batch and flush as in :func:`gather_rows`. ``store`` may be None when
-    every sample is empty.
+    Copies convert, batch and flush as in :func:`gather_rows` (``tasks`` too). ``store`` may
+    be None when every sample is empty.
     """
     copy = copy or np.copyto
-    tasks: list[tuple[np.ndarray, np.ndarray]] = []
+    caller_runs = tasks is not None
+    tasks = [] if tasks is None else tasks
     width = out.shape[1]
     n = hi - lo
     for j in order[n[order] < width].tolist():  # the padding (none when all lengths agree)
@@ -341,7 +349,8 @@ def gather_padded(store: ChunkStore | None, lo: np.ndarray, hi: np.ndarray, orde
             if c != last:
                 if pending and pending >= store.capacity - 1:
                     copy_all(tasks, copy)
-                    tasks, pending = [], 0
+                    tasks.clear()
+                    pending = 0
                 block = store.get(c)
                 pending += bool(block.flags.writeable)
             tasks.append((dst[p: p + s1 - a], block[a - c * k: s1 - c * k]))
@@ -349,7 +358,8 @@ def gather_padded(store: ChunkStore | None, lo: np.ndarray, hi: np.ndarray, orde
             p += s1 - a
             a = s1
             c += 1
-    copy_all(tasks, copy)
+    if not caller_runs:
+        copy_all(tasks, copy)
 
 
 def gather_span(store: ChunkStore, a: int, b: int, out: np.ndarray) -> None:

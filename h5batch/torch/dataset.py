@@ -26,7 +26,7 @@ from .. import format as fmt
 from ..remote.rfile import node_object, open_h5
 from ..tools.index import check_complete, live_rows, offsets_key, open_file, read_index, shapes_key
 from ..tools.views import read_view
-from .batch import Batch, Ragged, divide_in_place, empty_columns, float_copy, stored_axes
+from .batch import Batch, Ragged, copy_all, divide_in_place, empty_columns, float_copy, stored_axes
 from .chunks import ChunkStore, gather_padded, gather_rows, gather_span
 from .fieldinfo import FieldInfo, encoded_fields, field_info
 from .recycle import PrivatePool, shared_pool
@@ -351,12 +351,16 @@ class H5Dataset(Dataset):
         outs = empty_columns(specs, shared, self._pool, None if in_worker else self._private)
         columns: dict[str, torch.Tensor | Ragged] = {}
         # (dataset, its rows, the batch positions it fills in file order): a sharded output's
-        # shards each fill their samples' rows of the one batch (torch/sharded.py).
+        # shards each fill their samples' rows of the one batch (torch/sharded.py), and the
+        # copies they collect run together, once per column (chunks.gather_rows).
         parts = [(self, idx, order)] if self._shards is None else self._shards.split(idx, order)
         for fi, out in zip(self.fields, outs):
+            how = self._convert(fi)[1]
+            copy, tasks = float_copy(how) if how else np.copyto, []
             for ds, rows, pos in parts:
-                columns[fi.name] = (ds._read_fixed(fi, rows, pos, out) if fi.fixed else
-                                    ds._read_variable(fi, rows, pos, out, shapes[fi.name]))
+                columns[fi.name] = (ds._read_fixed(fi, rows, pos, out, copy, tasks) if fi.fixed else
+                                    ds._read_variable(fi, rows, pos, out, shapes[fi.name], copy, tasks))
+            copy_all(tasks, copy)
         for name, enc in self._encoded.items():  # stored bytes -> decoded column (torch/fieldinfo.py)
             columns[name] = enc.column(columns[name], idx, self.as_float, self.channels_first, shared, self._pool)
         for name in self._text:
@@ -411,17 +415,16 @@ class H5Dataset(Dataset):
                             (shapes.max(axis=0) if b else np.zeros(fi.ndim, dtype=np.int64)))
         return (b, *(int(n) for n in sample[self._axes(fi)]))
 
+    # _read_fixed and _read_variable leave their copies in ``tasks`` for the caller's copy_all.
     def _read_fixed(self, fi: FieldInfo, idx: np.ndarray, order: np.ndarray,
-                    out: torch.Tensor) -> torch.Tensor:
-        how = self._convert(fi)[1]
+                    out: torch.Tensor, copy: Callable[..., None], tasks: list[Any]) -> torch.Tensor:
         view = stored_axes(out.numpy(), self._axes(fi))  # e.g. (B, H, W, C) of a (B, C, H, W) batch
-        if len(idx):
-            # Gathered and converted in one pass per row.
-            gather_rows(self._store(fi), idx[order], order, view, float_copy(how) if how else None)
+        if len(idx):  # gathered and converted in one pass per row
+            gather_rows(self._store(fi), idx[order], order, view, copy, tasks)
         return out
 
-    def _read_variable(self, fi: FieldInfo, idx: np.ndarray, order: np.ndarray,
-                       out: torch.Tensor, shapes: np.ndarray) -> Ragged:
+    def _read_variable(self, fi: FieldInfo, idx: np.ndarray, order: np.ndarray, out: torch.Tensor,
+                       shapes: np.ndarray, copy: Callable[..., None], tasks: list[Any]) -> Ragged:
         offsets = self._offsets(fi)
         lo, hi = offsets[idx], offsets[idx + 1]
         how = self._convert(fi)[1]
@@ -430,7 +433,7 @@ class H5Dataset(Dataset):
         stored_view = stored_axes(view, perm)  # (B, *stored axes)
         store = self._store(fi) if len(idx) and int((hi - lo).sum()) else None
         if fi.ndim == 1:  # each sample converted straight into its padded row
-            gather_padded(store, lo, hi, order, view, float_copy(how) if how else None)
+            gather_padded(store, lo, hi, order, view, copy, tasks)
             return Ragged(out, shapes[:, perm])
         view[order] = 0  # the rows of this call only: a sharded output's shards share the batch
         for j in order.tolist():
