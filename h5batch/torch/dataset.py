@@ -130,7 +130,7 @@ class H5Dataset(Dataset):
 
     def _read_layout(self, f: h5py.File, fields: Sequence[str] | None) -> None:
         version = f.attrs.get(fmt.ATTR_FORMAT)
-        if version == fmt.SHARDED_FORMAT and self._object is None:  # its shards read as datasets of their own
+        if version == fmt.SHARDED_FORMAT:  # its shards read as datasets of their own (torch/sharded.py)
             self._shards = Shards.open(self, f, fields)
             return
         if version not in fmt.READABLE_FORMATS:
