@@ -14,7 +14,7 @@ pytest.importorskip("torch")
 
 from h5batch.torch import H5Dataset  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
-from tests.support.run import convert_cmd, run  # noqa: E402
+from tests.support.run import convert_cmd, h5batch_cmd, run  # noqa: E402
 from tests.support.s3server import CREDS, server_fixture  # noqa: E402
 
 s3 = pytest.fixture(scope="module")(server_fixture)
@@ -74,6 +74,12 @@ def test_sharded_output_on_s3_uploads_shards_first_and_reads_as_the_local_one(s3
         for a, b in zip(got, want, strict=True):
             _same(a, b)
 
+    env = {**s3.env(), "H5BATCH_CACHE_DIR": str(tmp_path / "tool-cache")}
+    v = run(h5batch_cmd("verify", URL), env=env, cwd=tmp_path)  # on local copies, the shards' linked beside
+    assert v.returncode == 0 and ": OK: " in v.stderr, v.stdout + v.stderr
+
     s3.client().delete_object(Bucket="bench", Key=SHARDS[1])
     with pytest.raises(FileNotFoundError, match=f"its shard s3://bench/{SHARDS[1]} is missing"):
         H5Dataset(URL, "train", cache_dir=tmp_path / "read-cache")
+    gone = run(h5batch_cmd("verify", URL), env=env, cwd=tmp_path)
+    assert gone.returncode == 1 and f"s3://bench/{SHARDS[1]}: no such object: a shard of {URL}" in gone.stderr
