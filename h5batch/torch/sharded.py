@@ -6,10 +6,11 @@ values HDF5 gives a missing virtual source), then opens each shard as an ``H5Dat
 own, with all of its fast paths; the joined file's virtual datasets are never read. Index
 ``i`` of the split is row ``i - base[k]`` of shard ``k``, the shard holding it.
 
-A batch is read as from one file: one allocation for the batch, and each shard holding some
-of its samples copies them straight into their rows (:meth:`Shards.split`), the copies of a
-column run together, so a batch across shards costs what a batch of one file does. The index
-arrays the batch needs first (offsets, shapes, labels) are the shards' joined, offsets rebased.
+A batch is read as from one file: one allocation for the batch, and each column filled by one
+gather over the shards' chunk stores (:meth:`Shards.stores`; ``which`` shard holds each
+sample: :mod:`h5batch.torch.chunks`), so a batch across shards costs what a batch of one file
+does. The index arrays the batch needs (offsets, shapes, labels) are the shards' joined,
+offsets rebased: a shard's own are the joined less the offset at its first row.
 
 On object storage (``s3://.../OUT.h5``) the shards are the objects beside it (uploaded first,
 ``OUT.h5`` last: :mod:`h5batch.remote.upload`). Every shard object's size is checked with a
@@ -95,18 +96,11 @@ class Shards:
         k = np.searchsorted(self.base, idx, side="right") - 1
         return k, idx - self.base[k]
 
-    def split(self, idx: np.ndarray, order: np.ndarray) -> list[tuple[Any, np.ndarray, np.ndarray]]:
-        """Per shard holding samples of the batch ``idx`` (split rows; ``order`` sorts them):
-        ``(shard, rows, positions)``: ``rows[j]`` is batch sample ``j``'s row in that shard
-        (0 where another shard holds it), ``positions`` the batch positions it fills, in
-        file order, as :meth:`H5Dataset._read_fixed` and ``_read_variable`` take them."""
-        k, local = self.locate(idx)
-        out = []
-        for s in np.unique(k).tolist():
-            mine = k == s
-            self.parts[s]._ensure_open()
-            out.append((self.parts[s], np.where(mine, local, 0), order[mine[order]]))
-        return out
+    def stores(self, fi: Any) -> list[Any]:
+        """Every shard's chunk store of field ``fi`` (opened in this process first)."""
+        for p in self.parts:
+            p._ensure_open()
+        return [p._store(fi) for p in self.parts]
 
     def _read_sources(self, idx: np.ndarray) -> list[Any]:
         k, local = self.locate(idx)
@@ -136,6 +130,15 @@ class Shards:
     def close(self) -> None:
         for p in self.parts:
             p.close()
+
+
+def located(ds: Any, fi: Any, idx: np.ndarray) -> tuple[list[Any], np.ndarray, np.ndarray]:
+    """``(stores, which, rows)`` of H5Dataset ``ds``'s field ``fi`` and split rows ``idx``: its
+    chunk stores (one, or one per shard), which holds each sample, and its row there."""
+    if ds._shards is None:
+        return [ds._store(fi)], np.zeros(len(idx), np.intp), idx
+    which, rows = ds._shards.locate(idx)
+    return ds._shards.stores(fi), which, rows
 
 
 def _check_objects(url: str, records: list[shards.ShardRecord], storage_options: dict[str, Any]) -> list[str]:
