@@ -224,3 +224,38 @@ def test_a_complete_shard_cut_by_another_batch_size_is_refused_not_joined(corpus
     res = run(cmd(corpus, out, 2))
     assert res.returncode == 0, res.stderr
     assert digest(out) == digest(outputs[1])
+
+
+def test_kill_9_of_the_whole_run_then_rerun_gives_the_uninterrupted_output(corpus, outputs, tmp_path):
+    """Driver, writers and decoders killed at once: every shard resumes from its own commit."""
+    out = tmp_path / "out.h5"
+    proc = start(cmd(corpus, out, 2, "--set", "policy.commit_every=0"), new_session=True)
+    record = Path(shard_path(str(out), 1, 2) + fmt.PARTIAL_SUFFIX + ".commit.json")
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and not record.exists() and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert not out.exists()
+    res = run(cmd(corpus, out, 2))
+    assert res.returncode == 0, res.stderr
+    assert "resuming" in res.stderr
+    assert digest(out) == digest(outputs[1])
+    for k in range(2):
+        assert_same_h5(shard_path(str(outputs[2]), k, 2), shard_path(str(out), k, 2))
+
+
+def test_overwrite_of_a_finished_sharded_output_redoes_every_shard(corpus, tmp_path):
+    out = tmp_path / "out.h5"
+    assert run(cmd(corpus, out, 2)).returncode == 0
+    before = {k: records_of(out)[k].created for k in range(2)}
+    res = run(cmd(corpus, out, 2, "--overwrite", "--json"))
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["bytes_decoded"] > 0  # decoded again, not only joined again
+    assert all(records_of(out)[k].created != before[k] for k in range(2))
+
+
+def records_of(path: Path):
+    with h5py.File(path, "r") as f:
+        return records(f)

@@ -10,6 +10,8 @@ decide what to do      :mod:`.partial`: done already, refuse, resume, or start a
 start the writer       :mod:`h5batch.writer.process`: the one process that writes the output
 open the engine        :mod:`.cluster`: decoder processes (:mod:`.pool`), a LocalCluster,
                        a scheduler, or dask-jobqueue; :mod:`.preflight` checks it
+place the writers      :mod:`.writer_hosts`: shard writers on their workers' hosts
+                       (:mod:`h5batch.writer.remote`) on a cluster of several hosts
 plan                   :mod:`.plan` (+ :mod:`.auto`, :mod:`.trial` on the engine): codecs,
                        batches, the writer's spec
 drive                  :mod:`.driver`: submit, isolate crashes, forward in manifest order

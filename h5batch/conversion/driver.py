@@ -13,6 +13,7 @@ pipe-reading thread), each dispatched through a handler.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import queue
 import threading
@@ -48,6 +49,7 @@ from .decoder_warnings import WarningLog
 from .options import ConvertOptions, ConvertSummary, Progress
 from .plan import Plan
 from .worker import decode_batch
+from .writer_hosts import Placement
 
 WINDOW_BYTES = 1 << 30  # decoded bytes waiting in shared memory, at most (about)
 ABORT_SECONDS = 60  # how long the writer may take to commit after an abort
@@ -136,6 +138,7 @@ class Lane:
     name: str = "writer"  # in messages: the writer, or the shard it writes
     lo: int = 0  # its first batch (batches before start were committed by an earlier run)
     spec: Any = None  # the WriterSpec it was started with
+    where: Placement | None = None  # a writer on its workers' host (h5batch/conversion/writer_hosts.py)
 
     def __post_init__(self) -> None:
         self.next_submit = self.next_forward = self.acked = self.start
@@ -258,11 +261,18 @@ class Driver:
     def _submit(self, index: int, lo: int, hi: int) -> None:
         whole = self.slots[index].task
         task = whole if (lo, hi) == (0, len(whole.items)) else whole.sub(lo, hi)
+        # A writer on its workers' host: the batch goes to a worker there, into segments
+        # of the writer's run id (h5batch/writer/remote.py).
+        where = self._lane(index).where
+        only = {}
+        if where is not None:
+            task = dataclasses.replace(task, run_id=where.run_id, writer_host=where.hostname)
+            only = {"workers": [where.host], "allow_other_workers": False}
         # A new key per submission: a part submitted again (to confirm a failure) must run
         # again, not return the first attempt's error from the scheduler's memory.
         self.submissions += 1
         fut = self.client.submit(decode_batch, task, pure=False, retries=0,
-                                 key=f"h5batch-decode-{self.run_id}-{index}-{lo}-{hi}-{self.submissions}")
+                                 key=f"h5batch-decode-{self.run_id}-{index}-{lo}-{hi}-{self.submissions}", **only)
         self.futures[fut] = (index, lo)
         # The status when it fired goes with it: a task that finished and whose worker died
         # before its result was fetched reads "lost" or fails result() by the time the loop
@@ -349,8 +359,8 @@ class Driver:
             except Exception as e:  # noqa: BLE001  (TimeoutError, KilledWorker, CommClosedError...)
                 exc = e
             else:
-                if res.packed.shm_name is None and res.packed.payload is not None:
-                    res.packed = to_shm(res.packed, self.run_id)  # network transport
+                if res.packed.shm_name is None and res.packed.payload is not None and self._lane(index).where is None:
+                    res.packed = to_shm(res.packed, self.run_id)  # network transport (a remote writer: inline)
                 if res.stuck and res.worker_address:
                     self._restart_worker(res.worker_address)
                 part.result = res

@@ -19,7 +19,7 @@ from ..transport import semaphores
 from ..transport.segments import new_run_id, remove_segments, remove_stale_segments
 from ..writer.messages import Start
 from ..writer.process import WriterGone, WriterHandle
-from . import signals, trial
+from . import signals, trial, writer_hosts
 from .cluster import open_engine
 from .driver import Driver, Lane, abort, too_many_rejects
 from .generate import generate_corpus
@@ -93,7 +93,9 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
     # Per writer: its output files, and None (done: a complete shard), or the commit record
     # to resume from (None inside: start afresh).
     outs = [output] if n == 1 else [output.shard(k) for k in range(n)]
-    fresh = opts.restart or not opts.resume
+    # --overwrite of a finished output redoes every shard (its complete shards are that output's);
+    # the complete shards of an interrupted run are kept, as one writer's partial is.
+    fresh = opts.restart or not opts.resume or (output.overwrite and os.path.exists(output.final))
     todo = {k: o.resume_record(manifest) for k, o in enumerate(outs) if n == 1 or fresh or not o.shard_done(manifest)}
     if not todo:  # every shard is written: only the join was left
         summary = _joined(job, output, outs, manifest, None, say)
@@ -110,9 +112,11 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
         with open_engine(job) as conn:
             say(f"decoding on {conn.description}" + (f"; dashboard {conn.dashboard}" if conn.dashboard else ""))
             check_engine(conn, job, manifest, say)
+            placed = writer_hosts.place(conn.client, job, {k: outs[k].final for k in todo}, writers, lock,
+                                        run_id, say)
             plan = make_plan(job, manifest, record, output.final, output.partial, run_id, say,
                              run_trial=trial.on_engine(conn, say))
-            lanes = _lanes(plan, outs, todo, writers, manifest)
+            lanes = _lanes(plan, outs, todo, writers, manifest, placed)
             try:
                 for lane in lanes:
                     lane.writer.send(Start(lane.spec))
@@ -160,9 +164,10 @@ def _convert(job: JobConfig, opts: ConvertOptions, output: OutputFiles, lock: Ou
                 w.process.join(timeout=30)
 
 
-def _lanes(plan, outs: list[OutputFiles], todo: dict, writers: dict, manifest) -> list[Lane]:
+def _lanes(plan, outs: list[OutputFiles], todo: dict, writers: dict, manifest, placed: dict) -> list[Lane]:
     """A :class:`~.driver.Lane` per writer with work: its batches and its writer's spec (one
-    writer: the plan's own; several: the plan's for a shard, h5batch/shards.py)."""
+    writer: the plan's own; several: the plan's for a shard, h5batch/shards.py), and where
+    a writer runs on its workers' host, that placement (:mod:`.writer_hosts`)."""
     n = len(outs)
     if n == 1:
         spec = plan.spec
@@ -176,13 +181,18 @@ def _lanes(plan, outs: list[OutputFiles], todo: dict, writers: dict, manifest) -
             continue
         last = k == n - 1
         record = todo[k]
+        where = placed.get(k)
+        # A writer on another host keeps its own working directory: its paths are absolute,
+        # and the driver's folder need not exist there.
         spec = dataclasses.replace(
             plan.spec, partial_path=outs[k].partial, final_path=outs[k].final, resume=record,
+            cwd="" if where else plan.spec.cwd,
             shard={"index": k, "of": n, "items": [int(starts[lo]), int(starts[hi])]},
             discovery_rejects=plan.spec.discovery_rejects if last else [],
             num_inputs=items.num_paths(int(starts[lo]), int(starts[hi])) + (len(plan.spec.discovery_rejects) if last else 0),
             inventory=inventory.sidecar(outs[k].partial) if last else "")
-        lanes.append(Lane(writers[k], record.next_batch if record else lo, hi, f"writer of {outs[k].final}", lo, spec))
+        name = f"writer of {outs[k].final}" + (f" on host {where.host}" if where else "")
+        lanes.append(Lane(writers[k], record.next_batch if record else lo, hi, name, lo, spec, where))
     return lanes
 
 

@@ -112,7 +112,9 @@ class Attached:
             self.seg = self._maps.get(packed.shm_name)
             if self.seg is None or self.seg.data.nbytes < self.extent:  # new, or grown since mapped
                 self.seg = self._maps[packed.shm_name] = Segment(packed.shm_name)
-        self.flat = self.seg.data if self.seg else np.zeros(0, np.uint8)
+        # No segment: the payload came inline (a writer on another host than the driver's,
+        # h5batch/writer/remote.py, is sent a network payload as it is).
+        self.flat = self.seg.data if self.seg else packed.payload if packed.payload is not None else np.zeros(0, np.uint8)
 
     def field_bytes(self, block: Block) -> np.ndarray:
         """All samples of one field, as a flat uint8 view."""

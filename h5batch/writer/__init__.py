@@ -2,6 +2,7 @@
 
 * :mod:`.messages`  what the driver and the writer say to each other (one dataclass each);
 * :mod:`.process`   the process: its entry point, one handler per message, its start-up;
+* :mod:`.remote`    a shard's writer on its workers' host, reached over TCP;
 * :mod:`.output`    the output file: create or resume, append batches, commit, finalize;
 * :mod:`.store`     the HDF5 layout of a split and its fields, with their attributes;
 * :mod:`.append`    the append engine: whole chunks, compressed off the HDF5 lock;

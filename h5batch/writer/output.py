@@ -81,7 +81,7 @@ class OutputWriter:
         if self.spec.annotations:
             a[fmt.ATTR_ANNOTATIONS] = fmt.dumps(list(self.spec.annotations))
         if self.spec.shard is not None:
-            a[fmt.ATTR_SHARD] = fmt.dumps({**self.spec.shard, "host": socket.gethostname()})
+            a[fmt.ATTR_SHARD] = fmt.dumps({"host": socket.gethostname(), **self.spec.shard})
         if self.spec.labelled:
             self.f.create_dataset(fmt.CLASS_NAMES, data=np.array(self.spec.class_names, dtype=object), dtype=STR)
 

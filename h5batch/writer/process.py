@@ -11,7 +11,8 @@ driver dies (``kill -9``), the writer commits what it has and exits, so the next
 resumes from there. It learns of the death through ``lifeline``, the read end of a pipe
 whose only write end the driver holds and never writes to: it turns readable (EOF) exactly
 when the driver is gone. The parent pid does not tell where the writer's parent is the fork
-server.
+server. A writer on another host than the driver's (:mod:`.remote`) runs the same loop with
+one TCP connection as its inbox, outbox and lifeline (its EOF: the driver is gone).
 """
 
 from __future__ import annotations
@@ -79,8 +80,8 @@ def _error_text(e: BaseException, spec: WriterSpec) -> str:
 class _Session:
     """One job in the writer process: the open output and when it last committed."""
 
-    def __init__(self, spec: WriterSpec, outbox):
-        self.spec, self.outbox = spec, outbox
+    def __init__(self, spec: WriterSpec, outbox, at_exit: Callable[[], None] | None = None):
+        self.spec, self.outbox, self.at_exit = spec, outbox, at_exit
         self.out = (SyncWriter if spec.sync is not None else OutputWriter)(spec)
         self.last_commit = time.monotonic()
         self.commits = 0  # made by this process (the pause points count these)
@@ -110,6 +111,8 @@ class _Session:
         self.outbox.put(self.out.finalize(max_reject_fraction=msg.max_reject_fraction))
         # Everything is closed and renamed: skip the interpreter's teardown, which the
         # driver would otherwise wait for in join().
+        if self.at_exit is not None:
+            self.at_exit()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
@@ -150,11 +153,23 @@ def _wait_for_start(inbox, lifeline) -> WriterSpec | None:
             return msg.spec
 
 
-def writer_main(inbox, outbox, lifeline, lock: SharedFd | None = None, driver_end: int | None = None) -> None:
+def writer_main(inbox, outbox, lifeline, lock: SharedFd | None = None, driver_end: int | None = None,
+                host: str = "", at_exit: Callable[[], None] | None = None) -> None:
     """Writer process loop (see the module docstring and :mod:`.messages`). ``lock`` is the
     output's lock file, held open (and so locked) until this process exits. ``driver_end``:
     in a writer forked from the driver, its inherited copy of the lifeline's write end,
-    closed first, or the pipe would never turn readable when the driver dies."""
+    closed first, or the pipe would never turn readable when the driver dies. ``host``: the
+    host a shard records (default: this machine's name); ``at_exit``: called when the
+    process ends (a writer on another host, :mod:`.remote`: its lock and segments)."""
+    try:
+        _writer_loop(inbox, outbox, lifeline, driver_end, host, at_exit)
+    finally:
+        if at_exit is not None:
+            at_exit()
+
+
+def _writer_loop(inbox, outbox, lifeline, driver_end: int | None, host: str,
+                 at_exit: Callable[[], None] | None) -> None:
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, signal.SIG_IGN)
     if driver_end is not None:
@@ -162,13 +177,15 @@ def writer_main(inbox, outbox, lifeline, lock: SharedFd | None = None, driver_en
     spec = _wait_for_start(inbox, lifeline)
     if spec is None:
         return
+    if host and spec.shard is not None:
+        spec.shard = {**spec.shard, "host": host}
     if spec.cwd:
         os.chdir(spec.cwd)
     if spec.umask is not None:
         os.umask(spec.umask)
     session = None
     try:
-        session = _Session(spec, outbox)
+        session = _Session(spec, outbox, at_exit)
         while True:
             msg = _next(inbox, lifeline)
             if msg is None:  # the driver is gone: commit what is stored, and end

@@ -132,9 +132,11 @@ class DaskProcesses:
             time.sleep(0.05)
         raise RuntimeError(f"dask scheduler did not start:\n{(self.tmp / 'scheduler.log').read_text()}")
 
-    def start_worker(self, name: str, cwd: Path | None = None) -> subprocess.Popen:
+    def start_worker(self, name: str, cwd: Path | None = None, host: str = "127.0.0.1") -> subprocess.Popen:
+        """A worker listening on ``host`` (another loopback address, 127.0.0.2 ..., is a
+        host of its own for Dask)."""
         args = [str(BIN / "dask"), "worker", "--scheduler-file", str(self.scheduler_file), "--name", name,
-                "--nthreads", "1", "--no-nanny", "--host", "127.0.0.1", "--dashboard-address", "127.0.0.1:0",
+                "--nthreads", "1", "--no-nanny", "--host", host, "--dashboard-address", f"{host}:0",
                 "--local-directory", str(self.tmp / f"{name}-scratch"), *self._tls_args()]
         with self._log(name) as log:
             proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=clean_env(),
