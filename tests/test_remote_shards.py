@@ -5,6 +5,9 @@ shard object is an error naming its URL."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -12,6 +15,7 @@ pytest.importorskip("obstore")
 pytest.importorskip("moto")
 pytest.importorskip("torch")
 
+from h5batch.errors import CorruptFileError  # noqa: E402
 from h5batch.torch import H5Dataset  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
 from tests.support.run import convert_cmd, h5batch_cmd, run  # noqa: E402
@@ -74,10 +78,23 @@ def test_sharded_output_on_s3_uploads_shards_first_and_reads_as_the_local_one(s3
         for a, b in zip(got, want, strict=True):
             _same(a, b)
 
+    # Forked DataLoader workers read the shard objects themselves (a fresh process: whether a
+    # process made requests itself is its history).
+    code = ("import numpy as np\nfrom h5batch.torch import H5Dataset\n"
+            f"ds = H5Dataset({URL!r}, 'train', cache_dir={str(tmp_path / 'fork-cache')!r})\n"
+            "got = np.concatenate([b['data'].numpy() for b in ds.loader(batch_size=4, shuffle=False, num_workers=2)])\n"
+            f"mine = H5Dataset({str(local)!r}, 'train')\n"
+            "assert np.array_equal(got, np.stack([mine[i]['data'] for i in range(len(mine))]))\nprint('read', len(got))\n")
+    forked = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert forked.returncode == 0 and "read 24" in forked.stdout, forked.stderr
+
     env = {**s3.env(), "H5BATCH_CACHE_DIR": str(tmp_path / "tool-cache")}
     v = run(h5batch_cmd("verify", URL), env=env, cwd=tmp_path)  # on local copies, the shards' linked beside
     assert v.returncode == 0 and ": OK: " in v.stderr, v.stdout + v.stderr
 
+    s3.client().put_object(Bucket="bench", Key=SHARDS[1], Body=b"not the shard")  # another size
+    with pytest.raises(CorruptFileError, match=f"shard s3://bench/{SHARDS[1]}: 13 bytes, the output recorded"):
+        H5Dataset(URL, "train", cache_dir=tmp_path / "read-cache")
     s3.client().delete_object(Bucket="bench", Key=SHARDS[1])
     with pytest.raises(FileNotFoundError, match=f"its shard s3://bench/{SHARDS[1]} is missing"):
         H5Dataset(URL, "train", cache_dir=tmp_path / "read-cache")
