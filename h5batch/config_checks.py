@@ -97,9 +97,6 @@ def validate(job: JobConfig, check_paths: bool) -> None:
         raise ConfigError(f, "output.path", f"must end in .h5 or .hdf5, got {o.path!r}")
     if o.writers < 1:
         raise ConfigError(f, "output.writers", f"must be >= 1, got {o.writers}")
-    if o.writers > 1 and o.path.startswith("s3://"):
-        raise ConfigError(f, "output.writers", f"an s3:// output has one writer: uploading sharded outputs "
-                                               f"is not supported yet (got writers {o.writers})")
     c = job.cluster
     if c.workers is not None and c.workers < 1:
         raise ConfigError(f, "cluster.workers", f"must be >= 1, got {c.workers}")

@@ -16,27 +16,32 @@ from h5batch.torch.chunks import ChunkStore, gather_padded
 @pytest.mark.parametrize("compression", [None, "gzip"])
 @pytest.mark.parametrize("capacity", [1, 2, 64])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_gather_padded_equals_numpy(tmp_path, compression, capacity, threads):
+@pytest.mark.parametrize("shards", [1, 2])
+def test_gather_padded_equals_numpy(tmp_path, compression, capacity, threads, shards):
     rng = np.random.default_rng(3)
     lengths = rng.integers(0, 200_000, size=40)  # > 2 MiB a batch: copies run on 2 threads
     lengths[5] = 0  # an empty sample: its row is all padding
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     values = rng.integers(-32768, 32767, size=int(offsets[-1]), dtype=np.int16)
     path = tmp_path / "v.h5"
+    cuts = [0, 20, 40][:: 3 - shards]  # shard k holds samples [cuts[k], cuts[k+1]), values of its own
     with h5py.File(path, "w") as f:
-        f.create_dataset("values", data=values, chunks=(16384,), compression=compression)
+        for k, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])):
+            f.create_dataset(f"v{k}", data=values[offsets[a]:offsets[b]], chunks=(16384,), compression=compression)
     pick = np.array([7, 5, 30, 2, 2, 19, 39, 0, 11], dtype=np.int64)  # duplicates, any order
-    lo, hi = offsets[pick], offsets[pick + 1]
-    order = np.argsort(lo, kind="stable")
+    which = np.searchsorted(cuts, pick, side="right") - 1
+    base = offsets[np.asarray(cuts)[which]]
+    lo, hi = offsets[pick] - base, offsets[pick + 1] - base
+    order = np.argsort(pick, kind="stable")
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         with h5py.File(path, "r") as f:
-            store = ChunkStore(f["values"], capacity)
+            stores = [ChunkStore(f[f"v{k}"], capacity) for k in range(shards)]
             out = np.full((len(pick), int((hi - lo).max())), np.float32(7.0))
-            gather_padded(store, lo, hi, order, out, float_copy(32768.0))
+            gather_padded(stores, which, lo, hi, order, out, float_copy(32768.0))
             raw = np.full(out.shape, np.int16(7))
-            gather_padded(store, lo, hi, order, raw)  # no conversion: values as stored
+            gather_padded(stores, which, lo, hi, order, raw)  # no conversion: values as stored
     finally:
         torch.set_num_threads(old)
     for j, i in enumerate(pick):
@@ -47,4 +52,4 @@ def test_gather_padded_equals_numpy(tmp_path, compression, capacity, threads):
         np.testing.assert_array_equal(raw[j, :n], want)
         assert not raw[j, n:].any()
     if capacity < 64:
-        assert store.loads > capacity  # the cache really was recycled during the batch
+        assert sum(s.loads for s in stores) > capacity * shards  # the caches really were recycled during the batch

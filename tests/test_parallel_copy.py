@@ -36,18 +36,22 @@ def test_copy_all_on_two_threads_equals_one_thread(two_threads):
 
 
 @pytest.mark.parametrize("compression", ["gzip", None])
-def test_gather_rows_on_two_threads_with_a_tiny_cache(tmp_path, two_threads, compression):
+@pytest.mark.parametrize("shards", [1, 2])
+def test_gather_rows_on_two_threads_with_a_tiny_cache(tmp_path, two_threads, compression, shards):
     rng = np.random.default_rng(1)
     data = rng.integers(-32768, 32767, size=(400, 2048), dtype=np.int16)
+    per = 400 // shards  # shard k holds rows [k*per, (k+1)*per) in a dataset of its own
     with h5py.File(tmp_path / "d.h5", "w") as f:
-        f.create_dataset("x", data=data, chunks=(4, 2048), compression=compression)
+        for k in range(shards):
+            f.create_dataset(f"x{k}", data=data[k * per:(k + 1) * per], chunks=(4, 2048), compression=compression)
     with h5py.File(tmp_path / "d.h5", "r") as f:
-        # Two cached chunks for a batch that touches ~80: buffers are recycled mid-batch.
-        store = ChunkStore(f["x"], capacity=2)
+        # Two cached chunks (per shard) for a batch that touches ~80: buffers are recycled mid-batch.
+        stores = [ChunkStore(f[f"x{k}"], capacity=2) for k in range(shards)]
         idx = rng.integers(0, 400, size=300)  # duplicates too
         order = np.argsort(idx, kind="stable")
+        which, rows = idx // per, idx % per
         out = np.empty((300, 2048), np.float32)
         assert out.nbytes >= 2 * PARALLEL_MIN_BYTES  # enough for two threads
-        gather_rows(store, idx[order], order, out, float_copy(32768.0))
+        gather_rows(stores, which[order], rows[order], order, out, float_copy(32768.0))
         assert np.array_equal(out, data[idx].astype(np.float32) * np.float32(1 / 32768))
-        assert store.loads == len(np.unique(idx // 4))
+        assert sum(s.loads for s in stores) == len(np.unique(idx // 4))

@@ -77,7 +77,7 @@ class ObjectCache:
     """Byte ranges of ``client``'s object (version ``etag``, ``size`` bytes) under ``root``."""
 
     def __init__(self, client: ObjectClient, etag: str, size: int, root: str, max_bytes: int | None = None):
-        self.client, self.etag, self.size = client, etag, size
+        self.client, self.etag, self.size, self.root = client, etag, size, root
         ident = json.dumps([client.url, etag, size])
         self.dir = os.path.join(root, "objects", hashlib.sha256(ident.encode()).hexdigest()[:24])
         os.makedirs(os.path.join(self.dir, "meta"), exist_ok=True)

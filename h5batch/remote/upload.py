@@ -10,6 +10,12 @@ rerun whose object is there and matches does nothing, and one killed during the 
 uploads again (a ``kill -9`` during an upload can leave its parts behind: S3's
 ``AbortIncompleteMultipartUpload`` lifecycle rule removes them).
 
+A sharded output (``output.writers`` > 1, :mod:`h5batch.shards`): its shard files are
+checked against what ``NAME.h5`` records (size, sha256), each uploaded beside the key as
+its own object (its own ``.uploaded`` record, which also holds the sha256, so a rerun skips
+the shards already there and a rebuilt shard goes up again), and ``NAME.h5`` last: the key
+still appears only once every shard object it names is there.
+
 Staging folder: ``output.staging``, default ``$H5BATCH_CACHE_DIR/staging/<bucket>/<key's
 folder>`` (``~/.cache/h5batch`` without the variable). BEWARE: the lock is the staging
 folder's, so two hosts writing one key are not detected.
@@ -47,19 +53,19 @@ class ObjectOutput:
     def of(cls, job: Any, overwrite: bool, say: Callable[[str], None]) -> ObjectOutput | None:
         return cls(job, overwrite, say) if is_s3(job.output.path) else None
 
-    def _uploaded(self) -> dict[str, Any] | None:
+    def _matches(self, head: tuple[str, int] | None, local: str | None = None, url: str | None = None,
+                 sha256: str | None = None) -> bool:
+        """The object (default: the output's) is the one its staging file (of this sha256,
+        for a shard) was uploaded as."""
+        local, url = local or self.local, url or self.url
         try:
-            with open(self.local + MARKER) as f:
-                return json.load(f)
+            with open(local + MARKER) as f:
+                rec = json.load(f)
         except (OSError, ValueError):
-            return None
-
-    def _matches(self, head: tuple[str, int] | None) -> bool:
-        """The object is the one this staging file was uploaded as."""
-        rec = self._uploaded()
-        return (head is not None and rec is not None and rec.get("url") == self.url
-                and [rec.get("etag"), rec.get("size")] == list(head) and os.path.exists(self.local)
-                and os.path.getsize(self.local) == head[1])
+            return False
+        return (head is not None and rec.get("url") == url and rec.get("sha256") == sha256
+                and [rec.get("etag"), rec.get("size")] == list(head) and os.path.exists(local)
+                and os.path.getsize(local) == head[1])
 
     def check_not_there(self) -> None:
         """Before anything is built: an object that this staging folder did not upload is
@@ -85,14 +91,36 @@ class ObjectOutput:
             if path and os.path.exists(path):
                 with open(path, "rb") as f:
                     self.client.beside(url).put_bytes(f.read())
-        size = os.path.getsize(self.local)
-        self.say(f"uploading {self.local} ({size / 1e6:.1f} MB) to {self.url}")
-        etag, size = self.client.upload(self.local)
-        tmp = self.local + MARKER + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump({"url": self.url, "etag": etag, "size": size}, f)
-        os.replace(tmp, self.local + MARKER)
+        for local, url, sha256 in self._shards():  # first: NAME.h5, the commit, goes last
+            client = self.client.beside(url)
+            if not self._matches(client.head(), local, url, sha256):
+                self._upload(client, local, sha256)
+        self._upload(self.client, self.local)
         return summary
+
+    def _shards(self) -> list[tuple[str, str, str]]:
+        """``(staging file, URL, sha256)`` of each shard of a sharded output (none for one
+        file), once each file is checked against the size and sha256 the output records."""
+        import h5py
+
+        from .. import shards
+
+        with h5py.File(self.local, "r") as f:
+            if not shards.is_sharded(f):
+                return []
+            paths = shards.check(self.local, f, digest=True)
+            records = shards.records(f)
+        folder = self.url.rsplit("/", 1)[0]
+        return [(p, f"{folder}/{r.path}", r.sha256) for p, r in zip(paths, records, strict=True)]
+
+    def _upload(self, client: ObjectClient, local: str, sha256: str | None = None) -> None:
+        """Upload ``local`` as ``client``'s object, then record what was uploaded beside it."""
+        self.say(f"uploading {local} ({os.path.getsize(local) / 1e6:.1f} MB) to {client.url}")
+        etag, size = client.upload(local)
+        tmp = local + MARKER + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"url": client.url, "etag": etag, "size": size, "sha256": sha256}, f)
+        os.replace(tmp, local + MARKER)
 
 
 __all__ = ["ObjectOutput"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import mmap
 import warnings
 from collections import OrderedDict
+from collections.abc import Sequence
 
 import h5py
 import numpy as np
@@ -258,9 +259,11 @@ class ChunkStore:
         self.packed = None
 
 
-def gather_rows(store: ChunkStore, src: np.ndarray, dst_pos: np.ndarray, out: np.ndarray,
-                copy: Copy | None = None) -> None:
-    """``out[dst_pos[j]] = rows[src[j]]`` for ``src`` sorted ascending (duplicates allowed).
+def gather_rows(stores: Sequence[ChunkStore], which: np.ndarray, src: np.ndarray, dst_pos: np.ndarray,
+                out: np.ndarray, copy: Copy | None = None) -> None:
+    """``out[dst_pos[j]] = rows of stores[which[j]][src[j]]``, for ``(which, src)`` sorted
+    ascending (duplicates allowed): one store for one file, one per shard of a sharded output
+    (``which``: the shard holding each row), so a batch column is filled by one call.
 
     One block fetch per distinct block; contiguous source and destination ranges are copied as
     slices, scattered rows one by one (big rows) or with one fancy-index assignment per block
@@ -273,20 +276,20 @@ def gather_rows(store: ChunkStore, src: np.ndarray, dst_pos: np.ndarray, out: np
     buffer of a block still waiting to be copied (mapped blocks are never recycled).
     """
     copy = copy or np.copyto
-    k = store.k
     big_rows = out[0].nbytes >= 4096 if len(out) else False
-    blocks = src // k
-    cut = np.flatnonzero(blocks[1:] != blocks[:-1]) + 1
+    blocks = src // np.array([s.k for s in stores])[which]
+    cut = np.flatnonzero((blocks[1:] != blocks[:-1]) | (which[1:] != which[:-1])) + 1
     starts = [0, *cut.tolist()]
     ends = [*cut.tolist(), len(src)]
     tasks: list[tuple[np.ndarray, np.ndarray]] = []
     pending = 0  # cache buffers (not mapped views) that tasks still read
     for s, e in zip(starts, ends, strict=True):
+        store = stores[int(which[s])]
         if pending and pending >= store.capacity - 1:
             copy_all(tasks, copy)
             tasks, pending = [], 0
         c = int(blocks[s])
-        r = src[s:e] - c * k
+        r = src[s:e] - c * store.k
         d = dst_pos[s:e]
         n = e - s
         r0, d0 = int(r[0]), int(d[0])
@@ -310,13 +313,14 @@ def _strictly_consecutive(r: np.ndarray, d: np.ndarray) -> bool:
     return len(r) < 3 or (bool(np.all(np.diff(r) == 1)) and bool(np.all(np.diff(d) == 1)))
 
 
-def gather_padded(store: ChunkStore | None, lo: np.ndarray, hi: np.ndarray, order: np.ndarray,
-                  out: np.ndarray, copy: Copy | None = None) -> None:
-    """``out[j] = copy(values[lo[j]:hi[j]])`` zero-padded, for the samples ``j`` of a 1-D
-    variable field, visited in ``order`` (ascending ``lo``: file order).
+def gather_padded(stores: Sequence[ChunkStore] | None, which: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                  order: np.ndarray, out: np.ndarray, copy: Copy | None = None) -> None:
+    """``out[j] = copy(values[lo[j]:hi[j]])`` of ``stores[which[j]]``, zero-padded, for the
+    samples ``j`` of a 1-D variable field, visited in ``order`` (ascending ``(which, lo)``:
+    file order, shard by shard).
 
-    Copies convert, batch and flush as in :func:`gather_rows`. ``store`` may be None when
-    every sample is empty.
+    Stores, copies, conversion and flushes as in :func:`gather_rows`. ``stores`` may be None
+    when every sample is empty.
     """
     copy = copy or np.copyto
     tasks: list[tuple[np.ndarray, np.ndarray]] = []
@@ -324,15 +328,17 @@ def gather_padded(store: ChunkStore | None, lo: np.ndarray, hi: np.ndarray, orde
     n = hi - lo
     for j in order[n[order] < width].tolist():  # the padding (none when all lengths agree)
         out[j, int(n[j]):] = 0
-    if store is None:
+    if stores is None:
         return
-    k = store.k
-    pending, last, block = 0, -1, None  # cache buffers (not mapped views) tasks still read
+    pending, last, block, cur = 0, -1, None, -1  # cache buffers (not mapped views) tasks still read
     # Per sample in file order; the block is fetched once per run of samples in it, not per
     # piece: the loop is Python, run for every sample of a batch.
-    for j, a, b in zip(order.tolist(), lo[order].tolist(), hi[order].tolist()):
+    for j, a, b, w in zip(order.tolist(), lo[order].tolist(), hi[order].tolist(), which[order].tolist()):
         if b <= a:
             continue
+        if w != cur:  # the next shard's samples
+            cur, store, last = w, stores[w], -1
+            k = store.k
         dst = out[j]
         p = 0
         c = a // k

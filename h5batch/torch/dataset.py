@@ -30,7 +30,7 @@ from .batch import Batch, Ragged, divide_in_place, empty_columns, float_copy, st
 from .chunks import ChunkStore, gather_padded, gather_rows, gather_span
 from .fieldinfo import FieldInfo, encoded_fields, field_info
 from .recycle import PrivatePool, shared_pool
-from .sharded import Shards
+from .sharded import Shards, located
 from .single import read_one
 
 DEFAULT_WINDOW = 12  # chunk groups the default cache holds: one ChunkShuffleSampler window
@@ -130,7 +130,7 @@ class H5Dataset(Dataset):
 
     def _read_layout(self, f: h5py.File, fields: Sequence[str] | None) -> None:
         version = f.attrs.get(fmt.ATTR_FORMAT)
-        if version == fmt.SHARDED_FORMAT and self._object is None:  # its shards read as datasets of their own
+        if version == fmt.SHARDED_FORMAT:  # its shards read as datasets of their own (torch/sharded.py)
             self._shards = Shards.open(self, f, fields)
             return
         if version not in fmt.READABLE_FORMATS:
@@ -355,13 +355,9 @@ class H5Dataset(Dataset):
         # private pool there would reuse (overwrite) a batch the main process still holds.
         outs = empty_columns(specs, shared, self._pool, None if in_worker else self._private)
         columns: dict[str, torch.Tensor | Ragged] = {}
-        # (dataset, its rows, the batch positions it fills in file order): a sharded output's
-        # shards each fill their samples' rows of the one batch (torch/sharded.py).
-        parts = [(self, idx, order)] if self._shards is None else self._shards.split(idx, order)
         for fi, out in zip(self.fields, outs):
-            for ds, rows, pos in parts:
-                columns[fi.name] = (ds._read_fixed(fi, rows, pos, out) if fi.fixed else
-                                    ds._read_variable(fi, rows, pos, out, shapes[fi.name]))
+            columns[fi.name] = (self._read_fixed(fi, idx, order, out) if fi.fixed else
+                                self._read_variable(fi, idx, order, out, shapes[fi.name]))
         for name, enc in self._encoded.items():  # stored bytes -> decoded column (torch/fieldinfo.py)
             columns[name] = enc.column(columns[name], idx, self.as_float, self.channels_first, shared, self._pool)
         for name in self._text:
@@ -422,27 +418,33 @@ class H5Dataset(Dataset):
         view = stored_axes(out.numpy(), self._axes(fi))  # e.g. (B, H, W, C) of a (B, C, H, W) batch
         if len(idx):
             # Gathered and converted in one pass per row.
-            gather_rows(self._store(fi), idx[order], order, view, float_copy(how) if how else None)
+            stores, which, rows = located(self, fi, idx)
+            gather_rows(stores, which[order], rows[order], order, view, float_copy(how) if how else None)
         return out
 
     def _read_variable(self, fi: FieldInfo, idx: np.ndarray, order: np.ndarray,
                        out: torch.Tensor, shapes: np.ndarray) -> Ragged:
-        offsets = self._offsets(fi)
+        offsets = self._offsets(fi)  # a sharded output's: rebased, so each shard's are less its base
         lo, hi = offsets[idx], offsets[idx + 1]
         how = self._convert(fi)[1]
         perm = self._axes(fi)
         view = out.numpy()
         stored_view = stored_axes(view, perm)  # (B, *stored axes)
-        store = self._store(fi) if len(idx) and int((hi - lo).sum()) else None
+        stores, which = None, None
+        if len(idx) and int((hi - lo).sum()):
+            stores, which, _ = located(self, fi, idx)
+            if self._shards is not None:
+                base = offsets[self._shards.base[which]]
+                lo, hi = lo - base, hi - base
         if fi.ndim == 1:  # each sample converted straight into its padded row
-            gather_padded(store, lo, hi, order, view, float_copy(how) if how else None)
+            gather_padded(stores, which, lo, hi, order, view, float_copy(how) if how else None)
             return Ragged(out, shapes[:, perm])
-        view[order] = 0  # the rows of this call only: a sharded output's shards share the batch
+        view[order] = 0
         for j in order.tolist():
             a, e = int(lo[j]), int(hi[j])
             if e > a:
                 tmp = np.empty(e - a, dtype=fi.dtype)
-                gather_span(store, a, e, tmp)
+                gather_span(stores[which[j]], a, e, tmp)
                 stored_view[(j, *(slice(0, int(n)) for n in shapes[j]))] = tmp.reshape(shapes[j])
         for j in order.tolist() if how else ():
             divide_in_place(view[j], how)

@@ -65,6 +65,7 @@ class H5DataLoader(DataLoader):
         if cache is None:
             return None
         from ..remote.prefetch import Prefetcher, epoch_indices, upcoming_epoch
+        from .sharded import ShardPrefetch
 
         sampler = self.batch_sampler if hasattr(self.batch_sampler, "local_batches") else (
             self.sampler if self.batch_sampler is None else getattr(self.batch_sampler, "sampler", None))
@@ -72,7 +73,8 @@ class H5DataLoader(DataLoader):
         if plan is None:
             return None
         if getattr(self, "_prefetcher", None) is None:
-            self._prefetcher = Prefetcher(cache)
+            shards = getattr(self.dataset, "_shards", None)  # a sharded output: a prefetcher per shard
+            self._prefetcher = Prefetcher(cache) if shards is None else ShardPrefetch(shards)
         epoch, start = plan
         self._prefetcher.start_epoch(self.dataset, epoch_indices(sampler, epoch, start), epoch_indices(sampler, epoch + 1))
         return self._prefetcher
