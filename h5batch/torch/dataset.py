@@ -164,9 +164,8 @@ class H5Dataset(Dataset):
         self._h5_cache = fmt.cache_settings(max(nbytes), min(nbytes))
 
     def _selected_rows(self, f: h5py.File) -> np.ndarray | None:
-        """The file rows read, or None: every row. A view selects rows (checked: sorted,
-        unique, in range); rows `h5batch sync` tombstoned are never yielded. A sharded
-        output's views and tombstones are its joined file's (``f``)."""
+        """The file rows read, or None: every row: a view's (checked: sorted, unique, in range),
+        less those `h5batch sync` tombstoned (a sharded output's: its joined file's, ``f``)."""
         rows = None if self.view is None else read_view(f, self.path, self.split, self.view, self._n)
         live = live_rows(f, self.path, self.split, self._n)
         if live is not None:
@@ -417,8 +416,7 @@ class H5Dataset(Dataset):
         how = self._convert(fi)[1]
         view = stored_axes(out.numpy(), self._axes(fi))  # e.g. (B, H, W, C) of a (B, C, H, W) batch
         if len(idx):
-            # Gathered and converted in one pass per row.
-            stores, which, rows = located(self, fi, idx)
+            stores, which, rows = located(self, fi, idx)  # gathered and converted in one pass per row
             gather_rows(stores, which[order], rows[order], order, view, float_copy(how) if how else None)
         return out
 
