@@ -57,10 +57,13 @@ class Items(Sequence):
         self._codes: dict = {}  # split or label name -> its code
         self._extra: list[tuple] | None = None  # (values, columns) per item, where any has some
         for it in items:
-            self.append(it, it.stats)
+            self.append(it)
 
-    def append(self, it: Item, stats: tuple) -> None:
-        """Add ``it``, with ``stats`` ((size, mtime_ns) or None per path; () for none known)."""
+    def append(self, it: Item, stats: tuple | None = None) -> None:
+        """Add ``it``, with ``stats`` ((size, mtime_ns) or None per path; () for none known;
+        default ``it.stats``)."""
+        if stats is None:
+            stats = it.stats
         self._buf += "\0".join((it.key, *it.paths)).encode(*_UTF8)
         self._ends.append(len(self._buf))
         self._pstart.append(self._pstart[-1] + len(it.paths))
@@ -105,12 +108,30 @@ class Items(Sequence):
         return Item(key, self.split_names[self._split[i]], tuple(paths),
                     None if label < 0 else self._label_names[label], values, columns, stats)
 
+    def key(self, i: int) -> str:
+        """The key of item ``i`` (without making the item)."""
+        lo, hi = self._ends[i - 1] if i else 0, self._ends[i]
+        end = self._buf.find(0, lo, hi)
+        return self._buf[lo:hi if end < 0 else end].decode(*_UTF8)
+
+    def take(self, order: Iterable[int]) -> Items:
+        """The items at the indices of ``order``, in that order (one made at a time)."""
+        return Items(map(self._item, order))
+
+    def labels(self, lo: int = 0) -> set[str]:
+        """The labels of items ``lo`` to the last."""
+        return {self._label_names[c] for c in set(self._label[lo:]) if c >= 0}
+
+    def has_extras(self) -> bool:
+        """Whether an item has values or columns."""
+        return self._extra is not None
+
     def split_of(self, i: int) -> str:
         """The split of item ``i`` (without making the item)."""
         return self.split_names[self._split[i]]
 
     def split_counts(self) -> dict[str, int]:
-        """Items per split, in order of first appearance."""
+        """Items per split, in order of first appearance (0 for none)."""
         n = [0] * len(self.split_names)
         for code in self._split:
             n[code] += 1

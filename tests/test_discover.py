@@ -385,8 +385,7 @@ def test_discover_runs_the_registered_layout(tmp_path: Path, monkeypatch) -> Non
         def collect(self, root, src, b):
             walker = Walker(root)
             for rel, size, mtime in walker.walk():
-                b.stats[rel] = (size, mtime)
-                b.items.append(Item(stem(rel), "all", (rel,), None))
+                b.items.append(Item(stem(rel), "all", (rel,), None, stats=((size, mtime),)))
             b.rejects.extend(walker.rejects)
             return ["all"]
 

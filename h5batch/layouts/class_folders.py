@@ -38,7 +38,7 @@ class ClassFolders(Layout):
         files, splits = self.walk(root, src, b)
         start = len(b.items)
         order = self.build(root, src, b, files, splits)
-        classes = {it.label for it in b.items[start:]}
+        classes = b.items.labels(start)
         # Only on a whole walk (a sync's build sees the new files only).
         if src.split_folders and not src.splits and splits and len(splits) > max(len(classes), 1):
             raise ConfigError(b.job.file, "source.splits",
@@ -65,8 +65,9 @@ class ClassFolders(Layout):
             by_split.setdefault(f[0].partition("/")[0] if top else src.split.default, []).append(f)
         depths: dict[int, str] = {}  # depth below the class folder -> first file met there
         for split in splits or sorted(by_split):
-            by_class: dict[str, list[str]] = {}
-            for rel, size, mtime in by_split.get(split, ()):
+            by_class: dict[str, list[tuple[str, int, int]]] = {}
+            for f in by_split.get(split, ()):
+                rel = f[0]
                 parts = rel.split("/")
                 if len(parts) < top + 2:
                     b.rejects.append(Reject(rel, "discover", f"file is not inside a class folder ({where})"))
@@ -76,8 +77,7 @@ class ClassFolders(Layout):
                     b.rejects.append(Reject(rel, "discover", not_accepted(rel, ", ".join(sorted(b.ext_to_field)))))
                     continue
                 depths.setdefault(_depth(root, rel, top) if b.symlinks else len(parts) - top - 1, rel)
-                b.stats[rel] = (size, mtime)
-                by_class.setdefault(parts[top], []).append(rel)
+                by_class.setdefault(parts[top], []).append(f)
             for cls, group in by_class.items():
                 # Keys: class/stem-within-class, so the same stem in two classes stays distinct.
                 b.group_by_stem(split, group, cls, cut=len(split) + 1 if top else 0)
