@@ -418,3 +418,21 @@ def test_an_item_record_is_json_dumps_whatever_the_names(name, label):
                 want += _VALUES_JSON.encode(values).encode()
             want += b"".join(repr(stats.get(p)).encode() for p in paths)
             assert item_record(it, tuple(stats.get(p) for p in paths)) == want
+
+
+def test_items_taken_in_any_order_are_the_items_stored():
+    """Items.take gathers the columns (keys and paths, stats, splits, labels, values) in the
+    order given, a subset too; Items.key reads a key without making its item."""
+    from h5batch.manifest import Item, Items
+
+    stored = [Item(f"k{i}{ODD_NAMES[i % len(ODD_NAMES)]}", ("train", "test")[i % 2],
+                   tuple(f"d{j}/{i}{ODD_NAMES[j]}" for j in range(i % 4)), (None, "cat", "dog")[i % 3],
+                   (i, "v") if i % 5 == 0 else (), (),
+                   tuple((i * 10 + j, i) if (i + j) % 3 else None for j in range(i % 4))) for i in range(40)]
+    items = Items(stored)
+    assert [items.key(i) for i in range(40)] == [it.key for it in stored]
+    order = [37, 0, 5, 5, 12, 39, 2, 21]
+    taken = items.take(order)
+    assert list(taken) == [stored[i] for i in order]
+    assert taken.num_paths() == sum(len(stored[i].paths) for i in order)
+    assert list(items.take([])) == [] and items.labels(37) == {"cat", "dog"}

@@ -241,7 +241,7 @@ class Builder:
                         dropped.add(i)
                         self.rejects.extend(Reject(p, "discover", f"same file as {k}, through a symlink")
                                             for p, k in zip(items[i].paths, items[keep].paths))
-        return items.take(i for i in range(len(items)) if i not in dropped) if dropped else items
+        return items.take([i for i in range(len(items)) if i not in dropped]) if dropped else items
 
     def finish(self, root: str, splits: list[str]) -> Manifest:
         items = keys_with_extensions(self.items) if len(self.fields) == 1 else self.items
@@ -289,7 +289,7 @@ class Builder:
         if not dropped:
             return items, True
         gone = set(dropped)
-        return items.take(i for i in range(len(items)) if i not in gone), False
+        return items.take([i for i in range(len(items)) if i not in gone]), False
 
     @staticmethod
     def _in_order(items: Items, splits: list[str]) -> Items:
