@@ -18,14 +18,14 @@ import dataclasses
 import hashlib
 import os
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, ClassVar
 
 from ..fields import file_fields, reads_files
 from ..manifest import Item, Items, Manifest, Memo, Reject, natural_key
 from ..registry import Registry
-from ..walker import Walker
+from ..walker import Files, Walker
 from .records import hash_inputs, hash_rejects, input_stats, item_record
 
 if TYPE_CHECKING:
@@ -52,16 +52,16 @@ class Layout:
         files, splits = self.walk(root, src, b)
         return self.build(root, src, b, files, splits)
 
-    def walk(self, root: Path, src: SourceConfig, b: Builder) -> tuple[list[tuple[str, int, int]], list[str] | None]:
+    def walk(self, root: Path, src: SourceConfig, b: Builder) -> tuple[Files, list[str] | None]:
         """(an incremental layout) Every file :meth:`build` looks at, as ``(relative path,
-        size, mtime_ns)``, the walk's rejects put in ``b``; and the split order when the
+        size, mtime_ns)`` (:class:`~h5batch.walker.Files`), the walk's rejects put in ``b``; and the split order when the
         folders fix it (None when the items' splits do). Default: every file under ``root``."""
         walker = Walker(root, b.ordered_walk)
         files = walker.walk()
         b.walked(walker)
         return files, None
 
-    def build(self, root: Path, src: SourceConfig, b: Builder, files: list[tuple[str, int, int]],
+    def build(self, root: Path, src: SourceConfig, b: Builder, files: Sequence[tuple[str, int, int]],
               splits: list[str] | None) -> list[str]:
         """(an incremental layout) The items and rejects of ``files`` (any subset of a walk),
         appended to ``b``; returns the split order, as :meth:`collect` does."""

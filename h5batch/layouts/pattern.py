@@ -11,6 +11,7 @@ rejected.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,7 +26,7 @@ class Pattern(Layout):
     name = "pattern"
     incremental = True  # a file's item depends on its own path: h5batch sync rediscovers incrementally
 
-    def build(self, root: Path, src: SourceConfig, b: Builder, files: list[tuple[str, int, int]],
+    def build(self, root: Path, src: SourceConfig, b: Builder, files: Sequence[tuple[str, int, int]],
               splits: list[str] | None) -> list[str]:
         # Names looked up once, not per file: this loop runs for every file of the corpus.
         rx = re.compile(src.pattern or "")
