@@ -244,11 +244,15 @@ class Builder:
         return items.take([i for i in range(len(items)) if i not in dropped]) if dropped else items
 
     def finish(self, root: str, splits: list[str]) -> Manifest:
-        items = keys_with_extensions(self.items) if len(self.fields) == 1 else self.items
-        plain = not self.symlinks and items is self.items  # without symlinks no alias is dropped
-        self.items = Items()
-        items = self._in_order(items, splits)
-        items, unique = self._drop_duplicates(items)
+        found, self.items = self.items, Items()
+        items, ties = self._in_order(found, splits)
+        plain = not self.symlinks  # without symlinks no alias is dropped
+        if len(self.fields) == 1 and any(len({items.key(i) for i in range(lo, hi)}) < hi - lo for lo, hi in ties):
+            # Two items of a split share a key: keys change, so the order is made again (rare).
+            items, ties = self._in_order(keys_with_extensions(found), splits)
+            plain = False
+        del found
+        items, unique = self._drop_duplicates(items, ties)
         plain = unique and plain
         items = self._drop_aliases(root, items)
         present = {s for s, n in items.split_counts().items() if n}
@@ -270,32 +274,34 @@ class Builder:
                         items=items, rejects=rejects, class_names=tuple(labels), hash=h.hexdigest(),
                         resolved=dict(self.resolved), annotations=tuple(self.annotations), memo=memo)
 
-    def _drop_duplicates(self, items: Items) -> tuple[Items, bool]:
+    def _drop_duplicates(self, items: Items, ties: list[tuple[int, int]]) -> tuple[Items, bool]:
         """Keep the first item (in manifest order) of each split and key; each file of the
-        others is a reject naming the kept one. The items kept, and True when none was dropped."""
-        seen: dict[str, dict[str, int]] = {}  # split -> key -> its first item
+        others is a reject naming the kept one. Items of one split and key are in one of the
+        ``ties`` of :meth:`_in_order`. The items kept, and True when none was dropped."""
         dropped: list[int] = []
-        for i in range(len(items)):
-            split, key = items.split_of(i), items.key(i)
-            taken = seen.setdefault(split, {})
-            if key in taken:
-                other = items[taken[key]].paths[0]
-                self.rejects.extend(Reject(p, "discover", f"duplicate key {key!r} in split {split!r} "
-                                                          f"(already taken by {other})") for p in items[i].paths)
-                dropped.append(i)
-                continue
-            taken[key] = i
-        del seen
+        for lo, hi in ties:
+            taken: dict[str, int] = {}  # key -> its first item
+            for i in range(lo, hi):
+                key = items.key(i)
+                if key in taken:
+                    other = items[taken[key]].paths[0]
+                    self.rejects.extend(Reject(p, "discover", f"duplicate key {key!r} in split {items.split_of(i)!r} "
+                                                              f"(already taken by {other})") for p in items[i].paths)
+                    dropped.append(i)
+                    continue
+                taken[key] = i
         if not dropped:
             return items, True
         gone = set(dropped)
         return items.take([i for i in range(len(items)) if i not in gone]), False
 
     @staticmethod
-    def _in_order(items: Items, splits: list[str]) -> Items:
+    def _in_order(items: Items, splits: list[str]) -> tuple[Items, list[tuple[int, int]]]:
         """The items in manifest order: split order (``splits``, then any other split by
         name), then the natural order of the key; a stable sort, so items of one key keep the
-        order they were found in."""
+        order they were found in. With them, the ties: each run ``lo:hi`` of more than one item
+        of one split whose keys sort alike (``a1``, ``a01``, a key twice). Reason: a duplicate
+        key is looked for in those runs only, not in a dict of every key (~100 bytes a file)."""
         if sum(n > 0 for n in items.split_counts().values()) > 1:
             order = {s: i for i, s in enumerate(splits)}
             keys = [(order.get(s, len(order)), s, natural_key(items.key(i)))
@@ -303,8 +309,14 @@ class Builder:
         else:
             keys = [natural_key(items.key(i)) for i in range(len(items))]
         rank = sorted(range(len(items)), key=keys.__getitem__)
+        ties, lo = [], 0
+        for j in range(1, len(rank) + 1):
+            if j == len(rank) or keys[rank[j]] != keys[rank[lo]]:
+                if j - lo > 1:
+                    ties.append((lo, j))
+                lo = j
         del keys
-        return items.take(rank)
+        return items.take(rank), ties
 
     def final_rejects(self) -> list[Reject]:
         """The rejects in manifest order. Annotation files in the corpus (tables, split lists) are
