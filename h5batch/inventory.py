@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .forking import return_free_memory
 from .manifest import Item, Manifest
 
 GROUP = "inventory"
@@ -109,21 +110,27 @@ class Memory:
 def of_manifest(m: Manifest) -> tuple[list[str], np.ndarray, dict]:
     """(keys, stamps, extra) of every item of ``m``: keys sorted (a list of str), their int64
     stamps, and version 2's arrays (:data:`EXTRA`, ``memo``) when the manifest has a memo."""
-    firsts, stat = [], np.empty((len(m.items), 2), dtype=np.int64)
+    from .layouts.records import item_record
+
+    memo, n = m.memo, len(m.items)
+    firsts, stat = [], np.empty((n, 2), dtype=np.int64)
+    record, record_end = bytearray(), np.empty(n, dtype=np.int64)
     for i, it in enumerate(m.items):
         firsts.append(it.paths[0])
         stat[i] = it.stats[0] or (-1, -1)
+        if memo is not None:  # the bytes the manifest hash took from the item (Memo says why)
+            record += item_record(it, it.stats)
+            record_end[i] = len(record)
     stamps_ = stamps(m)
-    order = np.array(sorted(range(len(firsts)), key=firsts.__getitem__), dtype=np.int64)
+    # An array of the keys sorted: no Python int per item, as sorted(range(n)) would make.
+    order = np.argsort(np.array(firsts, dtype=object), kind="stable") if n else np.zeros(0, dtype=np.int64)
     keys = [firsts[i] for i in order.tolist()]
-    memo = m.memo
-    if memo is None or len(memo.record_end) != len(m.items):
+    if memo is None:
         return keys, stamps_[order], {}
     position = np.empty_like(order)
     position[order] = np.arange(len(order))
-    extra = {"stat": stat[order], "order": position, "record": np.frombuffer(memo.record, dtype=np.uint8),
-             "record_end": np.frombuffer(memo.record_end, dtype=np.int64),
-             "memo": memo_json(memo.inputs, memo.splits, memo.plain)}
+    extra = {"stat": stat[order], "order": position, "record": np.frombuffer(record, dtype=np.uint8),
+             "record_end": record_end, "memo": memo_json(memo.inputs, memo.splits, memo.plain)}
     return keys, stamps_[order], extra
 
 
@@ -136,8 +143,13 @@ def sidecar(partial: str) -> str:
 
 
 def write_sidecar(partial: str, m: Manifest) -> str:
-    """Write the manifest's inventory beside the partial output (replaced atomically)."""
-    return write_arrays(partial, *of_manifest(m))
+    """Write the manifest's inventory beside the partial output (replaced atomically). Its
+    arrays (~300 bytes a file while they exist) are let go, and the heap's free pages given
+    back (:func:`h5batch.forking.return_free_memory`): the driver writes it beside its writer
+    and decoders, for the rest of the run."""
+    path = write_arrays(partial, *of_manifest(m))
+    return_free_memory()
+    return path
 
 
 def write_arrays(partial: str, keys: list[str], stamps_: np.ndarray, extra: dict) -> str:

@@ -235,19 +235,17 @@ class Manifest:
 
 @dataclass
 class Memo:
-    """What :meth:`h5batch.layouts.base.Builder.finish` hashed, item by item.
+    """What :meth:`h5batch.layouts.base.Builder.finish` hashed besides the items, for the
+    output's inventory (:func:`h5batch.inventory.of_manifest` makes each item's hash record
+    again from the item, so that a sync that keeps an item unchanged can hash it again
+    without rebuilding it; the records are not kept here: ~110 bytes a file).
 
-    ``record[record_end[i-1]:record_end[i]]`` is the bytes the manifest hash took from item
-    ``i`` (its split, key, paths, label, values and file stats), so a sync that keeps an item
-    unchanged can hash it again without rebuilding it (one buffer, not a bytes object per
-    item: ~40 bytes less a file); ``inputs`` the ``[path, size, mtime_ns]`` of each annotation
-    file (``None`` stats: missing); ``splits`` the split order the items were sorted by;
-    ``plain`` is False when something joined items to each other (a key given its extension
-    because two files shared a stem, a duplicate key, a symlink): then a file's item no
-    longer depends on that file alone, and a sync rediscovers everything."""
+    ``inputs`` the ``[path, size, mtime_ns]`` of each annotation file (``None`` stats:
+    missing); ``splits`` the split order the items were sorted by; ``plain`` is False when
+    something joined items to each other (a key given its extension because two files shared
+    a stem, a duplicate key, a symlink): then a file's item no longer depends on that file
+    alone, and a sync rediscovers everything."""
 
-    record: bytearray
-    record_end: array  # of "q": where each item's record ends in ``record``
     inputs: list
     splits: list[str]
     plain: bool

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-from array import array
 from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, ClassVar
@@ -259,17 +258,13 @@ class Builder:
         all_splits = list(splits) + sorted(present - set(splits))
         labels = sorted(items.labels(), key=natural_key)
         h = hashlib.sha256()
-        record, ends = bytearray(), array("q")
-        for it in items:  # the hash and the memo's buffer
-            r = item_record(it, it.stats)
-            h.update(r)
-            record += r
-            ends.append(len(record))
+        for it in items:
+            h.update(item_record(it, it.stats))
         inputs = input_stats(root, self.annotations)
         hash_inputs(h, inputs)
         rejects = self.final_rejects()
         hash_rejects(h, rejects)
-        memo = Memo(record, ends, inputs, list(splits), plain)
+        memo = Memo(inputs, list(splits), plain)
         return Manifest(root=root, fields=self.fields, splits=tuple(s for s in all_splits if s in present) or tuple(splits),
                         items=items, rejects=rejects, class_names=tuple(labels), hash=h.hexdigest(),
                         resolved=dict(self.resolved), annotations=tuple(self.annotations), memo=memo)
