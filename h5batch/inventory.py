@@ -107,31 +107,34 @@ class Memory:
         return np.fromiter((index.get(p, -1) for p in paths), dtype=np.int64, count=len(paths))
 
 
-def of_manifest(m: Manifest) -> tuple[list[str], np.ndarray, dict]:
-    """(keys, stamps, extra) of every item of ``m``: keys sorted (a list of str), their int64
-    stamps, and version 2's arrays (:data:`EXTRA`, ``memo``) when the manifest has a memo."""
+def of_manifest(m: Manifest) -> tuple[np.ndarray, np.ndarray, dict]:
+    """(keys, stamps, extra) of every item of ``m``: keys sorted, as their :func:`keys_blob`,
+    their int64 stamps, and version 2's arrays (:data:`EXTRA`, ``memo``) when the manifest has
+    a memo. Two passes over the items: the keys are one blob before the hash records are made
+    (each ~100 bytes a file; a str per key ~80), so the two never exist at once."""
     from .layouts.records import item_record
 
     memo, n = m.memo, len(m.items)
     firsts, stat = [], np.empty((n, 2), dtype=np.int64)
-    record, record_end = bytearray(), np.empty(n, dtype=np.int64)
     for i, it in enumerate(m.items):
         firsts.append(it.paths[0])
         stat[i] = it.stats[0] or (-1, -1)
-        if memo is not None:  # the bytes the manifest hash took from the item (Memo says why)
-            record += item_record(it, it.stats)
-            record_end[i] = len(record)
-    stamps_ = stamps(m)
     # An array of the keys sorted: no Python int per item, as sorted(range(n)) would make.
     order = np.argsort(np.array(firsts, dtype=object), kind="stable") if n else np.zeros(0, dtype=np.int64)
-    keys = [firsts[i] for i in order.tolist()]
+    keys = keys_blob([firsts[i] for i in order.tolist()])
+    del firsts
+    stamps_ = stamps(m)[order]
     if memo is None:
-        return keys, stamps_[order], {}
+        return keys, stamps_, {}
+    record, record_end = bytearray(), np.empty(n, dtype=np.int64)
+    for i, it in enumerate(m.items):  # the bytes the manifest hash took from each item (see Memo)
+        record += item_record(it, it.stats)
+        record_end[i] = len(record)
     position = np.empty_like(order)
     position[order] = np.arange(len(order))
     extra = {"stat": stat[order], "order": position, "record": np.frombuffer(record, dtype=np.uint8),
              "record_end": record_end, "memo": memo_json(memo.inputs, memo.splits, memo.plain)}
-    return keys, stamps_[order], extra
+    return keys, stamps_, extra
 
 
 def memo_json(inputs: list, splits: list[str], plain: bool) -> str:
@@ -152,11 +155,12 @@ def write_sidecar(partial: str, m: Manifest) -> str:
     return path
 
 
-def write_arrays(partial: str, keys: list[str], stamps_: np.ndarray, extra: dict) -> str:
-    """Write an inventory (sorted keys, their stamps, version 2's arrays) as the sidecar."""
+def write_arrays(partial: str, keys: np.ndarray | list[str], stamps_: np.ndarray, extra: dict) -> str:
+    """Write an inventory (sorted keys, a list of str or their :func:`keys_blob`; their
+    stamps, version 2's arrays) as the sidecar."""
     path = sidecar(partial)
     tmp = path + ".tmp"
-    arrays = [keys_blob(list(keys)), np.asarray(stamps_, dtype=np.int64)]
+    arrays = [keys if isinstance(keys, np.ndarray) else keys_blob(list(keys)), np.asarray(stamps_, dtype=np.int64)]
     if extra:
         arrays += [extra[k] for k in EXTRA] + [np.frombuffer(extra["memo"].encode(), dtype=np.uint8)]
     with open(tmp, "wb") as fh:
