@@ -94,7 +94,7 @@ def limit(src: SourceConfig, b: Builder) -> None:
     groups: dict[tuple, list[int]] = {}
     for i, it in enumerate(b.items):
         groups.setdefault((natural_key(it.split), natural_key(it.label or "")), []).append(i)
-    members = [sorted(g, key=lambda i: natural_key(b.items[i].key)) for _, g in sorted(groups.items())]
+    members = [sorted(g, key=lambda i: natural_key(b.items.key(i))) for _, g in sorted(groups.items())]
     quota = [0] * len(members)
     left = src.limit
     while left:
