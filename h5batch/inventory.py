@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .forking import return_free_memory
 from .manifest import Item, Manifest
 
 GROUP = "inventory"
@@ -106,25 +107,34 @@ class Memory:
         return np.fromiter((index.get(p, -1) for p in paths), dtype=np.int64, count=len(paths))
 
 
-def of_manifest(m: Manifest) -> tuple[list[str], np.ndarray, dict]:
-    """(keys, stamps, extra) of every item of ``m``: keys sorted (a list of str), their int64
-    stamps, and version 2's arrays (:data:`EXTRA`, ``memo``) when the manifest has a memo."""
-    firsts, stat = [], np.empty((len(m.items), 2), dtype=np.int64)
+def of_manifest(m: Manifest) -> tuple[np.ndarray, np.ndarray, dict]:
+    """(keys, stamps, extra) of every item of ``m``: keys sorted, as their :func:`keys_blob`,
+    their int64 stamps, and version 2's arrays (:data:`EXTRA`, ``memo``) when the manifest has
+    a memo. Two passes over the items: the keys are one blob before the hash records are made
+    (each ~100 bytes a file; a str per key ~80), so the two never exist at once."""
+    from .layouts.records import item_record
+
+    memo, n = m.memo, len(m.items)
+    firsts, stat = [], np.empty((n, 2), dtype=np.int64)
     for i, it in enumerate(m.items):
         firsts.append(it.paths[0])
         stat[i] = it.stats[0] or (-1, -1)
-    stamps_ = stamps(m)
-    order = np.array(sorted(range(len(firsts)), key=firsts.__getitem__), dtype=np.int64)
-    keys = [firsts[i] for i in order.tolist()]
-    memo = m.memo
-    if memo is None or len(memo.record_end) != len(m.items):
-        return keys, stamps_[order], {}
+    # An array of the keys sorted: no Python int per item, as sorted(range(n)) would make.
+    order = np.argsort(np.array(firsts, dtype=object), kind="stable") if n else np.zeros(0, dtype=np.int64)
+    keys = keys_blob([firsts[i] for i in order.tolist()])
+    del firsts
+    stamps_ = stamps(m)[order]
+    if memo is None:
+        return keys, stamps_, {}
+    record, record_end = bytearray(), np.empty(n, dtype=np.int64)
+    for i, it in enumerate(m.items):  # the bytes the manifest hash took from each item (see Memo)
+        record += item_record(it, it.stats)
+        record_end[i] = len(record)
     position = np.empty_like(order)
     position[order] = np.arange(len(order))
-    extra = {"stat": stat[order], "order": position, "record": np.frombuffer(memo.record, dtype=np.uint8),
-             "record_end": np.frombuffer(memo.record_end, dtype=np.int64),
-             "memo": memo_json(memo.inputs, memo.splits, memo.plain)}
-    return keys, stamps_[order], extra
+    extra = {"stat": stat[order], "order": position, "record": np.frombuffer(record, dtype=np.uint8),
+             "record_end": record_end, "memo": memo_json(memo.inputs, memo.splits, memo.plain)}
+    return keys, stamps_, extra
 
 
 def memo_json(inputs: list, splits: list[str], plain: bool) -> str:
@@ -136,15 +146,21 @@ def sidecar(partial: str) -> str:
 
 
 def write_sidecar(partial: str, m: Manifest) -> str:
-    """Write the manifest's inventory beside the partial output (replaced atomically)."""
-    return write_arrays(partial, *of_manifest(m))
+    """Write the manifest's inventory beside the partial output (replaced atomically). Its
+    arrays (~300 bytes a file while they exist) are let go, and the heap's free pages given
+    back (:func:`h5batch.forking.return_free_memory`): the driver writes it beside its writer
+    and decoders, for the rest of the run."""
+    path = write_arrays(partial, *of_manifest(m))
+    return_free_memory()
+    return path
 
 
-def write_arrays(partial: str, keys: list[str], stamps_: np.ndarray, extra: dict) -> str:
-    """Write an inventory (sorted keys, their stamps, version 2's arrays) as the sidecar."""
+def write_arrays(partial: str, keys: np.ndarray | list[str], stamps_: np.ndarray, extra: dict) -> str:
+    """Write an inventory (sorted keys, a list of str or their :func:`keys_blob`; their
+    stamps, version 2's arrays) as the sidecar."""
     path = sidecar(partial)
     tmp = path + ".tmp"
-    arrays = [keys_blob(list(keys)), np.asarray(stamps_, dtype=np.int64)]
+    arrays = [keys if isinstance(keys, np.ndarray) else keys_blob(list(keys)), np.asarray(stamps_, dtype=np.int64)]
     if extra:
         arrays += [extra[k] for k in EXTRA] + [np.frombuffer(extra["memo"].encode(), dtype=np.uint8)]
     with open(tmp, "wb") as fh:

@@ -14,6 +14,8 @@ from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 @dataclass(frozen=True, slots=True)
 class Item:
@@ -57,10 +59,13 @@ class Items(Sequence):
         self._codes: dict = {}  # split or label name -> its code
         self._extra: list[tuple] | None = None  # (values, columns) per item, where any has some
         for it in items:
-            self.append(it, it.stats)
+            self.append(it)
 
-    def append(self, it: Item, stats: tuple) -> None:
-        """Add ``it``, with ``stats`` ((size, mtime_ns) or None per path; () for none known)."""
+    def append(self, it: Item, stats: tuple | None = None) -> None:
+        """Add ``it``, with ``stats`` ((size, mtime_ns) or None per path; () for none known;
+        default ``it.stats``)."""
+        if stats is None:
+            stats = it.stats
         self._buf += "\0".join((it.key, *it.paths)).encode(*_UTF8)
         self._ends.append(len(self._buf))
         self._pstart.append(self._pstart[-1] + len(it.paths))
@@ -105,12 +110,51 @@ class Items(Sequence):
         return Item(key, self.split_names[self._split[i]], tuple(paths),
                     None if label < 0 else self._label_names[label], values, columns, stats)
 
+    def key(self, i: int) -> str:
+        """The key of item ``i`` (without making the item)."""
+        lo, hi = self._ends[i - 1] if i else 0, self._ends[i]
+        end = self._buf.find(0, lo, hi)
+        return self._buf[lo:hi if end < 0 else end].decode(*_UTF8)
+
+    def take(self, order: Sequence[int]) -> Items:
+        """The items at the indices of ``order``, in that order: the columns gathered, no
+        item made."""
+        idx = np.asarray(order, dtype=np.int64).reshape(-1)
+        out = Items()
+        out.split_names, out._label_names, out._codes = list(self.split_names), list(self._label_names), dict(self._codes)
+        ends = np.frombuffer(self._ends, dtype=np.int64)
+        starts = np.concatenate([[0], ends[:-1]])
+        buf, new, new_ends = self._buf, out._buf, out._ends
+        for lo, hi in zip(starts[idx].tolist(), ends[idx].tolist()):
+            new += buf[lo:hi]
+            new_ends.append(len(new))
+        pstart = np.frombuffer(self._pstart, dtype=np.int64)
+        count = (pstart[1:] - pstart[:-1])[idx]
+        first = np.concatenate([[0], np.cumsum(count)])
+        paths = np.repeat(pstart[idx] - first[:-1], count) + np.arange(first[-1])  # each taken path's index
+        for name, col in (("_pstart", first), ("_size", np.frombuffer(self._size, dtype=np.int64)[paths]),
+                          ("_mtime", np.frombuffer(self._mtime, dtype=np.int64)[paths]),
+                          ("_split", np.frombuffer(self._split, dtype=np.uint16)[idx]),
+                          ("_label", np.frombuffer(self._label, dtype=np.int32)[idx])):
+            setattr(out, name, array(getattr(out, name).typecode, col.tobytes()))
+        if self._extra is not None:
+            out._extra = [self._extra[i] for i in idx.tolist()]
+        return out
+
+    def labels(self, lo: int = 0) -> set[str]:
+        """The labels of items ``lo`` to the last."""
+        return {self._label_names[c] for c in set(self._label[lo:]) if c >= 0}
+
+    def has_extras(self) -> bool:
+        """Whether an item has values or columns."""
+        return self._extra is not None
+
     def split_of(self, i: int) -> str:
         """The split of item ``i`` (without making the item)."""
         return self.split_names[self._split[i]]
 
     def split_counts(self) -> dict[str, int]:
-        """Items per split, in order of first appearance."""
+        """Items per split, in order of first appearance (0 for none)."""
         n = [0] * len(self.split_names)
         for code in self._split:
             n[code] += 1
@@ -191,19 +235,17 @@ class Manifest:
 
 @dataclass
 class Memo:
-    """What :meth:`h5batch.layouts.base.Builder.finish` hashed, item by item.
+    """What :meth:`h5batch.layouts.base.Builder.finish` hashed besides the items, for the
+    output's inventory (:func:`h5batch.inventory.of_manifest` makes each item's hash record
+    again from the item, so that a sync that keeps an item unchanged can hash it again
+    without rebuilding it; the records are not kept here: ~110 bytes a file).
 
-    ``record[record_end[i-1]:record_end[i]]`` is the bytes the manifest hash took from item
-    ``i`` (its split, key, paths, label, values and file stats), so a sync that keeps an item
-    unchanged can hash it again without rebuilding it (one buffer, not a bytes object per
-    item: ~40 bytes less a file); ``inputs`` the ``[path, size, mtime_ns]`` of each annotation
-    file (``None`` stats: missing); ``splits`` the split order the items were sorted by;
-    ``plain`` is False when something joined items to each other (a key given its extension
-    because two files shared a stem, a duplicate key, a symlink): then a file's item no
-    longer depends on that file alone, and a sync rediscovers everything."""
+    ``inputs`` the ``[path, size, mtime_ns]`` of each annotation file (``None`` stats:
+    missing); ``splits`` the split order the items were sorted by; ``plain`` is False when
+    something joined items to each other (a key given its extension because two files shared
+    a stem, a duplicate key, a symlink): then a file's item no longer depends on that file
+    alone, and a sync rediscovers everything."""
 
-    record: bytearray
-    record_end: array  # of "q": where each item's record ends in ``record``
     inputs: list
     splits: list[str]
     plain: bool

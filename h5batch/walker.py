@@ -13,25 +13,64 @@ finds its output already there.
 
 Each folder is listed through an open descriptor of it, so that each ``stat`` resolves the
 file's name in that folder (``fstatat``) rather than its whole path from the root.
+
+A walk's files are :class:`Files`: columns (one buffer of paths, arrays of sizes and mtimes),
+each ``(path, size, mtime_ns)`` made when read. Reason: a list of those tuples held ~200
+bytes a file, the largest thing alive while a layout builds a million items.
 """
 
 from __future__ import annotations
 
 import operator
 import os
+from array import array
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from .manifest import Reject
 
-__all__ = ["Walker"]
+__all__ = ["Files", "Walker"]
 
 _name = operator.attrgetter("name")
+_UTF8 = ("utf-8", "surrogatepass")  # any str, undecodable file names' escapes too, round-trips
+
+
+class Files(Sequence):
+    """Files found by a walk, in the order found: ``files[i]`` is ``(relative posix path,
+    size, mtime_ns)``."""
+
+    def __init__(self):
+        self._buf, self._ends, self._size, self._mtime = bytearray(), array("q"), array("q"), array("q")
+
+    def add(self, path: str, size: int, mtime_ns: int) -> None:
+        self._buf += path.encode(*_UTF8)
+        self._ends.append(len(self._buf))
+        self._size.append(size)
+        self._mtime.append(mtime_ns)
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._file(k) for k in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self._file(i)
+
+    def __iter__(self) -> Iterator[tuple[str, int, int]]:
+        return map(self._file, range(len(self)))
+
+    def _file(self, i: int) -> tuple[str, int, int]:
+        return self._buf[self._ends[i - 1] if i else 0:self._ends[i]].decode(*_UTF8), self._size[i], self._mtime[i]
 
 
 class Walker:
     """Lists regular files under a root, following symlinks only when they stay inside it.
 
-    :meth:`walk` returns ``(relative posix path, size, mtime_ns)`` per file; problems go to
+    :meth:`walk` returns :class:`Files` (``(relative posix path, size, mtime_ns)`` per file); problems go to
     ``rejects`` and ``symlinks`` counts the symlinks met. A layout hands them to the builder
     with :meth:`.layouts.base.Builder.walked`.
     """
@@ -50,9 +89,10 @@ class Walker:
         real = os.path.realpath(path)
         return real == self.real_root or real.startswith(self.real_root + os.sep)
 
-    def walk(self, rel: str = "", _stack: frozenset[str] = frozenset()) -> list[tuple[str, int, int]]:
-        """The files under ``rel`` (a folder relative to the root; the root itself by default)."""
-        out: list[tuple[str, int, int]] = []
+    def walk(self, rel: str = "", out: Files | None = None, _stack: frozenset[str] = frozenset()) -> Files:
+        """The files under ``rel`` (a folder relative to the root; the root itself by default),
+        added to ``out`` where given."""
+        out = Files() if out is None else out
         base = os.path.join(self.root, rel) if rel else str(self.root)
         _stack = _stack | {os.path.realpath(base)}  # real paths of the folders being walked
         try:
@@ -70,7 +110,7 @@ class Walker:
             os.close(fd)
         return out
 
-    def _scan(self, entries, base: str, rel: str, _stack: frozenset[str], out: list) -> None:
+    def _scan(self, entries, base: str, rel: str, _stack: frozenset[str], out: Files) -> None:
         prefix = f"{rel}/" if rel else ""
         for entry in entries:
             name = entry.name
@@ -91,7 +131,7 @@ class Walker:
                     if entry.is_symlink() and os.path.realpath(os.path.join(base, name)) in _stack:
                         self._reject(relpath, "symlink loop: points to a folder that contains it")
                         continue
-                    out.extend(self.walk(relpath, _stack))
+                    self.walk(relpath, out, _stack)
                     continue
                 st = entry.stat()
             except OSError as e:
@@ -100,4 +140,4 @@ class Walker:
             if not entry.is_file():
                 self._reject(relpath, "not a regular file")
                 continue
-            out.append((relpath, st.st_size, st.st_mtime_ns))
+            out.add(relpath, st.st_size, st.st_mtime_ns)

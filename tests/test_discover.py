@@ -385,8 +385,7 @@ def test_discover_runs_the_registered_layout(tmp_path: Path, monkeypatch) -> Non
         def collect(self, root, src, b):
             walker = Walker(root)
             for rel, size, mtime in walker.walk():
-                b.stats[rel] = (size, mtime)
-                b.items.append(Item(stem(rel), "all", (rel,), None))
+                b.items.append(Item(stem(rel), "all", (rel,), None, stats=((size, mtime),)))
             b.rejects.extend(walker.rejects)
             return ["all"]
 
@@ -419,3 +418,61 @@ def test_an_item_record_is_json_dumps_whatever_the_names(name, label):
                 want += _VALUES_JSON.encode(values).encode()
             want += b"".join(repr(stats.get(p)).encode() for p in paths)
             assert item_record(it, tuple(stats.get(p) for p in paths)) == want
+
+
+def test_items_taken_in_any_order_are_the_items_stored():
+    """Items.take gathers the columns (keys and paths, stats, splits, labels, values) in the
+    order given, a subset too; Items.key reads a key without making its item."""
+    from h5batch.manifest import Item, Items
+
+    stored = [Item(f"k{i}{ODD_NAMES[i % len(ODD_NAMES)]}", ("train", "test")[i % 2],
+                   tuple(f"d{j}/{i}{ODD_NAMES[j]}" for j in range(i % 4)), (None, "cat", "dog")[i % 3],
+                   (i, "v") if i % 5 == 0 else (), (),
+                   tuple((i * 10 + j, i) if (i + j) % 3 else None for j in range(i % 4))) for i in range(40)]
+    items = Items(stored)
+    assert [items.key(i) for i in range(40)] == [it.key for it in stored]
+    order = [37, 0, 5, 5, 12, 39, 2, 21]
+    taken = items.take(order)
+    assert list(taken) == [stored[i] for i in order]
+    assert taken.num_paths() == sum(len(stored[i].paths) for i in order)
+    assert list(items.take([])) == [] and items.labels(37) == {"cat", "dog"}
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("fields", [1, 2])
+def test_builder_orders_keys_and_drops_duplicates_as_a_dict_of_every_key_would(tmp_path, seed, fields):
+    """Builder.finish finds duplicate keys among items whose keys sort alike (``a1``, ``a01``,
+    a key twice, in two splits): the manifest is the one a plain sort and a dict of every
+    key give (one field: a shared key takes its file's extension first)."""
+    import dataclasses
+
+    from h5batch.layouts.base import Builder
+    from h5batch.manifest import Item
+
+    rng = random.Random(seed)
+    more = {"other": {"type": "audio", "extensions": [".flac"]}} if fields == 2 else {}
+    b = Builder(_job(tmp_path, {"layout": "class_folders"}, {"audio": AUDIO, **more}))
+    found = []
+    for i in range(60):
+        key = rng.choice(["a1", "a01", "a001", "b2", "a10", "c"])
+        split = rng.choice(["train", "test"])
+        paths = (f"{split}/{i}/{key}{rng.choice(['.wav', '.WAV', '.ogg'])}",) + ((f"l/{i}.flac",) if fields == 2 else ())
+        found.append(Item(key, split, paths, None, stats=tuple((i, j) for j in range(fields))))
+        b.items.append(found[-1])
+    m = b.finish(str(tmp_path), ["train", "test"])
+
+    want = found
+    if fields == 1:  # the rule of keys_with_extensions, written out
+        n = {}
+        for it in found:
+            n[it.split, it.key] = n.get((it.split, it.key), 0) + 1
+        if max(n.values()) > 1:
+            want = [dataclasses.replace(it, key=it.key + "." + it.paths[0].rpartition(".")[2])
+                    if n[it.split, it.key] > 1 else it for it in found]
+    want = sorted(want, key=lambda it: (["train", "test"].index(it.split), natural_key(it.key)))
+    kept, dropped = {}, []
+    for it in want:
+        (dropped if (it.split, it.key) in kept else kept.setdefault((it.split, it.key), [])).append(it)
+    assert list(m.items) == [it for it in want if it not in dropped]
+    assert sorted(r.path for r in m.rejects) == sorted(p for it in dropped for p in it.paths)
+    assert all(r.reason.startswith("duplicate key") for r in m.rejects)

@@ -60,7 +60,7 @@ def _file(path: Path, n: int) -> None:
 def _memory(m) -> inventory.Memory:
     keys, stamps, extra = inventory.of_manifest(m)
     memo = json.loads(extra["memo"])
-    return inventory.Memory(keys, stamps, extra["stat"], extra["order"], extra["record"], extra["record_end"],
+    return inventory.Memory(inventory.keys_of_blob(keys), stamps, extra["stat"], extra["order"], extra["record"], extra["record_end"],
                             memo["inputs"], memo["splits"], memo["plain"])
 
 
@@ -72,7 +72,7 @@ def _assert_same_as_full(job, r) -> None:
     assert r.items == len(full.items)
     keys, stamps, extra = inventory.of_manifest(full)
     got_keys, got_stamps, got = r.inventory
-    assert got_keys == keys and got_stamps.tolist() == stamps.tolist()
+    assert got_keys == inventory.keys_of_blob(keys) and got_stamps.tolist() == stamps.tolist()
     for k in inventory.EXTRA:
         assert np.array_equal(got[k], extra[k]), k
     assert got["memo"] == extra["memo"]

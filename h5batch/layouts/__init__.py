@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 # isort: off
 from . import class_folders, paired_folders, pattern, table  # noqa: F401
 # isort: on
+from ..forking import return_free_memory
 from ..manifest import Manifest
 from . import annotate, exclude
 from . import splits as split_rules
@@ -53,7 +54,10 @@ def discover(job: JobConfig) -> Manifest:
     cols = annotate.join(root, job, b)
     splits = split_rules.apply(root, job, b, cols) or splits
     exclude.limit(job.source, b)
-    return b.finish(str(root), splits)
+    manifest = b.finish(str(root), splits)
+    del b
+    return_free_memory()  # what discovery let go, not inherited by the processes forked next
+    return manifest
 
 
 def resolved_job(job: JobConfig, manifest: Manifest) -> JobConfig:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConfigError, DecodeError
 from ..fields import reads_files, resolve_field, value_array
 from ..fields.multilabel import ALL
-from ..manifest import Item, Reject
+from ..manifest import Item, Items, Reject
 from . import exclude
 from .base import stem
 from .table import json_rows
@@ -158,8 +158,12 @@ def join(root: Path, job: JobConfig, b: Builder) -> list[dict[str, Any]]:
             raise ConfigError(job.file, where, f"cannot read the table: {e}") from None
     files = [f for t in tables for f in t.files]
     b.annotations.extend(f for f in files if f not in b.annotations)
-    cols: list[dict[str, Any]] = []
-    kept = []
+    if not tables and not b.wants_columns:  # no row to join, no column read: items stay as they are
+        cols: list[dict[str, Any]] = [{}] * len(b.items)  # one dict, read only
+        _fill(job, dict(job.fields), b, cols)
+        return cols
+    cols = []
+    kept = Items()
     for it in b.items:
         c: dict[str, Any] = dict(it.columns)
         missing = None
@@ -233,16 +237,16 @@ def _fill(job: JobConfig, fields: dict[str, Any], b: Builder, cols: list[dict[st
             return tuple(c.get(k) for k in fc.columns)
         return c.get(fc.column)
 
-    values = [[raw(c, fields[n]) for n in vnames] for c in cols]
+    values = [[raw(c, fields[n]) for n in vnames] for c in cols] if vnames else [()] * len(cols)
     for j, n in enumerate(vnames):
         fields[n] = resolve_field(fields[n], [v[j] for v in values])
     b.resolved.update({n: fields[n] for n in fields if fields[n] is not job.fields[n]})
     label_col = job.source.label_column
-    if not vnames and not label_col and not any(it.columns or it.values for it in b.items):
+    if not vnames and not label_col and not b.items.has_extras():
         # Nothing to set or drop: each item is already what the loop below would build, so
         # skip a pass over the whole corpus.
         return
-    kept, kept_cols = [], []
+    kept, kept_cols = Items(), []
     for it, c, vals in zip(b.items, cols, values):
         why = None
         for n, v in zip(vnames, vals):
@@ -260,7 +264,7 @@ def _fill(job: JobConfig, fields: dict[str, Any], b: Builder, cols: list[dict[st
             b.rejects.extend(Reject(p, "discover", why) for p in it.paths)
             continue
         # The constructor, not dataclasses.replace: this runs once per file of the corpus.
-        kept.append(Item(it.key, it.split, it.paths, label, tuple(vals), ()))
+        kept.append(Item(it.key, it.split, it.paths, label, tuple(vals), (), it.stats))
         kept_cols.append(c)
     b.items = kept
     cols[:] = kept_cols

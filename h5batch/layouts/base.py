@@ -17,15 +17,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, ClassVar
 
 from ..fields import file_fields, reads_files
 from ..manifest import Item, Items, Manifest, Memo, Reject, natural_key
 from ..registry import Registry
-from ..walker import Walker
+from ..walker import Files, Walker
 from .records import hash_inputs, hash_rejects, input_stats, item_record
 
 if TYPE_CHECKING:
@@ -44,24 +43,24 @@ class Layout:
     incremental: ClassVar[bool] = False
 
     def collect(self, root: Path, src: SourceConfig, b: Builder) -> list[str]:
-        """Walk the corpus at ``root``: append each sample to ``b.items`` (its files' size and
-        mtime to ``b.stats``) and each unusable file to ``b.rejects``. Returns the split
+        """Walk the corpus at ``root``: append each sample to ``b.items`` (with its files' size
+        and mtime as its ``stats``) and each unusable file to ``b.rejects``. Returns the split
         order (the builder sorts items by it, then by a natural sort of the key)."""
         if not self.incremental:
             raise NotImplementedError
         files, splits = self.walk(root, src, b)
         return self.build(root, src, b, files, splits)
 
-    def walk(self, root: Path, src: SourceConfig, b: Builder) -> tuple[list[tuple[str, int, int]], list[str] | None]:
+    def walk(self, root: Path, src: SourceConfig, b: Builder) -> tuple[Files, list[str] | None]:
         """(an incremental layout) Every file :meth:`build` looks at, as ``(relative path,
-        size, mtime_ns)``, the walk's rejects put in ``b``; and the split order when the
+        size, mtime_ns)`` (:class:`~h5batch.walker.Files`), the walk's rejects put in ``b``; and the split order when the
         folders fix it (None when the items' splits do). Default: every file under ``root``."""
         walker = Walker(root, b.ordered_walk)
         files = walker.walk()
         b.walked(walker)
         return files, None
 
-    def build(self, root: Path, src: SourceConfig, b: Builder, files: list[tuple[str, int, int]],
+    def build(self, root: Path, src: SourceConfig, b: Builder, files: Sequence[tuple[str, int, int]],
               splits: list[str] | None) -> list[str]:
         """(an incremental layout) The items and rejects of ``files`` (any subset of a walk),
         appended to ``b``; returns the split order, as :meth:`collect` does."""
@@ -136,9 +135,12 @@ class Builder:
         # Lower-cased extensions per field, made once: takes() runs for every file met.
         self.exts = {name: frozenset(e.lower() for e in getattr(fc, "extensions", ()))
                       for name, fc in job.fields.items()}
-        self.items: list[Item] = []
+        # Columns, not an Item per sample: each item is packed as it is appended (and made
+        # again, one at a time, when a stage reads it). Reason: a list of a million items
+        # held ~500 bytes a file at discovery's peak, and left the heap full of holes that the
+        # forked writer and decoders then copied.
+        self.items = Items()
         self.rejects: list[Reject] = []
-        self.stats: dict[str, tuple[int, int]] = {}
         self.annotations: list[str] = []  # annotation files read (root-relative)
         self.resolved: dict = {}  # field configs completed by the annotation stage
         self.symlinks = False  # a walk met a symlink (see Memo.plain)
@@ -162,39 +164,42 @@ class Builder:
         """Whether ``path``'s extension is one of the field's (case-insensitive)."""
         return ext(path) in self.exts[field_name]
 
-    def group_by_stem(self, split: str, files: list[str], label: str | None, cut: int = 0) -> None:
-        """Group ``files`` (relative paths of accepted extensions) by stem, each a sample keyed
-        by its stem less the first ``cut`` characters; a file's extension says its field. With
-        one field, two files of a stem are two samples (:meth:`finish` keys them apart)."""
+    def group_by_stem(self, split: str, files: list[tuple[str, int, int]], label: str | None, cut: int = 0) -> None:
+        """Group ``files`` (``(relative path, size, mtime_ns)`` of accepted extensions) by stem,
+        each a sample keyed by its stem less the first ``cut`` characters; a file's extension
+        says its field. With one field, two files of a stem are two samples (:meth:`finish`
+        keys them apart)."""
         field_of = self.ext_to_field
-        self.pair(split, [(path, field_of[se[1]], se[0][cut:]) for path in files for se in (stem_ext(path),)], label,
-                  lambda fname: "the same stem and field", lambda key: f"for stem {PurePosixPath(key).name!r}")
+        self.pair(split, [(f[0], field_of[se[1]], se[0][cut:], f[1:]) for f in files for se in (stem_ext(f[0]),)],
+                  label, lambda fname: "the same stem and field", lambda key: f"for stem {PurePosixPath(key).name!r}")
 
-    def pair(self, split: str, files: list[tuple[str, str, str]], label: str | None,
+    def pair(self, split: str, files: list[tuple[str, str, str, tuple[int, int]]], label: str | None,
              shared: Callable[[str], str], named: Callable[[str], str]) -> None:
-        """One item per key of ``files`` (``(path, field, key)``) with a file of every field. A
-        second file of one key and field is a duplicate (``shared(field)`` says what the two
-        share) and the files of a key that lacks a field are rejects (``named(key)`` names it)."""
-        groups: dict[str, dict[str, str]] = {}
-        for path, fname, key in files:
+        """One item per key of ``files`` (``(path, field, key, (size, mtime_ns))``) with a file
+        of every field. A second file of one key and field is a duplicate (``shared(field)``
+        says what the two share) and the files of a key that lacks a field are rejects
+        (``named(key)`` names it)."""
+        groups: dict[str, dict[str, tuple]] = {}
+        for path, fname, key, st in files:
             slot = groups.setdefault(key, {})
             if fname in slot and len(self.fields) == 1:
-                self.items.append(Item(key, split, (path,), label))
+                self.items.append(Item(key, split, (path,), label), (st,))
                 continue
             if fname in slot:
-                self.rejects.append(Reject(path, "discover", f"duplicate key: {slot[fname]} has {shared(fname)}"))
+                self.rejects.append(Reject(path, "discover", f"duplicate key: {slot[fname][0]} has {shared(fname)}"))
                 continue
-            slot[fname] = path
+            slot[fname] = (path, st)
         for key, slot in groups.items():
             missing = [f for f in self.fields if f not in slot]
             if missing:
-                for path in slot.values():
+                for path, _ in slot.values():
                     self.rejects.append(Reject(path, "discover",
                                                f"paired sample incomplete: no {'/'.join(missing)} file {named(key)}"))
                 continue
-            self.items.append(Item(key, split, tuple(slot[f] for f in self.fields), label))
+            got = [slot[f] for f in self.fields]
+            self.items.append(Item(key, split, tuple(p for p, _ in got), label), tuple(st for _, st in got))
 
-    def _drop_aliases(self, root: str, items: list[Item]) -> list[Item]:
+    def _drop_aliases(self, root: str, items: Items) -> Items:
         """One sample per file reached through several symlinks inside the root.
 
         An item is an alias when each of its files is the same directory entry reached by another
@@ -235,71 +240,78 @@ class Builder:
                         dropped.add(i)
                         self.rejects.extend(Reject(p, "discover", f"same file as {k}, through a symlink")
                                             for p, k in zip(items[i].paths, items[keep].paths))
-        return [it for i, it in enumerate(items) if i not in dropped] if dropped else items
+        return items.take([i for i in range(len(items)) if i not in dropped]) if dropped else items
 
     def finish(self, root: str, splits: list[str]) -> Manifest:
-        keyed = keys_with_extensions(self.items) if len(self.fields) == 1 else self.items
-        plain = not self.symlinks and keyed is self.items  # without symlinks no alias is dropped
-        self.items = keyed
-        del keyed
-        unique = self._in_order(splits)
-        plain = self._drop_duplicates(unique) and plain
-        unique = self._drop_aliases(root, unique)
-        present = {it.split for it in unique}
+        found, self.items = self.items, Items()
+        items, ties = self._in_order(found, splits)
+        plain = not self.symlinks  # without symlinks no alias is dropped
+        if len(self.fields) == 1 and any(len({items.key(i) for i in range(lo, hi)}) < hi - lo for lo, hi in ties):
+            # Two items of a split share a key: keys change, so the order is made again (rare).
+            items, ties = self._in_order(keys_with_extensions(found), splits)
+            plain = False
+        del found
+        items, unique = self._drop_duplicates(items, ties)
+        plain = unique and plain
+        items = self._drop_aliases(root, items)
+        present = {s for s, n in items.split_counts().items() if n}
         all_splits = list(splits) + sorted(present - set(splits))
-        labels = sorted({it.label for it in unique if it.label is not None}, key=natural_key)
-        items, get = Items(), self.stats.get
+        labels = sorted(items.labels(), key=natural_key)
         h = hashlib.sha256()
-        record, ends = bytearray(), array("q")
-        self.items = []
-        unique.reverse()
-        while unique:  # into the manifest's columns, the hash and the memo's buffer, each
-            it = unique.pop()  # item let go as it is taken (the columns grow as the objects go)
-            stats = tuple([get(p) for p in it.paths])
-            items.append(it, stats)
-            r = item_record(it, stats)
-            h.update(r)
-            record += r
-            ends.append(len(record))
-        self.stats = {}
+        for it in items:
+            h.update(item_record(it, it.stats))
         inputs = input_stats(root, self.annotations)
         hash_inputs(h, inputs)
         rejects = self.final_rejects()
         hash_rejects(h, rejects)
-        memo = Memo(record, ends, inputs, list(splits), plain)
+        memo = Memo(inputs, list(splits), plain)
         return Manifest(root=root, fields=self.fields, splits=tuple(s for s in all_splits if s in present) or tuple(splits),
                         items=items, rejects=rejects, class_names=tuple(labels), hash=h.hexdigest(),
                         resolved=dict(self.resolved), annotations=tuple(self.annotations), memo=memo)
 
-    def _drop_duplicates(self, items: list[Item]) -> bool:
-        """Keep the first item (in manifest order) of each split and key, in place; each
-        file of the others is a reject naming the kept one. True when none was dropped."""
-        seen: dict[str, dict[str, Item]] = {}  # split -> key -> item (no tuple per item)
-        unique: list[Item] = []
-        for it in items:
-            taken = seen.setdefault(it.split, {})
-            if it.key in taken:
-                other = taken[it.key].paths[0]
-                self.rejects.extend(Reject(p, "discover", f"duplicate key {it.key!r} in split {it.split!r} "
-                                                          f"(already taken by {other})") for p in it.paths)
-                continue
-            taken[it.key] = it
-            unique.append(it)
-        none = len(unique) == len(items)
-        items[:] = unique
-        return none
+    def _drop_duplicates(self, items: Items, ties: list[tuple[int, int]]) -> tuple[Items, bool]:
+        """Keep the first item (in manifest order) of each split and key; each file of the
+        others is a reject naming the kept one. Items of one split and key are in one of the
+        ``ties`` of :meth:`_in_order`. The items kept, and True when none was dropped."""
+        dropped: list[int] = []
+        for lo, hi in ties:
+            taken: dict[str, int] = {}  # key -> its first item
+            for i in range(lo, hi):
+                key = items.key(i)
+                if key in taken:
+                    other = items[taken[key]].paths[0]
+                    self.rejects.extend(Reject(p, "discover", f"duplicate key {key!r} in split {items.split_of(i)!r} "
+                                                              f"(already taken by {other})") for p in items[i].paths)
+                    dropped.append(i)
+                    continue
+                taken[key] = i
+        if not dropped:
+            return items, True
+        gone = set(dropped)
+        return items.take([i for i in range(len(items)) if i not in gone]), False
 
-    def _in_order(self, splits: list[str]) -> list[Item]:
+    @staticmethod
+    def _in_order(items: Items, splits: list[str]) -> tuple[Items, list[tuple[int, int]]]:
         """The items in manifest order: split order (``splits``, then any other split by
         name), then the natural order of the key; a stable sort, so items of one key keep the
-        order they were found in."""
-        items = list(self.items)
-        if len({it.split for it in items}) > 1:
+        order they were found in. With them, the ties: each run ``lo:hi`` of more than one item
+        of one split whose keys sort alike (``a1``, ``a01``, a key twice). Reason: a duplicate
+        key is looked for in those runs only, not in a dict of every key (~100 bytes a file)."""
+        if sum(n > 0 for n in items.split_counts().values()) > 1:
             order = {s: i for i, s in enumerate(splits)}
-            items.sort(key=lambda it: (order.get(it.split, len(order)), it.split, natural_key(it.key)))
+            keys = [(order.get(s, len(order)), s, natural_key(items.key(i)))
+                    for i in range(len(items)) for s in (items.split_of(i),)]
         else:
-            items.sort(key=lambda it: natural_key(it.key))
-        return items
+            keys = [natural_key(items.key(i)) for i in range(len(items))]
+        rank = sorted(range(len(items)), key=keys.__getitem__)
+        ties, lo = [], 0
+        for j in range(1, len(rank) + 1):
+            if j == len(rank) or keys[rank[j]] != keys[rank[lo]]:
+                if j - lo > 1:
+                    ties.append((lo, j))
+                lo = j
+        del keys
+        return items.take(rank), ties
 
     def final_rejects(self) -> list[Reject]:
         """The rejects in manifest order. Annotation files in the corpus (tables, split lists) are
@@ -313,18 +325,19 @@ class Builder:
                       key=lambda r: (natural_key(r.path), r.path.split("/")))
 
 
-def keys_with_extensions(items: list[Item]) -> list[Item]:
+def keys_with_extensions(items: Items) -> Items:
     """The keys of a one-field job's items, with the extension kept only where two items of a
     split would share a key (``song.mp3``, ``song.flac``); other keys, and so outputs, stay as
-    they were.
+    they were (then ``items`` itself is returned).
     """
     seen: dict[str, dict[str, int]] = {}  # split -> key -> items (no tuple per item)
-    for it in items:
-        n = seen.setdefault(it.split, {})
-        n[it.key] = n.get(it.key, 0) + 1
+    for i in range(len(items)):
+        n = seen.setdefault(items.split_of(i), {})
+        key = items.key(i)
+        n[key] = n.get(key, 0) + 1
     if all(n == 1 for by_key in seen.values() for n in by_key.values()):
         return items
-    out = []
+    out = Items()
     for it in items:
         name = it.paths[0].rpartition("/")[2]
         suffix = name[_suffix_at(name):]
@@ -369,4 +382,4 @@ def declared_then_found(src: SourceConfig, b: Builder) -> list[str]:
     """Split order for layouts that read the split from each file or row: the splits listed
     in ``source.splits`` first, then the others met, in natural order."""
     declared = list(src.splits or [])
-    return declared + sorted({it.split for it in b.items} - set(declared), key=natural_key)
+    return declared + sorted({s for s, n in b.items.split_counts().items() if n} - set(declared), key=natural_key)

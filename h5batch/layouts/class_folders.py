@@ -18,13 +18,16 @@ split, whatever lies below it), ``source.splits`` (the split folders, named).
 from __future__ import annotations
 
 import os
+from array import array
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from ..fields import file_fields
 from ..manifest import Reject
-from .base import Builder, Layout, Walker, ext, not_accepted, register, split_dirs
+from ..walker import Files, Walker
+from .base import Builder, Layout, ext, not_accepted, register, split_dirs
 
 if TYPE_CHECKING:
     from ..config_types import JobConfig, SourceConfig
@@ -38,7 +41,7 @@ class ClassFolders(Layout):
         files, splits = self.walk(root, src, b)
         start = len(b.items)
         order = self.build(root, src, b, files, splits)
-        classes = {it.label for it in b.items[start:]}
+        classes = b.items.labels(start)
         # Only on a whole walk (a sync's build sees the new files only).
         if src.split_folders and not src.splits and splits and len(splits) > max(len(classes), 1):
             raise ConfigError(b.job.file, "source.splits",
@@ -47,40 +50,45 @@ class ClassFolders(Layout):
                               "source.split_folders: false; if they are splits, list them in source.splits")
         return order
 
-    def walk(self, root: Path, src: SourceConfig, b: Builder) -> tuple[list[tuple[str, int, int]], list[str] | None]:
+    def walk(self, root: Path, src: SourceConfig, b: Builder) -> tuple[Files, list[str] | None]:
         if not src.split_folders:
             return super().walk(root, src, b)
         walker = Walker(root, b.ordered_walk)
         splits = split_dirs(root, src, b)
-        files = [f for split in splits for f in walker.walk(split)]
+        files = Files()
+        for split in splits:
+            walker.walk(split, files)
         b.walked(walker)
         return files, splits
 
-    def build(self, root: Path, src: SourceConfig, b: Builder, files: list[tuple[str, int, int]],
+    def build(self, root: Path, src: SourceConfig, b: Builder, files: Sequence[tuple[str, int, int]],
               splits: list[str] | None) -> list[str]:
         top = 1 if src.split_folders else 0  # parts before the class folder
         where = "<split>/<class>/<file>" if top else "<class>/<file>"
-        by_split: dict[str, list[tuple[str, int, int]]] = {}
-        for f in files:
-            by_split.setdefault(f[0].partition("/")[0] if top else src.split.default, []).append(f)
+        wanted = set(splits or ())
+        # split -> class -> the indices of its files in ``files``: a walk's files are made one
+        # at a time from its columns (h5batch.walker.Files), and let go once in an item.
+        groups: dict[str, dict[str, array]] = {}
         depths: dict[int, str] = {}  # depth below the class folder -> first file met there
-        for split in splits or sorted(by_split):
-            by_class: dict[str, list[str]] = {}
-            for rel, size, mtime in by_split.get(split, ()):
-                parts = rel.split("/")
-                if len(parts) < top + 2:
-                    b.rejects.append(Reject(rel, "discover", f"file is not inside a class folder ({where})"))
-                    continue
-                fname = b.ext_to_field.get(ext(rel))
-                if fname is None:
-                    b.rejects.append(Reject(rel, "discover", not_accepted(rel, ", ".join(sorted(b.ext_to_field)))))
-                    continue
-                depths.setdefault(_depth(root, rel, top) if b.symlinks else len(parts) - top - 1, rel)
-                b.stats[rel] = (size, mtime)
-                by_class.setdefault(parts[top], []).append(rel)
-            for cls, group in by_class.items():
+        for i, f in enumerate(files):
+            rel = f[0]
+            split = rel.partition("/")[0] if top else src.split.default
+            if wanted and split not in wanted:
+                continue
+            parts = rel.split("/")
+            if len(parts) < top + 2:
+                b.rejects.append(Reject(rel, "discover", f"file is not inside a class folder ({where})"))
+                continue
+            fname = b.ext_to_field.get(ext(rel))
+            if fname is None:
+                b.rejects.append(Reject(rel, "discover", not_accepted(rel, ", ".join(sorted(b.ext_to_field)))))
+                continue
+            depths.setdefault(_depth(root, rel, top) if b.symlinks else len(parts) - top - 1, rel)
+            groups.setdefault(split, {}).setdefault(parts[top], array("q")).append(i)
+        for split in splits or sorted(groups):
+            for cls, at in groups.get(split, {}).items():
                 # Keys: class/stem-within-class, so the same stem in two classes stays distinct.
-                b.group_by_stem(split, group, cls, cut=len(split) + 1 if top else 0)
+                b.group_by_stem(split, [files[i] for i in at], cls, cut=len(split) + 1 if top else 0)
         if len(depths) > 1 and not src.nested:
             found = ", ".join(f"{d} folder(s) down: {p}" for d, p in sorted(depths.items()))
             raise ConfigError(b.job.file, "source.layout",

@@ -28,7 +28,7 @@ import re
 from typing import TYPE_CHECKING
 
 from ..format import STAGE_EXCLUDED as STAGE
-from ..manifest import Reject, natural_key
+from ..manifest import Items, Reject, natural_key
 
 if TYPE_CHECKING:
     from ..config_types import SourceConfig
@@ -66,7 +66,7 @@ def apply(src: SourceConfig, b: Builder, root: str | None = None) -> None:
     for e in sorted(os.scandir(root), key=lambda e: e.name) if root else ():
         if e.is_file() and not e.name.startswith(".") and e.name not in seen:
             b.rejects.append(Reject(e.name, "discover", "top-level file"))  # excluded below if a pattern names it
-    kept = []
+    kept = Items()
     for it in b.items:
         hits = [(p, matching(p, src.exclude)) for p in it.paths]
         if not any(pat for _, pat in hits):
@@ -94,7 +94,7 @@ def limit(src: SourceConfig, b: Builder) -> None:
     groups: dict[tuple, list[int]] = {}
     for i, it in enumerate(b.items):
         groups.setdefault((natural_key(it.split), natural_key(it.label or "")), []).append(i)
-    members = [sorted(g, key=lambda i: natural_key(b.items[i].key)) for _, g in sorted(groups.items())]
+    members = [sorted(g, key=lambda i: natural_key(b.items.key(i))) for _, g in sorted(groups.items())]
     quota = [0] * len(members)
     left = src.limit
     while left:
@@ -107,4 +107,4 @@ def limit(src: SourceConfig, b: Builder) -> None:
         kept.update(g[int((j + 0.5) * len(g) / q)] for j in range(q))
     why = f"left out by --limit {src.limit} (source.limit)"
     b.rejects.extend(Reject(p, STAGE, why) for i, it in enumerate(b.items) if i not in kept for p in it.paths)
-    b.items = [it for i, it in enumerate(b.items) if i in kept]
+    b.items = b.items.take(sorted(kept))

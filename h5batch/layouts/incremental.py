@@ -256,7 +256,6 @@ def _merge(mem: Memory, b: Builder, new: list[Item], at: list[int], replaced: di
             continue
         s = specials[j]
         it = replaced[s] if s >= 0 else new[-s - 1]
-        it = dataclasses.replace(it, stats=tuple(b.stats.get(p) for p in it.paths))
         rec = item_record(it, it.stats)
         pieces.append(rec)
         items.append(it)

@@ -25,9 +25,9 @@ class PairedFolders(Layout):
         splits = split_dirs(root, src, b)
         folder_to_field = {(fc.folder or name): name for name, fc in b.job.fields.items()}
         walker = Walker(root)
-        stats, exts = b.stats, b.exts
+        exts = b.exts
         for split in splits:
-            files: list[tuple[str, str, str]] = []  # (path, field, stem of the path inside the field folder)
+            files: list[tuple] = []  # (path, field, stem of the path inside the field folder, stats)
             for rel, size, mtime in walker.walk(split):
                 # One split and one look at the name per file: this runs for every file.
                 parts = rel.split("/", 2)
@@ -39,8 +39,7 @@ class PairedFolders(Layout):
                 if suffix not in exts[fname]:
                     b.rejects.append(Reject(rel, "discover", not_accepted(rel, b.accepted(fname), fname)))
                     continue
-                stats[rel] = (size, mtime)
-                files.append((rel, fname, inner_stem))
+                files.append((rel, fname, inner_stem, (size, mtime)))
             # Keyed by the path inside the field folder, so data/a/1.wav pairs with label/a/1.wav.
             b.pair(split, files, None, lambda fname: f"the same name in field {fname!r}",
                    lambda key: f"named {key!r}")

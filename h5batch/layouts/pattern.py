@@ -11,6 +11,7 @@ rejected.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,13 +26,13 @@ class Pattern(Layout):
     name = "pattern"
     incremental = True  # a file's item depends on its own path: h5batch sync rediscovers incrementally
 
-    def build(self, root: Path, src: SourceConfig, b: Builder, files: list[tuple[str, int, int]],
+    def build(self, root: Path, src: SourceConfig, b: Builder, files: Sequence[tuple[str, int, int]],
               splits: list[str] | None) -> list[str]:
         # Names looked up once, not per file: this loop runs for every file of the corpus.
         rx = re.compile(src.pattern or "")
         match, names = rx.fullmatch, rx.groupindex
         fname = b.fields[0]
-        exts, items, stats, rejects = b.exts[fname], b.items, b.stats, b.rejects
+        exts, items, rejects = b.exts[fname], b.items, b.rejects
         label_group = src.label_group if src.label_group in names else None
         rule = src.split
         split_group = rule.group if rule.group in names else None
@@ -59,10 +60,9 @@ class Pattern(Layout):
                                                  rule.default)
             else:
                 split = raw or rule.default
-            stats[rel] = (size, mtime)
             # The groups, for fields of values and split rules (annotate.py); kept only where read.
             columns = tuple((k, v) for k, v in m.groupdict().items() if v is not None) if b.wants_columns else ()
-            items.append(Item(key, split, (rel,), label, (), columns))
+            items.append(Item(key, split, (rel,), label, (), columns), ((size, mtime),))
         return declared_then_found(src, b)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
-from ..manifest import Item, Reject, natural_key
+from ..manifest import Item, Items, Reject, natural_key
 
 if TYPE_CHECKING:
     from ..config_types import JobConfig, SplitRule
@@ -71,7 +71,7 @@ def apply(root: Path, job: JobConfig, b: Builder, cols: list[dict[str, Any]]) ->
     if not (rule.lists or rule.column or rule.hash):
         return None
     listed = _read_lists(root, job, b) if rule.lists else {}
-    kept = []
+    kept = Items()
     for it, c in zip(b.items, cols):
         if rule.lists:
             split = listed.get(it.paths[0], rule.default)
@@ -85,7 +85,8 @@ def apply(root: Path, job: JobConfig, b: Builder, cols: list[dict[str, Any]]) ->
             key = str(c.get(rule.hash_key) or "") if rule.hash_key else it.key
             split = by_hash(key, rule)
         # The constructor, not dataclasses.replace (~3x its cost): this runs once per file.
-        kept.append(it if it.split == split else Item(it.key, split, it.paths, it.label, it.values, it.columns))
+        kept.append(it if it.split == split else Item(it.key, split, it.paths, it.label, it.values, it.columns,
+                                                      it.stats))
     b.items = kept
     order = list(job.source.splits or [])
     if rule.lists:
@@ -94,5 +95,5 @@ def apply(root: Path, job: JobConfig, b: Builder, cols: list[dict[str, Any]]) ->
         order += list(rule.values.values())
     else:
         order += [rule.default, *rule.hash]
-    order += sorted({it.split for it in b.items}, key=natural_key)
+    order += sorted({s for s, n in b.items.split_counts().items() if n}, key=natural_key)
     return list(dict.fromkeys(order))

@@ -78,6 +78,7 @@ def _row(root: Path, b: Builder, columns: dict[str, str], claimed: dict[str, int
     """Turn one table row into an item, or into rejects naming each of its paths once."""
     real_root = os.path.realpath(root)
     paths: list[str] = []
+    stats: list[tuple[int, int]] = []
     row_problems: list[str] = []
     file_rejects: list[Reject] = []
 
@@ -112,7 +113,7 @@ def _row(root: Path, b: Builder, columns: dict[str, str], claimed: dict[str, int
             bad_file(rel, not_accepted(rel, b.accepted(fname), fname))
             continue
         st = os.stat(full)
-        b.stats[rel] = (st.st_size, st.st_mtime_ns)
+        stats.append((st.st_size, st.st_mtime_ns))
         paths.append(rel)
     if row_problems or file_rejects:
         first = file_rejects[0] if file_rejects else Reject(where, "discover", "; ".join(row_problems))
@@ -131,7 +132,7 @@ def _row(root: Path, b: Builder, columns: dict[str, str], claimed: dict[str, int
     split = row.get("split") or "train"
     cells = tuple((str(k), v) for k, v in row.items() if k is not None)
     b.items.append(Item(stem(paths[0]), str(split), tuple(paths), None if label in (None, "") else str(label),
-                        columns=cells))
+                        columns=cells), tuple(stats))
 
 
 register(Table())

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import faults
-from ..forking import start_context
+from ..forking import share_inherited_objects, start_context
 from .commit import remove_commit_files
 from .messages import (
     Abort,
@@ -174,6 +174,7 @@ def _writer_loop(inbox, outbox, lifeline, driver_end: int | None, host: str,
         signal.signal(s, signal.SIG_IGN)
     if driver_end is not None:
         os.close(driver_end)
+        share_inherited_objects()  # forked: the driver's objects stay shared, as in a decoder
     spec = _wait_for_start(inbox, lifeline)
     if spec is None:
         return
