@@ -110,31 +110,61 @@ class Memory:
 def of_manifest(m: Manifest) -> tuple[np.ndarray, np.ndarray, dict]:
     """(keys, stamps, extra) of every item of ``m``: keys sorted, as their :func:`keys_blob`,
     their int64 stamps, and version 2's arrays (:data:`EXTRA`, ``memo``) when the manifest has
-    a memo. Two passes over the items: the keys are one blob before the hash records are made
-    (each ~100 bytes a file; a str per key ~80), so the two never exist at once."""
+    a memo. The keys are sorted and joined from the manifest's buffer (:func:`_sorted_keys`):
+    a str per key (~90 bytes a file with its lists) was the peak of a 1M-file run."""
     from .layouts.records import item_record
 
-    memo, n = m.memo, len(m.items)
-    firsts, stat = [], np.empty((n, 2), dtype=np.int64)
-    for i, it in enumerate(m.items):
-        firsts.append(it.paths[0])
-        stat[i] = it.stats[0] or (-1, -1)
-    # An array of the keys sorted: no Python int per item, as sorted(range(n)) would make.
-    order = np.argsort(np.array(firsts, dtype=object), kind="stable") if n else np.zeros(0, dtype=np.int64)
-    keys = keys_blob([firsts[i] for i in order.tolist()])
-    del firsts
+    memo = m.memo
+    order, keys = _sorted_keys(m.items)
     stamps_ = stamps(m)[order]
     if memo is None:
         return keys, stamps_, {}
-    record, record_end = bytearray(), np.empty(n, dtype=np.int64)
+    record, record_end = bytearray(), np.empty(len(order), dtype=np.int64)
     for i, it in enumerate(m.items):  # the bytes the manifest hash took from each item (see Memo)
         record += item_record(it, it.stats)
         record_end[i] = len(record)
     position = np.empty_like(order)
     position[order] = np.arange(len(order))
-    extra = {"stat": stat[order], "order": position, "record": np.frombuffer(record, dtype=np.uint8),
+    extra = {"stat": m.items.first_stats()[order], "order": position, "record": np.frombuffer(record, dtype=np.uint8),
              "record_end": record_end, "memo": memo_json(memo.inputs, memo.splits, memo.plain)}
     return keys, stamps_, extra
+
+
+PREFIX = 64  # bytes of each key compared as fixed-width strings; longer ties are sorted whole
+KEYS_AT_ONCE = 1 << 16  # keys handled at a time: bounds the temporary index arrays
+
+
+def _sorted_keys(items) -> tuple[np.ndarray, np.ndarray]:
+    """(order, blob): the items' indices sorted by first path (the inventory's key, as
+    Python sorts str: by code point, which UTF-8 bytes keep), and the :func:`keys_blob` of
+    those paths in that order. The first :data:`PREFIX` bytes of every key sort as one
+    fixed-width array (stable); runs equal there with a longer key are sorted by their whole
+    bytes. No str per key is made."""
+    buf, lo, hi = items.first_paths()
+    n = len(lo)
+    if not n:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint8)
+    size = hi - lo
+    w = int(min(PREFIX, max(1, size.max())))
+    col = np.arange(w)
+    prefix = np.zeros((n, w), dtype=np.uint8)
+    for b in range(0, n, KEYS_AT_ONCE):
+        a, s = lo[b:b + KEYS_AT_ONCE, None], size[b:b + KEYS_AT_ONCE, None]
+        prefix[b:b + KEYS_AT_ONCE] = np.where(col < s, buf[np.minimum(a + col, len(buf) - 1)], 0)
+    keys = prefix.view(f"S{w}").ravel()
+    order = np.argsort(keys, kind="stable")
+    sk = keys[order]
+    starts = np.flatnonzero(np.concatenate([[True], sk[1:] != sk[:-1]]))  # of runs equal in the prefix
+    del prefix, keys, sk
+    runs = np.diff(np.append(starts, n))
+    longer = np.add.reduceat((size[order] > w).astype(np.int64), starts) > 0
+    for a, r in zip(starts[(runs > 1) & longer].tolist(), runs[(runs > 1) & longer].tolist()):
+        order[a:a + r] = sorted(order[a:a + r].tolist(), key=lambda i: buf[lo[i]:hi[i]].tobytes())
+    out = bytearray()
+    for b in range(0, n, KEYS_AT_ONCE):  # stored with surrogateescape, as keys_blob encodes
+        part = b"\0".join(buf[x:y].tobytes() for x, y in zip(lo[order[b:b + KEYS_AT_ONCE]].tolist(), hi[order[b:b + KEYS_AT_ONCE]].tolist()))
+        out += (part + b"\0").decode("utf-8", "surrogatepass").encode(*_UTF8)
+    return order.astype(np.int64), np.frombuffer(out, dtype=np.uint8)
 
 
 def memo_json(inputs: list, splits: list[str], plain: bool) -> str:
@@ -172,7 +202,7 @@ def write_arrays(partial: str, keys: np.ndarray | list[str], stamps_: np.ndarray
 
 def store_sidecar(f, path: str) -> None:
     """Write (replace) ``/inventory`` of an open writable h5py file from a sidecar, read and
-    written in blocks of :data:`BLOCK` bytes. Reason: the writer folds it in at finish, beside
+    written in blocks of :data:`KEYS_AT_ONCE` bytes. Reason: the writer folds it in at finish, beside
     everything else it holds; the records alone are ~100 bytes a file."""
     size = os.path.getsize(path)
     names = (KEY, STAMP, *EXTRA, "memo")
@@ -186,7 +216,7 @@ def store_sidecar(f, path: str) -> None:
                 g.attrs["memo"] = fh.read(shape[0]).decode()
             else:
                 ds = g.create_dataset(names[count], shape=shape, dtype=dtype)
-                step = max(1, BLOCK // (dtype.itemsize * int(np.prod(shape[1:]))))
+                step = max(1, KEYS_AT_ONCE // (dtype.itemsize * int(np.prod(shape[1:]))))
                 for lo in range(0, shape[0], step):
                     rows = min(step, shape[0] - lo)
                     ds[lo:lo + rows] = np.fromfile(fh, dtype=dtype, count=rows * int(np.prod(shape[1:]))).reshape(

@@ -116,6 +116,21 @@ class Items(Sequence):
         end = self._buf.find(0, lo, hi)
         return self._buf[lo:hi if end < 0 else end].decode(*_UTF8)
 
+    def first_paths(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(buf, lo, hi)``: the UTF-8 buffer (``surrogatepass``: its bytes sort as the str
+        sort) and each item's first path ``buf[lo[i]:hi[i]]`` (empty: none); no item made."""
+        buf = np.frombuffer(self._buf, dtype=np.uint8)
+        ends = np.frombuffer(self._ends, dtype=np.int64)
+        nul = np.append(np.flatnonzero(buf == 0), [len(buf), len(buf)])
+        key_end = np.searchsorted(nul, np.concatenate([[0], ends[:-1]]))  # the NUL after each key
+        return buf, np.minimum(nul[key_end] + 1, ends), np.minimum(nul[key_end + 1], ends)
+
+    def first_stats(self) -> np.ndarray:
+        """Each item's first path's (size, mtime_ns), (-1, -1) where not known."""
+        first = np.frombuffer(self._pstart, dtype=np.int64)[:-1]
+        size, mtime = np.frombuffer(self._size, dtype=np.int64)[first], np.frombuffer(self._mtime, dtype=np.int64)[first]
+        return np.stack([size, np.where(size == _NO_STAT, -1, mtime)], axis=1)
+
     def take(self, order: Sequence[int]) -> Items:
         """The items at the indices of ``order``, in that order: the columns gathered, no
         item made."""

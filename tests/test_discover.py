@@ -476,3 +476,26 @@ def test_builder_orders_keys_and_drops_duplicates_as_a_dict_of_every_key_would(t
     assert list(m.items) == [it for it in want if it not in dropped]
     assert sorted(r.path for r in m.rejects) == sorted(p for it in dropped for p in it.paths)
     assert all(r.reason.startswith("duplicate key") for r in m.rejects)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_inventory_keys_sort_as_python_sorts_the_first_paths(seed):
+    """The inventory's keys, sorted from the manifest's buffer without a str per key, are
+    the first paths in Python's order (stable), stored as keys_blob stores them: names past
+    the fixed-width prefix, shared prefixes, non-ASCII and undecodable (surrogate-escaped)
+    names, equal first paths."""
+    from h5batch.inventory import PREFIX, _sorted_keys, keys_blob
+    from h5batch.manifest import Item, Items
+
+    rng = random.Random(seed)
+    parts = ["a", "b", "é", "日本", "\udcff", "z" * (PREFIX - 3), "ab", "a/b"]
+    items = Items()
+    firsts = []
+    for i in range(400):
+        first = "/".join(rng.choice(parts) for _ in range(rng.randint(1, 4)))
+        firsts.append(first)
+        items.append(Item(f"k{i}", "train", (first, f"other{i}.wav")[:rng.randint(1, 2)]), ())
+    order, blob = _sorted_keys(items)
+    expected = sorted(range(len(firsts)), key=firsts.__getitem__)
+    assert order.tolist() == expected
+    assert blob.tobytes() == keys_blob([firsts[i] for i in expected]).tobytes()
