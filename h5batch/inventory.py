@@ -25,6 +25,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,11 +109,13 @@ class Memory:
         return np.fromiter((index.get(p, -1) for p in paths), dtype=np.int64, count=len(paths))
 
 
-def of_manifest(m: Manifest) -> tuple[np.ndarray, np.ndarray, dict]:
+def of_manifest(m: Manifest, stream: bool = False) -> tuple[np.ndarray, np.ndarray, dict]:
     """(keys, stamps, extra) of every item of ``m``: keys sorted, as their :func:`keys_blob`,
     their int64 stamps, and version 2's arrays (:data:`EXTRA`, ``memo``) when the manifest has
-    a memo. The keys are sorted and joined from the manifest's buffer (:func:`_sorted_keys`):
-    a str per key (~90 bytes a file with its lists) was the peak of a 1M-file run."""
+    a memo (``stream``: ``record`` as the parts :func:`write_arrays` spools, ``record_end``
+    whole once they are read). The keys are sorted and joined from the manifest's buffer
+    (:func:`_sorted_keys`): a str per key (~90 bytes a file with its lists) was the peak of a
+    1M-file run."""
     from .layouts.records import item_record
 
     memo = m.memo
@@ -119,14 +123,27 @@ def of_manifest(m: Manifest) -> tuple[np.ndarray, np.ndarray, dict]:
     stamps_ = stamps(m)[order]
     if memo is None:
         return keys, stamps_, {}
-    record, record_end = bytearray(), np.empty(len(order), dtype=np.int64)
-    for i, it in enumerate(m.items):  # the bytes the manifest hash took from each item (see Memo)
-        record += item_record(it, it.stats)
-        record_end[i] = len(record)
+    record_end = np.empty(len(order), dtype=np.int64)
+
+    def record():
+        """The bytes the manifest hash took from each item (see Memo), in parts of about
+        :data:`BLOCK` bytes, filling ``record_end`` as they go (it is stored after them):
+        whole, ~100 bytes a file, they were the peak of a 1M-file run."""
+        part, done = bytearray(), 0
+        for i, it in enumerate(m.items):
+            part += item_record(it, it.stats)
+            record_end[i] = done + len(part)
+            if len(part) >= BLOCK:
+                done += len(part)
+                yield bytes(part)
+                part.clear()
+        yield bytes(part)
+
     position = np.empty_like(order)
     position[order] = np.arange(len(order))
-    extra = {"stat": m.items.first_stats()[order], "order": position, "record": np.frombuffer(record, dtype=np.uint8),
-             "record_end": record_end, "memo": memo_json(memo.inputs, memo.splits, memo.plain)}
+    extra = {"stat": m.items.first_stats()[order], "order": position, "record_end": record_end,
+             "record": record() if stream else np.frombuffer(b"".join(record()), dtype=np.uint8),
+             "memo": memo_json(memo.inputs, memo.splits, memo.plain)}
     return keys, stamps_, extra
 
 
@@ -180,7 +197,7 @@ def write_sidecar(partial: str, m: Manifest) -> str:
     arrays (~300 bytes a file while they exist) are let go, and the heap's free pages given
     back (:func:`h5batch.forking.return_free_memory`): the driver writes it beside its writer
     and decoders, for the rest of the run."""
-    path = write_arrays(partial, *of_manifest(m))
+    path = write_arrays(partial, *of_manifest(m, stream=True))
     return_free_memory()
     return path
 
@@ -195,14 +212,23 @@ def write_arrays(partial: str, keys: np.ndarray | list[str], stamps_: np.ndarray
         arrays += [extra[k] for k in EXTRA] + [np.frombuffer(extra["memo"].encode(), dtype=np.uint8)]
     with open(tmp, "wb") as fh:
         for a in arrays:
-            np.save(fh, a, allow_pickle=False)
+            if isinstance(a, np.ndarray):
+                np.save(fh, a, allow_pickle=False)
+            else:  # parts of a uint8 array, spooled: the .npy header holds its length
+                with tempfile.TemporaryFile(dir=os.path.dirname(os.path.abspath(path))) as spool:
+                    for part in a:
+                        spool.write(part)
+                    np.lib.format.write_array_header_1_0(fh, {"descr": "|u1", "fortran_order": False,
+                                                              "shape": (spool.tell(),)})
+                    spool.seek(0)
+                    shutil.copyfileobj(spool, fh, BLOCK)
     os.replace(tmp, path)
     return path
 
 
 def store_sidecar(f, path: str) -> None:
     """Write (replace) ``/inventory`` of an open writable h5py file from a sidecar, read and
-    written in blocks of :data:`KEYS_AT_ONCE` bytes. Reason: the writer folds it in at finish, beside
+    written in blocks of :data:`BLOCK` bytes. Reason: the writer folds it in at finish, beside
     everything else it holds; the records alone are ~100 bytes a file."""
     size = os.path.getsize(path)
     names = (KEY, STAMP, *EXTRA, "memo")
@@ -216,7 +242,7 @@ def store_sidecar(f, path: str) -> None:
                 g.attrs["memo"] = fh.read(shape[0]).decode()
             else:
                 ds = g.create_dataset(names[count], shape=shape, dtype=dtype)
-                step = max(1, KEYS_AT_ONCE // (dtype.itemsize * int(np.prod(shape[1:]))))
+                step = max(1, BLOCK // (dtype.itemsize * int(np.prod(shape[1:]))))
                 for lo in range(0, shape[0], step):
                     rows = min(step, shape[0] - lo)
                     ds[lo:lo + rows] = np.fromfile(fh, dtype=dtype, count=rows * int(np.prod(shape[1:]))).reshape(
