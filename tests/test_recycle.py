@@ -8,6 +8,8 @@ reused (the same shared-memory file comes back), with fork and with spawn.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -127,26 +129,32 @@ def test_more_batches_held_than_slots_fall_back_to_fresh_storage(paired120):
 
 
 def test_recycling_under_the_file_system_sharing_strategy(paired120):
-    ref = reference(paired120)
-    before = torch.multiprocessing.get_sharing_strategy()
+    """In a fresh process (the strategy is process-wide, and one pool per process: the pool
+    must be made under it, as a training script makes it); a crash there fails this test
+    and does not take the pytest worker down with it."""
+    res = subprocess.run([sys.executable, "-c", "import sys; from tests.test_recycle import _file_system_epochs; "
+                          "_file_system_epochs(sys.argv[1])", str(paired120)],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", (res.returncode, res.stdout[-2000:], res.stderr[-4000:])
+
+
+def _file_system_epochs(path: str) -> None:
     torch.multiprocessing.set_sharing_strategy("file_system")
-    try:
-        ds = H5Dataset(paired120, "train", with_source=True)
-        released_before = ds._pool.released.copy()
-        loader = DataLoader(ds, batch_size=8, sampler=ChunkShuffleSampler(ds, seed=2), num_workers=2,
-                            collate_fn=collate, persistent_workers=True)
-        for _ in range(2):
-            kept = []
-            for i, b in enumerate(loader):
-                check(b, ref)
-                if i % 4 == 0:
-                    kept.append(b)
-            for b in kept:
-                check(b, ref)
-        released = ds._pool.released
-        assert (released != released_before).any(), "the main process never released a lease"
-    finally:
-        torch.multiprocessing.set_sharing_strategy(before)
+    ref = reference(Path(path))
+    ds = H5Dataset(path, "train", with_source=True)
+    released_before = ds._pool.released.copy()
+    loader = DataLoader(ds, batch_size=8, sampler=ChunkShuffleSampler(ds, seed=2), num_workers=2,
+                        collate_fn=collate, persistent_workers=True)
+    for _ in range(2):
+        kept = []
+        for i, b in enumerate(loader):
+            check(b, ref)
+            if i % 4 == 0:
+                kept.append(b)
+        for b in kept:
+            check(b, ref)
+    assert (ds._pool.released != released_before).any(), "the main process never released a lease"
+    print("ok")
 
 
 def test_datasets_share_one_pool_and_one_file_descriptor(paired120):
