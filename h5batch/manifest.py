@@ -40,7 +40,32 @@ _UTF8 = ("utf-8", "surrogatepass")  # any str, undecodable file names' escapes t
 _NO_STAT = -1  # a size in Items: the path's stats are not known
 
 
-class Items(Sequence):
+class Rows(Sequence):
+    """A sequence whose rows are made when read (by index, slice or iteration) from columns:
+    a subclass holds ``_ends`` (an array, one end per row) and makes row ``i`` in ``_row``."""
+
+    _ends: array
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._row(k) for k in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self._row(i)
+
+    def __iter__(self) -> Iterator:
+        return map(self._row, range(len(self)))
+
+    def _row(self, i: int):
+        raise NotImplementedError
+
+
+class Items(Rows):
     """A manifest's items held as columns, not a Python object per item: an :class:`Item` is
     made when read (by index, slice or iteration), equal to the one stored.
 
@@ -86,22 +111,7 @@ class Items(Sequence):
             names.append(name[1])
         return code
 
-    def __len__(self) -> int:
-        return len(self._ends)
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self._item(k) for k in range(*i.indices(len(self)))]
-        if i < 0:
-            i += len(self)
-        if not 0 <= i < len(self):
-            raise IndexError(i)
-        return self._item(i)
-
-    def __iter__(self) -> Iterator[Item]:
-        return map(self._item, range(len(self)))
-
-    def _item(self, i: int) -> Item:
+    def _row(self, i: int) -> Item:
         key, *paths = self._buf[self._ends[i - 1] if i else 0:self._ends[i]].decode(*_UTF8).split("\0")
         lo, size, mtime = self._pstart[i], self._size, self._mtime
         stats = tuple([None if size[k] == _NO_STAT else (size[k], mtime[k]) for k in range(lo, lo + len(paths))])

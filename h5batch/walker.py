@@ -24,10 +24,9 @@ from __future__ import annotations
 import operator
 import os
 from array import array
-from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from .manifest import Reject
+from .manifest import Reject, Rows
 
 __all__ = ["Files", "Walker"]
 
@@ -35,7 +34,7 @@ _name = operator.attrgetter("name")
 _UTF8 = ("utf-8", "surrogatepass")  # any str, undecodable file names' escapes too, round-trips
 
 
-class Files(Sequence):
+class Files(Rows):
     """Files found by a walk, in the order found: ``files[i]`` is ``(relative posix path,
     size, mtime_ns)``."""
 
@@ -48,22 +47,7 @@ class Files(Sequence):
         self._size.append(size)
         self._mtime.append(mtime_ns)
 
-    def __len__(self) -> int:
-        return len(self._ends)
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self._file(k) for k in range(*i.indices(len(self)))]
-        if i < 0:
-            i += len(self)
-        if not 0 <= i < len(self):
-            raise IndexError(i)
-        return self._file(i)
-
-    def __iter__(self) -> Iterator[tuple[str, int, int]]:
-        return map(self._file, range(len(self)))
-
-    def _file(self, i: int) -> tuple[str, int, int]:
+    def _row(self, i: int) -> tuple[str, int, int]:
         return self._buf[self._ends[i - 1] if i else 0:self._ends[i]].decode(*_UTF8), self._size[i], self._mtime[i]
 
 
