@@ -198,12 +198,7 @@ def test_kill_9_of_one_writer_then_rerun_gives_the_uninterrupted_output(corpus, 
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1 and "died" in err, err
     assert not out.exists() and Path(shard_path(str(out), 3, 4) + fmt.PARTIAL_SUFFIX).exists()
-    res = run(cmd(corpus, out, 4))
-    assert res.returncode == 0, res.stderr
-    assert "resuming" in res.stderr
-    assert digest(out) == digest(outputs[1])
-    for k in range(4):
-        assert_same_h5(shard_path(str(outputs[4]), k, 4), shard_path(str(out), k, 4))
+    _rerun_resumes_to_the_uninterrupted_output(corpus, out, outputs, 4)
     ref = Path(str(outputs[4]).replace(".h5", ".rejects.jsonl")).read_text()
     assert Path(str(out).replace(".h5", ".rejects.jsonl")).read_text() == ref
 
@@ -233,12 +228,18 @@ def test_kill_9_of_the_whole_run_then_rerun_gives_the_uninterrupted_output(corpu
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=60)
     assert not out.exists()
-    res = run(cmd(corpus, out, 2))
+    _rerun_resumes_to_the_uninterrupted_output(corpus, out, outputs, 2)
+
+
+def _rerun_resumes_to_the_uninterrupted_output(corpus, out: Path, outputs, n: int) -> None:
+    """The same command again resumes, and gives the one-writer values and the uninterrupted
+    run's shards byte for byte."""
+    res = run(cmd(corpus, out, n))
     assert res.returncode == 0, res.stderr
     assert "resuming" in res.stderr
     assert digest(out) == digest(outputs[1])
-    for k in range(2):
-        assert_same_h5(shard_path(str(outputs[2]), k, 2), shard_path(str(out), k, 2))
+    for k in range(n):
+        assert_same_h5(shard_path(str(outputs[n]), k, n), shard_path(str(out), k, n))
 
 
 def test_overwrite_of_a_finished_sharded_output_redoes_every_shard(corpus, tmp_path):
