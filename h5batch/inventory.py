@@ -33,13 +33,13 @@ from pathlib import Path
 import numpy as np
 
 from .forking import return_free_memory
-from .manifest import Item, Manifest
+from .manifest import SORT_BLOCK, Item, Manifest, byte_order
 
 GROUP = "inventory"
 KEY = "key"
 STAMP = "stamp"
 SIDECAR_SUFFIX = ".inventory.npy"
-BLOCK = 16 << 20  # bytes of a sidecar array read and stored at once
+BLOCK = 1 << 20  # bytes of a sidecar array read and stored at once
 
 
 def stamp(item: Item) -> int:
@@ -109,26 +109,32 @@ class Memory:
         return np.fromiter((index.get(p, -1) for p in paths), dtype=np.int64, count=len(paths))
 
 
-def of_manifest(m: Manifest, stream: bool = False) -> tuple[np.ndarray, np.ndarray, dict]:
+def of_manifest(m: Manifest, stream: bool = False) -> tuple:
     """(keys, stamps, extra) of every item of ``m``: keys sorted, as their :func:`keys_blob`,
     their int64 stamps, and version 2's arrays (:data:`EXTRA`, ``memo``) when the manifest has
-    a memo (``stream``: ``record`` as the parts :func:`write_arrays` spools, ``record_end``
-    whole once they are read). The keys are sorted and joined from the manifest's buffer
-    (:func:`_sorted_keys`): a str per key (~90 bytes a file with its lists) was the peak of a
-    1M-file run."""
+    a memo.
+
+    ``stream``: what :func:`write_arrays` writes one at a time, each made at its turn and let
+    go once written: a function that returns an array, ``record`` as parts (``record_end``
+    whole once they are read). Reason: made together, the arrays were the peak of a 1M-file
+    run (~120 bytes a file beside the manifest); only the keys' order is kept throughout.
+    The keys are sorted from the manifest's buffer (:func:`~h5batch.manifest.byte_order`), with
+    no str per key."""
     from .layouts.records import item_record
 
-    memo = m.memo
-    order, keys = _sorted_keys(m.items)
-    stamps_ = stamps(m)[order]
-    if memo is None:
+    buf, lo, hi = m.items.first_paths()
+    order = byte_order(buf, lo, hi)[0]
+    del buf, lo, hi
+    later = (lambda make: make) if stream else (lambda make: make())
+    keys = later(lambda: _keys_blob(m.items, order))
+    stamps_ = later(lambda: stamps(m)[order])
+    if m.memo is None:
         return keys, stamps_, {}
     record_end = np.empty(len(order), dtype=np.int64)
 
     def record():
         """The bytes the manifest hash took from each item (see Memo), in parts of about
-        :data:`BLOCK` bytes, filling ``record_end`` as they go (it is stored after them):
-        whole, ~100 bytes a file, they were the peak of a 1M-file run."""
+        :data:`BLOCK` bytes, filling ``record_end`` as they go (it is stored after them)."""
         part, done = bytearray(), 0
         for i, it in enumerate(m.items):
             part += item_record(it, it.stats)
@@ -139,49 +145,27 @@ def of_manifest(m: Manifest, stream: bool = False) -> tuple[np.ndarray, np.ndarr
                 part.clear()
         yield bytes(part)
 
-    position = np.empty_like(order)
-    position[order] = np.arange(len(order))
-    extra = {"stat": m.items.first_stats()[order], "order": position, "record_end": record_end,
+    def position():
+        out = np.empty_like(order)
+        out[order] = np.arange(len(order))
+        return out
+
+    extra = {"stat": later(lambda: m.items.first_stats()[order]), "order": later(position), "record_end": record_end,
              "record": record() if stream else np.frombuffer(b"".join(record()), dtype=np.uint8),
-             "memo": memo_json(memo.inputs, memo.splits, memo.plain)}
+             "memo": memo_json(m.memo.inputs, m.memo.splits, m.memo.plain)}
     return keys, stamps_, extra
 
 
-PREFIX = 64  # bytes of each key compared as fixed-width strings; longer ties are sorted whole
-KEYS_AT_ONCE = 1 << 16  # keys handled at a time: bounds the temporary index arrays
-
-
-def _sorted_keys(items) -> tuple[np.ndarray, np.ndarray]:
-    """(order, blob): the items' indices sorted by first path (the inventory's key, as
-    Python sorts str: by code point, which UTF-8 bytes keep), and the :func:`keys_blob` of
-    those paths in that order. The first :data:`PREFIX` bytes of every key sort as one
-    fixed-width array (stable); runs equal there with a longer key are sorted by their whole
-    bytes. No str per key is made."""
+def _keys_blob(items, order: np.ndarray) -> np.ndarray:
+    """The :func:`keys_blob` of the items' first paths in ``order``, joined from the
+    manifest's buffer."""
     buf, lo, hi = items.first_paths()
-    n = len(lo)
-    if not n:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint8)
-    size = hi - lo
-    w = int(min(PREFIX, max(1, size.max())))
-    col = np.arange(w)
-    prefix = np.zeros((n, w), dtype=np.uint8)
-    for b in range(0, n, KEYS_AT_ONCE):
-        a, s = lo[b:b + KEYS_AT_ONCE, None], size[b:b + KEYS_AT_ONCE, None]
-        prefix[b:b + KEYS_AT_ONCE] = np.where(col < s, buf[np.minimum(a + col, len(buf) - 1)], 0)
-    keys = prefix.view(f"S{w}").ravel()
-    order = np.argsort(keys, kind="stable")
-    sk = keys[order]
-    starts = np.flatnonzero(np.concatenate([[True], sk[1:] != sk[:-1]]))  # of runs equal in the prefix
-    del prefix, keys, sk
-    runs = np.diff(np.append(starts, n))
-    longer = np.add.reduceat((size[order] > w).astype(np.int64), starts) > 0
-    for a, r in zip(starts[(runs > 1) & longer].tolist(), runs[(runs > 1) & longer].tolist()):
-        order[a:a + r] = sorted(order[a:a + r].tolist(), key=lambda i: buf[lo[i]:hi[i]].tobytes())
     out = bytearray()
-    for b in range(0, n, KEYS_AT_ONCE):  # stored with surrogateescape, as keys_blob encodes
-        part = b"\0".join(buf[x:y].tobytes() for x, y in zip(lo[order[b:b + KEYS_AT_ONCE]].tolist(), hi[order[b:b + KEYS_AT_ONCE]].tolist()))
+    for b in range(0, len(order), SORT_BLOCK):  # stored with surrogateescape, as keys_blob encodes
+        at = order[b:b + SORT_BLOCK]
+        part = b"\0".join(buf[x:y].tobytes() for x, y in zip(lo[at].tolist(), hi[at].tolist()))
         out += (part + b"\0").decode("utf-8", "surrogatepass").encode(*_UTF8)
-    return order.astype(np.int64), np.frombuffer(out, dtype=np.uint8)
+    return np.frombuffer(out, dtype=np.uint8)
 
 
 def memo_json(inputs: list, splits: list[str], plain: bool) -> str:
@@ -193,25 +177,34 @@ def sidecar(partial: str) -> str:
 
 
 def write_sidecar(partial: str, m: Manifest) -> str:
-    """Write the manifest's inventory beside the partial output (replaced atomically). Its
-    arrays (~300 bytes a file while they exist) are let go, and the heap's free pages given
-    back (:func:`h5batch.forking.return_free_memory`): the driver writes it beside its writer
-    and decoders, for the rest of the run."""
+    """Write the manifest's inventory beside the partial output (replaced atomically), one
+    array at a time (:func:`of_manifest` ``stream``), and give the heap's free pages back
+    (:func:`h5batch.forking.return_free_memory`): the driver writes it beside its writer and
+    decoders, for the rest of the run."""
     path = write_arrays(partial, *of_manifest(m, stream=True))
     return_free_memory()
     return path
 
 
-def write_arrays(partial: str, keys: np.ndarray | list[str], stamps_: np.ndarray, extra: dict) -> str:
-    """Write an inventory (sorted keys, a list of str or their :func:`keys_blob`; their
-    stamps, version 2's arrays) as the sidecar."""
+def write_arrays(partial: str, keys, stamps_, extra: dict) -> str:
+    """Write an inventory as the sidecar: the sorted keys (a list of str, or their
+    :func:`keys_blob`), their stamps, and version 2's arrays; any of them may be a function
+    that makes it, called at its turn (:func:`of_manifest` ``stream``), ``record`` an
+    iterable of parts."""
     path = sidecar(partial)
     tmp = path + ".tmp"
-    arrays = [keys if isinstance(keys, np.ndarray) else keys_blob(list(keys)), np.asarray(stamps_, dtype=np.int64)]
+    arrays: list = [keys, stamps_]
     if extra:
         arrays += [extra[k] for k in EXTRA] + [np.frombuffer(extra["memo"].encode(), dtype=np.uint8)]
+    del keys, stamps_, extra
     with open(tmp, "wb") as fh:
-        for a in arrays:
+        for i in range(len(arrays)):
+            a, arrays[i] = arrays[i], None  # let go once written
+            a = a() if callable(a) else a
+            if i == 0 and isinstance(a, list):  # the keys as str
+                a = keys_blob(a)
+            if i == 1:  # the stamps
+                a = np.asarray(a, dtype=np.int64)
             if isinstance(a, np.ndarray):
                 np.save(fh, a, allow_pickle=False)
             else:  # parts of a uint8 array, spooled: the .npy header holds its length
@@ -222,6 +215,7 @@ def write_arrays(partial: str, keys: np.ndarray | list[str], stamps_: np.ndarray
                                                               "shape": (spool.tell(),)})
                     spool.seek(0)
                     shutil.copyfileobj(spool, fh, BLOCK)
+            del a
     os.replace(tmp, path)
     return path
 

@@ -131,7 +131,9 @@ class Items(Rows):
         sort) and each item's first path ``buf[lo[i]:hi[i]]`` (empty: none); no item made."""
         buf = np.frombuffer(self._buf, dtype=np.uint8)
         ends = np.frombuffer(self._ends, dtype=np.int64)
-        nul = np.append(np.flatnonzero(buf == 0), [len(buf), len(buf)])
+        step = 1 << 20  # the NULs found a MiB at a time: no bool per byte of the buffer
+        nul = np.concatenate([np.flatnonzero(buf[a:a + step] == 0) + a for a in range(0, len(buf), step)]
+                             + [[len(buf), len(buf)]]).astype(np.int64)
         key_end = np.searchsorted(nul, np.concatenate([[0], ends[:-1]]))  # the NUL after each key
         return buf, np.minimum(nul[key_end] + 1, ends), np.minimum(nul[key_end + 1], ends)
 
@@ -141,29 +143,38 @@ class Items(Rows):
         size, mtime = np.frombuffer(self._size, dtype=np.int64)[first], np.frombuffer(self._mtime, dtype=np.int64)[first]
         return np.stack([size, np.where(size == _NO_STAT, -1, mtime)], axis=1)
 
-    def take(self, order: Sequence[int]) -> Items:
+    def take(self, order: Sequence[int], release: bool = False) -> Items:
         """The items at the indices of ``order``, in that order: the columns gathered, no
-        item made."""
+        item made. ``release``: this one's columns are let go one by one as their copies
+        are made (it is left empty), so that a sort of all the items costs their largest
+        column beside them, not a second copy of them."""
         idx = np.asarray(order, dtype=np.int64).reshape(-1)
         out = Items()
         out.split_names, out._label_names, out._codes = list(self.split_names), list(self._label_names), dict(self._codes)
         ends = np.frombuffer(self._ends, dtype=np.int64)
-        starts = np.concatenate([[0], ends[:-1]])
-        buf, new, new_ends = self._buf, out._buf, out._ends
-        for lo, hi in zip(starts[idx].tolist(), ends[idx].tolist()):
-            new += buf[lo:hi]
-            new_ends.append(len(new))
+        lens = (ends - np.concatenate([[0], ends[:-1]]))[idx]
+        new_ends = np.cumsum(lens)
+        out._buf = _gather(np.frombuffer(self._buf, dtype=np.uint8), ends[idx] - lens, lens, new_ends)
+        out._ends = _column("q", new_ends)
+        del ends, lens, new_ends
         pstart = np.frombuffer(self._pstart, dtype=np.int64)
         count = (pstart[1:] - pstart[:-1])[idx]
         first = np.concatenate([[0], np.cumsum(count)])
         paths = np.repeat(pstart[idx] - first[:-1], count) + np.arange(first[-1])  # each taken path's index
-        for name, col in (("_pstart", first), ("_size", np.frombuffer(self._size, dtype=np.int64)[paths]),
-                          ("_mtime", np.frombuffer(self._mtime, dtype=np.int64)[paths]),
-                          ("_split", np.frombuffer(self._split, dtype=np.uint16)[idx]),
-                          ("_label", np.frombuffer(self._label, dtype=np.int32)[idx])):
-            setattr(out, name, array(getattr(out, name).typecode, col.tobytes()))
+        out._pstart = _column("q", first)
+        del pstart, count, first
+        if release:
+            self._buf, self._ends, self._pstart = bytearray(), array("q"), array("q", [0])
+        for name, at in (("_size", paths), ("_mtime", paths), ("_split", idx), ("_label", idx)):
+            col = getattr(self, name)
+            setattr(out, name, _column(col.typecode, np.frombuffer(col, dtype=col.typecode)[at]))
+            if release:
+                setattr(self, name, array(col.typecode))
+            del col
         if self._extra is not None:
             out._extra = [self._extra[i] for i in idx.tolist()]
+            if release:
+                self._extra = None
         return out
 
     def labels(self, lo: int = 0) -> set[str]:
@@ -194,6 +205,25 @@ class Items(Rows):
 
     def __repr__(self) -> str:
         return f"<Items: {len(self)}>"
+
+
+def _column(typecode: str, values: np.ndarray) -> array:
+    """An :class:`array.array` holding ``values`` (copied once)."""
+    out = array(typecode)
+    out.frombytes(np.ascontiguousarray(values).view(np.uint8))
+    return out
+
+
+def _gather(src: np.ndarray, starts: np.ndarray, lens: np.ndarray, ends: np.ndarray) -> bytearray:
+    """The byte runs ``src[starts[i]:starts[i] + lens[i]]`` one after another (``ends`` their
+    ends there), into a buffer of their exact size, gathered :data:`SORT_BLOCK` runs at a time."""
+    out = bytearray(int(ends[-1]) if len(ends) else 0)
+    dst = np.frombuffer(out, dtype=np.uint8)
+    for b in range(0, len(lens), SORT_BLOCK):
+        s, n, e = starts[b:b + SORT_BLOCK], lens[b:b + SORT_BLOCK], ends[b:b + SORT_BLOCK]
+        lo = int(e[0] - n[0])
+        dst[lo:int(e[-1])] = src[np.repeat(s - (e - n), n) + np.arange(lo, int(e[-1]))]
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,3 +327,53 @@ def natural_key(text: str) -> bytes:
         elif t:
             out.append(t.encode("utf-8", "surrogatepass").replace(b"\0", b"\0\2"))
     return b"".join(out)
+
+
+SORT_PREFIX = 64  # bytes of each string compared as one fixed-width array; longer ties are sorted whole
+SORT_BLOCK = 1 << 14  # strings handled at a time: bounds the temporary index arrays
+
+
+def byte_order(buf: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(order, same)`` for the byte strings ``buf[lo[i]:hi[i]]`` (``buf`` uint8): their
+    indices in bytes order (stable: equal strings keep their order), and ``same[j]``, whether
+    string ``order[j]`` equals string ``order[j - 1]``.
+
+    The first :data:`SORT_PREFIX` bytes of every string sort as one fixed-width array,
+    zero-padded; runs equal there that hold a longer string, or strings of unequal lengths, are
+    sorted, and told apart, by their whole bytes. Reason: no bytes object and list slot per string (~70 bytes a string)
+    while sorting millions; the array takes the prefix's width, and the order 8 bytes."""
+    n = len(lo)
+    if not n:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
+    longest = max(int((hi[b:b + SORT_BLOCK] - lo[b:b + SORT_BLOCK]).max()) for b in range(0, n, SORT_BLOCK))
+    w = min(SORT_PREFIX, max(1, longest))
+    col, last = np.arange(w), max(len(buf) - 1, 0)
+    prefix = np.zeros((n, w), dtype=np.uint8)
+    for b in range(0, n, SORT_BLOCK):
+        a, s = lo[b:b + SORT_BLOCK, None], hi[b:b + SORT_BLOCK, None] - lo[b:b + SORT_BLOCK, None]
+        prefix[b:b + SORT_BLOCK] = np.where(col < s, buf[np.minimum(a + col, last)], 0)
+    keys = prefix.view(f"S{w}").ravel()
+    order = np.argsort(keys, kind="stable").astype(np.int64, copy=False)
+    # same[j]: equal to the one before in the zero-padded prefix. Equal there, unequal maybe:
+    # strings of different lengths (a trailing NUL pads alike) or longer than the prefix;
+    # the runs that hold one ("odd") are sorted, and told apart, by their whole bytes.
+    same, odd = np.zeros(n, dtype=bool), []
+    for b in range(1, n, SORT_BLOCK):
+        at = order[b - 1:b + SORT_BLOCK]
+        eq = keys[at[1:]] == keys[at[:-1]]
+        same[b:b + SORT_BLOCK] = eq
+        size = hi[at] - lo[at]
+        odd.append(np.flatnonzero(eq & ((size[1:] > w) | (size[1:] != size[:-1]))) + b)
+    del prefix, keys
+    odd = np.concatenate(odd) if odd else np.zeros(0, dtype=np.int64)
+    if len(odd):
+        starts = np.flatnonzero(~same)
+        ends = np.append(starts[1:], n)
+        for r in np.unique(np.searchsorted(starts, odd, "right") - 1).tolist():
+            a, e = int(starts[r]), int(ends[r])
+            run = order[a:e].tolist()
+            whole = {i: buf[lo[i]:hi[i]].tobytes() for i in run}
+            run.sort(key=whole.__getitem__)
+            order[a:e] = run
+            same[a + 1:e] = [whole[x] == whole[y] for x, y in zip(run[1:], run)]
+    return order, same

@@ -484,8 +484,9 @@ def test_inventory_keys_sort_as_python_sorts_the_first_paths(seed):
     the first paths in Python's order (stable), stored as keys_blob stores them: names past
     the fixed-width prefix, shared prefixes, non-ASCII and undecodable (surrogate-escaped)
     names, equal first paths."""
-    from h5batch.inventory import PREFIX, _sorted_keys, keys_blob
-    from h5batch.manifest import Item, Items
+    from h5batch.inventory import _keys_blob, keys_blob
+    from h5batch.manifest import SORT_PREFIX as PREFIX
+    from h5batch.manifest import Item, Items, byte_order
 
     rng = random.Random(seed)
     parts = ["a", "b", "é", "日本", "\udcff", "z" * (PREFIX - 3), "ab", "a/b"]
@@ -495,7 +496,32 @@ def test_inventory_keys_sort_as_python_sorts_the_first_paths(seed):
         first = "/".join(rng.choice(parts) for _ in range(rng.randint(1, 4)))
         firsts.append(first)
         items.append(Item(f"k{i}", "train", (first, f"other{i}.wav")[:rng.randint(1, 2)]), ())
-    order, blob = _sorted_keys(items)
+    order = byte_order(*items.first_paths())[0]
+    blob = _keys_blob(items, order)
     expected = sorted(range(len(firsts)), key=firsts.__getitem__)
     assert order.tolist() == expected
     assert blob.tobytes() == keys_blob([firsts[i] for i in expected]).tobytes()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_byte_order_is_a_stable_sort_of_the_whole_bytes(seed):
+    """byte_order, which sorts discovery's keys and the inventory's, gives Python's stable
+    order of the byte strings and marks each string equal to the one before it: strings with
+    NUL bytes (natural_key writes them), strings that are prefixes of others, strings equal
+    in the fixed-width prefix and differing after it, the empty string, equal strings."""
+    import numpy as np
+
+    from h5batch.manifest import SORT_PREFIX, byte_order
+
+    rng = random.Random(seed)
+    alphabet = [b"\0", b"\1", b"\2", b"a", b"\xff"]
+    stems = [b"", b"\0\1", b"x" * (SORT_PREFIX - 1), b"x" * SORT_PREFIX, b"x" * (SORT_PREFIX + 3)]
+    strings = [rng.choice(stems) + b"".join(rng.choice(alphabet) for _ in range(rng.randint(0, 4)))
+               for _ in range(500)]
+    buf = np.frombuffer(b"".join(strings), dtype=np.uint8)
+    hi = np.cumsum([len(x) for x in strings])
+    order, same = byte_order(buf, np.concatenate([[0], hi[:-1]]), hi)
+    expected = sorted(range(len(strings)), key=strings.__getitem__)
+    assert order.tolist() == expected
+    assert same.tolist() == [j > 0 and strings[expected[j]] == strings[expected[j - 1]] for j in range(len(expected))]
+    assert same.sum() > 10 and not same.all()
