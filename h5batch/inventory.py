@@ -150,7 +150,7 @@ def of_manifest(m: Manifest, stream: bool = False) -> tuple:
         out[order] = np.arange(len(order))
         return out
 
-    extra = {"stat": later(lambda: m.items.first_stats()[order]), "order": later(position), "record_end": record_end,
+    extra = {"stat": later(lambda: m.items.first_stats(order)), "order": later(position), "record_end": record_end,
              "record": record() if stream else np.frombuffer(b"".join(record()), dtype=np.uint8),
              "memo": memo_json(m.memo.inputs, m.memo.splits, m.memo.plain)}
     return keys, stamps_, extra

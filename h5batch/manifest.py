@@ -137,11 +137,17 @@ class Items(Rows):
         key_end = np.searchsorted(nul, np.concatenate([[0], ends[:-1]]))  # the NUL after each key
         return buf, np.minimum(nul[key_end] + 1, ends), np.minimum(nul[key_end + 1], ends)
 
-    def first_stats(self) -> np.ndarray:
-        """Each item's first path's (size, mtime_ns), (-1, -1) where not known."""
+    def first_stats(self, order: np.ndarray | None = None) -> np.ndarray:
+        """Each item's first path's (size, mtime_ns), (-1, -1) where not known; for the items
+        at the indices of ``order`` (default: all), in that order."""
         first = np.frombuffer(self._pstart, dtype=np.int64)[:-1]
-        size, mtime = np.frombuffer(self._size, dtype=np.int64)[first], np.frombuffer(self._mtime, dtype=np.int64)[first]
-        return np.stack([size, np.where(size == _NO_STAT, -1, mtime)], axis=1)
+        if order is not None:
+            first = first[order]
+        out = np.empty((len(first), 2), dtype=np.int64)
+        out[:, 0] = np.frombuffer(self._size, dtype=np.int64)[first]
+        out[:, 1] = np.frombuffer(self._mtime, dtype=np.int64)[first]
+        out[out[:, 0] == _NO_STAT, 1] = -1
+        return out
 
     def take(self, order: Sequence[int], release: bool = False) -> Items:
         """The items at the indices of ``order``, in that order: the columns gathered, no
@@ -151,12 +157,26 @@ class Items(Rows):
         idx = np.asarray(order, dtype=np.int64).reshape(-1)
         out = Items()
         out.split_names, out._label_names, out._codes = list(self.split_names), list(self._label_names), dict(self._codes)
-        ends = np.frombuffer(self._ends, dtype=np.int64)
-        lens = (ends - np.concatenate([[0], ends[:-1]]))[idx]
-        new_ends = np.cumsum(lens)
-        out._buf = _gather(np.frombuffer(self._buf, dtype=np.uint8), ends[idx] - lens, lens, new_ends)
-        out._ends = _column("q", new_ends)
-        del ends, lens, new_ends
+        # The key-and-paths buffer, gathered into one of its exact size a block at a time:
+        # no index array per item beyond the new ends.
+        ends, src = np.frombuffer(self._ends, dtype=np.int64), np.frombuffer(self._buf, dtype=np.uint8)
+        blocks = [idx[b:b + SORT_BLOCK] for b in range(0, len(idx), SORT_BLOCK)]
+
+        def runs(at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # starts and lengths of items ``at``
+            lo = np.where(at > 0, ends[at - 1], 0)
+            return lo, ends[at] - lo
+
+        out._buf = bytearray(sum(int(runs(at)[1].sum()) for at in blocks))
+        dst, pos = np.frombuffer(out._buf, dtype=np.uint8), 0
+        for at in blocks:
+            lo, n = runs(at)
+            e = pos + np.cumsum(n)
+            dst[pos:e[-1]] = src[np.repeat(lo - (e - n), n) + np.arange(pos, e[-1])]
+            out._ends.frombytes(e.view(np.uint8))
+            pos = int(e[-1])
+        del ends, src, dst, blocks
+        if release:
+            self._buf, self._ends = bytearray(), array("q")
         pstart = np.frombuffer(self._pstart, dtype=np.int64)
         count = (pstart[1:] - pstart[:-1])[idx]
         first = np.concatenate([[0], np.cumsum(count)])
@@ -164,7 +184,7 @@ class Items(Rows):
         out._pstart = _column("q", first)
         del pstart, count, first
         if release:
-            self._buf, self._ends, self._pstart = bytearray(), array("q"), array("q", [0])
+            self._pstart = array("q", [0])
         for name, at in (("_size", paths), ("_mtime", paths), ("_split", idx), ("_label", idx)):
             col = getattr(self, name)
             setattr(out, name, _column(col.typecode, np.frombuffer(col, dtype=col.typecode)[at]))
@@ -211,18 +231,6 @@ def _column(typecode: str, values: np.ndarray) -> array:
     """An :class:`array.array` holding ``values`` (copied once)."""
     out = array(typecode)
     out.frombytes(np.ascontiguousarray(values).view(np.uint8))
-    return out
-
-
-def _gather(src: np.ndarray, starts: np.ndarray, lens: np.ndarray, ends: np.ndarray) -> bytearray:
-    """The byte runs ``src[starts[i]:starts[i] + lens[i]]`` one after another (``ends`` their
-    ends there), into a buffer of their exact size, gathered :data:`SORT_BLOCK` runs at a time."""
-    out = bytearray(int(ends[-1]) if len(ends) else 0)
-    dst = np.frombuffer(out, dtype=np.uint8)
-    for b in range(0, len(lens), SORT_BLOCK):
-        s, n, e = starts[b:b + SORT_BLOCK], lens[b:b + SORT_BLOCK], ends[b:b + SORT_BLOCK]
-        lo = int(e[0] - n[0])
-        dst[lo:int(e[-1])] = src[np.repeat(s - (e - n), n) + np.arange(lo, int(e[-1]))]
     return out
 
 

@@ -54,6 +54,7 @@ def discover(job: JobConfig) -> Manifest:
     cols = annotate.join(root, job, b)
     splits = split_rules.apply(root, job, b, cols) or splits
     exclude.limit(job.source, b)
+    return_free_memory()  # the walk's columns, let go: the sort below reuses no pages of them
     manifest = b.finish(str(root), splits)
     del b
     return_free_memory()  # what discovery let go, not inherited by the processes forked next

@@ -307,17 +307,17 @@ class Builder:
         The sort keys (the split's rank as 2 bytes, then the :func:`natural_key`) go in one
         buffer sorted by :func:`~h5batch.manifest.byte_order`: a bytes object and an int per
         item (~110 bytes a file) were the peak of a 1M-file discovery."""
-        at = {s: i for i, s in enumerate(splits)}
-        ranked = sorted(items.split_names, key=lambda s: (at.get(s, len(at)), s))
+        given = {s: i for i, s in enumerate(splits)}
+        ranked = sorted(items.split_names, key=lambda s: (given.get(s, len(given)), s))
         rank = {s: ranked.index(s).to_bytes(2, "big") for s in items.split_names}
-        buf, ends = bytearray(), array("q")
+        buf, bounds = bytearray(), array("q", [0])
         for i in range(len(items)):
             buf += rank[items.split_of(i)]
             buf += natural_key(items.key(i))
-            ends.append(len(buf))
-        hi = np.frombuffer(ends, dtype=np.int64)
-        order, same = byte_order(np.frombuffer(buf, dtype=np.uint8), np.concatenate([[0], hi[:-1]]), hi)
-        del buf, ends, hi
+            bounds.append(len(buf))
+        at = np.frombuffer(bounds, dtype=np.int64)
+        order, same = byte_order(np.frombuffer(buf, dtype=np.uint8), at[:-1], at[1:])
+        del buf, bounds, at
         tied = np.flatnonzero(same)  # items equal to the one before them
         cut = np.flatnonzero(np.diff(tied) > 1)
         ties = list(zip((np.concatenate([tied[:1], tied[cut + 1]]) - 1).tolist(),
