@@ -131,11 +131,14 @@ class Items(Rows):
         sort) and each item's first path ``buf[lo[i]:hi[i]]`` (empty: none); no item made."""
         buf = np.frombuffer(self._buf, dtype=np.uint8)
         ends = np.frombuffer(self._ends, dtype=np.int64)
-        step = 1 << 20  # the NULs found a MiB at a time: no bool per byte of the buffer
-        nul = np.concatenate([np.flatnonzero(buf[a:a + step] == 0) + a for a in range(0, len(buf), step)]
-                             + [[len(buf), len(buf)]]).astype(np.int64)
-        key_end = np.searchsorted(nul, np.concatenate([[0], ends[:-1]]))  # the NUL after each key
-        return buf, np.minimum(nul[key_end] + 1, ends), np.minimum(nul[key_end + 1], ends)
+        lo, hi = np.empty(len(ends), dtype=np.int64), np.empty(len(ends), dtype=np.int64)
+        for b in range(0, len(ends), SORT_BLOCK):  # a block of items at a time: no array per byte
+            e = ends[b:b + SORT_BLOCK]
+            start = np.concatenate([[ends[b - 1] if b else 0], e[:-1]])
+            nul = np.append(np.flatnonzero(buf[start[0]:e[-1]] == 0) + start[0], [e[-1], e[-1]])
+            key_end = np.searchsorted(nul, start)  # the NUL after each key
+            lo[b:b + SORT_BLOCK], hi[b:b + SORT_BLOCK] = np.minimum(nul[key_end] + 1, e), np.minimum(nul[key_end + 1], e)
+        return buf, lo, hi
 
     def first_stats(self, order: np.ndarray | None = None) -> np.ndarray:
         """Each item's first path's (size, mtime_ns), (-1, -1) where not known; for the items
@@ -180,7 +183,10 @@ class Items(Rows):
         pstart = np.frombuffer(self._pstart, dtype=np.int64)
         count = (pstart[1:] - pstart[:-1])[idx]
         first = np.concatenate([[0], np.cumsum(count)])
-        paths = np.repeat(pstart[idx] - first[:-1], count) + np.arange(first[-1])  # each taken path's index
+        if (count == 1).all():  # one path per item (one file field): each taken path's index
+            paths = pstart[idx]
+        else:
+            paths = np.repeat(pstart[idx] - first[:-1], count) + np.arange(first[-1])
         out._pstart = _column("q", first)
         del pstart, count, first
         if release:
