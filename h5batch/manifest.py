@@ -137,7 +137,8 @@ class Items(Rows):
             start = np.concatenate([[ends[b - 1] if b else 0], e[:-1]])
             nul = np.append(np.flatnonzero(buf[start[0]:e[-1]] == 0) + start[0], [e[-1], e[-1]])
             key_end = np.searchsorted(nul, start)  # the NUL after each key
-            lo[b:b + SORT_BLOCK], hi[b:b + SORT_BLOCK] = np.minimum(nul[key_end] + 1, e), np.minimum(nul[key_end + 1], e)
+            lo[b:b + SORT_BLOCK] = np.minimum(nul[key_end] + 1, e)
+            hi[b:b + SORT_BLOCK] = np.minimum(nul[key_end + 1], e)
         return buf, lo, hi
 
     def first_stats(self, order: np.ndarray | None = None) -> np.ndarray:
@@ -164,15 +165,10 @@ class Items(Rows):
         # no index array per item beyond the new ends.
         ends, src = np.frombuffer(self._ends, dtype=np.int64), np.frombuffer(self._buf, dtype=np.uint8)
         blocks = [idx[b:b + SORT_BLOCK] for b in range(0, len(idx), SORT_BLOCK)]
-
-        def runs(at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # starts and lengths of items ``at``
-            lo = np.where(at > 0, ends[at - 1], 0)
-            return lo, ends[at] - lo
-
-        out._buf = bytearray(sum(int(runs(at)[1].sum()) for at in blocks))
+        out._buf = bytearray(sum(int(_runs(ends, at)[1].sum()) for at in blocks))
         dst, pos = np.frombuffer(out._buf, dtype=np.uint8), 0
         for at in blocks:
-            lo, n = runs(at)
+            lo, n = _runs(ends, at)
             e = pos + np.cumsum(n)
             dst[pos:e[-1]] = src[np.repeat(lo - (e - n), n) + np.arange(pos, e[-1])]
             out._ends.frombytes(e.view(np.uint8))
@@ -231,6 +227,12 @@ class Items(Rows):
 
     def __repr__(self) -> str:
         return f"<Items: {len(self)}>"
+
+
+def _runs(ends: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The starts and lengths of the rows ``at`` of a buffer whose rows end at ``ends``."""
+    lo = np.where(at > 0, ends[at - 1], 0)
+    return lo, ends[at] - lo
 
 
 def _column(typecode: str, values: np.ndarray) -> array:
@@ -354,8 +356,9 @@ def byte_order(buf: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndar
 
     The first :data:`SORT_PREFIX` bytes of every string sort as one fixed-width array,
     zero-padded; runs equal there that hold a longer string, or strings of unequal lengths, are
-    sorted, and told apart, by their whole bytes. Reason: no bytes object and list slot per string (~70 bytes a string)
-    while sorting millions; the array takes the prefix's width, and the order 8 bytes."""
+    sorted, and told apart, by their whole bytes. Reason: no bytes object and list slot per
+    string (~70 bytes a string) while sorting millions; the array takes the prefix's width,
+    and the order 8 bytes."""
     n = len(lo)
     if not n:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
