@@ -84,20 +84,29 @@ def _read(path: Path) -> bytes | None:
         return None
 
 
+def _stored(record: bytes | None) -> int:
+    """The batches a commit record says are stored (0: none yet, or caught mid-write)."""
+    try:
+        return int(json.loads(record)["next_batch"]) if record else 0
+    except (ValueError, KeyError):
+        return 0
+
+
 def run_and_kill_writer(corpus: Path, out: Path, rng: random.Random) -> tuple[bool, int, str]:
     """One run of the command whose writer gets ``kill -9`` at a moment drawn from ``rng``;
     ``(killed, exit code, stderr)``. Not killed: the run ended first.
 
     One kill in four lands in the writer's first moments (creating, or resuming, the
-    partial); the others after this run's commit record (``OUT.partial.commit.json``) was
-    seen to change 1 to 12 times, a little later: while batches are stored, flushed and
+    partial); the others once this run's commit record (``OUT.partial.commit.json``) counts
+    1 to 12 more stored batches, a little later: while batches are stored, flushed and
     committed, or the file finished."""
     partial = Path(str(out) + ".partial")
     record = Path(str(partial) + ".commit.json")
     before = _read(record)
     early = rng.random() < 0.25
     commits = 0 if early else rng.randint(1, 12)
-    delay = rng.uniform(0.0, 0.3 if early else 0.05)
+    # Up to 50 ms: a whole run of this corpus takes under a second on an idle machine.
+    delay = rng.uniform(0.0, 0.05)
     proc = start(cmd(corpus, out), new_session=True)
     killed = False
     try:
@@ -105,11 +114,10 @@ def run_and_kill_writer(corpus: Path, out: Path, rng: random.Random) -> tuple[bo
         while writer is None and proc.poll() is None:
             writer = writer_of(proc, partial)
             time.sleep(0.002)
-        seen = before
-        while commits and proc.poll() is None:
-            now = _read(record)
-            if now not in (seen, None):
-                seen, commits = now, commits - 1
+        # Counted in batches the record says are stored, not in changes seen: a fast writer
+        # commits several times between two looks.
+        target = _stored(before) + commits
+        while _stored(_read(record)) < target and proc.poll() is None:
             time.sleep(0.002)
         if writer is not None and proc.poll() is None:
             time.sleep(delay)
