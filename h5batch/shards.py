@@ -119,9 +119,12 @@ def records(f: h5py.File) -> list[ShardRecord]:
 
 
 def check(path: str, f: h5py.File, digest: bool = False) -> list[str]:
-    """The shard files of the joined output ``f`` (at ``path``), after checking that each is
-    there with its recorded size (and sha256 when ``digest``: reads every byte). Raises
-    :class:`~h5batch.errors.MissingShardError` / :class:`~h5batch.errors.CorruptFileError` naming the shard."""
+    """The shard files of the joined output ``f`` (at ``path``; ``[]`` for one ordinary
+    file), after checking that each is there with its recorded size (and sha256 when
+    ``digest``: reads every byte). Raises :class:`~h5batch.errors.MissingShardError` /
+    :class:`~h5batch.errors.CorruptFileError` naming the shard."""
+    if not is_sharded(f):
+        return []
     folder = os.path.dirname(os.path.abspath(path))
     out = []
     for r in records(f):

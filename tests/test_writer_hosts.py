@@ -17,17 +17,11 @@ import pytest
 from h5batch import format as fmt
 from h5batch.shards import ranges, records, shard_path
 from tests.support.cluster_helpers import DaskProcesses
-from tests.support.run import convert_cmd, run, start
+from tests.support.run import run, start
 from tests.support.torture import paired_with_rejects
-from tests.test_shards import JOB, digest
+from tests.test_shards import BAD, cmd, digest
 
 HOSTS = ("127.0.0.2", "127.0.0.3")
-BAD = ("train/data/17.wav",)
-
-
-def cmd(root: Path, out: Path, writers: int, *extra: str) -> list[str]:
-    return convert_cmd(JOB, *extra, output=out, root=root,
-                       settings=(f"output.writers={writers}", "cluster.batch_size=8", "output.chunk_bytes=65536"))
 
 
 @pytest.fixture(scope="module")

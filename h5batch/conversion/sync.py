@@ -251,7 +251,7 @@ def _shard_files(final: str) -> list[str]:
     import h5py
 
     with h5py.File(final, "r") as f:
-        return shards.check(final, f) if shards.is_sharded(f) else []
+        return shards.check(final, f)
 
 
 def _plan(job, found: _Found, old, d, final: str, partial: str, in_place: bool, run_id, run_trial=None,

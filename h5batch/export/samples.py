@@ -99,7 +99,7 @@ class SampleReader:
     """
 
     def __init__(self, path: str | os.PathLike[str], fields: Sequence[str] | None = None):
-        from ..shards import check, is_sharded
+        from ..shards import check
         from ..tools.index import check_complete, open_file
 
         self.path = os.fspath(path)
@@ -110,8 +110,7 @@ class SampleReader:
                 raise ExportError(f"{self.path}: not an h5batch output (root attribute {fmt.ATTR_FORMAT} "
                                   f"is {f.attrs.get(fmt.ATTR_FORMAT)!r})")
             check_complete(f, self.path)
-            if is_sharded(f):  # its virtual datasets are read below: every shard there, unchanged
-                check(self.path, f)
+            check(self.path, f)  # a sharded output's shards: there, unchanged (read below)
             self.splits: tuple[str, ...] = tuple(json.loads(f.attrs[fmt.ATTR_SPLITS]))
             stored = json.loads(f.attrs[fmt.ATTR_FIELDS])
             wanted = list(stored if fields is None else fields)

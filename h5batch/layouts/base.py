@@ -277,7 +277,7 @@ class Builder:
     def _drop_duplicates(self, items: Items, ties: list[tuple[int, int]]) -> tuple[Items, bool]:
         """Keep the first item (in manifest order) of each split and key; each file of the
         others is a reject naming the kept one. Items of one split and key are in one of the
-        ``ties`` of :meth:`_in_order`. The items kept, and True when none was dropped."""
+        ``ties`` of :meth:`_order`. The items kept, and True when none was dropped."""
         dropped: list[int] = []
         for lo, hi in ties:
             taken: dict[str, int] = {}  # key -> its first item

@@ -118,7 +118,7 @@ def _copy_objects(final: str, tmp: str) -> list[str]:
     output's as one file (module docstring), returning its shard files."""
     with open_file(final) as src:
         check_complete(src, final)
-        files = shards.check(final, src) if shards.is_sharded(src) else []
+        files = shards.check(final, src)
         # The writer's settings (h5batch.writer.output): the same format, and no reuse of
         # freed space, so that a later sync or resume keeps its guarantees.
         with h5py.File(tmp, "w", libver=("earliest", "v110"), fs_strategy="none") as dst:

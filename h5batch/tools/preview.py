@@ -335,8 +335,7 @@ def build_preview(path: str, out_dir: str, splits: list[str] | None = None, n: i
     summary = PreviewSummary(os.path.join(out_dir, "index.html"))
     sections = []
     with h5py.File(path, "r") as f:
-        if shards.is_sharded(f):  # read through its virtual datasets: every shard there, unchanged
-            shards.check(path, f)
+        shards.check(path, f)  # a sharded output's shards: there, unchanged (read below)
         a = f.attrs
         job = json.loads(a.get(fmt.ATTR_JOB, "{}"))
         versions = json.loads(a.get(fmt.ATTR_VERSIONS, "{}"))

@@ -99,8 +99,7 @@ def _open(path: str) -> h5py.File:
     virtual datasets are read: a missing shard would read as fill values)."""
     f = open_output(path, ViewError, sharded=True)
     try:
-        if shards.is_sharded(f):
-            shards.check(path, f)
+        shards.check(path, f)
     except BaseException:
         f.close()
         raise
