@@ -251,19 +251,6 @@ def remove_sidecar(partial: str) -> None:
     Path(sidecar(partial)).unlink(missing_ok=True)
 
 
-def store(f, keys: np.ndarray | list[str], stamps: np.ndarray, extra: dict | None = None) -> None:
-    """Write (replace) ``/inventory`` of an open writable h5py file; ``keys`` a sorted list
-    of str, or their :func:`keys_blob`."""
-    g = _new_group(f)
-    g.create_dataset(KEY, data=keys if isinstance(keys, np.ndarray) else keys_blob(keys))
-    g.create_dataset(STAMP, data=np.asarray(stamps, dtype=np.int64))
-    extra = extra or {}
-    if all(k in extra for k in (*EXTRA, "memo")):
-        for k in EXTRA:
-            g.create_dataset(k, data=extra[k])
-        g.attrs["memo"] = extra["memo"]
-
-
 def _new_group(f):
     if GROUP in f:
         del f[GROUP]

@@ -57,6 +57,20 @@ def _file(path: Path, n: int) -> None:
     path.write_bytes(b"x" * (100 + n))
 
 
+def _store(f, keys: np.ndarray, stamps: np.ndarray, extra: dict) -> None:
+    """``/inventory`` of an open writable file from the arrays, each stored whole: what the
+    writer's blockwise :func:`inventory.store_sidecar` must give."""
+    if inventory.GROUP in f:
+        del f[inventory.GROUP]
+    g = f.create_group(inventory.GROUP)
+    g.create_dataset(inventory.KEY, data=keys)
+    g.create_dataset(inventory.STAMP, data=np.asarray(stamps, dtype=np.int64))
+    if extra:
+        for k in inventory.EXTRA:
+            g.create_dataset(k, data=extra[k])
+        g.attrs["memo"] = extra["memo"]
+
+
 def _memory(m) -> inventory.Memory:
     keys, stamps, extra = inventory.of_manifest(m)
     memo = json.loads(extra["memo"])
@@ -254,7 +268,7 @@ def test_an_unreadable_inventory_is_a_reason_not_a_traceback(tmp_path):
     keys, stamps, extra = inventory.of_manifest(m)
     path = tmp_path / "o.h5"
     with h5py.File(path, "w") as f:
-        inventory.store(f, keys, stamps, extra)
+        _store(f, keys, stamps, extra)
     with h5py.File(path, "r") as f:
         mem = inventory.memory(f)
         assert isinstance(mem, inventory.Memory) and mem.keys == sorted(mem.keys) and len(mem.keys) == len(m.items)
@@ -274,7 +288,7 @@ def test_an_unreadable_inventory_is_a_reason_not_a_traceback(tmp_path):
             got = inventory.memory(f)
         assert isinstance(got, str) and got.startswith("the output's inventory is unreadable") and reason in got, got
         with h5py.File(path, "r+") as f:  # put the intact inventory back for the next damage
-            inventory.store(f, keys, stamps, extra)
+            _store(f, keys, stamps, extra)
 
 
 def test_the_sidecar_stored_in_blocks_is_the_inventory(tmp_path, monkeypatch):
@@ -290,7 +304,7 @@ def test_the_sidecar_stored_in_blocks_is_the_inventory(tmp_path, monkeypatch):
         side = inventory.write_arrays(str(tmp_path / "o.h5.partial"), keys, stamps, ex)
         with h5py.File(tmp_path / "a.h5", "w") as a, h5py.File(tmp_path / "b.h5", "w") as b:
             inventory.store_sidecar(a, side)
-            inventory.store(b, keys, stamps, ex)
+            _store(b, keys, stamps, ex)
             ga, gb = a[inventory.GROUP], b[inventory.GROUP]
             assert sorted(ga) == sorted(gb) == sorted([inventory.KEY, inventory.STAMP, *(inventory.EXTRA if ex else ())])
             for k in ga:
