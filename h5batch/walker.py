@@ -26,12 +26,11 @@ import os
 from array import array
 from pathlib import Path
 
-from .manifest import Reject, Rows
+from .manifest import _UTF8, Reject, Rows
 
 __all__ = ["Files", "Walker"]
 
 _name = operator.attrgetter("name")
-_UTF8 = ("utf-8", "surrogatepass")  # any str, undecodable file names' escapes too, round-trips
 
 
 class Files(Rows):
